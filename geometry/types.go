@@ -1,0 +1,95 @@
+// Package geometry owns the MIG geometry: the nvidia-mig-parted v1 config
+// format (parsed strictly), the resolution of a named config against a
+// node's GPUs, validation with an exact placement solver, the per-GPU
+// minimal-diff planner, and the generated named configs. It is pure: no
+// clock, no I/O, no NVML, no Kubernetes.
+package geometry
+
+import (
+	"github.com/migagent/mig-agent/profiles"
+)
+
+// GPU is what the planner knows of one GPU: identity, catalogue, MIG mode
+// and the GPU instances that exist now. Callers build it from nvmlx.
+type GPU struct {
+	Index        int
+	UUID         string
+	Name         string // "NVIDIA H200"
+	PCIDeviceID  uint32 // 0x233510DE
+	Architecture string // profiles.ArchAmpere, ...
+	MigCapable   bool
+	ModeCurrent  bool
+	ModePending  bool
+	// CanReset: this GPU can be reset on its own, so an Ampere mode change
+	// takes effect without a reboot.
+	CanReset  bool
+	Catalogue profiles.Catalogue
+	Instances []Instance
+}
+
+// Instance is a GPU instance (existing or planned) keyed the way mig-agent
+// keys them: GI profile and placement, plus the compute profile inside.
+type Instance struct {
+	Profile   string `json:"profile"` // GI profile name: "3g.71gb"
+	Start     int    `json:"start"`
+	Size      int    `json:"size,omitempty"`
+	ProfileID int    `json:"-"` // GI profile id on this GPU
+	// Compute is the compute-instance profile name when it is not the full
+	// GPU instance ("1c.3g.71gb"); empty for the full one.
+	Compute string `json:"compute,omitempty"`
+	// ComputeCount is how many compute instances of Compute it holds (0 = 1).
+	ComputeCount int `json:"-"`
+}
+
+// Request is what a config asks of one GPU.
+type Request struct {
+	GPU        int
+	MigEnabled bool
+	// Devices: profile name (GI or compute profile, as written in the
+	// config) → count, in the config's order.
+	Devices []DeviceCount
+}
+
+// DeviceCount is one "profile: count" line of mig-devices.
+type DeviceCount struct {
+	Profile string `json:"profile"`
+	Count   int    `json:"count"`
+}
+
+// Action values of GPUPlan.Action.
+const (
+	ActionUntouched = "untouched"
+	ActionChange    = "change"
+)
+
+// ModeChange values of GPUPlan.ModeChange.
+const (
+	ModeNone    = "none"
+	ModeEnable  = "enable"
+	ModeDisable = "disable"
+)
+
+// GPUPlan is the planned change on one GPU (CONTRACT §1 plan -o json).
+type GPUPlan struct {
+	Index       int        `json:"index"`
+	UUID        string     `json:"uuid,omitempty"`
+	Action      string     `json:"action"`
+	ModeChange  string     `json:"modeChange"`
+	ResetNeeded bool       `json:"resetNeeded"`
+	Destroy     []Instance `json:"destroy"`
+	Create      []Instance `json:"create"`
+	Keep        []Instance `json:"keep"`
+	// Desired is the full geometry the GPU has once the plan is applied.
+	Desired    []Instance `json:"-"`
+	MigEnabled bool       `json:"migEnabled"`
+}
+
+// Plan is the planned change of a node.
+type Plan struct {
+	Config       string    `json:"config"`
+	RebootNeeded bool      `json:"rebootNeeded"`
+	GPUs         []GPUPlan `json:"gpus"`
+	Warnings     []string  `json:"warnings,omitempty"`
+	// Hash is the sha256 of the desired geometry (ConfigHash).
+	Hash string `json:"configHash"`
+}
