@@ -1,0 +1,80 @@
+// Package agent is the node agent: the reconcile loop that converges a node
+// to the geometry its label names, the on-disk journal that makes every step
+// resumable, the Kubernetes adapters (node watch, labels, annotations,
+// ConfigMap, Events, Leases) and the audit records.
+package agent
+
+import "time"
+
+// Node labels and annotations of the Kubernetes protocol (CONTRACT §4).
+const (
+	// LabelConfig is the desired config name, set by the user.
+	LabelConfig = "nvidia.com/mig.config"
+	// LabelState is the agent's progress: pending, rebooting, success, failed.
+	LabelState = "nvidia.com/mig.config.state"
+	// LabelStrategy is the device plugin's MIG strategy, set by GPU Feature Discovery.
+	LabelStrategy = "nvidia.com/mig.strategy"
+	// AnnotationLastChange holds the newest ChangeRecord as JSON.
+	AnnotationLastChange = "migagent.io/last-change"
+	// AnnotationHistory holds a JSON array of the newest records, newest first.
+	AnnotationHistory = "migagent.io/history"
+	// TaintReconfiguring keeps new pods off the node while a change runs.
+	TaintReconfiguring = "migagent.io/reconfiguring"
+	// LabelManagedBy and LabelNode mark the generated ConfigMap.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelNode      = "migagent.io/node"
+	// ConfigMapKey is the key of the generated configs in the ConfigMap.
+	ConfigMapKey = "config.yaml"
+)
+
+// States of LabelState.
+const (
+	StatePending   = "pending"
+	StateRebooting = "rebooting"
+	StateSuccess   = "success"
+	StateFailed    = "failed"
+)
+
+// States lists every state, in the order metrics print them.
+var States = []string{StatePending, StateRebooting, StateSuccess, StateFailed}
+
+// History bounds (CONTRACT §4).
+const (
+	HistoryMaxRecords = 16
+	HistoryMaxBytes   = 32 << 10
+)
+
+// ChangeRecord is one audit record: migagent.io/last-change and each entry
+// of migagent.io/history.
+type ChangeRecord struct {
+	Config             string       `json:"config"`
+	PreviousConfig     string       `json:"previousConfig"`
+	Result             string       `json:"result"` // success, failed, rebooting
+	Reason             string       `json:"reason,omitempty"`
+	StartedAt          time.Time    `json:"startedAt"`
+	FinishedAt         time.Time    `json:"finishedAt"`
+	GPUsChanged        []int        `json:"gpusChanged"`
+	GPUsUntouched      []int        `json:"gpusUntouched"`
+	EvictedPods        []string     `json:"evictedPods"`
+	Reboot             bool         `json:"reboot"`
+	AgentVersion       string       `json:"agentVersion"`
+	DriverVersion      string       `json:"driverVersion"`
+	ConfigHash         string       `json:"configHash"`
+	ConfigSource       ConfigSource `json:"configSource"`
+	RequestedBy        string       `json:"requestedBy"`
+	RequestedAt        *time.Time   `json:"requestedAt,omitempty"`
+	ResourcesConverged *bool        `json:"resourcesConverged,omitempty"`
+	// AffectedBy says how affected pods were found: "pod-resources", or
+	// "all-gpu-pods: <why PodResources could not be read>".
+	AffectedBy string `json:"affectedBy,omitempty"`
+	// Geometry is the per-GPU geometry after the change ("0": ["3g.71gb@0", ...]).
+	Geometry map[string][]string `json:"geometry,omitempty"`
+}
+
+// ConfigSource says where the applied config came from.
+type ConfigSource struct {
+	File   string `json:"file,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	// Generated is true for configs generated from discovery.
+	Generated bool `json:"generated,omitempty"`
+}
