@@ -47,23 +47,25 @@ const (
 // ChangeRecord is one audit record: migagent.io/last-change and each entry
 // of migagent.io/history.
 type ChangeRecord struct {
-	Config             string       `json:"config"`
-	PreviousConfig     string       `json:"previousConfig"`
-	Result             string       `json:"result"` // success, failed, rebooting
-	Reason             string       `json:"reason,omitempty"`
-	StartedAt          time.Time    `json:"startedAt"`
-	FinishedAt         time.Time    `json:"finishedAt"`
-	GPUsChanged        []int        `json:"gpusChanged"`
-	GPUsUntouched      []int        `json:"gpusUntouched"`
-	EvictedPods        []string     `json:"evictedPods"`
-	Reboot             bool         `json:"reboot"`
-	AgentVersion       string       `json:"agentVersion"`
-	DriverVersion      string       `json:"driverVersion"`
-	ConfigHash         string       `json:"configHash"`
-	ConfigSource       ConfigSource `json:"configSource"`
-	RequestedBy        string       `json:"requestedBy"`
-	RequestedAt        *time.Time   `json:"requestedAt,omitempty"`
-	ResourcesConverged *bool        `json:"resourcesConverged,omitempty"`
+	Config         string    `json:"config"`
+	PreviousConfig string    `json:"previousConfig"`
+	Result         string    `json:"result"` // success, failed, rebooting
+	Reason         string    `json:"reason,omitempty"`
+	StartedAt      time.Time `json:"startedAt"`
+	FinishedAt     time.Time `json:"finishedAt"`
+	GPUsChanged    []int     `json:"gpusChanged"`
+	GPUsUntouched  []int     `json:"gpusUntouched"`
+	EvictedPods    []string  `json:"evictedPods"`
+	Reboot         bool      `json:"reboot"`
+	AgentVersion   string    `json:"agentVersion"`
+	DriverVersion  string    `json:"driverVersion"`
+	ConfigHash     string    `json:"configHash"`
+	// ConfigSource is "generated", or the config file and its digest:
+	// "/etc/mig-agent/config.yaml@sha256:<hex>".
+	ConfigSource       string     `json:"configSource"`
+	RequestedBy        string     `json:"requestedBy"`
+	RequestedAt        *time.Time `json:"requestedAt,omitempty"`
+	ResourcesConverged *bool      `json:"resourcesConverged,omitempty"`
 	// AffectedBy says how affected pods were found: "pod-resources", or
 	// "all-gpu-pods: <why PodResources could not be read>".
 	AffectedBy string `json:"affectedBy,omitempty"`
@@ -71,10 +73,5 @@ type ChangeRecord struct {
 	Geometry map[string][]string `json:"geometry,omitempty"`
 }
 
-// ConfigSource says where the applied config came from.
-type ConfigSource struct {
-	File   string `json:"file,omitempty"`
-	SHA256 string `json:"sha256,omitempty"`
-	// Generated is true for configs generated from discovery.
-	Generated bool `json:"generated,omitempty"`
-}
+// ConfigSourceGenerated marks a config generated from discovery.
+const ConfigSourceGenerated = "generated"
