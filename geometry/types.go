@@ -25,6 +25,11 @@ type GPU struct {
 	CanReset  bool
 	Catalogue profiles.Catalogue
 	Instances []Instance
+
+	// PCISubsystemID is the PCI subsystem id (0x18BF10DE), 0 when unknown;
+	// only device-filters written with a subsystem ("0x233510DE:0x18BF10DE")
+	// look at it, and they never match a GPU whose subsystem id is unknown.
+	PCISubsystemID uint32
 }
 
 // Instance is a GPU instance (existing or planned) keyed the way mig-agent
