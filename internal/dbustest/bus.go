@@ -97,7 +97,7 @@ func Start(t testing.TB) *Bus {
 	dir := shortTempDir(t)
 	socket := filepath.Join(dir, "bus")
 	config := filepath.Join(dir, "bus.conf")
-	if err := os.WriteFile(config, fmt.Appendf(nil, configTemplate, socket), 0o600); err != nil {
+	if err := os.WriteFile(config, fmt.Appendf(nil, configTemplate, escapeAddressValue(socket)), 0o600); err != nil {
 		t.Fatalf("dbustest: write config: %v", err)
 	}
 
@@ -178,6 +178,24 @@ func shortTempDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
+}
+
+// escapeAddressValue writes a value of a D-Bus address the way the
+// specification asks: bytes outside [-0-9A-Za-z_/.\*] as %XX. (Test names
+// with commas or colons end up in temporary paths.) The result needs no XML
+// escaping either.
+func escapeAddressValue(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			strings.IndexByte("-_/.\\*", c) >= 0 {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02x", c)
+		}
+	}
+	return b.String()
 }
 
 // claimName connects to the bus and takes name as its primary owner.
