@@ -289,8 +289,8 @@ func (p *parser) entry(n *yaml.Node, ctx string) (Entry, error) {
 			haveEnabled = true
 			e.MigEnabled, err = p.boolean(v, ctx, "mig-enabled")
 		case "mig-devices":
-			haveMigDevices = v.Tag != "!!null"
-			if haveMigDevices {
+			// An empty mig-devices is kept as nil: "{}" and absent mean the same.
+			if haveMigDevices = v.Tag != "!!null"; haveMigDevices {
 				e.MigDevices, err = p.migDevices(v, ctx)
 			}
 		default:
@@ -413,8 +413,8 @@ func (p *parser) migDevices(n *yaml.Node, ctx string) ([]DeviceCount, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]DeviceCount, 0, len(kvs))
-	names := make([]profiles.Name, 0, len(kvs))
+	var out []DeviceCount
+	var names []profiles.Name
 	for _, kv := range kvs {
 		name, err := profiles.Parse(kv.k.Value)
 		if err != nil {
