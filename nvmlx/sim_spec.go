@@ -1,0 +1,170 @@
+package nvmlx
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/migagent/mig-agent/profiles"
+)
+
+// Sentinel errors of the simulator's inputs; every error NewSim returns for
+// bad input wraps one of them.
+var (
+	// ErrBadSimSpec: the sim:SPEC is malformed or names an unknown model.
+	ErrBadSimSpec = errors.New("invalid simulator spec")
+	// ErrBadSimFaults: the --sim-faults SPEC is malformed.
+	ErrBadSimFaults = errors.New("invalid simulator faults")
+	// ErrSimState: the --sim-state file cannot be used (unreadable, corrupt,
+	// or holding other GPUs than the spec).
+	ErrSimState = errors.New("unusable simulator state")
+)
+
+// maxSimGPUs bounds a spec; real nodes hold at most 8 or 16 GPUs.
+const maxSimGPUs = 64
+
+// Operation names the simulator uses in Error.Op, Mutations and
+// --sim-faults: go-nvml's method names, with the receiver where two share a
+// name. OpCreateGpuInstance and OpCreateGpuInstanceWithPlacement both name
+// CreateGPUInstance's call (it always passes a placement), so a fault on
+// either counts the same calls.
+const (
+	OpCreateGpuInstance              = "CreateGpuInstance"
+	OpCreateGpuInstanceWithPlacement = "CreateGpuInstanceWithPlacement"
+	OpCreateComputeInstance          = "CreateComputeInstance"
+	OpGpuInstanceDestroy             = "GpuInstance.Destroy"
+	OpComputeInstanceDestroy         = "ComputeInstance.Destroy"
+	OpSetMigMode                     = "SetMigMode"
+	OpResetGpu                       = "ResetGpu"
+)
+
+// faultOps lists the operations --sim-faults accepts.
+func faultOps() []string {
+	return []string{OpCreateGpuInstance, OpCreateGpuInstanceWithPlacement, OpCreateComputeInstance,
+		OpGpuInstanceDestroy, OpComputeInstanceDestroy, OpSetMigMode, OpResetGpu}
+}
+
+// isNVMLErrorName reports whether s is an NVML error return name as go-nvml
+// v0.13.4-1 spells it (nvml.Return constants other than SUCCESS).
+func isNVMLErrorName(s string) bool {
+	switch s {
+	case "ERROR_UNINITIALIZED", "ERROR_INVALID_ARGUMENT", "ERROR_NOT_SUPPORTED", "ERROR_NO_PERMISSION",
+		"ERROR_ALREADY_INITIALIZED", "ERROR_NOT_FOUND", "ERROR_INSUFFICIENT_SIZE", "ERROR_INSUFFICIENT_POWER",
+		"ERROR_DRIVER_NOT_LOADED", "ERROR_TIMEOUT", "ERROR_IRQ_ISSUE", "ERROR_LIBRARY_NOT_FOUND",
+		"ERROR_FUNCTION_NOT_FOUND", "ERROR_CORRUPTED_INFOROM", "ERROR_GPU_IS_LOST", "ERROR_RESET_REQUIRED",
+		"ERROR_OPERATING_SYSTEM", "ERROR_LIB_RM_VERSION_MISMATCH", "ERROR_IN_USE", "ERROR_MEMORY",
+		"ERROR_NO_DATA", "ERROR_VGPU_ECC_NOT_SUPPORTED", "ERROR_INSUFFICIENT_RESOURCES",
+		"ERROR_FREQ_NOT_SUPPORTED", "ERROR_ARGUMENT_VERSION_MISMATCH", "ERROR_DEPRECATED", "ERROR_NOT_READY",
+		"ERROR_GPU_NOT_FOUND", "ERROR_INVALID_STATE", "ERROR_RESET_TYPE_NOT_SUPPORTED", "ERROR_UNKNOWN":
+		return true
+	}
+	return false
+}
+
+// knownModelKeys lists the simulator's model keys, sorted.
+func knownModelKeys() string {
+	var keys []string
+	for _, m := range profiles.Models() {
+		keys = append(keys, m.Key)
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, ", ")
+}
+
+// ParseSimSpec parses a simulator spec ("h200x8", "a100-40gbx4,h100-80gbx4";
+// a leading "sim:" is allowed) into one model per GPU, in GPU index order.
+func ParseSimSpec(spec string) ([]*profiles.Model, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w %q: %s (want MODELxCOUNT[,MODELxCOUNT...], models: %s)",
+			ErrBadSimSpec, spec, fmt.Sprintf(format, a...), knownModelKeys())
+	}
+	s := strings.TrimPrefix(strings.TrimSpace(spec), "sim:")
+	if s == "" {
+		return nil, bad("empty")
+	}
+	var out []*profiles.Model
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		x := strings.LastIndexByte(part, 'x')
+		if x <= 0 || x == len(part)-1 {
+			return nil, bad("%q has no xCOUNT", part)
+		}
+		key, num := part[:x], part[x+1:]
+		n, err := strconv.Atoi(num)
+		if err != nil || n < 1 {
+			return nil, bad("count %q in %q is not a positive number", num, part)
+		}
+		m, ok := profiles.ModelByKey(key)
+		if !ok {
+			return nil, bad("unknown model %q", key)
+		}
+		if len(out)+n > maxSimGPUs {
+			return nil, bad("more than %d GPUs", maxSimGPUs)
+		}
+		for range n {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// specOf writes a model list back as a spec ("h200x2,a30x1").
+func specOf(keys []string) string {
+	var parts []string
+	for i := 0; i < len(keys); {
+		j := i
+		for j < len(keys) && keys[j] == keys[i] {
+			j++
+		}
+		parts = append(parts, fmt.Sprintf("%sx%d", keys[i], j-i))
+		i = j
+	}
+	return strings.Join(parts, ",")
+}
+
+// faultPlan is a parsed --sim-faults: operation → call number → NVML error.
+type faultPlan map[string]map[int]string
+
+// parseFaults parses "Op:N=ERROR_NAME,...". The empty string is no faults.
+func parseFaults(spec string) (faultPlan, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w %q: %s (want OP:N=ERROR_NAME[,...], operations: %s)",
+			ErrBadSimFaults, spec, fmt.Sprintf(format, a...), strings.Join(faultOps(), ", "))
+	}
+	plan := faultPlan{}
+	if strings.TrimSpace(spec) == "" {
+		return plan, nil
+	}
+	for item := range strings.SplitSeq(spec, ",") {
+		item = strings.TrimSpace(item)
+		left, name, ok := strings.Cut(item, "=")
+		if !ok {
+			return nil, bad("%q has no =ERROR_NAME", item)
+		}
+		c := strings.LastIndexByte(left, ':')
+		if c <= 0 {
+			return nil, bad("%q has no OP:N", item)
+		}
+		op, num := left[:c], left[c+1:]
+		if !slices.Contains(faultOps(), op) {
+			return nil, bad("unknown operation %q", op)
+		}
+		n, err := strconv.Atoi(num)
+		if err != nil || n < 1 {
+			return nil, bad("call number %q in %q is not a positive number", num, item)
+		}
+		if !isNVMLErrorName(name) {
+			return nil, bad("%q is not an NVML error name (like ERROR_IN_USE, ERROR_UNKNOWN)", name)
+		}
+		if plan[op] == nil {
+			plan[op] = map[int]string{}
+		}
+		if _, dup := plan[op][n]; dup {
+			return nil, bad("%s:%d given twice", op, n)
+		}
+		plan[op][n] = name
+	}
+	return plan, nil
+}
