@@ -32,6 +32,12 @@ type SimOptions struct {
 // what the hardware and driver enforce (MIG mode, profiles, max counts,
 // placements, memory-slice overlap, compute capacity, processes, Ampere's
 // pending mode) and keeps its state in a file that survives restarts.
+// GPU instances that own media engines (OFAs: the +me profiles and the full
+// GPU) cannot together own more than the GPU has, so A30's 1g.6gb+me and
+// 2g.12gb+me exclude each other. Compute capacity is counted in compute
+// slices (their sum within a GPU instance) and per-profile max counts;
+// compute-instance placements are not modelled. GPU instance ids are the
+// smallest free from 1, compute instance ids the smallest free from 0.
 //
 // Hopper and later: SetMigMode takes effect at once; when a process is on
 // the GPU the requested mode stays pending (current unchanged) and the call

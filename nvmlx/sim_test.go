@@ -652,7 +652,6 @@ func TestSimFaults(t *testing.T) {
 	}
 	must[MigMode](t)(s.SetMigMode(0, true))
 	must[MigMode](t)(s.SetMigMode(1, true))
-	onDisk, _ := os.ReadFile(path)
 
 	// CreateGpuInstance #2 fails (as ...WithPlacement too), #1 and #3 work.
 	at := func(i int) profiles.Placement { return profiles.Placement{Start: i, Size: 1} }
@@ -695,7 +694,6 @@ func TestSimFaults(t *testing.T) {
 	s2 := newSim(t, "h200x2", SimOptions{StatePath: path, Faults: "SetMigMode:1=ERROR_UNKNOWN"})
 	_, err = s2.SetMigMode(0, false)
 	wantNVML(t, err, "ERROR_UNKNOWN")
-	_ = onDisk
 }
 
 func TestSimReboot(t *testing.T) {
