@@ -33,8 +33,8 @@ func Generate(gpus []GPU) *Spec {
 		}
 	}
 	s := &Spec{Version: ConfigVersion, Configs: map[string][]Entry{}}
-	add := func(name string, m *GPU, devices []DeviceCount) {
-		e := Entry{Devices: DeviceSelector{All: true}, MigEnabled: devices != nil, MigDevices: devices}
+	add := func(name string, m *GPU, mig bool, devices []DeviceCount) {
+		e := Entry{Devices: DeviceSelector{All: true}, MigEnabled: mig, MigDevices: devices}
 		if m != nil && len(models) > 1 {
 			e.DeviceFilter = []string{pciID(m.PCIDeviceID)}
 		}
@@ -43,16 +43,16 @@ func Generate(gpus []GPU) *Spec {
 		}
 		s.Configs[name] = append(s.Configs[name], e)
 	}
-	add("all-disabled", nil, nil)
+	add("all-disabled", nil, false, nil)
 	if len(models) == 0 {
-		add("all-enabled", nil, []DeviceCount{})
+		add("all-enabled", nil, true, nil)
 	}
 	for _, m := range models {
-		add("all-enabled", m, []DeviceCount{})
+		add("all-enabled", m, true, nil)
 	}
 	for _, m := range models {
 		if b := balanced(&m.Catalogue); b != nil {
-			add("all-balanced", m, b)
+			add("all-balanced", m, true, b)
 		}
 	}
 	for _, m := range models {
@@ -63,7 +63,7 @@ func Generate(gpus []GPU) *Spec {
 				continue
 			}
 			if c := maxFit(&m.Catalogue, p); c > 0 {
-				add("all-"+n.ConfigSuffix(), m, []DeviceCount{{Profile: p.Name, Count: c}})
+				add("all-"+n.ConfigSuffix(), m, true, []DeviceCount{{Profile: p.Name, Count: c}})
 			}
 		}
 	}
