@@ -271,15 +271,14 @@ func (u *Units) wait(ctx context.Context, w *jobWatch, job dbus.ObjectPath, name
 // unsubscribeTimeout bounds the clean-up call after a stop or start run.
 const unsubscribeTimeout = 10 * time.Second
 
-// jobWatch collects systemd's JobRemoved signals from before a job is queued
-// until it is waited for, so that a job finishing before StopUnit's reply
-// arrives is not missed.
+// jobWatch receives systemd's JobRemoved signals from before a job is
+// queued: its channel holds a signal that arrives before StopUnit's reply
+// (a job that finishes at once), so none is missed.
 type jobWatch struct {
 	conn         *dbus.Conn
 	ch           chan *dbus.Signal
 	match        []dbus.MatchOption
 	unsubscribe  bool
-	done         map[dbus.ObjectPath]string // job → result, seen but not yet waited for
 	unsubscriber dbus.BusObject
 }
 
@@ -296,7 +295,6 @@ func (u *Units) watchJobs(ctx context.Context) (*jobWatch, error) {
 			dbus.WithMatchInterface(systemd1Manager),
 			dbus.WithMatchMember("JobRemoved"),
 		},
-		done:         map[dbus.ObjectPath]string{},
 		unsubscriber: u.manager(),
 	}
 	if err := u.conn.AddMatchSignalContext(ctx, w.match...); err != nil {
@@ -325,12 +323,9 @@ func (w *jobWatch) close() {
 	_ = w.conn.RemoveMatchSignal(w.match...)
 }
 
-// wait returns the result of job from its JobRemoved signal.
+// wait returns the result of job from its JobRemoved signal; signals of
+// other jobs (ours already waited for, or anyone else's) are dropped.
 func (w *jobWatch) wait(ctx context.Context, job dbus.ObjectPath, timeout <-chan time.Time) (string, error) {
-	if r, ok := w.done[job]; ok {
-		delete(w.done, job)
-		return r, nil
-	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -356,7 +351,6 @@ func (w *jobWatch) wait(ctx context.Context, job dbus.ObjectPath, timeout <-chan
 			if path == job {
 				return result, nil
 			}
-			w.done[path] = result
 		}
 	}
 }
