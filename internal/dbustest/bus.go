@@ -70,6 +70,9 @@ const configTemplate = `<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bu
 // /usr/bin/dbus-daemon.
 func DaemonPath() (string, error) {
 	if p := os.Getenv(DaemonEnv); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%s=%s: %w", DaemonEnv, p, err)
+		}
 		return p, nil
 	}
 	if p, err := exec.LookPath("dbus-daemon"); err == nil {
