@@ -1,0 +1,195 @@
+package drain
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+)
+
+// How affected pods were found (Affected.How, the change record's affectedBy).
+const (
+	// HowPodResources: from the kubelet PodResources API.
+	HowPodResources = "pod-resources"
+	// HowAllGPUPodsPrefix starts How when PodResources could not be read and
+	// every pod of the node requesting an nvidia.com/ resource counts as
+	// affected; the reason follows.
+	HowAllGPUPodsPrefix = "all-gpu-pods: "
+	// HowNothing: the change takes no device away, so no pod is affected.
+	HowNothing = "none"
+)
+
+// Change is what a MIG change takes away, by the device ids the device
+// plugin hands to pods.
+type Change struct {
+	// GPUs are the UUIDs ("GPU-…") of whole GPUs that change in any way,
+	// their MIG mode included. A pod holding one of them is affected.
+	GPUs []string
+	// MIGDevices are the UUIDs ("MIG-…") of the MIG devices whose GPU
+	// instance is destroyed (on a GPU whose MIG mode goes off: all of its
+	// MIG devices). Pods on MIG devices that stay are not affected.
+	MIGDevices []string
+}
+
+// Empty reports whether the change takes nothing away.
+func (c Change) Empty() bool { return len(c.GPUs) == 0 && len(c.MIGDevices) == 0 }
+
+func (c Change) set() map[string]bool {
+	s := make(map[string]bool, len(c.GPUs)+len(c.MIGDevices))
+	for _, id := range c.GPUs {
+		s[NormalizeDeviceID(id)] = true
+	}
+	for _, id := range c.MIGDevices {
+		s[NormalizeDeviceID(id)] = true
+	}
+	return s
+}
+
+// Affected is the answer of FindAffected.
+type Affected struct {
+	// Pods to evict, as read from the API server (UIDs included), sorted by
+	// namespace/name.
+	Pods []corev1.Pod
+	// How they were found: HowPodResources, HowNothing, or
+	// HowAllGPUPodsPrefix + why PodResources could not be read.
+	How string
+	// Devices maps "namespace/name" to the device ids that made the pod
+	// affected (PodResources only).
+	Devices map[string][]string
+}
+
+// Names returns "namespace/name" of each pod, in order.
+func (a Affected) Names() []string { return podNames(a.Pods) }
+
+// FellBack reports whether PodResources could not be read.
+func (a Affected) FellBack() bool { return strings.HasPrefix(a.How, HowAllGPUPodsPrefix) }
+
+// Holders returns, for each pod that holds a device of the change under an
+// nvidia.com/ resource, the ids it holds ("namespace/name" → sorted ids).
+func Holders(pods []PodDevices, change Change) map[string][]string {
+	gone := change.set()
+	out := map[string][]string{}
+	for _, p := range pods {
+		for _, id := range p.GPUDeviceIDs() {
+			if gone[id] {
+				out[p.Key()] = append(out[p.Key()], id)
+			}
+		}
+	}
+	return out
+}
+
+// RequestsGPU reports whether pod requests (or limits) an nvidia.com/
+// resource in any container, init container or at pod level.
+func RequestsGPU(pod *corev1.Pod) bool {
+	has := func(r corev1.ResourceRequirements) bool {
+		for _, l := range []corev1.ResourceList{r.Requests, r.Limits} {
+			for name := range l {
+				if strings.HasPrefix(string(name), GPUResourcePrefix) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if has(c.Resources) {
+			return true
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		if has(c.Resources) {
+			return true
+		}
+	}
+	return pod.Spec.Resources != nil && has(*pod.Spec.Resources)
+}
+
+func terminal(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// FindAffected returns the pods of node that a change disturbs. It asks the
+// kubelet PodResources API at socket which pod holds which device: a pod is
+// affected when any of its containers holds a GPU or MIG device of change
+// under an nvidia.com/ resource. When PodResources cannot be read (socket ""
+// included), every pod on the node that requests an nvidia.com/ resource
+// counts as affected, and How says why. Finished pods (Succeeded, Failed)
+// hold no device and are never returned. An error means the API server
+// could not be asked.
+func FindAffected(ctx context.Context, client kubernetes.Interface, log *slog.Logger, node, socket string,
+	change Change) (Affected, error) {
+	if node == "" {
+		return Affected{}, fmt.Errorf("find affected pods: %w", ErrNoNode)
+	}
+	if change.Empty() {
+		return Affected{How: HowNothing}, nil
+	}
+	held, err := ListPodResources(ctx, socket)
+	if err != nil {
+		log.Warn("pod resources unreadable; every GPU pod of the node counts as affected", "error", err)
+		return allGPUPods(ctx, client, node, HowAllGPUPodsPrefix+err.Error())
+	}
+	holders := Holders(held, change)
+	out := Affected{How: HowPodResources, Devices: map[string][]string{}}
+	keys := make([]string, 0, len(holders))
+	for k := range holders {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		ns, name, _ := strings.Cut(key, "/")
+		pod, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			log.Info("pod in pod resources is gone", "pod", key)
+			continue
+		case err != nil:
+			return Affected{}, fmt.Errorf("get pod %s: %w", key, err)
+		case pod.Spec.NodeName != node:
+			// PodResources is stale, or a pod of that name was made elsewhere.
+			log.Warn("pod in pod resources runs on another node; ignored", "pod", key, "podNode", pod.Spec.NodeName)
+			continue
+		case terminal(pod):
+			continue
+		}
+		out.Pods = append(out.Pods, *pod)
+		out.Devices[key] = holders[key]
+	}
+	return out, nil
+}
+
+func allGPUPods(ctx context.Context, client kubernetes.Interface, node, how string) (Affected, error) {
+	list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return Affected{}, fmt.Errorf("list pods of node %s: %w", node, err)
+	}
+	out := Affected{How: how}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if RequestsGPU(p) && !terminal(p) {
+			out.Pods = append(out.Pods, *p)
+		}
+	}
+	sort.Slice(out.Pods, func(i, j int) bool {
+		return out.Pods[i].Namespace+"/"+out.Pods[i].Name < out.Pods[j].Namespace+"/"+out.Pods[j].Name
+	})
+	return out, nil
+}
+
+func podNames(pods []corev1.Pod) []string {
+	out := make([]string, 0, len(pods))
+	for _, p := range pods {
+		out = append(out, p.Namespace+"/"+p.Name)
+	}
+	return out
+}

@@ -1,0 +1,231 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+)
+
+// PausedValue is what a paused operand's deploy label is set to, as NVIDIA's
+// MIG manager does; the GPU Operator's DaemonSets then leave the node.
+const PausedValue = "paused-for-mig-change"
+
+// ErrOperandsTimeout: operand pods were still on the node after the wait.
+var ErrOperandsTimeout = errors.New("GPU Operator operand pods still on the node")
+
+// Operand is a GPU Operator operand: its node deploy label, and the app
+// label of its pods ("" when there is nothing to wait for).
+type Operand struct {
+	Label string
+	App   string
+}
+
+// Operands returns the operands that hold GPUs and are paused during a
+// change: the ones NVIDIA's MIG manager pauses, with the same pod app labels.
+func Operands() []Operand {
+	return []Operand{
+		{Label: "nvidia.com/gpu.deploy.device-plugin", App: "nvidia-device-plugin-daemonset"},
+		{Label: "nvidia.com/gpu.deploy.gpu-feature-discovery", App: "gpu-feature-discovery"},
+		{Label: "nvidia.com/gpu.deploy.dcgm-exporter", App: "nvidia-dcgm-exporter"},
+		{Label: "nvidia.com/gpu.deploy.dcgm", App: "nvidia-dcgm"},
+		{Label: "nvidia.com/gpu.deploy.nvsm", App: ""},
+	}
+}
+
+// Saved holds the operand labels' values before a pause: label → value,
+// nil where the label was absent. It is plain JSON ({"label": "true",
+// "other": null}), for the caller's journal.
+type Saved map[string]*string
+
+// Paused lists, sorted, the labels that PauseOperands sets to PausedValue:
+// those present with a value other than "false". An absent label means the
+// operator does not deploy that operand here, and "false" means someone
+// turned it off on purpose; both are left exactly as they are.
+func (s Saved) Paused() []string {
+	var out []string
+	for l, v := range s {
+		if v != nil && *v != "false" {
+			out = append(out, l)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ReadOperands reads the operand labels of node. Journal the result, then
+// call PauseOperands with it, so that a crash between the two leaves a
+// record of what to restore. A label already at PausedValue (left by an
+// interrupted change) is saved as "true", what NVIDIA's manager restores.
+func ReadOperands(ctx context.Context, client kubernetes.Interface, node string) (Saved, error) {
+	if node == "" {
+		return nil, fmt.Errorf("read operand labels: %w", ErrNoNode)
+	}
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read operand labels of node %s: %w", node, err)
+	}
+	saved := Saved{}
+	for _, op := range Operands() {
+		v, ok := n.Labels[op.Label]
+		switch {
+		case !ok:
+			saved[op.Label] = nil
+		case v == PausedValue:
+			saved[op.Label] = ptr.To("true")
+		default:
+			saved[op.Label] = ptr.To(v)
+		}
+	}
+	return saved, nil
+}
+
+// PauseOperands sets the labels of saved.Paused() to PausedValue and waits
+// up to wait (0: no wait) for the operands' pods to leave node. A label whose
+// value changed since ReadOperands is left alone and logged. On
+// ErrOperandsTimeout (or any error) the caller restores with saved.
+func PauseOperands(ctx context.Context, client kubernetes.Interface, log *slog.Logger, node string, saved Saved,
+	wait time.Duration) error {
+	if node == "" {
+		return fmt.Errorf("pause operands: %w", ErrNoNode)
+	}
+	toPause := saved.Paused()
+	if len(toPause) == 0 {
+		return nil
+	}
+	var paused []string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		paused = nil
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		changed := false
+		for _, l := range toPause {
+			cur, ok := n.Labels[l]
+			switch {
+			case ok && cur == PausedValue:
+				paused = append(paused, l)
+			case !ok || cur != *saved[l]:
+				log.Warn("operand label changed since it was read; left alone", "label", l, "value", cur, "present", ok)
+			default:
+				n.Labels[l] = PausedValue
+				paused = append(paused, l)
+				changed = true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pause operands on node %s: %w", node, err)
+	}
+	log.Info("operands paused", "labels", paused)
+	var apps []string
+	for _, op := range Operands() {
+		for _, l := range paused {
+			if l == op.Label && op.App != "" {
+				apps = append(apps, op.App)
+			}
+		}
+	}
+	if wait <= 0 || len(apps) == 0 {
+		return nil
+	}
+	return waitOperandsGone(ctx, client, node, apps, wait)
+}
+
+func waitOperandsGone(ctx context.Context, client kubernetes.Interface, node string, apps []string,
+	timeout time.Duration) error {
+	req, err := labels.NewRequirement("app", selection.In, apps)
+	if err != nil {
+		return fmt.Errorf("operand selector: %w", err)
+	}
+	opts := metav1.ListOptions{
+		LabelSelector: labels.NewSelector().Add(*req).String(),
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	}
+	var left []string
+	var lastErr error
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
+		if err != nil {
+			lastErr = err // the API server may be briefly away; keep trying
+			return false, nil
+		}
+		left = podNames(list.Items)
+		return len(left) == 0, nil
+	})
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("wait for operand pods to leave node %s: %w", node, ctx.Err())
+	}
+	if len(left) == 0 && lastErr != nil {
+		return fmt.Errorf("wait for operand pods to leave node %s: %w", node, lastErr)
+	}
+	return fmt.Errorf("%w after %s: %s", ErrOperandsTimeout, timeout, strings.Join(left, ", "))
+}
+
+// RestoreOperands puts back the values of saved: each label that is at
+// PausedValue now gets its saved value (removed where it was absent). A
+// label with any other value was not paused by us, or was changed since,
+// and is left alone. Safe to repeat.
+func RestoreOperands(ctx context.Context, client kubernetes.Interface, log *slog.Logger, node string,
+	saved Saved) error {
+	if node == "" {
+		return fmt.Errorf("restore operands: %w", ErrNoNode)
+	}
+	if len(saved) == 0 {
+		return nil
+	}
+	var restored []string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		restored = nil
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for l, v := range saved {
+			if cur, ok := n.Labels[l]; !ok || cur != PausedValue {
+				continue
+			}
+			switch {
+			case v == nil:
+				delete(n.Labels, l)
+			case *v == PausedValue:
+				n.Labels[l] = "true"
+			default:
+				n.Labels[l] = *v
+			}
+			restored = append(restored, l)
+		}
+		if len(restored) == 0 {
+			return nil
+		}
+		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("restore operands on node %s: %w", node, err)
+	}
+	sort.Strings(restored)
+	log.Info("operands restored", "labels", restored)
+	return nil
+}

@@ -1,0 +1,173 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/migagent/mig-agent/profiles"
+)
+
+// MIG strategies of NVIDIA's device plugin (the node label nvidia.com/mig.strategy).
+const (
+	StrategyNone   = "none"
+	StrategySingle = "single"
+	StrategyMixed  = "mixed"
+)
+
+// Resource names NVIDIA's device plugin advertises.
+const (
+	ResourceGPU       = corev1.ResourceName("nvidia.com/gpu")
+	ResourceMIGPrefix = "nvidia.com/mig-"
+)
+
+// allocatablePoll is how often WaitAllocatable reads the Node.
+const allocatablePoll = 500 * time.Millisecond
+
+var (
+	// ErrUnknownStrategy: not none, single or mixed.
+	ErrUnknownStrategy = errors.New("unknown MIG strategy")
+	// ErrResourcesTimeout: the node's allocatable did not show the expected
+	// resources in time.
+	ErrResourcesTimeout = errors.New("node allocatable did not show the expected resources")
+)
+
+// GPUGeometry is what one GPU looks like after a change, as the device
+// plugin sees it.
+type GPUGeometry struct {
+	MigEnabled bool
+	// Devices has one entry per MIG device: the profile name of its compute
+	// instance as NVML names it ("1g.18gb", "1c.3g.71gb", "1g.18gb+me").
+	Devices []string
+}
+
+// MIGResourceName is the mixed-strategy resource of a MIG profile:
+// "nvidia.com/mig-1g.18gb"; a "+" becomes "." ("1g.18gb+me" →
+// "nvidia.com/mig-1g.18gb.me"), as the device plugin names it.
+func MIGResourceName(profile string) (corev1.ResourceName, error) {
+	n, err := profiles.Parse(profile)
+	if err != nil {
+		return "", err
+	}
+	return corev1.ResourceName(ResourceMIGPrefix + strings.ReplaceAll(n.String(), "+", ".")), nil
+}
+
+// ExpectedResources returns what NVIDIA's device plugin advertises for gpus
+// under strategy (empty means none):
+//   - none: nvidia.com/gpu = every GPU (MIG is ignored);
+//   - single: nvidia.com/gpu = every MIG device + every GPU with MIG off;
+//   - mixed: nvidia.com/mig-<profile> per MIG device profile, and
+//     nvidia.com/gpu = every GPU with MIG off.
+//
+// Resources with a count of 0 are left out.
+func ExpectedResources(strategy string, gpus []GPUGeometry) (map[corev1.ResourceName]int64, error) {
+	out := map[corev1.ResourceName]int64{}
+	switch strategy {
+	case "", StrategyNone:
+		out[ResourceGPU] = int64(len(gpus))
+	case StrategySingle, StrategyMixed:
+		for i, g := range gpus {
+			if !g.MigEnabled {
+				out[ResourceGPU]++
+				continue
+			}
+			for _, d := range g.Devices {
+				name, err := MIGResourceName(d)
+				if err != nil {
+					return nil, fmt.Errorf("GPU %d: %w", i, err)
+				}
+				if strategy == StrategySingle {
+					name = ResourceGPU
+				}
+				out[name]++
+			}
+		}
+	default:
+		return nil, fmt.Errorf("%w %q: want %s, %s or %s", ErrUnknownStrategy, strategy, StrategyNone, StrategySingle, StrategyMixed)
+	}
+	for r, n := range out {
+		if n == 0 {
+			delete(out, r)
+		}
+	}
+	return out, nil
+}
+
+// AdvertisesGPU reports whether node's capacity or allocatable lists any
+// nvidia.com/ resource, that is, whether a device plugin ever advertised one.
+func AdvertisesGPU(node *corev1.Node) bool {
+	for _, l := range []corev1.ResourceList{node.Status.Capacity, node.Status.Allocatable} {
+		for r := range l {
+			if strings.HasPrefix(string(r), GPUResourcePrefix) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// WaitAllocatable waits up to timeout until node's allocatable shows at least
+// want of each resource. It returns (true, nil) at once when the node
+// advertises no nvidia.com/ resource at all (no device plugin: nothing to
+// wait for; AdvertisesGPU tells the two apart). When time runs out it returns
+// false and an error wrapping ErrResourcesTimeout that names what is
+// missing; other errors (ctx cancelled, node unreadable throughout) come
+// with false too. A timeout <= 0 checks once.
+func WaitAllocatable(ctx context.Context, client kubernetes.Interface, node string,
+	want map[corev1.ResourceName]int64, timeout time.Duration) (bool, error) {
+	if node == "" {
+		return false, fmt.Errorf("wait for allocatable: %w", ErrNoNode)
+	}
+	deadline := time.Now().Add(timeout)
+	var missing []string
+	var lastErr error
+	first := true
+	for {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		switch {
+		case err != nil:
+			lastErr = err // the API server may be briefly away; keep trying
+		case first && !AdvertisesGPU(n):
+			return true, nil
+		default:
+			first = false
+			lastErr = nil
+			missing = missingResources(n.Status.Allocatable, want)
+			if len(missing) == 0 {
+				return true, nil
+			}
+		}
+		if ctx.Err() != nil {
+			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, ctx.Err())
+		}
+		if !time.Now().Before(deadline) {
+			if lastErr != nil && missing == nil {
+				return false, fmt.Errorf("%w on node %s within %s: %w", ErrResourcesTimeout, node, timeout, lastErr)
+			}
+			return false, fmt.Errorf("%w on node %s within %s: %s", ErrResourcesTimeout, node, timeout, strings.Join(missing, ", "))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(min(allocatablePoll, time.Until(deadline))):
+		}
+	}
+}
+
+func missingResources(have corev1.ResourceList, want map[corev1.ResourceName]int64) []string {
+	var out []string
+	for r, n := range want {
+		q, ok := have[r]
+		if got := q.Value(); !ok || got < n {
+			out = append(out, fmt.Sprintf("%s: have %d, want %d", r, got, n))
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,95 @@
+package drain
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+)
+
+// The taint that keeps new pods off the node while a change runs:
+// migagent.io/reconfiguring=true:NoSchedule.
+const (
+	TaintKey    = "migagent.io/reconfiguring"
+	TaintValue  = "true"
+	TaintEffect = corev1.TaintEffectNoSchedule
+)
+
+// Taint returns the reconfiguring taint.
+func Taint() corev1.Taint {
+	return corev1.Taint{Key: TaintKey, Value: TaintValue, Effect: TaintEffect}
+}
+
+// AddTaint adds the reconfiguring taint to node. When the node already has a
+// NoSchedule taint with TaintKey (someone else's, whatever its value), it is
+// left alone and added is false: the caller must then not remove it. Journal
+// added before acting on it.
+func AddTaint(ctx context.Context, client kubernetes.Interface, node string) (added bool, err error) {
+	if node == "" {
+		return false, fmt.Errorf("add taint: %w", ErrNoNode)
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		added = false
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, t := range n.Spec.Taints {
+			if t.Key == TaintKey && t.Effect == TaintEffect {
+				return nil
+			}
+		}
+		n.Spec.Taints = append(n.Spec.Taints, Taint())
+		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		added = true
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("add taint %s to node %s: %w", TaintKey, node, err)
+	}
+	return added, nil
+}
+
+// RemoveTaint removes the reconfiguring taint (exactly key, value and
+// effect) from node; call it only when AddTaint reported added. It reports
+// whether a taint was removed; a missing taint is no error, so it is safe to
+// repeat.
+func RemoveTaint(ctx context.Context, client kubernetes.Interface, node string) (removed bool, err error) {
+	if node == "" {
+		return false, fmt.Errorf("remove taint: %w", ErrNoNode)
+	}
+	want := Taint()
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		removed = false
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		kept := n.Spec.Taints[:0:0]
+		for _, t := range n.Spec.Taints {
+			if t.Key == want.Key && t.Value == want.Value && t.Effect == want.Effect {
+				removed = true
+				continue
+			}
+			kept = append(kept, t)
+		}
+		if !removed {
+			return nil
+		}
+		n.Spec.Taints = kept
+		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		if err != nil {
+			removed = false
+		}
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("remove taint %s from node %s: %w", TaintKey, node, err)
+	}
+	return removed, nil
+}
