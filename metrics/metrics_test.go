@@ -71,6 +71,12 @@ func TestGolden(t *testing.T) {
 	m.SetCollectorError("nvml", true)
 	m.SetCollectorError("nvml", false)
 	m.SetCollectorError("pod-resources", true)
+	// A second request that does not fit: failed at once, GPUs untouched.
+	m.SetDesiredConfig("all-3g.71gb")
+	m.SetState(StatePending)
+	m.ObserveReconfiguration(ResultFailed, 80*time.Millisecond)
+	m.SetLastFailure(`config "all-3g.71gb" does not fit GPU 0 (NVIDIA H200): 3 × 3g.71gb need 12 memory slices, the GPU has 8`)
+	m.SetState(StateFailed)
 
 	got := scrape(t, m)
 	path := filepath.Join("testdata", "metrics.golden")
