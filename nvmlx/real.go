@@ -120,6 +120,7 @@ type realGPU struct {
 	mu      sync.Mutex
 	closed  bool
 	handles map[int]realHandle
+	noted   map[string]bool // fallbacks already logged, so each is said once
 }
 
 // realHandle is a cached device handle and the UUID to re-acquire it by.
@@ -145,8 +146,19 @@ func newReal(lib nvml.Interface, cfg realConfig) (*realGPU, error) {
 	default:
 		return nil, fmt.Errorf("initialize NVML from %s: %w", cfg.library, realError("Init", -1, ret))
 	}
-	g := &realGPU{lib: lib, cfg: cfg, log: cfg.log, handles: map[int]realHandle{}}
+	g := &realGPU{lib: lib, cfg: cfg, log: cfg.log, handles: map[int]realHandle{}, noted: map[string]bool{}}
 	return g, nil
+}
+
+// firstTime reports whether key is new: a fallback is logged once per
+// process and GPU, not at every discovery. Callers hold g.mu.
+func (g *realGPU) firstTime(key string, gpu int) bool {
+	k := fmt.Sprintf("%s/%d", key, gpu)
+	if g.noted[k] {
+		return false
+	}
+	g.noted[k] = true
+	return true
 }
 
 // hasSymbol reports whether the loaded library has any of the named entry

@@ -185,8 +185,10 @@ func (g *realGPU) giProfiles(i int, dev nvml.Device, pciID uint32, total uint64)
 				"and mig-agent has no static catalogue for this model; upgrade the driver or enable MIG mode: %w",
 				pciID, realError("GetGpuInstanceProfileInfo", i, nvml.ERROR_NOT_SUPPORTED))
 		}
-		g.log.Warn("NVML lists no MIG profiles; using the static catalogue of the model (old driver)",
-			"gpu", i, "model", model.Key, "pciDeviceId", fmt.Sprintf("0x%08X", pciID))
+		if g.firstTime("static-catalogue", i) {
+			g.log.Warn("NVML lists no MIG profiles; using the static catalogue of the model (old driver)",
+				"gpu", i, "model", model.Key, "pciDeviceId", fmt.Sprintf("0x%08X", pciID))
+		}
 		return realStaticProfiles(static), nil
 	}
 
@@ -199,8 +201,10 @@ func (g *realGPU) giProfiles(i int, dev nvml.Device, pciID uint32, total uint64)
 			if sp == nil {
 				return nil, fmt.Errorf("placements of profile %s: %w", p.Name, err)
 			}
-			g.log.Warn("NVML lists no placements; using the static catalogue's",
-				"gpu", i, "profile", p.Name, "model", model.Key, "error", err)
+			if g.firstTime("static-placements/"+p.Name, i) {
+				g.log.Warn("NVML lists no placements; using the static catalogue's",
+					"gpu", i, "profile", p.Name, "model", model.Key, "error", err)
+			}
 			pls = slices.Clone(sp.Placements)
 		}
 		p.Placements = pls
@@ -238,21 +242,28 @@ func (g *realGPU) giProfiles(i int, dev nvml.Device, pciID uint32, total uint64)
 // catalogue's (NVML's GetGpuInstanceProfileInfo reports wrong InstanceCount
 // values for this GPU).
 func (g *realGPU) fixA30Counts(i int, gps []realProfile, static *profiles.Catalogue) {
+	say := g.firstTime("a30", i)
 	if static == nil {
-		g.log.Warn("A30: NVML's instance counts are known to be wrong and mig-agent has no static catalogue to correct them",
-			"gpu", i)
+		if say {
+			g.log.Warn("A30: NVML's instance counts are known to be wrong and mig-agent has no static catalogue to correct them",
+				"gpu", i)
+		}
 		return
 	}
-	g.log.Info("A30: NVML's instance counts are known to be wrong; using the static catalogue's", "gpu", i)
+	if say {
+		g.log.Info("A30: NVML's instance counts are known to be wrong; using the static catalogue's", "gpu", i)
+	}
 	for k := range gps {
 		p := &gps[k].prof
 		sp := realStaticByID(static, p.ID)
 		if sp == nil {
-			g.log.Warn("A30: profile not in the static catalogue; keeping NVML's count",
-				"gpu", i, "profile", p.Name, "count", p.MaxCount)
+			if say {
+				g.log.Warn("A30: profile not in the static catalogue; keeping NVML's count",
+					"gpu", i, "profile", p.Name, "count", p.MaxCount)
+			}
 			continue
 		}
-		if sp.MaxCount != p.MaxCount {
+		if say && sp.MaxCount != p.MaxCount {
 			g.log.Info("A30: instance count corrected", "gpu", i, "profile", p.Name, "nvml", p.MaxCount, "catalogue", sp.MaxCount)
 		}
 		p.MaxCount = sp.MaxCount
