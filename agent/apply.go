@@ -1,0 +1,217 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/profiles"
+)
+
+// ErrRebootRequired: a MIG mode change is still pending after a GPU reset
+// was tried or is impossible; only a reboot makes it take effect.
+var ErrRebootRequired = errors.New("a reboot is required for the MIG mode change to take effect")
+
+// PartialError says a GPU was left partly changed, and how far it got.
+type PartialError struct {
+	GPU                int
+	Step               string
+	Destroyed, Created int
+	ToDestroy          int
+	ToCreate           int
+	Err                error
+}
+
+func (e *PartialError) Error() string {
+	return fmt.Sprintf("GPU %d: %s: %v (GPU %d left partly applied: destroyed %d of %d, created %d of %d; the next attempt re-plans from what is there)",
+		e.GPU, e.Step, e.Err, e.GPU, e.Destroyed, e.ToDestroy, e.Created, e.ToCreate)
+}
+
+func (e *PartialError) Unwrap() error { return e.Err }
+
+// ApplyOptions tunes ApplyPlan.
+type ApplyOptions struct {
+	// NoReset forbids GPU resets (a pending mode change then needs a reboot).
+	NoReset bool
+	// Step is called before each NVML mutation with a description, so the
+	// journal and the progress status can follow; an error stops the apply.
+	Step func(gpu int, what string) error
+}
+
+// ApplyResult says what ApplyPlan did.
+type ApplyResult struct {
+	// RebootGPUs lists the GPUs whose MIG mode change is still pending.
+	RebootGPUs []int
+	// Reset lists the GPUs that were reset.
+	Reset []int
+}
+
+// ApplyPlan executes a plan on the GPUs, GPU by GPU in index order:
+// destroy what goes (compute instances before their GPU instance), change
+// the MIG mode (resetting only the GPUs that need it), create what comes at
+// the planned placements. It stops at the first failure. A GPU whose mode
+// change stays pending is reported in RebootGPUs (its creates wait for the
+// reboot) and the error wraps ErrRebootRequired.
+func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (ApplyResult, error) {
+	var res ApplyResult
+	step := o.Step
+	if step == nil {
+		step = func(int, string) error { return nil }
+	}
+	for _, gp := range plan.GPUs {
+		if gp.Action != geometry.ActionChange {
+			continue
+		}
+		dev, insts, ok := node.Device(gp.Index)
+		if !ok {
+			return res, fmt.Errorf("GPU %d is in the plan but not on the node", gp.Index)
+		}
+		pe := &PartialError{GPU: gp.Index, ToDestroy: len(gp.Destroy), ToCreate: len(gp.Create)}
+		fail := func(what string, err error) (ApplyResult, error) {
+			pe.Step, pe.Err = what, err
+			return res, pe
+		}
+		for _, in := range gp.Destroy {
+			gi, ok := findGI(insts, in.ProfileID, in.Start)
+			if !ok {
+				continue // already gone: a resumed apply
+			}
+			what := fmt.Sprintf("destroying %s@%d", in.Profile, in.Start)
+			if err := step(gp.Index, what); err != nil {
+				return res, err
+			}
+			for _, ci := range gi.ComputeInstances {
+				if err := g.DestroyComputeInstance(gp.Index, gi.ID, ci.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
+					return fail(what, err)
+				}
+			}
+			if err := g.DestroyGPUInstance(gp.Index, gi.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
+				return fail(what, err)
+			}
+			pe.Destroyed++
+		}
+		enabled := gp.MigEnabled
+		mode := nvmlx.MigMode{Current: dev.MigMode.Current, Pending: dev.MigMode.Pending}
+		if gp.ModeChange != geometry.ModeNone {
+			what := "enabling MIG mode"
+			if !enabled {
+				what = "disabling MIG mode"
+			}
+			if err := step(gp.Index, what); err != nil {
+				return res, err
+			}
+			m, err := g.SetMigMode(gp.Index, enabled)
+			if err != nil && !errors.Is(err, nvmlx.ErrResetRequired) {
+				return fail(what, err)
+			}
+			mode = m
+		}
+		if mode.Current != enabled {
+			if mode.Pending != enabled {
+				return fail("changing MIG mode", fmt.Errorf("MIG mode reads back current=%v pending=%v after asking for %v", mode.Current, mode.Pending, enabled))
+			}
+			canReset, why := g.CanReset(gp.Index)
+			if canReset && !o.NoReset {
+				if err := step(gp.Index, "resetting the GPU"); err != nil {
+					return res, err
+				}
+				if err := g.ResetGPU(gp.Index); err != nil {
+					why = err.Error()
+				} else {
+					res.Reset = append(res.Reset, gp.Index)
+					mode, err = readMode(g, gp.Index)
+					if err != nil {
+						return fail("reading MIG mode after reset", err)
+					}
+				}
+			} else if o.NoReset {
+				why = "GPU reset disabled"
+			}
+			if mode.Current != enabled {
+				_ = why
+				res.RebootGPUs = append(res.RebootGPUs, gp.Index)
+				continue
+			}
+		}
+		if !enabled {
+			continue
+		}
+		for _, in := range gp.Create {
+			what := fmt.Sprintf("creating %s@%d", displayName(in), in.Start)
+			if err := step(gp.Index, what); err != nil {
+				return res, err
+			}
+			if err := createInstance(g, gp.Index, &dev.Catalogue, in); err != nil {
+				return fail(what, err)
+			}
+			pe.Created++
+		}
+	}
+	if len(res.RebootGPUs) > 0 {
+		return res, fmt.Errorf("GPUs %v: %w", res.RebootGPUs, ErrRebootRequired)
+	}
+	return res, nil
+}
+
+func displayName(in geometry.Instance) string {
+	if in.Compute != "" {
+		return in.Compute
+	}
+	return in.Profile
+}
+
+func createInstance(g nvmlx.GPU, gpu int, cat *profiles.Catalogue, in geometry.Instance) error {
+	p, ok := cat.ByID(in.ProfileID)
+	if !ok {
+		return fmt.Errorf("profile id %d (%s) not offered by GPU %d", in.ProfileID, in.Profile, gpu)
+	}
+	ciName := in.Profile
+	if in.Compute != "" {
+		ciName = in.Compute
+	}
+	n, err := profiles.Parse(ciName)
+	if err != nil {
+		return err
+	}
+	cp, ok := p.Compute(n)
+	if !ok {
+		return fmt.Errorf("compute profile %s not offered inside %s on GPU %d", ciName, p.Name, gpu)
+	}
+	giID, err := g.CreateGPUInstance(gpu, p.ID, placementOf(cat, in))
+	if err != nil {
+		return err
+	}
+	count := max(in.ComputeCount, 1)
+	for range count {
+		if _, err := g.CreateComputeInstance(gpu, giID, cp.ID); err != nil {
+			// Leave no GPU instance without its compute instances: undo it
+			// (best effort; a leftover is destroyed by the next plan).
+			if insts, lerr := g.Instances(gpu); lerr == nil {
+				for _, gi := range insts {
+					if gi.ID == giID {
+						for _, ci := range gi.ComputeInstances {
+							_ = g.DestroyComputeInstance(gpu, giID, ci.ID)
+						}
+					}
+				}
+			}
+			_ = g.DestroyGPUInstance(gpu, giID)
+			return err
+		}
+	}
+	return nil
+}
+
+func readMode(g nvmlx.GPU, gpu int) (nvmlx.MigMode, error) {
+	devs, err := g.Devices()
+	if err != nil {
+		return nvmlx.MigMode{}, err
+	}
+	for _, d := range devs {
+		if d.Index == gpu {
+			return d.MigMode, nil
+		}
+	}
+	return nvmlx.MigMode{}, fmt.Errorf("GPU %d vanished", gpu)
+}

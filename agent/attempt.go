@@ -1,0 +1,305 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/migagent/mig-agent/geometry"
+)
+
+// attempt runs (or resumes) the change to config desired, step by step,
+// journaling each step before it starts.
+func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by string, at *time.Time) outcome {
+	j := &d.Journal.State
+	ch := j.Change
+	now := d.Clock.Now()
+	if ch == nil {
+		ch = &Change{Config: desired, PreviousConfig: j.Applied, RequestedBy: by, RequestedAt: at, StartedAt: now, Phase: PhasePending}
+	} else {
+		ch.Attempt++
+		d.Log.Info("resuming change", "config", ch.Config, "phase", ch.Phase, "step", ch.Step)
+	}
+	fail := func(reason string, retryable bool, evReason string) outcome {
+		if j.Change == nil {
+			ch2 := *ch
+			return d.failure(ctx, node, &ch2, reason, retryable, evReason)
+		}
+		return d.failure(ctx, node, ch, reason, retryable, evReason)
+	}
+	n, err := d.discover()
+	if err != nil {
+		return fail("reading the GPUs through NVML: "+err.Error(), true, ReasonFailed)
+	}
+	spec, source, err := Lookup(d.File, desired, n.GPUs)
+	if err != nil {
+		return fail(err.Error(), false, ReasonInvalid)
+	}
+	ch.Source = source
+	reqs, _, err := spec.Resolve(desired, n.GPUs)
+	if err != nil {
+		return fail(err.Error(), false, ReasonInvalid)
+	}
+	plan, err := geometry.BuildPlan(spec, desired, n.GPUs)
+	if err != nil {
+		return fail(err.Error(), false, ReasonInvalid)
+	}
+	for _, w := range plan.Warnings {
+		d.Log.Warn("config warning", "config", desired, "warning", w)
+	}
+	ch.Hash = plan.Hash
+	if node != nil {
+		if err := geometry.CheckStrategy(node.Labels[LabelStrategy], n.GPUs, reqs); err != nil {
+			return fail(fmt.Sprintf("the node's MIG strategy %q cannot serve config %q: %v", node.Labels[LabelStrategy], desired, err), false, ReasonInvalid)
+		}
+		if d.OtherManager != nil {
+			other, err := d.OtherManager(ctx, node)
+			if err != nil {
+				return fail("checking for another MIG manager: "+err.Error(), true, ReasonFailed)
+			}
+			if other != "" {
+				if !d.S.AllowOtherMigManager {
+					return fail("another MIG manager is at work on this node: "+other+" (disable it, or set --allow-other-mig-manager)", false, ReasonManagerConflict)
+				}
+				d.Log.Warn("another MIG manager is at work on this node; acting anyway (--allow-other-mig-manager)", "other", other)
+			}
+		}
+	}
+	if ch.Phase == PhaseRebooting {
+		if d.BootID() != ch.RebootBootID {
+			ch.Rebooted = true
+			d.Log.Info("resuming after reboot", "config", desired)
+		} else if planChanges(plan) {
+			d.Log.Info("waiting for the reboot requested for this change", "config", desired)
+			d.setState(ctx, StateRebooting)
+			_ = d.notify().Status("waiting for reboot")
+			return outRebooting
+		}
+	}
+	if len(ch.GPUsChanged) == 0 || !ch.Rebooted {
+		ch.GPUsChanged, ch.GPUsUntouched = indices(plan)
+	}
+	if !planChanges(plan) && ch.Phase == PhasePending {
+		// Already applied: success without touching a GPU or a pod.
+		ch.GPUsChanged, ch.GPUsUntouched = []int{}, allIndices(plan)
+		return d.success(ctx, node, ch, plan, nil, "config already applied; nothing changed", ReasonUnchanged)
+	}
+	if ch.Phase == PhasePending {
+		j.Change = ch
+		d.saveJournal()
+		d.setState(ctx, StatePending)
+		d.event(ctx, node, corev1.EventTypeNormal, ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched", desired, ch.GPUsChanged, ch.GPUsUntouched))
+	}
+	j.Change = ch
+	if d.Slots != nil {
+		_ = d.notify().Status("waiting for a rollout slot")
+		release, err := d.Slots(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return outParked
+			}
+			return fail("taking a rollout slot: "+err.Error(), true, ReasonFailed)
+		}
+		defer release()
+	}
+	if d.Disrupt != nil && (ch.Phase == PhasePending || ch.Phase == PhaseDraining) {
+		if oc, ok := d.drain(ctx, node, ch, n, plan); !ok {
+			return oc
+		}
+	}
+	if strays, err := d.strayProcesses(n, plan); err != nil {
+		return fail("listing GPU processes: "+err.Error(), true, ReasonFailed)
+	} else if len(strays) > 0 {
+		return fail("processes no pod accounts for are using what the change takes away: "+strings.Join(strays, ", "), true, ReasonFailed)
+	}
+	if modeChanges(plan) && d.Units != nil && len(d.S.HostGPUClients) > 0 && len(ch.StoppedUnits) == 0 {
+		_ = d.notify().Status("stopping host GPU clients %v", d.S.HostGPUClients)
+		stopped, err := d.Units.StopActive(ctx, d.S.HostGPUClients)
+		ch.StoppedUnits = stopped
+		d.saveJournal()
+		if err != nil {
+			return fail("stopping host GPU clients: "+err.Error(), true, ReasonFailed)
+		}
+	}
+	ch.Phase = PhaseApplying
+	d.saveJournal()
+	var release func() error
+	if d.Inhibit != nil {
+		if r, err := d.Inhibit(ctx, "applying MIG geometry "+desired); err == nil {
+			release = r
+		} else {
+			d.Log.Warn("taking a shutdown inhibitor failed", "err", err)
+		}
+	}
+	applied, err := ApplyAndVerify(d.GPU, n, plan, d.File, desired, ApplyOptions{Step: func(gpu int, what string) error {
+		ch.Step = fmt.Sprintf("GPU %d: %s", gpu, what)
+		d.saveJournal()
+		_ = d.notify().Status("%s", ch.Step)
+		d.Log.Info("applying", "gpu", gpu, "step", what)
+		return nil
+	}})
+	if release != nil {
+		_ = release()
+	}
+	switch {
+	case errors.Is(err, ErrRebootRequired):
+		return d.rebootFor(ctx, node, ch, applied)
+	case err != nil:
+		return fail("applying: "+err.Error(), true, ReasonFailed)
+	}
+	return d.finish(ctx, node, ch, plan, applied)
+}
+
+func allIndices(p *geometry.Plan) []int {
+	out := []int{}
+	for _, g := range p.GPUs {
+		out = append(out, g.Index)
+	}
+	return out
+}
+
+// drain taints the node, pauses operands and evicts the affected pods.
+func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *Node, plan *geometry.Plan) (outcome, bool) {
+	ch.Phase = PhaseDraining
+	d.saveJournal()
+	fail := func(reason string) (outcome, bool) {
+		if ctx.Err() != nil {
+			d.Log.Info("shutting down mid-change; the journal resumes it at the next start", "config", ch.Config)
+			return outParked, false
+		}
+		return d.failure(ctx, node, ch, reason, true, ReasonFailed), false
+	}
+	if d.S.Taint && !ch.TaintAdded {
+		added, err := d.Disrupt.Taint(ctx)
+		if err != nil {
+			return fail("tainting the node: " + err.Error())
+		}
+		ch.TaintAdded = added
+		d.saveJournal()
+	}
+	if d.S.PauseGPUOperator && len(ch.Operands) == 0 {
+		saved, err := d.Disrupt.PauseOperands(ctx)
+		ch.Operands = saved
+		d.saveJournal()
+		if err != nil {
+			return fail("pausing GPU Operator operands: " + err.Error())
+		}
+	}
+	gpus, migs := targets(n, plan)
+	pods, how, err := d.Disrupt.Affected(ctx, gpus, migs)
+	if err != nil {
+		return fail("finding the pods that use the changing GPUs: " + err.Error())
+	}
+	ch.AffectedBy = how
+	if len(pods) > 0 {
+		msg := fmt.Sprintf("evicting %d pods on GPUs %v: %s", len(pods), ch.GPUsChanged, strings.Join(pods, ", "))
+		_ = d.notify().Status("%s", msg)
+		d.event(ctx, node, corev1.EventTypeNormal, ReasonEvicting, msg)
+		evicted, err := d.Disrupt.Evict(ctx, pods)
+		ch.Evicted = appendNew(ch.Evicted, evicted...)
+		d.Metrics.AddEvictedPods(len(evicted))
+		d.saveJournal()
+		if err != nil {
+			return fail("evicting pods: " + err.Error())
+		}
+	}
+	return 0, true
+}
+
+func appendNew(s []string, more ...string) []string {
+	for _, m := range more {
+		found := false
+		for _, x := range s {
+			if x == m {
+				found = true
+				break
+			}
+		}
+		if !found {
+			s = append(s, m)
+		}
+	}
+	return s
+}
+
+// rebootFor handles a mode change that waits for a reboot: once, never twice.
+func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, applied *Applied) outcome {
+	if ch.Rebooted {
+		d.Metrics.SetRebootGuardTripped(true)
+		return d.failure(ctx, node, ch, fmt.Sprintf("MIG mode change on GPUs %v is still pending after the reboot made for it; not rebooting again", applied.RebootGPUs), false, ReasonRebootFailed)
+	}
+	if d.S.RebootMethod == RebootNone {
+		ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
+		d.saveJournal()
+		rec := d.record(ch, StateRebooting, "", d.Clock.Now())
+		d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
+			fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; --reboot-method none: waiting for someone to reboot the node", applied.RebootGPUs))
+		_ = d.notify().Status("waiting for reboot")
+		return outRebooting
+	}
+	ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
+	d.saveJournal()
+	rec := d.record(ch, StateRebooting, "", d.Clock.Now())
+	d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
+		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
+	d.Metrics.IncReboots()
+	_ = d.notify().Status("rebooting for the MIG mode change on GPUs %v", applied.RebootGPUs)
+	if err := d.Reboot.Reboot(ctx, "mig-agent: MIG mode change of config "+ch.Config); err != nil {
+		// Never retried by itself: a reboot is requested at most once.
+		return d.failure(ctx, node, ch, "requesting the reboot failed: "+err.Error(), false, ReasonRebootFailed)
+	}
+	if d.S.RebootMethod == RebootSim {
+		return outRebooted
+	}
+	return outRebooting
+}
+
+// finish restores, waits for resources, and records success.
+func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, applied *Applied) outcome {
+	ch.Phase = PhaseRestoring
+	d.saveJournal()
+	d.restore(ctx, ch)
+	var converged *bool
+	if d.Disrupt != nil && d.S.ResourceWaitTimeout > 0 && node != nil {
+		want, err := ExpectedResources(node.Labels[LabelStrategy], applied.Node)
+		if err != nil {
+			d.Log.Warn("computing the expected resources failed", "err", err)
+		}
+		_ = d.notify().Status("waiting for the device plugin to advertise the new resources")
+		ok, err := d.Disrupt.WaitResources(ctx, want, d.S.ResourceWaitTimeout)
+		if err != nil {
+			d.Log.Warn("waiting for resources failed", "err", err)
+		}
+		converged = &ok
+		if !ok {
+			d.event(ctx, node, corev1.EventTypeWarning, ReasonResourcesTimeout,
+				fmt.Sprintf("the Node's allocatable did not show %v within %s", want, d.S.ResourceWaitTimeout))
+		}
+	}
+	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
+	return d.success(ctx, node, ch, plan, converged, msg, ReasonApplied)
+}
+
+func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, converged *bool, msg, reason string) outcome {
+	now := d.Clock.Now()
+	rec := d.record(ch, StateSuccess, "", now)
+	rec.ResourcesConverged = converged
+	d.emit(ctx, node, StateSuccess, rec, corev1.EventTypeNormal, reason, msg)
+	d.Metrics.ObserveReconfiguration(StateSuccess, now.Sub(ch.StartedAt))
+	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
+	d.Metrics.SetLastSuccess(now)
+	d.Metrics.SetDrift(false)
+	d.Metrics.SetRebootGuardTripped(false)
+	d.drifted = false
+	j := &d.Journal.State
+	j.Change, j.Applied, j.AppliedHash, j.Handled = nil, ch.Config, plan.Hash, ch.Config
+	d.failing, d.attempts = "", 0
+	d.saveJournal()
+	d.Log.Info("mig config applied", "config", ch.Config, "gpusChanged", ch.GPUsChanged, "evicted", len(ch.Evicted))
+	_ = d.notify().Status("config %s applied", ch.Config)
+	return outSuccess
+}

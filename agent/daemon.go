@@ -1,0 +1,418 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/metrics"
+	"github.com/migagent/mig-agent/nvmlx"
+)
+
+// Daemon is `mig-agent run`: it converges the node to the desired config
+// and holds it. Build it with its dependencies and call Run.
+type Daemon struct {
+	S       *Settings
+	Log     *slog.Logger
+	GPU     nvmlx.GPU
+	Kube    *Kube     // nil in standalone mode
+	Disrupt Disruptor // nil in standalone mode
+	Reboot  Rebooter
+	Units   HostUnits // nil when no host GPU clients are configured
+	Notify  Notifier
+	Metrics Metrics
+	Journal *Journal
+	File    *ConfigFile
+	Clock   clock.WithTicker
+	Version string
+	// BootID identifies the current boot (a reboot changes it).
+	BootID func() string
+	// Inhibit holds off shutdown while NVML is mid-change (optional).
+	Inhibit func(ctx context.Context, why string) (release func() error, err error)
+	// OtherManager names another MIG manager at work on this node, or "".
+	OtherManager func(ctx context.Context, node *corev1.Node) (string, error)
+	// Slots takes a cluster-wide rollout slot (optional; --max-concurrent).
+	Slots func(ctx context.Context) (release func(), err error)
+
+	ready    atomic.Bool
+	failing  string
+	attempts int
+	retryAt  time.Time
+	drifted  bool
+}
+
+// ErrExitAfterReboot is returned by Run when the sim reboot method
+// "rebooted" the machine: the process ends as if the machine went down.
+var ErrExitAfterReboot = errors.New("rebooted")
+
+// outcome of one attempt.
+type outcome int
+
+const (
+	outSuccess   outcome = iota
+	outFailed            // not retried until the label changes
+	outRetry             // retried with backoff
+	outRebooting         // waiting for a reboot
+	outRebooted          // the sim reboot happened: exit
+	outParked            // shutting down mid-change; resumes at next start
+)
+
+// Ready reports whether the daemon is serving (for /readyz).
+func (d *Daemon) Ready() error {
+	if !d.ready.Load() {
+		return errors.New("not ready: node watch not established or NVML not answering")
+	}
+	return nil
+}
+
+func (d *Daemon) notify() Notifier {
+	if d.Notify == nil {
+		return nopNotifier{}
+	}
+	return d.Notify
+}
+
+// desired returns the desired config for the node and who asked for it.
+func (d *Daemon) desired(node *corev1.Node) (name, by string, at *time.Time) {
+	if d.Kube == nil {
+		return d.S.SelectedConfig, "standalone", nil
+	}
+	if v, ok := node.Labels[LabelConfig]; ok {
+		by, at = RequestedBy(node)
+		return v, by, at
+	}
+	if d.S.DefaultConfig != "" {
+		return d.S.DefaultConfig, "default-config", nil
+	}
+	return "", "", nil
+}
+
+// discover reads the GPUs and refreshes the GPU metrics.
+func (d *Daemon) discover() (*Node, error) {
+	n, err := Discover(d.GPU)
+	d.Metrics.SetNVMLUp(err == nil)
+	if err != nil {
+		return nil, err
+	}
+	d.Metrics.SetGPUs(metricGPUs(n))
+	return n, nil
+}
+
+func metricGPUs(n *Node) []metrics.GPU {
+	out := make([]metrics.GPU, 0, len(n.Devices))
+	for i, dev := range n.Devices {
+		g := metrics.GPU{Index: dev.Index, UUID: dev.UUID, Model: dev.Name, PCIBusID: dev.PCIBusID,
+			MigEnabled: dev.MigMode.Current, ModePending: dev.MigMode.Current != dev.MigMode.Pending, Instances: map[string]int{}}
+		for _, gi := range n.Instances[i] {
+			g.Instances[gi.Profile]++
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// reconcile decides what to do for the node as it is now. start is true
+// for the first pass after the process started.
+func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry bool) outcome {
+	desired, by, at := d.desired(node)
+	d.Metrics.SetDesiredConfig(desired)
+	j := &d.Journal.State
+	if desired == "" {
+		if j.Change != nil {
+			d.abandon(ctx, j.Change, "the desired config label was removed")
+		}
+		return outSuccess
+	}
+	if j.Change != nil && j.Change.Config != desired {
+		d.abandon(ctx, j.Change, fmt.Sprintf("the desired config changed to %q", desired))
+	}
+	if d.failing != desired {
+		d.failing, d.attempts = "", 0
+	}
+	switch {
+	case j.Change != nil:
+		// resume the journaled change
+	case desired == j.Handled && d.failing == "":
+		if !start {
+			return outSuccess
+		}
+		// At start: hold the geometry (a reboot drops every instance).
+		n, err := d.discover()
+		if err == nil {
+			if plan, err := d.plan(n, desired); err == nil && !planChanges(plan) {
+				return outSuccess
+			}
+		}
+	case desired == d.failing && !retry && d.Clock.Now().Before(d.retryAt):
+		return outRetry
+	}
+	return d.attempt(ctx, node, desired, by, at)
+}
+
+func (d *Daemon) plan(n *Node, name string) (*geometry.Plan, error) {
+	spec, _, err := Lookup(d.File, name, n.GPUs)
+	if err != nil {
+		return nil, err
+	}
+	return geometry.BuildPlan(spec, name, n.GPUs)
+}
+
+func planChanges(p *geometry.Plan) bool {
+	for _, g := range p.GPUs {
+		if g.Action == geometry.ActionChange {
+			return true
+		}
+	}
+	return false
+}
+
+// abandon undoes the side effects of a journaled change that will not be
+// finished (the label moved on), so nothing stays paused or tainted.
+func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
+	d.Log.Info("abandoning unfinished change", "config", ch.Config, "why", why)
+	d.restore(ctx, ch)
+	d.Journal.State.Change = nil
+	d.saveJournal()
+}
+
+// restore starts stopped units, restores operand labels and removes the
+// taint, as the journal says; each is repeated until it works.
+func (d *Daemon) restore(ctx context.Context, ch *Change) {
+	ctx = context.WithoutCancel(ctx)
+	if len(ch.StoppedUnits) > 0 && d.Units != nil {
+		if err := d.Units.Start(ctx, ch.StoppedUnits); err != nil {
+			d.Log.Error("starting host GPU clients failed", "units", ch.StoppedUnits, "err", err)
+		} else {
+			ch.StoppedUnits = nil
+		}
+	}
+	if d.Disrupt != nil && len(ch.Operands) > 0 {
+		if err := d.Disrupt.RestoreOperands(ctx, ch.Operands); err != nil {
+			d.Log.Error("restoring GPU Operator operand labels failed", "err", err)
+		} else {
+			ch.Operands = nil
+		}
+	}
+	if d.Disrupt != nil && ch.TaintAdded {
+		if err := d.Disrupt.Untaint(ctx); err != nil {
+			d.Log.Error("removing the reconfiguring taint failed", "err", err)
+		} else {
+			ch.TaintAdded = false
+		}
+	}
+	d.saveJournal()
+}
+
+func (d *Daemon) saveJournal() {
+	if err := d.Journal.Save(); err != nil {
+		d.Log.Error("writing the journal failed", "err", err)
+	}
+}
+
+// backoff is the wait before retry number n (1-based).
+func (d *Daemon) backoff(n int) time.Duration {
+	b := 5 * time.Second
+	for i := 1; i < n && b < d.S.RetryBackoffMax; i++ {
+		b *= 2
+	}
+	return min(b, max(d.S.RetryBackoffMax, 5*time.Second))
+}
+
+// failure ends an attempt: restore, record, event, metrics, and the retry
+// schedule when the cause may pass.
+func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, reason string, retryable bool, eventReason string) outcome {
+	if ch != nil {
+		d.restore(ctx, ch)
+	}
+	now := d.Clock.Now()
+	rec := d.record(ch, StateFailed, reason, now)
+	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", retryable)
+	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, eventReason, reason)
+	d.Metrics.ObserveReconfiguration(StateFailed, now.Sub(rec.StartedAt))
+	d.Metrics.SetLastFailure(reason)
+	d.Journal.State.Change = nil
+	if !retryable {
+		d.Journal.State.Handled = rec.Config
+		d.failing = ""
+		d.saveJournal()
+		_ = d.notify().Status("failed: %s", reason)
+		return outFailed
+	}
+	d.saveJournal()
+	d.failing = rec.Config
+	d.attempts++
+	wait := d.backoff(d.attempts)
+	d.retryAt = now.Add(wait)
+	_ = d.notify().Status("failed, retrying in %s: %s", wait, reason)
+	return outRetry
+}
+
+// record builds the audit record of the change.
+func (d *Daemon) record(ch *Change, result, reason string, now time.Time) ChangeRecord {
+	rec := ChangeRecord{Result: result, Reason: reason, FinishedAt: now.UTC(), AgentVersion: d.Version,
+		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
+	if drv, err := d.GPU.DriverVersion(); err == nil {
+		rec.DriverVersion = drv
+	}
+	if ch != nil {
+		rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
+		rec.ConfigHash, rec.ConfigSource = ch.Hash, ch.Source
+		rec.RequestedBy, rec.RequestedAt = ch.RequestedBy, ch.RequestedAt
+		rec.Reboot = ch.Rebooted || result == StateRebooting
+		rec.AffectedBy = ch.AffectedBy
+		if ch.GPUsChanged != nil {
+			rec.GPUsChanged = ch.GPUsChanged
+		}
+		if ch.GPUsUntouched != nil {
+			rec.GPUsUntouched = ch.GPUsUntouched
+		}
+		if ch.Evicted != nil {
+			rec.EvictedPods = ch.Evicted
+		}
+	}
+	if n, err := Discover(d.GPU); err == nil {
+		rec.Geometry = n.GeometryOf()
+	}
+	return rec
+}
+
+// emit writes the record and state to the Node and posts an Event
+// (standalone: the log only). API errors are retried briefly, then logged:
+// the journal keeps what matters.
+func (d *Daemon) emit(ctx context.Context, node *corev1.Node, state string, rec ChangeRecord, evType, reason, msg string) {
+	d.Metrics.SetState(state)
+	if d.Kube == nil {
+		d.Log.Info("change record", "config", rec.Config, "result", rec.Result, "reason", rec.Reason,
+			"gpusChanged", rec.GPUsChanged, "reboot", rec.Reboot, "configHash", rec.ConfigHash)
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	err := d.retryAPI(ctx, func() error {
+		fresh, err := d.Kube.GetNode(ctx)
+		if err != nil {
+			return err
+		}
+		node = fresh
+		return d.Kube.Record(ctx, fresh, rec, state)
+	})
+	if err != nil {
+		d.Log.Error("writing the change record failed", "err", err)
+	}
+	if err := d.Kube.Event(ctx, node, evType, reason, msg); err != nil {
+		d.Log.Warn("posting an event failed", "reason", reason, "err", err)
+	}
+}
+
+// setState sets the state label, retrying through API outages.
+func (d *Daemon) setState(ctx context.Context, state string) {
+	d.Metrics.SetState(state)
+	if d.Kube == nil {
+		return
+	}
+	if err := d.retryAPI(context.WithoutCancel(ctx), func() error { return d.Kube.SetState(ctx, state) }); err != nil {
+		d.Log.Error("setting the state label failed", "state", state, "err", err)
+	}
+}
+
+func (d *Daemon) event(ctx context.Context, node *corev1.Node, evType, reason, msg string) {
+	if d.Kube == nil {
+		return
+	}
+	if err := d.Kube.Event(context.WithoutCancel(ctx), node, evType, reason, msg); err != nil {
+		d.Log.Warn("posting an event failed", "reason", reason, "err", err)
+	}
+}
+
+// retryAPI retries an API call for up to two minutes (an API server
+// restart), with a short backoff.
+func (d *Daemon) retryAPI(ctx context.Context, fn func() error) error {
+	deadline := d.Clock.Now().Add(2 * time.Minute)
+	wait := 250 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil || d.Clock.Now().After(deadline) {
+			return err
+		}
+		d.Log.Debug("API call failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-d.Clock.After(wait):
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
+}
+
+func indices(p *geometry.Plan) (changed, untouched []int) {
+	changed, untouched = []int{}, []int{}
+	for _, g := range p.GPUs {
+		if g.Action == geometry.ActionChange {
+			changed = append(changed, g.Index)
+		} else {
+			untouched = append(untouched, g.Index)
+		}
+	}
+	return changed, untouched
+}
+
+// targets lists what the plan takes away: whole GPUs that change (by GPU
+// UUID) and MIG devices whose GPU instance is destroyed.
+func targets(n *Node, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
+	for _, gp := range p.GPUs {
+		if gp.Action != geometry.ActionChange {
+			continue
+		}
+		dev, insts, ok := n.Device(gp.Index)
+		if !ok {
+			continue
+		}
+		gpuUUIDs = append(gpuUUIDs, dev.UUID)
+		for _, in := range gp.Destroy {
+			if gi, ok := findGI(insts, in.ProfileID, in.Start); ok {
+				for _, ci := range gi.ComputeInstances {
+					migUUIDs = append(migUUIDs, ci.UUID)
+				}
+			}
+		}
+	}
+	return gpuUUIDs, migUUIDs
+}
+
+// strayProcesses lists NVML processes on what the plan takes away.
+func (d *Daemon) strayProcesses(n *Node, p *geometry.Plan) ([]string, error) {
+	var out []string
+	for _, gp := range p.GPUs {
+		if gp.Action != geometry.ActionChange {
+			continue
+		}
+		procs, err := d.GPU.Processes(gp.Index)
+		if err != nil {
+			return nil, err
+		}
+		_, insts, _ := n.Device(gp.Index)
+		doomed := map[int]bool{}
+		for _, in := range gp.Destroy {
+			if gi, ok := findGI(insts, in.ProfileID, in.Start); ok {
+				doomed[gi.ID] = true
+			}
+		}
+		for _, pr := range procs {
+			if gp.ModeChange != geometry.ModeNone || pr.GIID < 0 || doomed[pr.GIID] {
+				out = append(out, fmt.Sprintf("pid %d (%s) on GPU %d", pr.PID, pr.Name, gp.Index))
+			}
+		}
+	}
+	return out, nil
+}
+
+func modeChanges(p *geometry.Plan) bool {
+	return slices.ContainsFunc(p.GPUs, func(g geometry.GPUPlan) bool { return g.ModeChange != geometry.ModeNone })
+}

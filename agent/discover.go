@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/profiles"
+)
+
+// Node is one read of the node's GPUs: what NVML reports, converted for the
+// planner, with the MIG device UUIDs of every GPU instance.
+type Node struct {
+	Devices   []nvmlx.Device
+	Instances [][]nvmlx.GPUInstance // by position in Devices
+	GPUs      []geometry.GPU        // by position in Devices
+	Driver    string
+}
+
+// Discover reads every GPU, its MIG mode and its instances. It is the one
+// place that turns nvmlx state into planner input.
+func Discover(g nvmlx.GPU) (*Node, error) {
+	devs, err := g.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("discovering GPUs: %w", err)
+	}
+	drv, err := g.DriverVersion()
+	if err != nil {
+		return nil, fmt.Errorf("reading the driver version: %w", err)
+	}
+	n := &Node{Devices: devs, Driver: drv, Instances: make([][]nvmlx.GPUInstance, len(devs)), GPUs: make([]geometry.GPU, len(devs))}
+	for i, d := range devs {
+		var insts []nvmlx.GPUInstance
+		if d.MigCapable && d.MigMode.Current {
+			if insts, err = g.Instances(d.Index); err != nil {
+				return nil, fmt.Errorf("listing MIG instances of GPU %d: %w", d.Index, err)
+			}
+		}
+		n.Instances[i] = insts
+		ok, _ := g.CanReset(d.Index)
+		n.GPUs[i] = geometry.GPU{
+			Index: d.Index, UUID: d.UUID, Name: d.Name, PCIDeviceID: d.PCIDeviceID,
+			Architecture: d.Architecture, MigCapable: d.MigCapable,
+			ModeCurrent: d.MigMode.Current, ModePending: d.MigMode.Pending,
+			CanReset: ok, Catalogue: d.Catalogue, Instances: toGeometry(insts),
+		}
+	}
+	return n, nil
+}
+
+// NoComputeInstance marks a GPU instance that holds no compute instance.
+const NoComputeInstance = "none"
+
+func toGeometry(insts []nvmlx.GPUInstance) []geometry.Instance {
+	out := make([]geometry.Instance, 0, len(insts))
+	for _, gi := range insts {
+		in := geometry.Instance{Profile: gi.Profile, Start: gi.Placement.Start, Size: gi.Placement.Size, ProfileID: gi.ProfileID}
+		switch {
+		case len(gi.ComputeInstances) == 0:
+			// A GPU instance without a compute instance exposes no MIG
+			// device: no desired instance matches it, so the plan replaces it.
+			in.Compute = NoComputeInstance
+		case gi.ComputeInstances[0].Profile != gi.Profile:
+			in.Compute = gi.ComputeInstances[0].Profile
+			in.ComputeCount = len(gi.ComputeInstances)
+		}
+		out = append(out, in)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Start < out[b].Start })
+	return out
+}
+
+// Device returns the device with NVML index idx.
+func (n *Node) Device(idx int) (*nvmlx.Device, []nvmlx.GPUInstance, bool) {
+	for i := range n.Devices {
+		if n.Devices[i].Index == idx {
+			return &n.Devices[i], n.Instances[i], true
+		}
+	}
+	return nil, nil, false
+}
+
+// GeometryOf renders each GPU's instances as "profile@start" strings, keyed
+// by GPU index, for audit records and the status command.
+func (n *Node) GeometryOf() map[string][]string {
+	out := make(map[string][]string, len(n.GPUs))
+	for _, g := range n.GPUs {
+		key := fmt.Sprint(g.Index)
+		switch {
+		case !g.MigCapable:
+			out[key] = []string{"no-mig"}
+		case !g.ModeCurrent:
+			out[key] = []string{"mig-disabled"}
+		default:
+			list := []string{}
+			for _, in := range g.Instances {
+				name := in.Profile
+				if in.Compute != "" {
+					name = in.Compute
+				}
+				list = append(list, fmt.Sprintf("%s@%d", name, in.Start))
+			}
+			out[key] = list
+		}
+	}
+	return out
+}
+
+// MIGDevices maps each MIG device UUID on the node to its GPU UUID and the
+// placement of its GPU instance.
+func (n *Node) MIGDevices() map[string]MIGDevice {
+	out := map[string]MIGDevice{}
+	for i, d := range n.Devices {
+		for _, gi := range n.Instances[i] {
+			for _, ci := range gi.ComputeInstances {
+				out[ci.UUID] = MIGDevice{GPU: d.Index, GPUUUID: d.UUID, Profile: gi.Profile, Start: gi.Placement.Start}
+			}
+		}
+	}
+	return out
+}
+
+// MIGDevice locates one MIG device.
+type MIGDevice struct {
+	GPU     int
+	GPUUUID string
+	Profile string
+	Start   int
+}
+
+// findGI returns the driver id of the GPU instance of profile id at start.
+func findGI(insts []nvmlx.GPUInstance, profileID, start int) (nvmlx.GPUInstance, bool) {
+	for _, gi := range insts {
+		if gi.ProfileID == profileID && gi.Placement.Start == start {
+			return gi, true
+		}
+	}
+	return nvmlx.GPUInstance{}, false
+}
+
+// placement of an instance, with the size from the catalogue when missing.
+func placementOf(cat *profiles.Catalogue, in geometry.Instance) profiles.Placement {
+	size := in.Size
+	if size == 0 {
+		if p, ok := cat.ByID(in.ProfileID); ok && len(p.Placements) > 0 {
+			size = p.Placements[0].Size
+		}
+	}
+	return profiles.Placement{Start: in.Start, Size: size}
+}

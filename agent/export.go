@@ -1,0 +1,60 @@
+package agent
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/migagent/mig-agent/geometry"
+)
+
+// ExportName is the config name `mig-agent export` writes.
+const ExportName = "current"
+
+// Export renders the node's current geometry as a config file that `apply
+// -c current` reproduces: GPUs with the same geometry share one entry.
+// GPUs that cannot do MIG are left out.
+func (n *Node) Export() *geometry.Spec {
+	var entries []geometry.Entry
+	index := map[string]int{} // geometry key → entry
+	for _, g := range n.GPUs {
+		if !g.MigCapable {
+			continue
+		}
+		enabled := g.ModePending // the mode the GPU is headed for
+		var counts []geometry.DeviceCount
+		if enabled {
+			for _, in := range g.Instances {
+				name := in.Profile
+				if in.Compute != "" && in.Compute != NoComputeInstance {
+					name = in.Compute
+				}
+				if in.Compute == NoComputeInstance {
+					continue
+				}
+				counts = addCount(counts, name, max(in.ComputeCount, 1))
+			}
+		}
+		key := fmt.Sprint(enabled, counts)
+		if i, ok := index[key]; ok {
+			entries[i].Devices.Indices = append(entries[i].Devices.Indices, g.Index)
+			continue
+		}
+		index[key] = len(entries)
+		entries = append(entries, geometry.Entry{
+			Devices:    geometry.DeviceSelector{Indices: []int{g.Index}},
+			MigEnabled: enabled,
+			MigDevices: counts,
+		})
+	}
+	return &geometry.Spec{Version: "v1", Names: []string{ExportName}, Configs: map[string][]geometry.Entry{ExportName: entries}}
+}
+
+func addCount(c []geometry.DeviceCount, name string, n int) []geometry.DeviceCount {
+	for i := range c {
+		if strings.EqualFold(c[i].Profile, name) {
+			c[i].Count += n
+			return c
+		}
+	}
+	return append(c, geometry.DeviceCount{Profile: name, Count: n})
+}

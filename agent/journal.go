@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Phases of a change, journaled before each step so a crash or a reboot at
+// any point resumes from the right place.
+const (
+	PhasePending   = "pending"   // intent recorded, nothing touched
+	PhaseDraining  = "draining"  // taint, operand pause, evictions under way
+	PhaseApplying  = "applying"  // NVML mutations under way
+	PhaseRebooting = "rebooting" // a reboot was requested for this change
+	PhaseRestoring = "restoring" // GPUs done; restoring what was paused
+)
+
+// Change is the journaled state of the change in progress.
+type Change struct {
+	Config         string     `json:"config"`
+	Hash           string     `json:"hash"`
+	Source         string     `json:"source"`
+	PreviousConfig string     `json:"previousConfig"`
+	RequestedBy    string     `json:"requestedBy"`
+	RequestedAt    *time.Time `json:"requestedAt,omitempty"`
+	StartedAt      time.Time  `json:"startedAt"`
+	Phase          string     `json:"phase"`
+	Step           string     `json:"step,omitempty"` // the NVML step last started
+	GPUsChanged    []int      `json:"gpusChanged"`
+	GPUsUntouched  []int      `json:"gpusUntouched"`
+	Evicted        []string   `json:"evicted,omitempty"`
+	AffectedBy     string     `json:"affectedBy,omitempty"`
+	TaintAdded     bool       `json:"taintAdded,omitempty"`
+	// Operands holds the GPU Operator labels' values before the pause.
+	Operands     json.RawMessage `json:"operands,omitempty"`
+	StoppedUnits []string        `json:"stoppedUnits,omitempty"`
+	// RebootBootID is the boot id at the moment the reboot was requested.
+	RebootBootID string `json:"rebootBootId,omitempty"`
+	Rebooted     bool   `json:"rebooted,omitempty"`
+	Attempt      int    `json:"attempt,omitempty"`
+}
+
+// JournalState is everything the journal file holds.
+type JournalState struct {
+	// Change is the change in progress, nil when none.
+	Change *Change `json:"change,omitempty"`
+	// Applied is the config last applied with success and its hash.
+	Applied     string `json:"applied,omitempty"`
+	AppliedHash string `json:"appliedHash,omitempty"`
+	// Handled is the desired label value last acted on to the end.
+	Handled string `json:"handled,omitempty"`
+}
+
+// Journal is the on-disk journal in --state-dir. Writes are atomic
+// (temporary file, fsync, rename), so a crash leaves the old or the new
+// state, never a torn one.
+type Journal struct {
+	path  string
+	State JournalState
+}
+
+// OpenJournal loads the journal from dir, creating dir if needed.
+func OpenJournal(dir string) (*Journal, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	j := &Journal{path: filepath.Join(dir, "journal.json")}
+	data, err := os.ReadFile(j.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return j, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading journal: %w", err)
+	}
+	if err := json.Unmarshal(data, &j.State); err != nil {
+		return nil, fmt.Errorf("journal %s is corrupt (%v); move it away to start afresh", j.path, err)
+	}
+	return j, nil
+}
+
+// Save writes the journal atomically.
+func (j *Journal) Save() error {
+	data, err := json.MarshalIndent(&j.State, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(j.path, data, 0o640)
+}
+
+// WriteFileAtomic writes data to path through a temporary file in the same
+// directory, fsynced and renamed over path.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}

@@ -1,0 +1,188 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+)
+
+// Kube is the agent's view of its own Node and namespace.
+type Kube struct {
+	Client    kubernetes.Interface
+	Node      string
+	Namespace string
+	Clock     clock.Clock
+	// Component is the Event source.
+	Component string
+}
+
+// Event reasons (stable; documented in docs/observability.md).
+const (
+	ReasonStarted          = "MigConfigStarted"
+	ReasonApplied          = "MigConfigApplied"
+	ReasonUnchanged        = "MigConfigUnchanged"
+	ReasonFailed           = "MigConfigFailed"
+	ReasonInvalid          = "MigConfigInvalid"
+	ReasonEvicting         = "MigEvictingPods"
+	ReasonRebooting        = "MigRebooting"
+	ReasonRebootFailed     = "MigRebootFailed"
+	ReasonDrift            = "MigGeometryDrift"
+	ReasonResourcesTimeout = "MigResourcesTimeout"
+	ReasonManagerConflict  = "MigManagerConflict"
+)
+
+// GetNode reads the agent's Node.
+func (k *Kube) GetNode(ctx context.Context) (*corev1.Node, error) {
+	return k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+}
+
+// SetState sets the state label (and nothing else).
+func (k *Kube) SetState(ctx context.Context, state string) error {
+	return k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{LabelState: state}}})
+}
+
+// Record writes a change record as the last change and at the head of the
+// history (bounded to HistoryMaxRecords and HistoryMaxBytes), together with
+// the state label, in one patch.
+func (k *Kube) Record(ctx context.Context, node *corev1.Node, rec ChangeRecord, state string) error {
+	last, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	var hist []json.RawMessage
+	if node != nil {
+		if raw := node.Annotations[AnnotationHistory]; raw != "" {
+			_ = json.Unmarshal([]byte(raw), &hist) // a corrupt history restarts
+		}
+	}
+	hist = append([]json.RawMessage{last}, hist...)
+	if len(hist) > HistoryMaxRecords {
+		hist = hist[:HistoryMaxRecords]
+	}
+	var histJSON []byte
+	for {
+		histJSON, _ = json.Marshal(hist)
+		if len(histJSON) <= HistoryMaxBytes || len(hist) == 1 {
+			break
+		}
+		hist = hist[:len(hist)-1]
+	}
+	patch := map[string]any{"metadata": map[string]any{
+		"annotations": map[string]any{AnnotationLastChange: string(last), AnnotationHistory: string(histJSON)},
+		"labels":      map[string]any{LabelState: state},
+	}}
+	return k.patchNode(ctx, patch)
+}
+
+func (k *Kube) patchNode(ctx context.Context, patch map[string]any) error {
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	_, err = k.Client.CoreV1().Nodes().Patch(ctx, k.Node, types.MergePatchType, data, metav1.PatchOptions{FieldManager: "mig-agent"})
+	if err != nil {
+		return fmt.Errorf("patching node %s: %w", k.Node, err)
+	}
+	return nil
+}
+
+// Event posts an Event on the Node; failures are returned for logging only.
+func (k *Kube) Event(ctx context.Context, node *corev1.Node, eventType, reason, msg string) error {
+	now := metav1.NewTime(k.Clock.Now())
+	ref := corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: k.Node}
+	if node != nil {
+		ref.UID = node.UID
+	}
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: k.Node + ".", Namespace: metav1.NamespaceDefault},
+		InvolvedObject: ref,
+		Reason:         reason,
+		Message:        truncate(msg, 1024),
+		Type:           eventType,
+		Source:         corev1.EventSource{Component: k.Component, Host: k.Node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+		ReportingController: "migagent.io/mig-agent", ReportingInstance: k.Component + "-" + k.Node,
+	}
+	_, err := k.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
+	return err
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+// PublishConfigs creates or updates the ConfigMap <node>-mig-config with
+// the generated configs, owned by the Node.
+func (k *Kube) PublishConfigs(ctx context.Context, node *corev1.Node, configYAML string) error {
+	name := k.Node + "-mig-config"
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: k.Namespace,
+			Labels: map[string]string{LabelManagedBy: "mig-agent", LabelNode: k.Node},
+		},
+		Data: map[string]string{ConfigMapKey: configYAML},
+	}
+	if node != nil {
+		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
+	}
+	cms := k.Client.CoreV1().ConfigMaps(k.Namespace)
+	old, err := cms.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"})
+		return err
+	case err != nil:
+		return err
+	}
+	if old.Data[ConfigMapKey] == configYAML && len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[LabelNode] == k.Node {
+		return nil
+	}
+	old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences
+	_, err = cms.Update(ctx, old, metav1.UpdateOptions{FieldManager: "mig-agent"})
+	return err
+}
+
+// RequestedBy names the field manager that last set the desired label, read
+// from the Node's managedFields, and when.
+func RequestedBy(node *corev1.Node) (string, *time.Time) {
+	key := fmt.Sprintf(`"f:%s"`, LabelConfig)
+	type hit struct {
+		manager string
+		at      *time.Time
+	}
+	var hits []hit
+	for _, mf := range node.ManagedFields {
+		if mf.FieldsV1 == nil || !strings.Contains(string(mf.FieldsV1.Raw), key) {
+			continue
+		}
+		h := hit{manager: mf.Manager}
+		if mf.Time != nil {
+			t := mf.Time.UTC()
+			h.at = &t
+		}
+		hits = append(hits, h)
+	}
+	if len(hits) == 0 {
+		return "unknown", nil
+	}
+	sort.SliceStable(hits, func(a, b int) bool {
+		if hits[a].at == nil || hits[b].at == nil {
+			return hits[b].at == nil && hits[a].at != nil
+		}
+		return hits[a].at.After(*hits[b].at)
+	})
+	return hits[0].manager, hits[0].at
+}

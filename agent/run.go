@@ -1,0 +1,211 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/migagent/mig-agent/geometry"
+)
+
+// Run watches the node (or, standalone, holds the selected config) until
+// ctx ends. It returns nil on shutdown and ErrExitAfterReboot after a
+// simulated reboot.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.Metrics.SetState(StateSuccess)
+	if j := d.Journal.State; j.Applied != "" {
+		d.Metrics.SetAppliedConfig(j.Applied, j.AppliedHash)
+	}
+	if _, err := d.discover(); err != nil {
+		d.Log.Error("NVML is not answering; staying up, degraded", "err", err)
+	} else if d.Kube != nil {
+		d.publish(ctx)
+	}
+	if d.Kube == nil {
+		return d.runStandalone(ctx)
+	}
+	trigger := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case trigger <- struct{}{}:
+		default:
+		}
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(d.Kube.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", d.Kube.Node).String()
+		}))
+	inf := factory.Core().V1().Nodes()
+	lister := inf.Lister()
+	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { poke() },
+		UpdateFunc: func(oldObj, newObj any) {
+			o, n := oldObj.(*corev1.Node), newObj.(*corev1.Node)
+			if o.Labels[LabelConfig] != n.Labels[LabelConfig] || o.Labels[LabelStrategy] != n.Labels[LabelStrategy] {
+				poke()
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	d.Log.Info("watching node", "node", d.Kube.Node)
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return nil
+	}
+	d.ready.Store(true)
+	_ = d.notify().Ready()
+	d.event(ctx, d.node(lister), corev1.EventTypeNormal, "MigAgentStarted", fmt.Sprintf("mig-agent %s started", d.Version))
+
+	drift := d.ticker(d.S.DriftInterval)
+	var retry <-chan time.Time
+	first := true
+	for {
+		node := d.node(lister)
+		if node != nil {
+			isRetry := retry == nil && !first && d.failing != ""
+			_ = isRetry
+			oc := d.reconcile(ctx, node, first, false)
+			first = false
+			switch oc {
+			case outRebooted:
+				return ErrExitAfterReboot
+			case outParked:
+				return nil
+			case outRetry:
+				retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
+			default:
+				retry = nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-trigger:
+		case <-retry:
+			retry = nil
+			if n := d.node(lister); n != nil {
+				if oc := d.reconcile(ctx, n, false, true); oc == outRetry {
+					retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
+				} else if oc == outRebooted {
+					return ErrExitAfterReboot
+				} else if oc == outParked {
+					return nil
+				}
+			}
+			continue
+		case <-drift:
+			d.checkDrift(ctx, d.node(lister))
+			continue
+		}
+	}
+}
+
+func (d *Daemon) node(l interface {
+	Get(string) (*corev1.Node, error)
+}) *corev1.Node {
+	n, err := l.Get(d.Kube.Node)
+	if err != nil {
+		return nil
+	}
+	return n
+}
+
+func (d *Daemon) ticker(every time.Duration) <-chan time.Time {
+	if every <= 0 {
+		return nil
+	}
+	return d.Clock.NewTicker(every).C()
+}
+
+// publish writes the generated configs to the node's ConfigMap.
+func (d *Daemon) publish(ctx context.Context) {
+	n, err := d.discover()
+	if err != nil {
+		return
+	}
+	cfg, err := geometry.Generate(n.GPUs).Marshal()
+	if err != nil {
+		d.Log.Error("generating configs failed", "err", err)
+		return
+	}
+	err = d.retryAPI(ctx, func() error {
+		node, err := d.Kube.GetNode(ctx)
+		if err != nil {
+			return err
+		}
+		return d.Kube.PublishConfigs(ctx, node, string(cfg))
+	})
+	if err != nil {
+		d.Log.Error("publishing the generated configs failed", "err", err)
+	}
+}
+
+// checkDrift compares the GPUs with the applied config.
+func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) {
+	j := d.Journal.State
+	if j.Change != nil || j.Applied == "" || j.Applied != j.Handled {
+		return
+	}
+	n, err := d.discover()
+	if err != nil {
+		d.Log.Warn("drift check: NVML is not answering", "err", err)
+		return
+	}
+	plan, err := d.plan(n, j.Applied)
+	if err != nil {
+		return
+	}
+	drift := planChanges(plan)
+	d.Metrics.SetDrift(drift)
+	if drift && !d.drifted {
+		changed, _ := indices(plan)
+		msg := fmt.Sprintf("GPUs %v no longer match the applied config %q", changed, j.Applied)
+		d.Log.Warn("geometry drift", "config", j.Applied, "gpus", changed)
+		d.event(ctx, node, corev1.EventTypeWarning, ReasonDrift, msg)
+	}
+	d.drifted = drift
+	if drift && d.S.ReapplyOnDrift {
+		d.Journal.State.Handled = ""
+		if node != nil || d.Kube == nil {
+			d.reconcile(ctx, node, false, true)
+		}
+	}
+}
+
+// runStandalone applies the selected config and holds it.
+func (d *Daemon) runStandalone(ctx context.Context) error {
+	d.ready.Store(true)
+	_ = d.notify().Ready()
+	drift := d.ticker(d.S.DriftInterval)
+	var retry <-chan time.Time
+	oc := d.reconcile(ctx, nil, true, false)
+	for {
+		switch oc {
+		case outRebooted:
+			return ErrExitAfterReboot
+		case outParked:
+			return nil
+		case outRetry:
+			retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-retry:
+			retry = nil
+			oc = d.reconcile(ctx, nil, false, true)
+		case <-drift:
+			d.checkDrift(ctx, nil)
+			oc = outSuccess
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/nvmlx"
+)
+
+// Applied is the outcome of ApplyAndVerify.
+type Applied struct {
+	Changed, Untouched []int
+	RebootGPUs         []int
+	Reset              []int
+	// Node is the state read back after the apply.
+	Node *Node
+}
+
+// ApplyAndVerify applies a plan, reads the GPUs back and checks that a
+// fresh plan of the same config has nothing left to do (except on GPUs
+// that wait for a reboot). The error wraps ErrRebootRequired when a mode
+// change waits for a reboot.
+func ApplyAndVerify(g nvmlx.GPU, n *Node, plan *geometry.Plan, f *ConfigFile, name string, o ApplyOptions) (*Applied, error) {
+	out := &Applied{}
+	for _, gp := range plan.GPUs {
+		if gp.Action == geometry.ActionChange {
+			out.Changed = append(out.Changed, gp.Index)
+		} else {
+			out.Untouched = append(out.Untouched, gp.Index)
+		}
+	}
+	res, applyErr := ApplyPlan(g, n, plan, o)
+	out.RebootGPUs, out.Reset = res.RebootGPUs, res.Reset
+	if applyErr != nil && !errors.Is(applyErr, ErrRebootRequired) {
+		return out, applyErr
+	}
+	after, err := Discover(g)
+	if err != nil {
+		return out, fmt.Errorf("reading back after apply: %w", err)
+	}
+	out.Node = after
+	spec, _, err := Lookup(f, name, after.GPUs)
+	if err != nil {
+		return out, err
+	}
+	again, err := geometry.BuildPlan(spec, name, after.GPUs)
+	if err != nil {
+		return out, fmt.Errorf("re-planning after apply: %w", err)
+	}
+	var left []string
+	for _, gp := range again.GPUs {
+		if gp.Action == geometry.ActionChange && !contains(res.RebootGPUs, gp.Index) {
+			left = append(left, fmt.Sprintf("GPU %d (%d to destroy, %d to create, mode %s)", gp.Index, len(gp.Destroy), len(gp.Create), gp.ModeChange))
+		}
+	}
+	if len(left) > 0 {
+		return out, fmt.Errorf("read back after apply does not match config %q: %s", name, strings.Join(left, "; "))
+	}
+	return out, applyErr
+}
+
+func contains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// WritePlanText prints a plan for a person.
+func WritePlanText(w io.Writer, p *geometry.Plan) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "config %s (hash %.12s)\n", p.Config, p.Hash)
+	for _, wn := range p.Warnings {
+		fmt.Fprintf(&b, "warning: %s\n", wn)
+	}
+	for _, g := range p.GPUs {
+		if g.Action == geometry.ActionUntouched {
+			fmt.Fprintf(&b, "GPU %d: untouched\n", g.Index)
+			continue
+		}
+		fmt.Fprintf(&b, "GPU %d: change", g.Index)
+		if g.ModeChange != geometry.ModeNone {
+			fmt.Fprintf(&b, ", MIG mode %s", g.ModeChange)
+		}
+		if g.ResetNeeded {
+			b.WriteString(", GPU reset needed")
+		}
+		b.WriteString("\n")
+		for _, in := range g.Destroy {
+			fmt.Fprintf(&b, "  destroy %s@%d\n", displayName(in), in.Start)
+		}
+		for _, in := range g.Keep {
+			fmt.Fprintf(&b, "  keep    %s@%d\n", displayName(in), in.Start)
+		}
+		for _, in := range g.Create {
+			fmt.Fprintf(&b, "  create  %s@%d\n", displayName(in), in.Start)
+		}
+	}
+	if p.RebootNeeded {
+		b.WriteString("reboot needed: a MIG mode change cannot take effect without one (GPU reset unavailable)\n")
+	} else {
+		b.WriteString("no reboot needed\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

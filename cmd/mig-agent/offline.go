@@ -1,0 +1,294 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/nvmlx"
+)
+
+// openGPUs opens the GPU backend the settings name.
+func openGPUs(s *agent.Settings, log *slog.Logger) (nvmlx.GPU, error) {
+	g, err := nvmlx.Open(nvmlx.Options{
+		Backend: s.NVML, Library: s.NVMLLibrary, Logger: log,
+		Sim: nvmlx.SimOptions{StatePath: s.SimState, Faults: s.SimFaults, NoReset: s.SimNoReset},
+	})
+	if err != nil {
+		if strings.HasPrefix(s.NVML, "sim:") || (s.NVML != "real") {
+			return nil, badInput(err)
+		}
+		return nil, err
+	}
+	return g, nil
+}
+
+// withNode loads settings, opens the GPUs and discovers them.
+func withNode(cmd *cobra.Command, fn func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Node) error) error {
+	s, err := loadSettings(cmd)
+	if err != nil {
+		return err
+	}
+	log := newLogger(s)
+	g, err := openGPUs(s, log)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	n, err := agent.Discover(g)
+	if err != nil {
+		return err
+	}
+	return fn(s, log, g, n)
+}
+
+func output(w io.Writer, format string, v any) error {
+	switch format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case "yaml":
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	return badInput(fmt.Errorf("unknown output format %q", format))
+}
+
+func profilesCmd() *cobra.Command {
+	var format string
+	c := &cobra.Command{
+		Use:   "profiles",
+		Short: "List the MIG profiles of each GPU and the named configs generated from them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "yaml" && format != "json" {
+				return badInput(fmt.Errorf("-o must be yaml or json"))
+			}
+			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+				r, err := n.Report()
+				if err != nil {
+					return err
+				}
+				return output(cmd.OutOrStdout(), format, r)
+			})
+		},
+	}
+	c.Flags().StringVarP(&format, "output", "o", "yaml", "yaml or json")
+	return c
+}
+
+// configFlags adds -f and -c.
+func configFlags(c *cobra.Command, file, name *string) {
+	c.Flags().StringVarP(file, "config-file", "f", "", "MIG config file (nvidia-mig-parted v1 format)")
+	c.Flags().StringVarP(name, "selected-config", "c", "", "config name")
+}
+
+func loadFile(path string) (*agent.ConfigFile, error) {
+	f, err := agent.LoadConfigFile(path)
+	if err != nil {
+		return nil, badInput(err)
+	}
+	return f, nil
+}
+
+func validateCmd() *cobra.Command {
+	var file, name string
+	c := &cobra.Command{
+		Use:   "validate -f FILE [-c NAME]",
+		Short: "Parse a config file strictly; with -c, check that the config fits this node's GPUs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return badInput(errors.New("-f/--config-file is required"))
+			}
+			f, err := loadFile(file)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if name == "" {
+				fmt.Fprintf(out, "%s: valid, %d configs: %s\n", file, len(f.Spec.Names), strings.Join(f.Spec.Names, ", "))
+				return nil
+			}
+			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+				plan, _, err := buildPlan(f, name, n)
+				if err != nil {
+					return err
+				}
+				for _, w := range plan.Warnings {
+					log.Warn("config warning", "config", name, "warning", w)
+					fmt.Fprintln(out, "warning:", w)
+				}
+				var gpus []string
+				for _, g := range plan.GPUs {
+					gpus = append(gpus, fmt.Sprint(g.Index))
+				}
+				fmt.Fprintf(out, "%s: config %q fits this node (GPUs %s)\n", file, name, strings.Join(gpus, ","))
+				return nil
+			})
+		},
+	}
+	configFlags(c, &file, &name)
+	return c
+}
+
+// buildPlan looks the config up (file, then generated) and plans it.
+func buildPlan(f *agent.ConfigFile, name string, n *agent.Node) (*geometry.Plan, string, error) {
+	spec, source, err := agent.Lookup(f, name, n.GPUs)
+	if err != nil {
+		return nil, "", badInput(err)
+	}
+	plan, err := geometry.BuildPlan(spec, name, n.GPUs)
+	if err != nil {
+		return nil, "", badInput(err)
+	}
+	return plan, source, nil
+}
+
+func planCmd() *cobra.Command {
+	var file, name, format string
+	c := &cobra.Command{
+		Use:   "plan -f FILE -c NAME",
+		Short: "Dry run: the steps apply would take on each GPU; changes nothing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if name == "" {
+				return badInput(errors.New("-c/--selected-config is required"))
+			}
+			if format != "text" && format != "json" {
+				return badInput(errors.New("-o must be text or json"))
+			}
+			f, err := loadFile(file)
+			if err != nil {
+				return err
+			}
+			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+				plan, _, err := buildPlan(f, name, n)
+				if err != nil {
+					return err
+				}
+				for _, w := range plan.Warnings {
+					log.Warn("config warning", "config", name, "warning", w)
+				}
+				if format == "json" {
+					return output(cmd.OutOrStdout(), "json", plan)
+				}
+				return agent.WritePlanText(cmd.OutOrStdout(), plan)
+			})
+		},
+	}
+	configFlags(c, &file, &name)
+	c.Flags().StringVarP(&format, "output", "o", "text", "text or json")
+	return c
+}
+
+func applyCmd() *cobra.Command {
+	var file, name string
+	c := &cobra.Command{
+		Use:   "apply -f FILE -c NAME",
+		Short: "Apply a config on this host now (no Kubernetes); exit 3 when a reboot is needed",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if name == "" {
+				return badInput(errors.New("-c/--selected-config is required"))
+			}
+			f, err := loadFile(file)
+			if err != nil {
+				return err
+			}
+			return withNode(cmd, func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Node) error {
+				plan, _, err := buildPlan(f, name, n)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				res, err := agent.ApplyAndVerify(g, n, plan, f, name, agent.ApplyOptions{Step: func(gpu int, what string) error {
+					log.Info("applying", "gpu", gpu, "step", what)
+					return nil
+				}})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "applied %q: GPUs changed %v, untouched %v\n", name, res.Changed, res.Untouched)
+				return nil
+			})
+		},
+	}
+	configFlags(c, &file, &name)
+	return c
+}
+
+func exportCmd() *cobra.Command {
+	var format string
+	c := &cobra.Command{
+		Use:   "export",
+		Short: "Print the current geometry as a config file that apply reproduces (-c current)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+				spec := n.Export()
+				switch format {
+				case "yaml":
+					b, err := spec.Marshal()
+					if err != nil {
+						return err
+					}
+					_, err = cmd.OutOrStdout().Write(b)
+					return err
+				case "json":
+					b, err := spec.Marshal()
+					if err != nil {
+						return err
+					}
+					j, err := yaml.YAMLToJSON(b)
+					if err != nil {
+						return err
+					}
+					_, err = fmt.Fprintln(cmd.OutOrStdout(), string(j))
+					return err
+				}
+				return badInput(errors.New("-o must be yaml or json"))
+			})
+		},
+	}
+	c.Flags().StringVarP(&format, "output", "o", "yaml", "yaml or json")
+	return c
+}
+
+func simCmd() *cobra.Command {
+	sim := &cobra.Command{Use: "sim", Short: "Simulated-GPU tools"}
+	reboot := &cobra.Command{
+		Use:   "reboot --sim-state PATH",
+		Short: "Simulate a node reboot: pending MIG modes take effect, all instances are gone",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := loadSettings(cmd)
+			if err != nil {
+				return err
+			}
+			if s.SimState == "" {
+				return badInput(errors.New("--sim-state is required"))
+			}
+			if err := nvmlx.SimReboot(s.SimState); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "simulated reboot of", s.SimState)
+			return nil
+		},
+	}
+	sim.AddCommand(reboot)
+	return sim
+}

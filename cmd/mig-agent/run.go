@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/metrics"
+	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/systemd"
+)
+
+func runCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "run",
+		Short: "The daemon: converge the node to the config its label names (or, --standalone, to -c NAME)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := loadSettings(cmd)
+			if err != nil {
+				return err
+			}
+			if err := s.Validate(); err != nil {
+				return badInput(err)
+			}
+			log := newLogger(s)
+			klog.SetSlogLogger(log.With("component", "client-go"))
+			log.Info("starting", "version", version, "settings", fmt.Sprintf("%+v", *s))
+			return runDaemon(cmd.Context(), s, log)
+		},
+	}
+	addRunFlags(c.Flags())
+	return c
+}
+
+func kubeConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		return rest.InClusterConfig()
+	}
+	return clientcmd.BuildConfigFromFlags("", path)
+}
+
+func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
+	file, err := loadFile(s.ConfigFile)
+	if err != nil {
+		return err
+	}
+	journal, err := agent.OpenJournal(s.StateDir)
+	if err != nil {
+		return err
+	}
+	m := metrics.New(version)
+	notifier := systemd.NewNotifier(log)
+	d := &agent.Daemon{
+		S: s, Log: log, Notify: notifier, Metrics: m, Journal: journal, File: file,
+		Clock: clock.RealClock{}, Version: version, BootID: bootID,
+	}
+	var srv *http.Server
+	if s.MetricsAddress != "" {
+		srv = metrics.NewServer(s.MetricsAddress, m, d.Ready)
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server failed", "address", s.MetricsAddress, "err", err)
+			}
+		}()
+		defer srv.Close()
+	}
+	go notifier.RunWatchdog(ctx, func() bool { return true })
+
+	// NVML: a missing driver is a degraded state, not a crash loop.
+	g, err := openGPUs(s, log)
+	for err != nil {
+		var in inputError
+		if errors.As(err, &in) {
+			return err
+		}
+		m.SetNVMLUp(false)
+		log.Error("NVML unavailable; retrying in 30s", "err", err)
+		_ = notifier.Status("NVML unavailable: %v", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(30 * time.Second):
+		}
+		g, err = openGPUs(s, log)
+	}
+	defer g.Close()
+	d.GPU = g
+	if sim, ok := g.(*nvmlx.Sim); ok {
+		d.BootID = func() string { return fmt.Sprintf("sim-boot-%d", sim.BootCount()) }
+	}
+
+	switch s.RebootMethod {
+	case agent.RebootSim:
+		d.Reboot = simRebooter{path: s.SimState, log: log}
+	case agent.RebootSystemctl:
+		d.Reboot = systemd.NewSystemctlRebooter(nil)
+	case agent.RebootNone:
+		d.Reboot = noReboot{}
+	}
+	if s.RebootMethod == agent.RebootLogind || len(s.HostGPUClients) > 0 {
+		conn, err := systemd.ConnectSystemBus(s.DBusAddress)
+		if err != nil {
+			log.Warn("D-Bus unavailable: logind reboots and host GPU client control will fail", "err", err)
+			if s.RebootMethod == agent.RebootLogind {
+				d.Reboot = failingRebooter{err: err}
+			}
+		} else {
+			defer conn.Close()
+			if s.RebootMethod == agent.RebootLogind {
+				lr := systemd.NewLogindRebooter(conn, log)
+				d.Reboot, d.Inhibit = lr, lr.Inhibit
+			}
+			if len(s.HostGPUClients) > 0 {
+				d.Units = systemd.NewUnits(conn, log)
+			}
+		}
+	}
+
+	if !s.Standalone {
+		cfg, err := kubeConfig(s.Kubeconfig)
+		if err != nil {
+			return fmt.Errorf("kubernetes client config: %w", err)
+		}
+		cfg.UserAgent = "mig-agent/" + version
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		d.Kube = &agent.Kube{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{}, Component: "mig-agent"}
+		d.Disrupt = &agent.KubeDisruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
+		d.OtherManager = func(ctx context.Context, node *corev1.Node) (string, error) {
+			return agent.OtherManager(ctx, client, node)
+		}
+		if s.MaxConcurrent > 0 {
+			slots := &agent.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
+				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
+			d.Slots = slots.Acquire
+		}
+	}
+	err = d.Run(ctx)
+	_ = notifier.Stopping()
+	if errors.Is(err, agent.ErrExitAfterReboot) {
+		log.Info("simulated reboot done; exiting as if the machine went down")
+		return nil
+	}
+	return err
+}
+
+// bootID identifies this boot of the machine.
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// simRebooter performs `sim reboot` on the state file (--reboot-method sim).
+type simRebooter struct {
+	path string
+	log  *slog.Logger
+}
+
+func (r simRebooter) Reboot(_ context.Context, reason string) error {
+	r.log.Info("simulated reboot", "reason", reason, "simState", r.path)
+	return nvmlx.SimReboot(r.path)
+}
+
+// noReboot: --reboot-method none; someone else reboots.
+type noReboot struct{}
+
+func (noReboot) Reboot(context.Context, string) error { return nil }
+
+type failingRebooter struct{ err error }
+
+func (f failingRebooter) Reboot(context.Context, string) error {
+	return fmt.Errorf("cannot reach logind over D-Bus: %w", f.err)
+}

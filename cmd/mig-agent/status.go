@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/migagent/mig-agent/agent"
+)
+
+func statusCmd() *cobra.Command {
+	var nodeName, kubeconfig, format string
+	c := &cobra.Command{
+		Use:   "status [--node NAME]",
+		Short: "Show a node's desired and applied MIG config, state, geometry and recent changes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nodeName == "" {
+				nodeName = os.Getenv("NODE_NAME")
+			}
+			if nodeName == "" {
+				return badInput(errors.New("--node (or $NODE_NAME) is required"))
+			}
+			if format != "text" && format != "json" {
+				return badInput(errors.New("-o must be text or json"))
+			}
+			if kubeconfig == "" {
+				kubeconfig = os.Getenv("KUBECONFIG")
+			}
+			cfg, err := kubeConfig(kubeconfig)
+			if err != nil {
+				return fmt.Errorf("kubernetes client config: %w", err)
+			}
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			k := &agent.Kube{Client: client, Node: nodeName}
+			node, err := k.GetNode(context.WithoutCancel(cmd.Context()))
+			if err != nil {
+				return err
+			}
+			st, err := agent.StatusFromNode(node)
+			if err != nil {
+				return err
+			}
+			if format == "json" {
+				return output(cmd.OutOrStdout(), "json", st)
+			}
+			return st.WriteText(cmd.OutOrStdout())
+		},
+	}
+	c.Flags().StringVar(&nodeName, "node", "", "node name (default $NODE_NAME)")
+	c.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, else in-cluster)")
+	c.Flags().StringVarP(&format, "output", "o", "text", "text or json")
+	return c
+}
