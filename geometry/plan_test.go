@@ -41,9 +41,9 @@ const seven1g = "1g.18gb@0 1g.18gb@1 1g.18gb@2 1g.18gb@3 1g.18gb@4 1g.18gb@5 1g.
 func TestPlanGPUMinimalDiff(t *testing.T) {
 	h := modelGPU(t, "h200", 0)
 	tests := []struct {
-		name                   string
-		from                   string
-		devices                []DeviceCount
+		name                  string
+		from                  string
+		devices               []DeviceCount
 		keep, destroy, create string
 	}{
 		{"7×1g → 2×1g + 2g + 3g", seven1g, dc("1g.18gb=2", "2g.35gb=1", "3g.71gb=1"),
