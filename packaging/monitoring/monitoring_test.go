@@ -81,15 +81,16 @@ func readGolden(t *testing.T) golden {
 // checkExpr reports the problems exprProblems finds.
 func checkExpr(t *testing.T, where, expr string, g golden) {
 	t.Helper()
-	for _, p := range exprProblems(where, expr, g) {
+	for _, p := range exprProblems(where, expr, g, false) {
 		t.Error(p)
 	}
 }
 
 // exprProblems parses expr and checks that every series selector names a
 // metric of the golden file, with label names it has and, for = matchers,
-// values it takes.
-func exprProblems(where, expr string, g golden) []string {
+// values it takes. With foreign, metrics not named migagent_* (DCGM's, say)
+// are let through unchecked.
+func exprProblems(where, expr string, g golden, foreign bool) []string {
 	var problems []string
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	e, err := promql().ParseExpr(expr)
@@ -104,6 +105,9 @@ func exprProblems(where, expr string, g golden) []string {
 			return nil
 		}
 		selectors++
+		if foreign && !strings.HasPrefix(vs.Name, "migagent_") {
+			return nil
+		}
 		known, ok := g[vs.Name]
 		if !ok {
 			fail("%s: metric %q is not in %s", where, vs.Name, goldenFile)
@@ -361,12 +365,40 @@ func TestCheckExprCatchesMistakes(t *testing.T) {
 		{`vector(1)`, `selects no metric`},
 	}
 	for _, tt := range tests {
-		got := exprProblems("probe", tt.expr, g)
+		got := exprProblems("probe", tt.expr, g, false)
 		if len(got) != 1 || !strings.Contains(got[0], tt.problem) {
 			t.Errorf("exprProblems(%q) = %q, want one problem with %q", tt.expr, got, tt.problem)
 		}
 	}
-	if got := exprProblems("probe", `sum by (state) (migagent_state{state="failed",instance=~".*"})`, g); len(got) != 0 {
+	if got := exprProblems("probe", `sum by (state) (migagent_state{state="failed",instance=~".*"})`, g, false); len(got) != 0 {
 		t.Errorf("a good expression got problems: %q", got)
+	}
+}
+
+// TestDocQueries parses the PromQL examples of docs/observability.md (the
+// lines of its promql code blocks) and checks the mig-agent names they use.
+func TestDocQueries(t *testing.T) {
+	const doc = "../../docs/observability.md"
+	b, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := readGolden(t)
+	in, n := false, 0
+	for i, line := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```promql"):
+			in = true
+		case strings.HasPrefix(line, "```"):
+			in = false
+		case in && strings.TrimSpace(line) != "" && !strings.HasPrefix(strings.TrimSpace(line), "#"):
+			n++
+			for _, p := range exprProblems(fmt.Sprintf("%s:%d", doc, i+1), line, g, true) {
+				t.Error(p)
+			}
+		}
+	}
+	if n == 0 {
+		t.Errorf("%s: no promql examples found", doc)
 	}
 }
