@@ -29,6 +29,9 @@ var (
 	// ErrDrainTimeout: pods were still on the node when the drain timeout
 	// passed (a PodDisruptionBudget, or a pod slow to terminate).
 	ErrDrainTimeout = errors.New("pods still on the node after the drain timeout")
+	// ErrEvictionFailed: an eviction failed before the timeout with an error
+	// that is not retried (not a 429), such as the API server going away.
+	ErrEvictionFailed = errors.New("eviction failed")
 )
 
 // Defaults of EvictOptions.
@@ -74,7 +77,9 @@ func (o EvictOptions) withDefaults() EvictOptions {
 // like any other pod: they would hold a device that is destroyed.
 //
 // Pods still present after Timeout give ErrDrainTimeout, naming each with
-// why it stayed. Evict is safe to call again with the same pods.
+// why it stayed; an eviction error other than 429 ends the drain earlier
+// with ErrEvictionFailed. Either way the pods already gone are returned.
+// Evict is safe to call again with the same pods.
 func Evict(ctx context.Context, client kubernetes.Interface, log *slog.Logger, pods []corev1.Pod,
 	opts EvictOptions) ([]string, error) {
 	opts = opts.withDefaults()
@@ -129,6 +134,13 @@ func Evict(ctx context.Context, client kubernetes.Interface, log *slog.Logger, p
 		if ctx.Err() != nil {
 			return gone, fmt.Errorf("drain interrupted: %w; still on the node: %s", ctx.Err(), strings.Join(stay, ", "))
 		}
+		if took := time.Since(start); took < opts.Timeout {
+			if helperErr == nil {
+				helperErr = errors.New("the eviction helper returned early")
+			}
+			return gone, fmt.Errorf("%w after %s: %w; still on the node: %s", ErrEvictionFailed,
+				took.Round(time.Millisecond), helperErr, strings.Join(stay, ", "))
+		}
 		return gone, fmt.Errorf("%w (%s): %s", ErrDrainTimeout, opts.Timeout, strings.Join(stay, ", "))
 	}
 	log.Info("pods evicted", "pods", gone, "duration", time.Since(start).Round(time.Millisecond))
@@ -177,7 +189,7 @@ func stillThere(ctx context.Context, client kubernetes.Interface, pod *corev1.Po
 		return "", nil
 	}
 	if cur.DeletionTimestamp != nil {
-		return fmt.Sprintf("terminating since %s", cur.DeletionTimestamp.UTC().Format(time.RFC3339)), nil
+		return fmt.Sprintf("terminating, grace period until %s", cur.DeletionTimestamp.UTC().Format(time.RFC3339)), nil
 	}
 	// Not evicted: a server-side dry run says why (a PodDisruptionBudget).
 	err = client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{

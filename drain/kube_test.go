@@ -1,0 +1,611 @@
+package drain_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/drain"
+	"github.com/migagent/mig-agent/internal/kubetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// env is one node with its kubelet and a namespace.
+type env struct {
+	c    kubernetes.Interface
+	node string
+	ns   string
+	k    *kubetest.Kubelet
+}
+
+func newEnv(t *testing.T, labels map[string]string) env {
+	t.Helper()
+	c := kubetest.Client(t)
+	e := env{c: c, node: kubetest.NewName(t, "node"), ns: kubetest.NewName(t, "ns")}
+	kubetest.CreateNode(t, e.node, labels)
+	kubetest.CreateNamespace(t, e.ns)
+	e.k = kubetest.StartKubelet(t, c, e.node)
+	return e
+}
+
+func rsOwner(name string) *metav1.OwnerReference {
+	return &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: name,
+		UID: "00000000-0000-0000-0000-000000000001", Controller: ptr.To(true)}
+}
+
+func gpuUUID(i int) string { return fmt.Sprintf("GPU-4f1c6a2e-0000-0000-0000-%012d", i) }
+
+// remaining lists "ns/name" of the namespace's pods that exist and are not terminating.
+func remaining(t *testing.T, e env) []string {
+	t.Helper()
+	list, err := e.c.CoreV1().Pods(e.ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func keys(ns string, names ...string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = ns + "/" + n
+	}
+	slices.Sort(out)
+	return out
+}
+
+// An 8-GPU node with two pods per GPU (time-sliced replicas); one GPU
+// changes: only its two pods are affected, and only they are evicted.
+func TestWholeGPUChangeEvictsOnlyItsPods(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	var all []string
+	for g := range 8 {
+		for r := range 2 {
+			name := fmt.Sprintf("gpu%d-r%d", g, r)
+			e.k.RunPod(t, e.ns, name, map[string]string{"nvidia.com/gpu": "1"},
+				map[string][]string{"nvidia.com/gpu": {fmt.Sprintf("%s::%d", gpuUUID(g), r)}}, rsOwner("rs"))
+			all = append(all, e.ns+"/"+name)
+		}
+	}
+	e.k.RunPod(t, e.ns, "cpu-only", nil, nil, rsOwner("rs"))
+	slices.Sort(all)
+
+	aff, err := drain.FindAffected(ctx, e.c, testLog(t), e.node, e.k.Socket(), drain.Change{GPUs: []string{gpuUUID(3)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := keys(e.ns, "gpu3-r0", "gpu3-r1")
+	if aff.How != drain.HowPodResources || !slices.Equal(aff.Names(), want) {
+		t.Fatalf("FindAffected = %v by %q, want %v by pod-resources", aff.Names(), aff.How, want)
+	}
+	if e.k.ListCalls() == 0 {
+		t.Error("PodResources was not asked")
+	}
+	if got := aff.Devices[e.ns+"/gpu3-r0"]; !slices.Equal(got, []string{gpuUUID(3)}) {
+		t.Errorf("Devices = %v", aff.Devices)
+	}
+
+	evicted, err := drain.Evict(ctx, e.c, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(evicted, want) {
+		t.Errorf("evicted %v, want %v", evicted, want)
+	}
+	stay := slices.DeleteFunc(slices.Clone(all), func(s string) bool { return slices.Contains(want, s) })
+	stay = append(stay, e.ns+"/cpu-only")
+	slices.Sort(stay)
+	if got := remaining(t, e); !slices.Equal(got, stay) {
+		t.Errorf("pods left %v, want %v", got, stay)
+	}
+	if got := e.k.Finished(); len(got) != 2 {
+		t.Errorf("kubelet finished %v, want the 2 evicted pods", got)
+	}
+
+	// Repeating the drain (a resumed change) is harmless.
+	again, err := drain.Evict(ctx, e.c, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
+	if err != nil || !slices.Equal(again, want) {
+		t.Errorf("second Evict = %v, %v", again, err)
+	}
+	// Nothing changes: nothing affected, and PodResources is not even asked.
+	calls := e.k.ListCalls()
+	aff, err = drain.FindAffected(ctx, e.c, testLog(t), e.node, e.k.Socket(), drain.Change{})
+	if err != nil || len(aff.Pods) != 0 || aff.How != drain.HowNothing || e.k.ListCalls() != calls {
+		t.Errorf("empty change: %v by %q, %v", aff.Names(), aff.How, err)
+	}
+}
+
+// Pods on MIG devices of several GPU instances; some instances are destroyed:
+// only their pods are affected, also on a GPU that changes otherwise.
+func TestMIGDevicesDestroyedAffectOnlyTheirPods(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.k.RunPod(t, e.ns, "small-a", map[string]string{"nvidia.com/mig-1g.18gb": "1"},
+		map[string][]string{"nvidia.com/mig-1g.18gb": {"MIG-aaaa"}}, rsOwner("rs"))
+	e.k.RunPod(t, e.ns, "small-b", map[string]string{"nvidia.com/mig-1g.18gb": "1"},
+		map[string][]string{"nvidia.com/mig-1g.18gb": {"MIG-bbbb"}}, rsOwner("rs"))
+	e.k.RunPod(t, e.ns, "big", map[string]string{"nvidia.com/mig-3g.71gb": "1"},
+		map[string][]string{"nvidia.com/mig-3g.71gb": {"MIG-cccc"}}, rsOwner("rs"))
+	two := e.k.RunPod(t, e.ns, "two", map[string]string{"nvidia.com/mig-1g.18gb": "1", "nvidia.com/mig-2g.35gb": "1"},
+		nil, rsOwner("rs"))
+	// One pod, two containers on different instances: one of them is destroyed.
+	e.k.Assign(two, "main", "nvidia.com/mig-2g.35gb", "MIG-dddd")
+	e.k.Assign(two, "sidecar", "nvidia.com/mig-1g.18gb", "MIG-eeee")
+	e.k.RunPod(t, e.ns, "whole", map[string]string{"nvidia.com/gpu": "1"},
+		map[string][]string{"nvidia.com/gpu": {gpuUUID(1)}}, rsOwner("rs"))
+
+	change := drain.Change{MIGDevices: []string{"MIG-bbbb", "MIG-eeee", "MIG-ffff-unused"}}
+	aff, err := drain.FindAffected(ctx, e.c, testLog(t), e.node, e.k.Socket(), change)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := keys(e.ns, "small-b", "two")
+	if !slices.Equal(aff.Names(), want) || aff.How != drain.HowPodResources {
+		t.Fatalf("FindAffected = %v by %q, want %v", aff.Names(), aff.How, want)
+	}
+	evicted, err := drain.Evict(ctx, e.c, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	if err != nil || !slices.Equal(evicted, want) {
+		t.Fatalf("Evict = %v, %v; want %v", evicted, err, want)
+	}
+	if got, stay := remaining(t, e), keys(e.ns, "small-a", "big", "whole"); !slices.Equal(got, stay) {
+		t.Errorf("pods left %v, want %v", got, stay)
+	}
+}
+
+// Without PodResources every pod of the node that requests an nvidia.com/
+// resource is affected, and How says why.
+func TestNoPodResourcesMeansAllGPUPods(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.k.RunPod(t, e.ns, "gpu", map[string]string{"nvidia.com/gpu": "1"}, nil, rsOwner("rs"))
+	e.k.RunPod(t, e.ns, "mig", map[string]string{"nvidia.com/mig-1g.18gb": "1"}, nil, nil)
+	e.k.RunPod(t, e.ns, "cpu", map[string]string{"cpu": "100m"}, nil, rsOwner("rs"))
+	done := e.k.RunPod(t, e.ns, "done", map[string]string{"nvidia.com/gpu": "1"}, nil, nil)
+	done.Status.Phase = corev1.PodSucceeded
+	if _, err := e.c.CoreV1().Pods(e.ns).UpdateStatus(ctx, done, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A GPU pod of another node is not ours.
+	other := kubetest.StartKubelet(t, e.c, kubetest.NewName(t, "other"))
+	other.RunPod(t, e.ns, "elsewhere", map[string]string{"nvidia.com/gpu": "1"}, nil, nil)
+
+	missing := filepath.Join(t.TempDir(), "no-kubelet.sock")
+	for _, socket := range []string{missing, ""} {
+		aff, err := drain.FindAffected(ctx, e.c, testLog(t), e.node, socket, drain.Change{GPUs: []string{gpuUUID(0)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := keys(e.ns, "gpu", "mig"); !slices.Equal(aff.Names(), want) {
+			t.Errorf("socket %q: affected %v, want %v", socket, aff.Names(), want)
+		}
+		if !aff.FellBack() || !strings.HasPrefix(aff.How, "all-gpu-pods: ") || !strings.Contains(aff.How, "PodResources") {
+			t.Errorf("socket %q: How = %q", socket, aff.How)
+		}
+		if socket == missing && !strings.Contains(aff.How, missing) {
+			t.Errorf("How does not name the socket: %q", aff.How)
+		}
+	}
+}
+
+func createPDB(t *testing.T, e env, name string, selector map[string]string, allowed int32) {
+	t.Helper()
+	ctx := context.Background()
+	pdb, err := e.c.PolicyV1().PodDisruptionBudgets(e.ns).Create(ctx, &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: ptr.To(intstr.FromInt32(1)),
+			Selector:     &metav1.LabelSelector{MatchLabels: selector},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No disruption controller runs: write the status it would compute.
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{
+		ObservedGeneration: pdb.Generation, DisruptionsAllowed: allowed,
+		CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1,
+	}
+	if _, err := e.c.PolicyV1().PodDisruptionBudgets(e.ns).UpdateStatus(ctx, pdb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A PodDisruptionBudget with no disruption allowed blocks its pod: the drain
+// fails after the timeout naming it, and the other pod is evicted.
+func TestPDBBlocksDrainUntilTimeout(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	guarded := e.k.CreatePod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "guarded", Labels: map[string]string{"app": "db"},
+			OwnerReferences: []metav1.OwnerReference{*rsOwner("db")}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "db"}}},
+	})
+	free := e.k.RunPod(t, e.ns, "free", nil, nil, rsOwner("rs"))
+	createPDB(t, e, "db", map[string]string{"app": "db"}, 0)
+
+	start := time.Now()
+	evicted, err := drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*guarded, *free},
+		drain.EvictOptions{Timeout: 3 * time.Second, RetryDelay: time.Second})
+	took := time.Since(start)
+	if !errors.Is(err, drain.ErrDrainTimeout) {
+		t.Fatalf("Evict err = %v, want ErrDrainTimeout", err)
+	}
+	for _, s := range []string{e.ns + "/guarded", "disruption budget"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not say %q", err, s)
+		}
+	}
+	if strings.Contains(err.Error(), e.ns+"/free") {
+		t.Errorf("error names the evicted pod: %v", err)
+	}
+	if !slices.Equal(evicted, []string{e.ns + "/free"}) {
+		t.Errorf("evicted = %v, want only free", evicted)
+	}
+	if took < 3*time.Second || took > 20*time.Second {
+		t.Errorf("Evict took %s with a 3s timeout", took)
+	}
+	if got := remaining(t, e); !slices.Equal(got, []string{e.ns + "/guarded"}) {
+		t.Errorf("pods left %v", got)
+	}
+	t.Logf("blocked drain returned after %s: %v", took.Round(time.Millisecond), err)
+
+	// Once the budget allows it, the same call succeeds.
+	pdb, err := e.c.PolicyV1().PodDisruptionBudgets(e.ns).Get(ctx, "db", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdb.Status.DisruptionsAllowed = 1
+	if _, err := e.c.PolicyV1().PodDisruptionBudgets(e.ns).UpdateStatus(ctx, pdb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	evicted, err = drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*guarded}, drain.EvictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second})
+	if err != nil || !slices.Equal(evicted, []string{e.ns + "/guarded"}) {
+		t.Errorf("Evict after the budget allows it = %v, %v", evicted, err)
+	}
+}
+
+// A pod that does not terminate in time is named with its state.
+func TestSlowTerminationTimesOut(t *testing.T) {
+	e := newEnv(t, nil)
+	slow := e.k.RunPod(t, e.ns, "slow", nil, nil, rsOwner("rs"))
+	e.k.KeepTerminating(slow)
+	_, err := drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*slow},
+		drain.EvictOptions{Timeout: 2 * time.Second, RetryDelay: time.Second})
+	if !errors.Is(err, drain.ErrDrainTimeout) || !strings.Contains(err.Error(), e.ns+"/slow (terminating, grace period until") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+// Static pods are never evicted, and pods without a controller only when
+// allowed: both fail before anything is evicted.
+func TestNotEvictable(t *testing.T) {
+	e := newEnv(t, nil)
+	static := e.k.CreatePod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "static",
+			Annotations: map[string]string{corev1.MirrorPodAnnotationKey: "hash"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "x"}}},
+	})
+	bare := e.k.RunPod(t, e.ns, "bare", nil, nil, nil)
+	managed := e.k.RunPod(t, e.ns, "managed", nil, nil, rsOwner("rs"))
+	opts := drain.EvictOptions{Timeout: 5 * time.Second, RetryDelay: time.Second}
+
+	_, err := drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*managed, *static}, opts)
+	if !errors.Is(err, drain.ErrNotEvictable) || !strings.Contains(err.Error(), e.ns+"/static") {
+		t.Errorf("static: err = %v", err)
+	}
+	opts.RefuseUnmanaged = true
+	_, err = drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*managed, *bare}, opts)
+	if !errors.Is(err, drain.ErrNotEvictable) || !strings.Contains(err.Error(), e.ns+"/bare") {
+		t.Errorf("unmanaged refused: err = %v", err)
+	}
+	if got, want := remaining(t, e), keys(e.ns, "bare", "managed", "static"); !slices.Equal(got, want) {
+		t.Errorf("a refused drain evicted pods: left %v, want %v", got, want)
+	}
+	opts.RefuseUnmanaged = false
+	evicted, err := drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*bare}, opts)
+	if err != nil || !slices.Equal(evicted, []string{e.ns + "/bare"}) {
+		t.Errorf("unmanaged by default: %v, %v", evicted, err)
+	}
+}
+
+func taints(t *testing.T, e env) []string {
+	t.Helper()
+	n, err := e.c.CoreV1().Nodes().Get(context.Background(), e.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, tn := range n.Spec.Taints {
+		out = append(out, tn.ToString())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestTaint(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	before := taints(t, e) // admission's not-ready taint
+	ours := "migagent.io/reconfiguring=true:NoSchedule"
+
+	added, err := drain.AddTaint(ctx, e.c, e.node)
+	if err != nil || !added {
+		t.Fatalf("AddTaint = %v, %v", added, err)
+	}
+	want := slices.Sorted(slices.Values(append(slices.Clone(before), ours)))
+	if got := taints(t, e); !slices.Equal(got, want) {
+		t.Errorf("taints %v, want %v", got, want)
+	}
+	added, err = drain.AddTaint(ctx, e.c, e.node)
+	if err != nil || added {
+		t.Errorf("second AddTaint = %v, %v; want false (already there)", added, err)
+	}
+	if got := taints(t, e); !slices.Equal(got, want) {
+		t.Errorf("taints after a second add %v, want %v", got, want)
+	}
+	for _, wantRemoved := range []bool{true, false} {
+		removed, err := drain.RemoveTaint(ctx, e.c, e.node)
+		if err != nil || removed != wantRemoved {
+			t.Errorf("RemoveTaint = %v, %v; want %v", removed, err, wantRemoved)
+		}
+		if got := taints(t, e); !slices.Equal(got, before) {
+			t.Errorf("taints after remove %v, want %v", got, before)
+		}
+	}
+
+	// The user's own taint with our key is left alone, before and after.
+	n, err := e.c.CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: drain.TaintKey, Value: "maintenance", Effect: corev1.TaintEffectNoSchedule})
+	if _, err := e.c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	userTaints := taints(t, e)
+	added, err = drain.AddTaint(ctx, e.c, e.node)
+	if err != nil || added {
+		t.Errorf("AddTaint over a user's taint = %v, %v; want false", added, err)
+	}
+	removed, err := drain.RemoveTaint(ctx, e.c, e.node)
+	if err != nil || removed {
+		t.Errorf("RemoveTaint with only the user's taint = %v, %v; want false", removed, err)
+	}
+	if got := taints(t, e); !slices.Equal(got, userTaints) {
+		t.Errorf("user's taint touched: %v, want %v", got, userTaints)
+	}
+	if _, err := drain.AddTaint(ctx, e.c, ""); !errors.Is(err, drain.ErrNoNode) {
+		t.Errorf("AddTaint without node: %v", err)
+	}
+}
+
+// playDaemonSets deletes (gracefully) the operand pods of node whose deploy
+// label is paused, as the DaemonSet controller does; the kubelet finishes them.
+func playDaemonSets(ctx context.Context, t *testing.T, e env, pods map[string]string /*label→pod*/) {
+	_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		n, err := e.c.CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for label, pod := range pods {
+			if n.Labels[label] == drain.PausedValue {
+				err := e.c.CoreV1().Pods(e.ns).Delete(ctx, pod, metav1.DeleteOptions{})
+				if err == nil || apierrors.IsNotFound(err) {
+					delete(pods, label)
+				}
+			}
+		}
+		return len(pods) == 0, nil
+	})
+}
+
+func nodeLabels(t *testing.T, e env) map[string]string {
+	t.Helper()
+	n, err := e.c.CoreV1().Nodes().Get(context.Background(), e.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Labels
+}
+
+func TestOperandsPausedAndRestoredExactly(t *testing.T) {
+	const (
+		dp   = "nvidia.com/gpu.deploy.device-plugin"
+		gfd  = "nvidia.com/gpu.deploy.gpu-feature-discovery"
+		dex  = "nvidia.com/gpu.deploy.dcgm-exporter"
+		dcgm = "nvidia.com/gpu.deploy.dcgm"
+		nvsm = "nvidia.com/gpu.deploy.nvsm"
+	)
+	e := newEnv(t, map[string]string{dp: "true", gfd: "false", dcgm: "true", nvsm: drain.PausedValue, "keep": "me"})
+	ctx := context.Background()
+	operand := func(name, app string) {
+		e.k.CreatePod(t, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: map[string]string{"app": app}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: app}}},
+		})
+	}
+	operand("device-plugin", "nvidia-device-plugin-daemonset")
+	operand("dcgm", "nvidia-dcgm")
+	operand("gfd", "gpu-feature-discovery") // its label is "false": not ours to stop
+
+	saved, err := drain.ReadOperands(ctx, e.c, e.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Through the journal and back.
+	b, err := json.Marshal(saved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var journaled drain.Saved
+	if err := json.Unmarshal(b, &journaled); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{dcgm, dp, nvsm}; !slices.Equal(journaled.Paused(), want) {
+		t.Errorf("Paused = %v, want %v (journal %s)", journaled.Paused(), want, b)
+	}
+
+	dsCtx, stopDS := context.WithCancel(ctx)
+	dsDone := make(chan struct{})
+	go func() {
+		defer close(dsDone)
+		playDaemonSets(dsCtx, t, e, map[string]string{dp: "device-plugin", dcgm: "dcgm"})
+	}()
+	start := time.Now()
+	err = drain.PauseOperands(ctx, e.c, testLog(t), e.node, journaled, 20*time.Second)
+	stopDS()
+	<-dsDone
+	if err != nil {
+		t.Fatalf("PauseOperands: %v", err)
+	}
+	t.Logf("operands left after %s", time.Since(start).Round(time.Millisecond))
+	l := nodeLabels(t, e)
+	for label, want := range map[string]string{dp: drain.PausedValue, dcgm: drain.PausedValue, nvsm: drain.PausedValue, gfd: "false"} {
+		if l[label] != want {
+			t.Errorf("paused: %s=%q, want %q", label, l[label], want)
+		}
+	}
+	if _, ok := l[dex]; ok {
+		t.Errorf("paused: absent %s was set", dex)
+	}
+	if got := remaining(t, e); !slices.Equal(got, []string{e.ns + "/gfd"}) {
+		t.Errorf("pods left %v, want only gfd", got)
+	}
+
+	for range 2 { // restoring twice is harmless
+		if err := drain.RestoreOperands(ctx, e.c, testLog(t), e.node, journaled); err != nil {
+			t.Fatal(err)
+		}
+		l = nodeLabels(t, e)
+		for label, want := range map[string]string{dp: "true", dcgm: "true", nvsm: "true", gfd: "false", "keep": "me"} {
+			if l[label] != want {
+				t.Errorf("restored: %s=%q, want %q", label, l[label], want)
+			}
+		}
+		if _, ok := l[dex]; ok {
+			t.Errorf("restored: absent %s was set", dex)
+		}
+	}
+}
+
+func TestOperandsThatDoNotLeaveTimeOut(t *testing.T) {
+	const dp = "nvidia.com/gpu.deploy.device-plugin"
+	e := newEnv(t, map[string]string{dp: "custom-value"})
+	ctx := context.Background()
+	e.k.CreatePod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "stuck-plugin", Labels: map[string]string{"app": "nvidia-device-plugin-daemonset"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "dp"}}},
+	})
+	saved, err := drain.ReadOperands(ctx, e.c, e.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = drain.PauseOperands(ctx, e.c, testLog(t), e.node, saved, time.Second)
+	if !errors.Is(err, drain.ErrOperandsTimeout) || !strings.Contains(err.Error(), e.ns+"/stuck-plugin") {
+		t.Errorf("err = %v", err)
+	}
+	if err := drain.RestoreOperands(ctx, e.c, testLog(t), e.node, saved); err != nil {
+		t.Fatal(err)
+	}
+	if got := nodeLabels(t, e)[dp]; got != "custom-value" {
+		t.Errorf("restored %s=%q, want custom-value", dp, got)
+	}
+}
+
+func TestWaitAllocatable(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	mig := corev1.ResourceName("nvidia.com/mig-1g.18gb")
+	want := map[corev1.ResourceName]int64{mig: 7}
+
+	// No device plugin advertises anything: skipped at once.
+	start := time.Now()
+	ok, err := drain.WaitAllocatable(ctx, e.c, e.node, want, 10*time.Second)
+	if !ok || err != nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("no nvidia.com resources: %v, %v after %s; want an immediate true", ok, err, time.Since(start))
+	}
+
+	e.k.SetAllocatable(corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1"), mig: resource.MustParse("0")})
+	go func() {
+		time.Sleep(time.Second)
+		e.k.SetAllocatable(corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("0"), mig: resource.MustParse("7")})
+	}()
+	start = time.Now()
+	ok, err = drain.WaitAllocatable(ctx, e.c, e.node, want, 15*time.Second)
+	if !ok || err != nil {
+		t.Fatalf("WaitAllocatable = %v, %v", ok, err)
+	}
+	if took := time.Since(start); took < 900*time.Millisecond {
+		t.Errorf("returned after %s, before the resources changed", took)
+	}
+
+	ok, err = drain.WaitAllocatable(ctx, e.c, e.node, map[corev1.ResourceName]int64{mig: 8, "nvidia.com/gpu": 1}, time.Second)
+	if ok || !errors.Is(err, drain.ErrResourcesTimeout) ||
+		!strings.Contains(err.Error(), "nvidia.com/mig-1g.18gb: have 7, want 8") || !strings.Contains(err.Error(), "nvidia.com/gpu: have 0, want 1") {
+		t.Errorf("short wait = %v, %v", ok, err)
+	}
+}
+
+// The wait keeps reading the Node through an API server outage.
+func TestWaitAllocatableSurvivesAPIServerRestart(t *testing.T) {
+	e := newEnv(t, nil)
+	mig := corev1.ResourceName("nvidia.com/mig-3g.71gb")
+	e.k.SetAllocatable(corev1.ResourceList{mig: resource.MustParse("0")})
+	type result struct {
+		ok  bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ok, err := drain.WaitAllocatable(context.Background(), e.c, e.node, map[corev1.ResourceName]int64{mig: 2}, time.Minute)
+		done <- result{ok, err}
+	}()
+	kubetest.RestartAPIServer(t, 2*time.Second)
+	select {
+	case r := <-done:
+		t.Fatalf("WaitAllocatable returned during the outage: %v, %v", r.ok, r.err)
+	default:
+	}
+	e.k.SetAllocatable(corev1.ResourceList{mig: resource.MustParse("2")})
+	if r := <-done; !r.ok || r.err != nil {
+		t.Errorf("WaitAllocatable = %v, %v", r.ok, r.err)
+	}
+}

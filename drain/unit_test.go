@@ -1,0 +1,231 @@
+package drain
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/profiles"
+)
+
+func TestNormalizeDeviceID(t *testing.T) {
+	for in, want := range map[string]string{
+		"GPU-1f2e":       "GPU-1f2e",
+		"GPU-1f2e::0":    "GPU-1f2e",
+		"MIG-9a9a::12":   "MIG-9a9a",
+		"":               "",
+		"3":              "3",
+		"MIG-aa::1::bad": "MIG-aa",
+	} {
+		if got := NormalizeDeviceID(in); got != want {
+			t.Errorf("NormalizeDeviceID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestHolders(t *testing.T) {
+	pods := []PodDevices{
+		{Namespace: "a", Name: "whole", Containers: []ContainerDevices{
+			{Name: "c", Devices: map[string][]string{"nvidia.com/gpu": {"GPU-1"}}},
+		}},
+		{Namespace: "a", Name: "shared", Containers: []ContainerDevices{
+			{Name: "c", Devices: map[string][]string{"nvidia.com/gpu.shared": {"GPU-2::3"}}},
+		}},
+		{Namespace: "b", Name: "mig", Containers: []ContainerDevices{
+			{Name: "init", Devices: map[string][]string{"nvidia.com/mig-1g.18gb": {"MIG-a"}}},
+			{Name: "c", Devices: map[string][]string{"nvidia.com/mig-3g.71gb": {"MIG-b"}}},
+		}},
+		{Namespace: "b", Name: "other-vendor", Containers: []ContainerDevices{
+			{Name: "c", Devices: map[string][]string{"example.com/gpu": {"GPU-1"}}},
+		}},
+		{Namespace: "b", Name: "cpu-only"},
+	}
+	tests := []struct {
+		name   string
+		change Change
+		want   map[string][]string
+	}{
+		{"nothing", Change{}, map[string][]string{}},
+		{"one whole GPU", Change{GPUs: []string{"GPU-1"}}, map[string][]string{"a/whole": {"GPU-1"}}},
+		{"shared replica", Change{GPUs: []string{"GPU-2"}}, map[string][]string{"a/shared": {"GPU-2"}}},
+		{"MIG device of an init container", Change{MIGDevices: []string{"MIG-a"}}, map[string][]string{"b/mig": {"MIG-a"}}},
+		{"MIG device kept", Change{MIGDevices: []string{"MIG-zzz"}}, map[string][]string{}},
+		{"both", Change{GPUs: []string{"GPU-1", "GPU-9"}, MIGDevices: []string{"MIG-b", "MIG-a"}},
+			map[string][]string{"a/whole": {"GPU-1"}, "b/mig": {"MIG-a", "MIG-b"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Holders(pods, tc.change)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("Holders = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRequestsGPU(t *testing.T) {
+	rl := func(name string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceName(name): resource.MustParse("1")}
+	}
+	tests := []struct {
+		name string
+		spec corev1.PodSpec
+		want bool
+	}{
+		{"cpu only", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Requests: rl("cpu")}}}}, false},
+		{"gpu limit", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: rl("nvidia.com/gpu")}}}}, true},
+		{"mig request", corev1.PodSpec{Containers: []corev1.Container{{}, {Resources: corev1.ResourceRequirements{Requests: rl("nvidia.com/mig-1g.18gb")}}}}, true},
+		{"init container", corev1.PodSpec{InitContainers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: rl("nvidia.com/gpu")}}}}, true},
+		{"pod level", corev1.PodSpec{Resources: &corev1.ResourceRequirements{Limits: rl("nvidia.com/gpu")}}, true},
+		{"other vendor", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: rl("amd.com/gpu")}}}}, false},
+	}
+	for _, tc := range tests {
+		if got := RequestsGPU(&corev1.Pod{Spec: tc.spec}); got != tc.want {
+			t.Errorf("%s: RequestsGPU = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestExpectedResources(t *testing.T) {
+	mig := func(devs ...string) GPUGeometry { return GPUGeometry{MigEnabled: true, Devices: devs} }
+	whole := GPUGeometry{}
+	tests := []struct {
+		name     string
+		strategy string
+		gpus     []GPUGeometry
+		want     map[corev1.ResourceName]int64
+		err      error
+	}{
+		{"mixed, all balanced", StrategyMixed,
+			[]GPUGeometry{mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"), mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb")},
+			map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 4, "nvidia.com/mig-2g.35gb": 2, "nvidia.com/mig-3g.71gb": 2}, nil},
+		{"mixed with a whole GPU", StrategyMixed, []GPUGeometry{mig("7g.141gb"), whole, whole},
+			map[corev1.ResourceName]int64{"nvidia.com/mig-7g.141gb": 1, "nvidia.com/gpu": 2}, nil},
+		{"mixed, +me and compute instance", StrategyMixed, []GPUGeometry{mig("1g.18gb+me", "1c.3g.71gb", "1c.3g.71gb")},
+			map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb.me": 1, "nvidia.com/mig-1c.3g.71gb": 2}, nil},
+		{"mixed, MIG on without devices", StrategyMixed, []GPUGeometry{mig()}, map[corev1.ResourceName]int64{}, nil},
+		{"single", StrategySingle, []GPUGeometry{mig("1g.18gb", "1g.18gb", "1g.18gb"), mig("1g.18gb"), whole},
+			map[corev1.ResourceName]int64{"nvidia.com/gpu": 5}, nil},
+		{"none counts GPUs", StrategyNone, []GPUGeometry{mig("1g.18gb", "1g.18gb"), whole},
+			map[corev1.ResourceName]int64{"nvidia.com/gpu": 2}, nil},
+		{"empty strategy is none", "", []GPUGeometry{whole},
+			map[corev1.ResourceName]int64{"nvidia.com/gpu": 1}, nil},
+		{"no GPUs", StrategyMixed, nil, map[corev1.ResourceName]int64{}, nil},
+		{"unknown strategy", "Mixed", []GPUGeometry{whole}, nil, ErrUnknownStrategy},
+		{"bad profile", StrategyMixed, []GPUGeometry{mig("1g.18")}, nil, profiles.ErrBadName},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ExpectedResources(tc.strategy, tc.gpus)
+			if tc.err != nil {
+				if !errors.Is(err, tc.err) {
+					t.Fatalf("err = %v, want %v", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("ExpectedResources = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSavedJSONAndPaused(t *testing.T) {
+	s := Saved{
+		"nvidia.com/gpu.deploy.device-plugin": ptr.To("true"),
+		"nvidia.com/gpu.deploy.dcgm":          ptr.To("false"),
+		"nvidia.com/gpu.deploy.nvsm":          nil,
+		"nvidia.com/gpu.deploy.dcgm-exporter": ptr.To("custom"),
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"nvidia.com/gpu.deploy.nvsm":null`) {
+		t.Errorf("absent label not kept as null: %s", b)
+	}
+	var back Saved
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, s) {
+		t.Errorf("round trip: %v, want %v", back, s)
+	}
+	want := []string{"nvidia.com/gpu.deploy.dcgm-exporter", "nvidia.com/gpu.deploy.device-plugin"}
+	if got := back.Paused(); !slices.Equal(got, want) {
+		t.Errorf("Paused = %v, want %v", got, want)
+	}
+}
+
+func TestRefuse(t *testing.T) {
+	owned := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", UID: "u", Controller: ptr.To(true)}
+	pod := func(name string, mirror bool, owner *metav1.OwnerReference) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}}
+		if mirror {
+			p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"}
+		}
+		if owner != nil {
+			p.OwnerReferences = []metav1.OwnerReference{*owner}
+		}
+		return p
+	}
+	tests := []struct {
+		name    string
+		pods    []corev1.Pod
+		opts    EvictOptions
+		wantErr []string // substrings; none means no error
+	}{
+		{"managed", []corev1.Pod{pod("a", false, &owned)}, EvictOptions{RefuseUnmanaged: true}, nil},
+		{"unmanaged evicted by default", []corev1.Pod{pod("a", false, nil)}, EvictOptions{}, nil},
+		{"unmanaged refused", []corev1.Pod{pod("a", false, &owned), pod("b", false, nil)}, EvictOptions{RefuseUnmanaged: true},
+			[]string{"no controller", "ns/b"}},
+		{"static pod", []corev1.Pod{pod("s", true, nil)}, EvictOptions{}, []string{"static pods", "ns/s"}},
+	}
+	for _, tc := range tests {
+		err := refuse(tc.pods, tc.opts)
+		if len(tc.wantErr) == 0 {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrNotEvictable) {
+			t.Errorf("%s: err = %v, want ErrNotEvictable", tc.name, err)
+			continue
+		}
+		for _, s := range tc.wantErr {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("%s: %q does not say %q", tc.name, err, s)
+			}
+		}
+	}
+}
+
+func TestLogWriter(t *testing.T) {
+	var buf bytes.Buffer
+	w := &logWriter{log: slog.New(slog.NewTextHandler(&buf, nil)), level: slog.LevelWarn}
+	for _, chunk := range []string{"evicting pod a/", "b\n\nerror when ", "evicting\n"} {
+		if n, err := w.Write([]byte(chunk)); err != nil || n != len(chunk) {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+	}
+	out := buf.String()
+	if strings.Count(out, "msg=\"eviction progress\"") != 2 || !strings.Contains(out, `detail="evicting pod a/b"`) ||
+		!strings.Contains(out, `detail="error when evicting"`) || !strings.Contains(out, "level=WARN") {
+		t.Errorf("log:\n%s", out)
+	}
+}
