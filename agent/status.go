@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,11 +207,11 @@ func (s *Status) geometry(g map[string][]string) []GPUGeometry {
 func splitInstance(in string) (profile string, start int) {
 	i := strings.LastIndexByte(in, '@')
 	if i < 0 {
-		return in, int(^uint(0) >> 1)
+		return in, math.MaxInt
 	}
 	n, err := strconv.Atoi(in[i+1:])
 	if err != nil {
-		return in[:i], int(^uint(0) >> 1)
+		return in[:i], math.MaxInt
 	}
 	return in[:i], n
 }
