@@ -46,13 +46,15 @@ func PlanGPU(gpu GPU, req *Request) (GPUPlan, error) {
 		}
 		gp.ResetNeeded = req.MigEnabled != gpu.ModeCurrent && gpu.Architecture == profiles.ArchAmpere
 	}
-	var existing map[string]bool
+	keys := make([]instKey, len(current))
+	var existing map[instKey]bool
 	if req.MigEnabled && gpu.ModeCurrent {
-		existing = make(map[string]bool, len(current))
-		for _, in := range current {
-			if in.ComputeCount <= 1 {
-				existing[instanceKey(in.Profile, in.Start, in.Compute)] = true
-			}
+		existing = make(map[instKey]bool, len(current))
+	}
+	for i, in := range current {
+		keys[i] = keyOf(in)
+		if existing != nil && in.ComputeCount <= 1 {
+			existing[keys[i]] = true
 		}
 	}
 	desired, err := place(&gpu, req, existing)
@@ -63,20 +65,19 @@ func PlanGPU(gpu GPU, req *Request) (GPUPlan, error) {
 	if desired == nil {
 		gp.Desired = []Instance{}
 	}
-	wanted := make(map[string]bool, len(desired))
+	wanted := make(map[instKey]bool, len(desired))
 	for _, d := range desired {
-		k := instanceKey(d.Profile, d.Start, d.Compute)
+		k := instKey{canonical(d.Profile), d.Start, d.Compute}
 		if existing[k] {
 			wanted[k] = true
 		} else {
 			gp.Create = append(gp.Create, d)
 		}
 	}
-	for _, in := range current {
-		k := instanceKey(in.Profile, in.Start, in.Compute)
-		if wanted[k] && in.ComputeCount <= 1 {
+	for i, in := range current {
+		if wanted[keys[i]] && in.ComputeCount <= 1 {
 			gp.Keep = append(gp.Keep, in)
-			delete(wanted, k) // a second instance with the same key goes
+			delete(wanted, keys[i]) // a second instance with the same key goes
 		} else {
 			gp.Destroy = append(gp.Destroy, in)
 		}

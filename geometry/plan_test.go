@@ -218,9 +218,9 @@ func TestPlanApplyPlan(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s step %d: %v", m.Key, step, err)
 			}
-			kept := map[string]bool{}
+			kept := map[instKey]bool{}
 			for _, k := range p.Keep {
-				kept[instanceKey(k.Profile, k.Start, k.Compute)] = true
+				kept[keyOf(k)] = true
 			}
 			if len(p.Keep)+len(p.Destroy) != len(g.Instances) || len(p.Keep)+len(p.Create) != len(p.Desired) {
 				t.Fatalf("%s step %d: plan does not add up: %+v", m.Key, step, p)
@@ -234,10 +234,10 @@ func TestPlanApplyPlan(t *testing.T) {
 			for k := range kept {
 				found := false
 				for _, in := range g.Instances {
-					found = found || instanceKey(in.Profile, in.Start, in.Compute) == k
+					found = found || keyOf(in) == k
 				}
 				if !found {
-					t.Fatalf("%s step %d: kept %s is gone", m.Key, step, k)
+					t.Fatalf("%s step %d: kept %+v is gone", m.Key, step, k)
 				}
 			}
 		}

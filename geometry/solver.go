@@ -93,6 +93,10 @@ func groups(cat *profiles.Catalogue, devices []DeviceCount) ([]*group, error) {
 	}
 	var gs []*group
 	perProfile := map[*profiles.Profile]int{}
+	catNames := make([]profiles.Name, len(cat.Profiles))
+	for i := range cat.Profiles {
+		catNames[i], _ = profiles.Parse(cat.Profiles[i].Name)
+	}
 	for _, d := range devices {
 		if d.Count < 0 {
 			return nil, fmt.Errorf("%w: negative count %d of %q", ErrDoesNotFit, d.Count, d.Profile)
@@ -104,10 +108,12 @@ func groups(cat *profiles.Catalogue, devices []DeviceCount) ([]*group, error) {
 		if err != nil {
 			return nil, err
 		}
-		prof, ok := cat.ByName(n)
-		if !ok {
+		// cat.ByName, with the catalogue's names parsed once.
+		at := slices.IndexFunc(catNames, func(c profiles.Name) bool { return c.G > 0 && c.Equal(n.GI()) })
+		if at < 0 {
 			return nil, fmt.Errorf("%w: %q (it offers %s)", ErrUnknownProfile, d.Profile, cat.Names())
 		}
+		prof := &cat.Profiles[at]
 		compute := ""
 		if n.IsCompute() {
 			if compute, err = computeName(prof, n); err != nil {
@@ -116,7 +122,7 @@ func groups(cat *profiles.Catalogue, devices []DeviceCount) ([]*group, error) {
 		}
 		i := slices.IndexFunc(gs, func(g *group) bool { return g.prof == prof && g.compute == compute })
 		if i < 0 {
-			g := &group{prof: prof, order: indexOf(cat, prof), compute: compute}
+			g := &group{prof: prof, order: at, compute: compute}
 			for _, pl := range prof.Placements {
 				if pl.Start < 0 || pl.Size <= 0 || pl.End() > slots {
 					return nil, fmt.Errorf("%w: %s has placement %s outside %d memory slices", ErrDoesNotFit, prof.Name, pl, slots)
@@ -162,15 +168,6 @@ func groups(cat *profiles.Catalogue, devices []DeviceCount) ([]*group, error) {
 		return ga.compute < gb.compute
 	})
 	return gs, nil
-}
-
-func indexOf(cat *profiles.Catalogue, p *profiles.Profile) int {
-	for i := range cat.Profiles {
-		if &cat.Profiles[i] == p {
-			return i
-		}
-	}
-	return -1
 }
 
 // computeName checks that GPU instance profile prof offers compute profile
@@ -305,11 +302,15 @@ func sortInstances(in []Instance) {
 // canonical prints a profile name in one spelling per profile (attributes
 // sorted), so names compare as strings; unparseable names stay as they are.
 func canonical(s string) string {
+	if s == "" {
+		return s
+	}
 	n, err := profiles.Parse(s)
 	if err != nil {
 		return s
 	}
-	n.Attrs, n.NegAttrs = slices.Sorted(slices.Values(n.Attrs)), slices.Sorted(slices.Values(n.NegAttrs))
+	slices.Sort(n.Attrs) // Parse returns fresh slices
+	slices.Sort(n.NegAttrs)
 	return n.String()
 }
 
@@ -323,7 +324,7 @@ func Validate(gpu GPU, req Request) error {
 
 // place validates req on gpu and solves its placement; with existing, it
 // keeps the most of those instances in place.
-func place(gpu *GPU, req *Request, existing map[string]bool) ([]Instance, error) {
+func place(gpu *GPU, req *Request, existing map[instKey]bool) ([]Instance, error) {
 	who := fmt.Sprintf("GPU %d (%s)", gpu.Index, gpu.Name)
 	asked := slices.ContainsFunc(req.Devices, func(d DeviceCount) bool { return d.Count != 0 })
 	if !req.MigEnabled {
@@ -342,8 +343,9 @@ func place(gpu *GPU, req *Request, existing map[string]bool) ([]Instance, error)
 	if existing != nil {
 		for _, g := range gs {
 			g.keep = make([]bool, len(g.prof.Placements))
+			name := canonical(g.prof.Name)
 			for i, pl := range g.prof.Placements {
-				g.keep[i] = existing[instanceKey(g.prof.Name, pl.Start, g.compute)]
+				g.keep[i] = existing[instKey{name, pl.Start, g.compute}]
 			}
 		}
 	}
@@ -354,13 +356,20 @@ func place(gpu *GPU, req *Request, existing map[string]bool) ([]Instance, error)
 	return out, nil
 }
 
-// instanceKey identifies a GPU instance for keeping: GI profile, start and
-// compute profile ("" for the full compute instance).
-func instanceKey(profile string, start int, compute string) string {
-	if compute != "" {
-		if n, err := profiles.Parse(compute); err == nil && !n.IsCompute() {
-			compute = ""
+// instKey identifies a GPU instance for keeping: GI profile, start and
+// compute profile ("" for the full compute instance), names canonical.
+type instKey struct {
+	profile string
+	start   int
+	compute string
+}
+
+func keyOf(in Instance) instKey {
+	c := ""
+	if in.Compute != "" {
+		if n, err := profiles.Parse(in.Compute); err != nil || n.IsCompute() {
+			c = canonical(in.Compute)
 		}
 	}
-	return fmt.Sprintf("%s@%d/%s", canonical(profile), start, canonical(compute))
+	return instKey{canonical(in.Profile), in.Start, c}
 }
