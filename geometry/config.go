@@ -28,7 +28,7 @@ const (
 	// maxMergeDepth bounds nested "<<" merge keys.
 	maxMergeDepth = 8
 	// maxDeviceIndex bounds the GPU indices of devices lists.
-	maxDeviceIndex = 1 << 16
+	maxDeviceIndex = 1023
 )
 
 // ConfigVersion is the only config version mig-agent reads (nvidia-mig-parted v1).
@@ -71,108 +71,102 @@ var ErrInvalidConfig = errors.New("invalid MIG config")
 // the entry. Every file nvidia-mig-parted accepts is accepted, with the
 // same meaning (YAML anchors, aliases and merge keys included, and YAML 1.1
 // booleans such as "yes" for mig-enabled), with three exceptions that
-// protect the user: unparseable device-filter ids, duplicate GPU indices
+// protect the user: unparseable device-filter ids, repeated GPU indices
 // and counts over MaxCount.
-func Parse(data []byte) (*Spec, error) {
+func Parse(data []byte) (s *Spec, err error) {
 	if len(data) > MaxConfigBytes {
 		return nil, fmt.Errorf("%w: larger than %d bytes", ErrInvalidConfig, MaxConfigBytes)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w: empty document", ErrInvalidConfig)
-		}
+	var doc, extra yaml.Node
+	if err := dec.Decode(&doc); errors.Is(err, io.EOF) || err == nil && len(doc.Content) == 0 {
+		return nil, fmt.Errorf("%w: empty document", ErrInvalidConfig)
+	} else if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: more than one YAML document", ErrInvalidConfig)
 	}
+	// The parser stops at the first error by panicking with a parseError,
+	// recovered here (as encoding/json does); other panics go on.
+	defer func() {
+		if r := recover(); r != nil {
+			pe, ok := r.(parseError)
+			if !ok {
+				panic(r)
+			}
+			s, err = nil, pe.error
+		}
+	}()
 	p := &parser{}
-	return p.spec(&doc)
+	return p.spec(doc.Content[0]), nil
 }
+
+type parseError struct{ error }
 
 type parser struct{ nodes int }
 
 type pair struct{ k, v *yaml.Node }
 
-func (p *parser) errf(n *yaml.Node, ctx, format string, args ...any) error {
-	return fmt.Errorf("%w: line %d: %s%s", ErrInvalidConfig, n.Line, ctx, fmt.Sprintf(format, args...))
+func (p *parser) fail(n *yaml.Node, ctx, format string, args ...any) {
+	panic(parseError{fmt.Errorf("%w: line %d: %s%s", ErrInvalidConfig, n.Line, ctx, fmt.Sprintf(format, args...))})
 }
 
 // deref counts a visited node and follows an alias to its anchor.
-func (p *parser) deref(n *yaml.Node) (*yaml.Node, error) {
+func (p *parser) deref(n *yaml.Node) *yaml.Node {
 	if p.nodes++; p.nodes > maxNodes {
-		return nil, fmt.Errorf("%w: more than %d YAML nodes (aliases expanded)", ErrInvalidConfig, maxNodes)
+		panic(parseError{fmt.Errorf("%w: more than %d YAML nodes (aliases expanded)", ErrInvalidConfig, maxNodes)})
 	}
 	if n.Kind == yaml.AliasNode {
-		if n.Alias == nil || n.Alias.Kind == yaml.AliasNode {
-			return nil, p.errf(n, "", "bad alias")
+		if n = n.Alias; n == nil || n.Kind == yaml.AliasNode {
+			panic(parseError{fmt.Errorf("%w: bad alias", ErrInvalidConfig)})
 		}
-		return n.Alias, nil
 	}
-	return n, nil
+	return n
 }
 
 func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
+	switch {
+	case n.Kind == yaml.MappingNode:
 		return "a mapping"
-	case yaml.SequenceNode:
+	case n.Kind == yaml.SequenceNode && len(n.Content) == 0:
+		return "an empty list"
+	case n.Kind == yaml.SequenceNode:
 		return "a list"
-	case yaml.ScalarNode:
-		if n.Tag == "!!null" {
-			return "nothing"
-		}
-		return fmt.Sprintf("%q", n.Value)
+	case n.Tag == "!!null":
+		return "nothing"
 	}
-	return "a document"
+	return fmt.Sprintf("%q", n.Value)
 }
 
 // pairs returns the key/value pairs of a mapping, merge keys resolved
-// (explicit keys win, then earlier merge sources); a repeated key is an error.
-func (p *parser) pairs(n *yaml.Node, ctx, what string, depth int) ([]pair, error) {
-	n, err := p.deref(n)
-	if err != nil {
-		return nil, err
-	}
-	if n.Kind != yaml.MappingNode {
-		return nil, p.errf(n, ctx, "%s must be a mapping, not %s", what, kindName(n))
+// (explicit keys win, then earlier merge sources); a repeated key fails.
+func (p *parser) pairs(n *yaml.Node, ctx, what string, depth int) []pair {
+	if n = p.deref(n); n.Kind != yaml.MappingNode {
+		p.fail(n, ctx, "%s must be a mapping, not %s", what, kindName(n))
 	}
 	var own, merged []pair
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, err := p.deref(n.Content[i])
-		if err != nil {
-			return nil, err
-		}
-		if k.Kind != yaml.ScalarNode {
-			return nil, p.errf(k, ctx, "a key in %s is %s, not a string", what, kindName(k))
-		}
-		if k.Tag == "!!merge" {
+		k := p.deref(n.Content[i])
+		switch {
+		case k.Kind != yaml.ScalarNode:
+			p.fail(k, ctx, "a key in %s is %s, not a string", what, kindName(k))
+		case k.Tag == "!!merge":
 			if depth >= maxMergeDepth {
-				return nil, p.errf(k, ctx, "merge keys nested deeper than %d", maxMergeDepth)
+				p.fail(k, ctx, "merge keys nested deeper than %d", maxMergeDepth)
 			}
-			src, err := p.deref(n.Content[i+1])
-			if err != nil {
-				return nil, err
+			srcs := []*yaml.Node{p.deref(n.Content[i+1])}
+			if srcs[0].Kind == yaml.SequenceNode {
+				srcs = srcs[0].Content
 			}
-			srcs := []*yaml.Node{src}
-			if src.Kind == yaml.SequenceNode {
-				srcs = src.Content
-			}
-			for _, s := range srcs {
-				ps, err := p.pairs(s, ctx, "a merge source", depth+1)
-				if err != nil {
-					return nil, err
-				}
-				merged = append(merged, ps...)
+			for _, src := range srcs {
+				merged = append(merged, p.pairs(src, ctx, "a merge source", depth+1)...)
 			}
 			continue
 		}
 		if line, dup := seen[k.Value]; dup {
-			return nil, p.errf(k, ctx, "key %q repeated in %s (first at line %d)", k.Value, what, line)
+			p.fail(k, ctx, "key %q repeated in %s (first at line %d)", k.Value, what, line)
 		}
 		seen[k.Value] = k.Line
 		own = append(own, pair{k, n.Content[i+1]})
@@ -183,134 +177,85 @@ func (p *parser) pairs(n *yaml.Node, ctx, what string, depth int) ([]pair, error
 			own = append(own, m)
 		}
 	}
-	return own, nil
+	return own
 }
 
-func (p *parser) spec(doc *yaml.Node) (*Spec, error) {
-	root := doc
-	if doc.Kind == yaml.DocumentNode {
-		if len(doc.Content) != 1 {
-			return nil, fmt.Errorf("%w: empty document", ErrInvalidConfig)
-		}
-		root = doc.Content[0]
-	}
-	top, err := p.pairs(root, "", "the document", 0)
-	if err != nil {
-		return nil, err
-	}
+func (p *parser) spec(root *yaml.Node) *Spec {
 	s := &Spec{Configs: map[string][]Entry{}}
 	var configs *yaml.Node
-	for _, kv := range top {
+	for _, kv := range p.pairs(root, "", "the document", 0) {
 		switch kv.k.Value {
 		case "version":
-			v, err := p.deref(kv.v)
-			if err != nil {
-				return nil, err
+			if v := p.deref(kv.v); v.Kind != yaml.ScalarNode || v.Value != ConfigVersion {
+				p.fail(v, "", "version is %s; only %q is supported", kindName(v), ConfigVersion)
 			}
-			if v.Kind != yaml.ScalarNode || v.Value != ConfigVersion {
-				return nil, p.errf(v, "", "version is %s; only %q is supported", kindName(v), ConfigVersion)
-			}
-			s.Version = v.Value
+			s.Version = ConfigVersion
 		case "mig-configs":
 			configs = kv.v
 		default:
-			return nil, p.errf(kv.k, "", "unknown key %q (want version, mig-configs)", kv.k.Value)
+			p.fail(kv.k, "", "unknown key %q (want version, mig-configs)", kv.k.Value)
 		}
 	}
-	if s.Version == "" {
-		return nil, p.errf(root, "", "missing version (want version: %s)", ConfigVersion)
+	switch {
+	case s.Version == "":
+		p.fail(root, "", "missing version (want version: %s)", ConfigVersion)
+	case configs == nil:
+		p.fail(root, "", "missing mig-configs")
 	}
-	if configs == nil {
-		return nil, p.errf(root, "", "missing mig-configs")
-	}
-	named, err := p.pairs(configs, "", "mig-configs", 0)
-	if err != nil {
-		return nil, err
-	}
+	named := p.pairs(configs, "", "mig-configs", 0)
 	if len(named) == 0 {
-		return nil, p.errf(configs, "", "mig-configs has no config")
+		p.fail(configs, "", "mig-configs has no config")
 	}
 	for _, kv := range named {
 		name := kv.k.Value
 		if strings.TrimSpace(name) == "" {
-			return nil, p.errf(kv.k, "", "empty config name")
+			p.fail(kv.k, "", "empty config name")
 		}
-		entries, err := p.entries(kv.v, fmt.Sprintf("config %q: ", name))
-		if err != nil {
-			return nil, err
+		ctx := fmt.Sprintf("config %q: ", name)
+		list := p.deref(kv.v)
+		if list.Kind != yaml.SequenceNode || len(list.Content) == 0 {
+			p.fail(list, ctx, "must be a list of entries, not %s", kindName(list))
+		}
+		for i, item := range list.Content {
+			s.Configs[name] = append(s.Configs[name], p.entry(item, fmt.Sprintf("%sentry %d: ", ctx, i+1)))
 		}
 		s.Names = append(s.Names, name)
-		s.Configs[name] = entries
 	}
-	return s, nil
+	return s
 }
 
-func (p *parser) entries(n *yaml.Node, ctx string) ([]Entry, error) {
-	n, err := p.deref(n)
-	if err != nil {
-		return nil, err
-	}
-	if n.Kind != yaml.SequenceNode {
-		return nil, p.errf(n, ctx, "must be a list of entries, not %s", kindName(n))
-	}
-	if len(n.Content) == 0 {
-		return nil, p.errf(n, ctx, "has no entry")
-	}
-	out := make([]Entry, 0, len(n.Content))
-	for i, item := range n.Content {
-		e, err := p.entry(item, fmt.Sprintf("%sentry %d: ", ctx, i+1))
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, nil
-}
-
-func (p *parser) entry(n *yaml.Node, ctx string) (Entry, error) {
+func (p *parser) entry(n *yaml.Node, ctx string) Entry {
 	var e Entry
-	kvs, err := p.pairs(n, ctx, "an entry", 0)
-	if err != nil {
-		return e, err
-	}
 	var haveDevices, haveEnabled, haveMigDevices bool
-	for _, kv := range kvs {
-		v, err := p.deref(kv.v)
-		if err != nil {
-			return e, err
-		}
+	for _, kv := range p.pairs(n, ctx, "an entry", 0) {
+		v := p.deref(kv.v)
 		switch kv.k.Value {
 		case "device-filter":
-			e.DeviceFilter, err = p.deviceFilter(v, ctx)
+			e.DeviceFilter = p.deviceFilter(v, ctx)
 		case "devices":
-			haveDevices = true
-			e.Devices, err = p.devices(v, ctx)
+			haveDevices, e.Devices = true, p.devices(v, ctx)
 		case "mig-enabled":
-			haveEnabled = true
-			e.MigEnabled, err = p.boolean(v, ctx, "mig-enabled")
+			haveEnabled, e.MigEnabled = true, p.boolean(v, ctx, "mig-enabled")
 		case "mig-devices":
 			// An empty mig-devices is kept as nil: "{}" and absent mean the same.
 			if haveMigDevices = v.Tag != "!!null"; haveMigDevices {
-				e.MigDevices, err = p.migDevices(v, ctx)
+				e.MigDevices = p.migDevices(v, ctx)
 			}
 		default:
-			err = p.errf(kv.k, ctx, "unknown key %q (want device-filter, devices, mig-enabled, mig-devices)", kv.k.Value)
-		}
-		if err != nil {
-			return e, err
+			p.fail(kv.k, ctx, "unknown key %q (want device-filter, devices, mig-enabled, mig-devices)", kv.k.Value)
 		}
 	}
 	switch {
 	case !haveDevices:
-		return e, p.errf(n, ctx, "missing devices (all, or a list of GPU indices)")
+		p.fail(n, ctx, "missing devices (all, or a list of GPU indices)")
 	case !haveEnabled:
-		return e, p.errf(n, ctx, "missing mig-enabled (true or false)")
+		p.fail(n, ctx, "missing mig-enabled (true or false)")
 	case e.MigEnabled && !haveMigDevices:
-		return e, p.errf(n, ctx, "mig-enabled is true but mig-devices is missing (write mig-devices: {} for none)")
+		p.fail(n, ctx, "mig-enabled is true but mig-devices is missing (write mig-devices: {} for none)")
 	case !e.MigEnabled && len(e.MigDevices) > 0:
-		return e, p.errf(n, ctx, "mig-devices listed while mig-enabled is false")
+		p.fail(n, ctx, "mig-devices listed while mig-enabled is false")
 	}
-	return e, nil
+	return e
 }
 
 // yaml11Bool reads the plain scalars YAML 1.1 (and so nvidia-mig-parted,
@@ -325,43 +270,40 @@ func yaml11Bool(s string) (value, ok bool) {
 	return false, false
 }
 
-func (p *parser) boolean(n *yaml.Node, ctx, key string) (bool, error) {
+func (p *parser) boolean(n *yaml.Node, ctx, key string) bool {
 	if n.Kind == yaml.ScalarNode && (n.Tag == "!!bool" || n.Style == 0 && n.Tag == "!!str") {
 		if b, ok := yaml11Bool(n.Value); ok {
-			return b, nil
+			return b
 		}
 	}
-	return false, p.errf(n, ctx, "%s is %s, not true or false", key, kindName(n))
+	p.fail(n, ctx, "%s is %s, not true or false", key, kindName(n))
+	return false
 }
 
-func (p *parser) deviceFilter(n *yaml.Node, ctx string) ([]string, error) {
+func (p *parser) deviceFilter(n *yaml.Node, ctx string) []string {
 	items := []*yaml.Node{n}
 	switch {
 	case n.Kind == yaml.SequenceNode:
 		items = n.Content
 	case n.Kind != yaml.ScalarNode:
-		return nil, p.errf(n, ctx, "device-filter must be a PCI device id or a list of them, not %s", kindName(n))
+		p.fail(n, ctx, "device-filter must be a PCI device id or a list of them, not %s", kindName(n))
 	case n.Tag == "!!null" || n.Value == "":
-		return nil, nil // nvidia-mig-parted: an empty filter matches every GPU
+		return nil // nvidia-mig-parted: an empty filter matches every GPU
 	}
 	var out []string
 	for _, it := range items {
-		it, err := p.deref(it)
-		if err != nil {
-			return nil, err
-		}
-		if it.Kind != yaml.ScalarNode {
-			return nil, p.errf(it, ctx, "device-filter item is %s, not a PCI device id", kindName(it))
+		if it = p.deref(it); it.Kind != yaml.ScalarNode {
+			p.fail(it, ctx, "device-filter item is %s, not a PCI device id", kindName(it))
 		}
 		id, err := normalizeDeviceID(it.Value)
 		if err != nil {
-			return nil, p.errf(it, ctx, "device-filter: %v", err)
+			p.fail(it, ctx, "device-filter: %v", err)
 		}
 		if !slices.Contains(out, id) {
 			out = append(out, id)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // normalizeDeviceID reads a PCI device id as nvidia-mig-parted does
@@ -383,63 +325,50 @@ func normalizeDeviceID(s string) (string, error) {
 	return out, nil
 }
 
-func (p *parser) devices(n *yaml.Node, ctx string) (DeviceSelector, error) {
+func (p *parser) devices(n *yaml.Node, ctx string) DeviceSelector {
 	if n.Kind == yaml.ScalarNode && n.Value == "all" && n.Tag == "!!str" {
-		return DeviceSelector{All: true}, nil
+		return DeviceSelector{All: true}
 	}
 	if n.Kind != yaml.SequenceNode {
-		return DeviceSelector{}, p.errf(n, ctx, "devices is %s; want all or a list of GPU indices", kindName(n))
+		p.fail(n, ctx, "devices is %s; want all or a list of GPU indices", kindName(n))
 	}
 	sel := DeviceSelector{Indices: []int{}}
 	for _, it := range n.Content {
-		it, err := p.deref(it)
-		if err != nil {
-			return sel, err
-		}
+		it = p.deref(it)
 		v, err := strconv.ParseInt(it.Value, 0, 64)
-		if it.Kind != yaml.ScalarNode || it.Tag != "!!int" || err != nil || v < 0 || v >= maxDeviceIndex {
-			return sel, p.errf(it, ctx, "devices item is %s, not a GPU index (0, 1, ...)", kindName(it))
+		if it.Kind != yaml.ScalarNode || it.Tag != "!!int" || err != nil || v < 0 || v > maxDeviceIndex {
+			p.fail(it, ctx, "devices item is %s, not a GPU index (0 to %d)", kindName(it), maxDeviceIndex)
 		}
 		if slices.Contains(sel.Indices, int(v)) {
-			return sel, p.errf(it, ctx, "GPU index %d listed twice in devices", v)
+			p.fail(it, ctx, "GPU index %d listed twice in devices", v)
 		}
 		sel.Indices = append(sel.Indices, int(v))
 	}
-	return sel, nil
+	return sel
 }
 
-func (p *parser) migDevices(n *yaml.Node, ctx string) ([]DeviceCount, error) {
-	kvs, err := p.pairs(n, ctx, "mig-devices", 0)
-	if err != nil {
-		return nil, err
-	}
+func (p *parser) migDevices(n *yaml.Node, ctx string) []DeviceCount {
 	var out []DeviceCount
-	var names []profiles.Name
-	for _, kv := range kvs {
-		name, err := profiles.Parse(kv.k.Value)
-		if err != nil {
-			return nil, p.errf(kv.k, ctx, "mig-devices: %v", err)
+	seen := map[string]string{} // canonical name → as written
+	for _, kv := range p.pairs(n, ctx, "mig-devices", 0) {
+		if _, err := profiles.Parse(kv.k.Value); err != nil {
+			p.fail(kv.k, ctx, "mig-devices: %v", err)
 		}
-		for i, prev := range names {
-			if prev.Equal(name) {
-				return nil, p.errf(kv.k, ctx, "mig-devices: %q and %q are the same profile", out[i].Profile, kv.k.Value)
-			}
+		if prev, dup := seen[canonical(kv.k.Value)]; dup {
+			p.fail(kv.k, ctx, "mig-devices: %q and %q are the same profile", prev, kv.k.Value)
 		}
-		v, err := p.deref(kv.v)
-		if err != nil {
-			return nil, err
-		}
+		seen[canonical(kv.k.Value)] = kv.k.Value
+		v := p.deref(kv.v)
 		c, err := strconv.ParseInt(v.Value, 0, 64)
 		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || err != nil {
-			return nil, p.errf(v, ctx, "mig-devices: count of %q is %s, not a whole number", kv.k.Value, kindName(v))
+			p.fail(v, ctx, "mig-devices: count of %q is %s, not a whole number", kv.k.Value, kindName(v))
 		}
 		if c < 0 || c > MaxCount {
-			return nil, p.errf(v, ctx, "mig-devices: count of %q is %d; want 0 to %d", kv.k.Value, c, MaxCount)
+			p.fail(v, ctx, "mig-devices: count of %q is %d; want 0 to %d", kv.k.Value, c, MaxCount)
 		}
-		names = append(names, name)
 		out = append(out, DeviceCount{Profile: kv.k.Value, Count: int(c)})
 	}
-	return out, nil
+	return out
 }
 
 // Marshal prints s in nvidia-mig-parted's style (version: v1, mig-configs,
@@ -447,28 +376,28 @@ func (p *parser) migDevices(n *yaml.Node, ctx string) ([]DeviceCount, error) {
 // to an equal Spec; Marshal checks that and fails rather than write a file
 // Parse would reject.
 func (s *Spec) Marshal() ([]byte, error) {
-	names := slices.Clone(s.Names)
+	names, listed := slices.Clone(s.Names), map[string]bool{}
+	for _, n := range names {
+		if _, ok := s.Configs[n]; !ok || listed[n] {
+			return nil, fmt.Errorf("marshal: config %q listed twice or has no entries", n)
+		}
+		listed[n] = true
+	}
 	var rest []string
 	for n := range s.Configs {
-		if !slices.Contains(names, n) {
+		if !listed[n] {
 			rest = append(rest, n)
 		}
 	}
 	sort.Strings(rest)
-	names = append(names, rest...)
-
 	configs := &yaml.Node{Kind: yaml.MappingNode}
-	for i, name := range names {
-		entries, ok := s.Configs[name]
-		if !ok || slices.Contains(names[:i], name) {
-			return nil, fmt.Errorf("marshal: config %q listed twice or has no entries", name)
-		}
+	for _, name := range append(names, rest...) {
 		key := str(name)
-		if needsQuotes(name) {
+		if !plainName(name) {
 			key.Style = yaml.DoubleQuotedStyle
 		}
 		seq := &yaml.Node{Kind: yaml.SequenceNode}
-		for _, e := range entries {
+		for _, e := range s.Configs[name] {
 			seq.Content = append(seq.Content, e.node())
 		}
 		configs.Content = append(configs.Content, key, seq)
@@ -531,19 +460,16 @@ func (e *Entry) node() *yaml.Node {
 
 func str(v string) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: v} }
 
-// needsQuotes reports whether a plain scalar would read as something other
-// than a string to a YAML 1.1 reader such as nvidia-mig-parted.
-func needsQuotes(s string) bool {
-	if _, ok := yaml11Bool(s); ok {
-		return true
+// plainName reports whether a config name can be written unquoted and
+// still read as a string by a YAML 1.1 reader such as nvidia-mig-parted.
+func plainName(s string) bool {
+	if _, ok := yaml11Bool(s); ok || s == "" || s == "null" || s == "Null" || s == "NULL" {
+		return false
 	}
-	switch s {
-	case "", "~", "null", "Null", "NULL", "<<":
-		return true
+	for i, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && (c >= '0' && c <= '9' || strings.ContainsRune("._-", c))) {
+			return false
+		}
 	}
-	if _, err := strconv.ParseFloat(strings.ReplaceAll(s, "_", ""), 64); err == nil {
-		return true
-	}
-	_, err := strconv.ParseInt(s, 0, 64)
-	return err == nil || strings.ContainsAny(s[:1], "0123456789+-.")
+	return true
 }

@@ -123,32 +123,24 @@ func pciID(id uint32) string { return fmt.Sprintf("0x%08X", id) }
 // describeGPUs names the node's GPU models: "this node's 8× NVIDIA H200
 // (0x233510DE) and 1× NVIDIA L40S (0x26B910DE, no MIG)".
 func describeGPUs(gpus []GPU) string {
-	if len(gpus) == 0 {
+	var models []string
+	count := map[string]int{}
+	for _, g := range gpus {
+		m := fmt.Sprintf("%s (%s)", g.Name, pciID(g.PCIDeviceID))
+		if !g.MigCapable {
+			m = fmt.Sprintf("%s (%s, no MIG)", g.Name, pciID(g.PCIDeviceID))
+		}
+		if count[m]++; count[m] == 1 {
+			models = append(models, m)
+		}
+	}
+	if len(models) == 0 {
 		return "this node's GPUs: it has none"
 	}
-	type model struct {
-		name  string
-		count int
-	}
-	var models []model
-	for _, g := range gpus {
-		m := fmt.Sprintf("%s (%s", g.Name, pciID(g.PCIDeviceID))
-		if !g.MigCapable {
-			m += ", no MIG"
-		}
-		m += ")"
-		i := slices.IndexFunc(models, func(x model) bool { return x.name == m })
-		if i < 0 {
-			models = append(models, model{name: m})
-			i = len(models) - 1
-		}
-		models[i].count++
-	}
-	parts := make([]string, len(models))
 	for i, m := range models {
-		parts[i] = fmt.Sprintf("%d× %s", m.count, m.name)
+		models[i] = fmt.Sprintf("%d× %s", count[m], m)
 	}
-	return "this node's " + strings.Join(parts, " and ")
+	return "this node's " + strings.Join(models, " and ")
 }
 
 // indexList prints sorted indices compactly: "0-7", "0, 2, 5".

@@ -191,19 +191,22 @@ func computeName(prof *profiles.Profile, n profiles.Name) (string, error) {
 }
 
 func minSize(p *profiles.Profile) int {
-	s := 0
-	for i, pl := range p.Placements {
-		if i == 0 || pl.Size < s {
-			s = pl.Size
-		}
+	s := 64
+	for _, pl := range p.Placements {
+		s = min(s, pl.Size)
 	}
 	return s
 }
 
-// listGroups prints the GPU instances asked for: "4g.71gb + 4g.71gb".
+// listGroups prints the GPU instances asked for: "4g.71gb + 4g.71gb",
+// "7 × 1g.18gb + 3g.71gb".
 func listGroups(gs []*group) string {
 	var parts []string
 	for _, g := range gs {
+		if g.count > 2 {
+			parts = append(parts, fmt.Sprintf("%d × %s", g.count, g.label()))
+			continue
+		}
 		for range g.count {
 			parts = append(parts, g.label())
 		}
