@@ -188,6 +188,19 @@ func TestParseLimits(t *testing.T) {
 	for lvl := 1; lvl <= 7; lvl++ {
 		fmt.Fprintf(&m, "  - &m%d {<<: [%s]}\n", lvl, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*m%d, ", lvl-1), 10), ", "))
 	}
+	// Thousands of distinct profiles in one entry: linear, and valid.
+	var many strings.Builder
+	many.WriteString("version: v1\nmig-configs:\n  a:\n  - devices: all\n    mig-enabled: true\n    mig-devices:\n")
+	for i := 1; i < 9999; i++ {
+		fmt.Fprintf(&many, "      \"1g.%dgb\": 1\n      \"1c.2g.%dgb\": 1\n", i, i)
+	}
+	start := time.Now()
+	if s, err := Parse([]byte(many.String())); err != nil || len(s.Configs["a"][0].MigDevices) != 2*9998 {
+		t.Fatalf("many profiles: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("many profiles took %v", d)
+	}
 	for name, doc := range map[string]string{"alias list": b.String(), "merge fan-out": m.String()} {
 		t.Run(name, func(t *testing.T) {
 			start := time.Now()
