@@ -19,7 +19,9 @@ import (
 // The plan is a minimal diff: among all placements of the requested GPU
 // instances, it takes one that keeps the most existing instances in place
 // (same GPU instance profile, start and compute profile), destroys the
-// others and creates what is missing. A mode change destroys everything
+// others and creates what is missing (ties: lowest placements first). A GPU
+// instance holding several compute instances (ComputeCount > 1) is never
+// kept, as configs ask for one each. A mode change destroys everything
 // when disabling and creates everything when enabling. A mode change on an
 // Ampere GPU needs a GPU reset (ResetNeeded); also when the wanted mode is
 // already pending there. On Hopper and later no reset is needed. A pending
