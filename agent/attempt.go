@@ -181,11 +181,16 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 		ch.TaintAdded = added
 		d.saveJournal()
 	}
-	if d.S.PauseGPUOperator && len(ch.Operands) == 0 {
-		saved, err := d.Disrupt.PauseOperands(ctx)
-		ch.Operands = saved
-		d.saveJournal()
-		if err != nil {
+	if d.S.PauseGPUOperator {
+		if len(ch.Operands) == 0 {
+			saved, err := d.Disrupt.ReadOperands(ctx)
+			if err != nil {
+				return fail("reading GPU Operator operand labels: " + err.Error())
+			}
+			ch.Operands = saved
+			d.saveJournal() // before pausing: a crash restores from here
+		}
+		if err := d.Disrupt.PauseOperands(ctx, ch.Operands); err != nil {
 			return fail("pausing GPU Operator operands: " + err.Error())
 		}
 	}
@@ -294,6 +299,7 @@ func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, pla
 	d.Metrics.SetLastSuccess(now)
 	d.Metrics.SetDrift(false)
 	d.Metrics.SetRebootGuardTripped(false)
+	d.Metrics.SetLastFailure("")
 	d.drifted = false
 	j := &d.Journal.State
 	j.Change, j.Applied, j.AppliedHash, j.Handled = nil, ch.Config, plan.Hash, ch.Config

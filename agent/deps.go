@@ -24,9 +24,12 @@ type Disruptor interface {
 	Taint(ctx context.Context) (added bool, err error)
 	// Untaint removes the reconfiguring taint.
 	Untaint(ctx context.Context) error
-	// PauseOperands pauses the GPU Operator's operands and returns the
-	// labels' previous values, to restore later.
-	PauseOperands(ctx context.Context) (saved json.RawMessage, err error)
+	// ReadOperands reads the GPU Operator operand labels' values, to be
+	// journaled before PauseOperands and restored later.
+	ReadOperands(ctx context.Context) (saved json.RawMessage, err error)
+	// PauseOperands pauses the operands ReadOperands found and waits
+	// (bounded) for their pods to leave.
+	PauseOperands(ctx context.Context, saved json.RawMessage) error
 	// RestoreOperands restores what PauseOperands saved.
 	RestoreOperands(ctx context.Context, saved json.RawMessage) error
 	// WaitResources waits until the Node advertises the resources the

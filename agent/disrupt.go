@@ -46,8 +46,8 @@ func (k *KubeDisruptor) Evict(ctx context.Context, names []string) ([]string, er
 	for _, n := range names {
 		ns, name, _ := strings.Cut(n, "/")
 		p, err := k.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			continue
+		if apierrors.IsNotFound(err) || (err == nil && p.Spec.NodeName != k.Node) {
+			continue // gone (or a new pod of that name elsewhere)
 		}
 		if err != nil {
 			return nil, err
@@ -71,17 +71,22 @@ func (k *KubeDisruptor) Untaint(ctx context.Context) error {
 	return err
 }
 
-// PauseOperands implements Disruptor.
-func (k *KubeDisruptor) PauseOperands(ctx context.Context) (json.RawMessage, error) {
+// ReadOperands implements Disruptor.
+func (k *KubeDisruptor) ReadOperands(ctx context.Context) (json.RawMessage, error) {
 	saved, err := drain.ReadOperands(ctx, k.Client, k.Node)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := json.Marshal(saved)
-	if err != nil {
-		return nil, err
+	return json.Marshal(saved)
+}
+
+// PauseOperands implements Disruptor.
+func (k *KubeDisruptor) PauseOperands(ctx context.Context, raw json.RawMessage) error {
+	var saved drain.Saved
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return fmt.Errorf("operand labels: %w", err)
 	}
-	return raw, drain.PauseOperands(ctx, k.Client, k.Log, k.Node, saved, k.OperandWait)
+	return drain.PauseOperands(ctx, k.Client, k.Log, k.Node, saved, k.OperandWait)
 }
 
 // RestoreOperands implements Disruptor.
@@ -99,11 +104,9 @@ func (k *KubeDisruptor) WaitResources(ctx context.Context, want map[corev1.Resou
 }
 
 // ExpectedResources is what the device plugin advertises for the node's
-// geometry under its MIG strategy (mixed when the node declares none).
+// geometry under its MIG strategy (the node's nvidia.com/mig.strategy; empty
+// is the device plugin's default, none).
 func ExpectedResources(strategy string, n *Node) (map[corev1.ResourceName]int64, error) {
-	if strategy == "" {
-		strategy = "mixed"
-	}
 	var gpus []drain.GPUGeometry
 	for i, dev := range n.Devices {
 		g := drain.GPUGeometry{MigEnabled: dev.MigCapable && dev.MigMode.Current}
