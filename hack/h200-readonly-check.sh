@@ -16,6 +16,7 @@
 set -u
 out=${1:-${OUT:-./h200-readonly-out}}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 
 {
 	echo "== uname"; uname -srm
