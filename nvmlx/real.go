@@ -2,7 +2,6 @@ package nvmlx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -147,6 +146,8 @@ func newReal(lib nvml.Interface, cfg realConfig) (*realGPU, error) {
 		return nil, fmt.Errorf("initialize NVML from %s: %w", cfg.library, realError("Init", -1, ret))
 	}
 	g := &realGPU{lib: lib, cfg: cfg, log: cfg.log, handles: map[int]realHandle{}, noted: map[string]bool{}}
+	driver, ret := lib.SystemGetDriverVersion()
+	cfg.log.Info("NVML opened", "library", cfg.library, "driver", driver, "return", realReturnName(ret))
 	return g, nil
 }
 
@@ -268,10 +269,4 @@ func realBusID(b [32]int8) string {
 		sb.WriteByte(byte(c))
 	}
 	return sb.String()
-}
-
-// realIsMissing reports whether err says the driver lacks an entry point.
-func realIsMissing(err error) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Return == "ERROR_FUNCTION_NOT_FOUND"
 }

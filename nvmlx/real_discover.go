@@ -287,7 +287,7 @@ func (g *realGPU) placements(i int, dev nvml.Device, info *nvml.GpuInstanceProfi
 	return out, nil
 }
 
-// realStaticProfiles turns a static catalogue into giProfiles: the NVML info
+// realStaticProfiles turns a static catalogue into realProfiles: the NVML info
 // carries the profile id, which is all create and list calls pass on.
 func realStaticProfiles(c *profiles.Catalogue) []realProfile {
 	out := make([]realProfile, len(c.Profiles))
