@@ -11,6 +11,10 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 export CGO_ENABLED := 1
 export CGO_CFLAGS  := -Wno-deprecated-declarations
 export CGO_LDFLAGS := -Wl,-z,lazy
+# kubectl's drain package pulls in kustomize's Go plugin loader (package
+# plugin), which makes the linker bind every symbol at start; mig-agent
+# loads no Go plugins.
+export GOFLAGS     := -tags=kustomize_disable_go_plugin_support
 FUZZTIME  ?= 10s
 
 .PHONY: all build test unit fuzz check bench demo package clean

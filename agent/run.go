@@ -71,8 +71,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for {
 		node := d.node(lister)
 		if node != nil {
-			isRetry := retry == nil && !first && d.failing != ""
-			_ = isRetry
 			oc := d.reconcile(ctx, node, first, false)
 			first = false
 			switch oc {
