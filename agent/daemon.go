@@ -47,6 +47,8 @@ type Daemon struct {
 	attempts int
 	retryAt  time.Time
 	drifted  bool
+	// published is the generated config text last written to the ConfigMap.
+	published string
 }
 
 // ErrExitAfterReboot is returned by Run when the sim reboot method

@@ -22,10 +22,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if j := d.Journal.State; j.Applied != "" {
 		d.Metrics.SetAppliedConfig(j.Applied, j.AppliedHash)
 	}
-	if _, err := d.discover(); err != nil {
+	if n, err := d.discover(); err != nil {
 		d.Log.Error("NVML is not answering; staying up, degraded", "err", err)
 	} else if d.Kube != nil {
-		d.publish(ctx)
+		d.publish(ctx, n)
 	}
 	if d.Kube == nil {
 		return d.runStandalone(ctx)
@@ -124,15 +124,15 @@ func (d *Daemon) ticker(every time.Duration) <-chan time.Time {
 	return d.Clock.NewTicker(every).C()
 }
 
-// publish writes the generated configs to the node's ConfigMap.
-func (d *Daemon) publish(ctx context.Context) {
-	n, err := d.discover()
-	if err != nil {
-		return
-	}
+// publish writes the generated configs to the node's ConfigMap, at start
+// and whenever discovery changes what they hold.
+func (d *Daemon) publish(ctx context.Context, n *Node) {
 	cfg, err := geometry.Generate(n.GPUs).Marshal()
 	if err != nil {
 		d.Log.Error("generating configs failed", "err", err)
+		return
+	}
+	if string(cfg) == d.published {
 		return
 	}
 	err = d.retryAPI(ctx, func() error {
@@ -144,7 +144,9 @@ func (d *Daemon) publish(ctx context.Context) {
 	})
 	if err != nil {
 		d.Log.Error("publishing the generated configs failed", "err", err)
+		return
 	}
+	d.published = string(cfg)
 }
 
 // checkDrift compares the GPUs with the applied config.
@@ -157,6 +159,9 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) {
 	if err != nil {
 		d.Log.Warn("drift check: NVML is not answering", "err", err)
 		return
+	}
+	if d.Kube != nil {
+		d.publish(ctx, n)
 	}
 	plan, err := d.plan(n, j.Applied)
 	if err != nil {

@@ -1,0 +1,156 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func TestRecordHistoryBounded(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	k := &Kube{Client: c, Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	for i := range 40 {
+		n, _ := k.GetNode(ctx)
+		rec := ChangeRecord{Config: fmt.Sprintf("c%d", i), Result: StateSuccess, Reason: strings.Repeat("x", 1500)}
+		if err := k.Record(ctx, n, rec, StateSuccess); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, _ := k.GetNode(ctx)
+	var hist []ChangeRecord
+	raw := n.Annotations[AnnotationHistory]
+	if err := json.Unmarshal([]byte(raw), &hist); err != nil {
+		t.Fatal(err)
+	}
+	if len(raw) > HistoryMaxBytes || len(hist) > HistoryMaxRecords || len(hist) < 2 {
+		t.Fatalf("history: %d records, %d bytes", len(hist), len(raw))
+	}
+	if hist[0].Config != "c39" || hist[1].Config != "c38" {
+		t.Fatalf("history not newest first: %s, %s", hist[0].Config, hist[1].Config)
+	}
+	var last ChangeRecord
+	_ = json.Unmarshal([]byte(n.Annotations[AnnotationLastChange]), &last)
+	if last.Config != "c39" || n.Labels[LabelState] != StateSuccess {
+		t.Fatalf("last change %q state %q", last.Config, n.Labels[LabelState])
+	}
+	// Small records: exactly HistoryMaxRecords kept.
+	for i := range 20 {
+		n, _ := k.GetNode(ctx)
+		_ = k.Record(ctx, n, ChangeRecord{Config: fmt.Sprint(i)}, StateSuccess)
+	}
+	n, _ = k.GetNode(ctx)
+	_ = json.Unmarshal([]byte(n.Annotations[AnnotationHistory]), &hist)
+	if len(hist) != HistoryMaxRecords {
+		t.Fatalf("%d records, want %d", len(hist), HistoryMaxRecords)
+	}
+}
+
+func TestRequestedBy(t *testing.T) {
+	at := func(s int) *metav1.Time { x := metav1.NewTime(time.Unix(int64(s), 0)); return &x }
+	fields := func(s string) *metav1.FieldsV1 { return &metav1.FieldsV1{Raw: []byte(s)} }
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{ManagedFields: []metav1.ManagedFieldsEntry{
+		{Manager: "kubelet", Time: at(300), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:kubernetes.io/hostname":{}}}}`)},
+		{Manager: "mig-agent", Time: at(400), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config.state":{}}}}`)},
+		{Manager: "alice", Time: at(100), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config":{}}}}`)},
+		{Manager: "bob", Time: at(200), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config":{}}}}`)},
+	}}}
+	by, when := RequestedBy(node)
+	if by != "bob" || when == nil || when.Unix() != 200 {
+		t.Fatalf("RequestedBy = %s %v, want bob at 200", by, when)
+	}
+	if by, _ := RequestedBy(&corev1.Node{}); by != "unknown" {
+		t.Fatalf("no managed fields: %s", by)
+	}
+}
+
+func TestJournal(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	j, err := OpenJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.State.Change = &Change{Config: "all-balanced", Phase: PhaseDraining, Evicted: []string{"ns/p"}, TaintAdded: true}
+	if err := j.Save(); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := OpenJournal(dir)
+	if err != nil || j2.State.Change == nil || j2.State.Change.Phase != PhaseDraining || !j2.State.Change.TaintAdded {
+		t.Fatalf("reloaded %+v err %v", j2.State.Change, err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("temporary files left: %v", entries)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "journal.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenJournal(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("corrupt journal: %v", err)
+	}
+}
+
+func TestSlots(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	slot := func(holder string) *Slots {
+		return &Slots{Client: c, Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: discard(), Poll: time.Second}
+	}
+	relA, err := slot("a").Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := slot("b").Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { _, err := slot("c").Acquire(ctx); got <- err }()
+	select {
+	case err := <-got:
+		t.Fatalf("third holder got a slot while two are held (err %v)", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	relA()
+	for !clk.HasWaiters() {
+		time.Sleep(time.Millisecond)
+	}
+	clk.Step(time.Second)
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("third holder did not get the released slot")
+	}
+}
+
+func TestSlotExpires(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	crashed := &Slots{Client: c, Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	if ok, err := crashed.try(ctx, SlotLeaseName(0)); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	other := &Slots{Client: c, Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	if ok, _ := other.try(ctx, SlotLeaseName(0)); ok {
+		t.Fatal("took a live slot")
+	}
+	clk.Step(31 * time.Second)
+	if ok, err := other.try(ctx, SlotLeaseName(0)); !ok || err != nil {
+		t.Fatalf("expired slot not taken: %v %v", ok, err)
+	}
+}
