@@ -75,6 +75,9 @@ func contains(s []int, v int) bool {
 func WritePlanText(w io.Writer, p *geometry.Plan) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "config %s (hash %.12s)\n", p.Config, p.Hash)
+	if p.Strategy != "" {
+		fmt.Fprintf(&b, "MIG strategy %s: the config can be served\n", p.Strategy)
+	}
 	for _, wn := range p.Warnings {
 		fmt.Fprintf(&b, "warning: %s\n", wn)
 	}

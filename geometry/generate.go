@@ -17,17 +17,21 @@ import (
 //   - all-<profile> for every GPU instance profile, '+' written as '.'
 //     (all-1g.18gb.me), with the largest count that fits.
 //
-// With one MIG-capable model on the node, entries select "devices: all";
-// with several, each model gets its own entry with a device-filter holding
-// its PCI device id (all-disabled stays one "devices: all" entry). GPUs
-// without MIG get no entry. Names and counts equal those of NVIDIA's
+// With one GPU model on the node, entries select "devices: all"; with
+// several (GPUs without MIG count: a node of H100s and L40Ss holds two),
+// each MIG-capable model gets its own entry with a device-filter holding
+// its PCI device id (all-disabled stays one "devices: all" entry), so the
+// text also means the same to nvidia-mig-parted. GPUs without MIG get no
+// entry. Names and counts equal those of NVIDIA's
 // config-default.yaml for the same GPU.
 func Generate(gpus []GPU) *Spec {
 	sorted := slices.Clone(gpus)
 	sort.SliceStable(sorted, func(a, b int) bool { return sorted[a].Index < sorted[b].Index })
 	var models []*GPU
+	ids := map[uint32]bool{}
 	for i := range sorted {
 		g := &sorted[i]
+		ids[g.PCIDeviceID] = true
 		if g.MigCapable && !slices.ContainsFunc(models, func(m *GPU) bool { return m.PCIDeviceID == g.PCIDeviceID }) {
 			models = append(models, g)
 		}
@@ -35,7 +39,7 @@ func Generate(gpus []GPU) *Spec {
 	s := &Spec{Version: ConfigVersion, Configs: map[string][]Entry{}}
 	add := func(name string, m *GPU, mig bool, devices []DeviceCount) {
 		e := Entry{Devices: DeviceSelector{All: true}, MigEnabled: mig, MigDevices: devices}
-		if m != nil && len(models) > 1 {
+		if m != nil && len(ids) > 1 {
 			e.DeviceFilter = []string{pciID(m.PCIDeviceID)}
 		}
 		if _, ok := s.Configs[name]; !ok {

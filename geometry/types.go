@@ -97,4 +97,7 @@ type Plan struct {
 	Warnings     []string  `json:"warnings,omitempty"`
 	// Hash is the sha256 of the desired geometry (ConfigHash).
 	Hash string `json:"configHash"`
+	// Strategy is the MIG strategy (nvidia.com/mig.strategy) the plan was
+	// checked against with CheckStrategy; empty when none was checked.
+	Strategy string `json:"strategy,omitempty"`
 }

@@ -159,7 +159,7 @@ func buildPlan(f *agent.ConfigFile, name string, n *agent.Node) (*geometry.Plan,
 }
 
 func planCmd() *cobra.Command {
-	var file, name, format string
+	var file, name, format, strategy string
 	c := &cobra.Command{
 		Use:   "plan -f FILE -c NAME",
 		Short: "Dry run: the steps apply would take on each GPU; changes nothing",
@@ -180,6 +180,10 @@ func planCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if err := checkStrategy(f, name, n, strategy); err != nil {
+					return err
+				}
+				plan.Strategy = strategy
 				for _, w := range plan.Warnings {
 					log.Warn("config warning", "config", name, "warning", w)
 				}
@@ -192,7 +196,28 @@ func planCmd() *cobra.Command {
 	}
 	configFlags(c, &file, &name)
 	c.Flags().StringVarP(&format, "output", "o", "text", "text or json")
+	c.Flags().StringVar(&strategy, "strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+agent.LabelStrategy)
 	return c
+}
+
+// checkStrategy checks config name against a MIG strategy ("" checks
+// nothing), as the daemon checks it against the node's label.
+func checkStrategy(f *agent.ConfigFile, name string, n *agent.Node, strategy string) error {
+	if strategy == "" {
+		return nil
+	}
+	spec, _, err := agent.Lookup(f, name, n.GPUs)
+	if err != nil {
+		return badInput(err)
+	}
+	reqs, _, err := spec.Resolve(name, n.GPUs)
+	if err != nil {
+		return badInput(err)
+	}
+	if err := geometry.CheckStrategy(strategy, n.GPUs, reqs); err != nil {
+		return badInput(fmt.Errorf("config %q under MIG strategy %q: %w", name, strategy, err))
+	}
+	return nil
 }
 
 func applyCmd() *cobra.Command {
