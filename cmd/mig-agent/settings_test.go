@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/migagent/mig-agent/agent"
+)
+
+// settingsFor parses args for `run` and loads the settings as the daemon would.
+func settingsFor(t *testing.T, args ...string) (*agent.Settings, error) {
+	t.Helper()
+	root := newRoot()
+	var got *agent.Settings
+	var loadErr error
+	for _, c := range root.Commands() {
+		if c.Name() == "run" {
+			c.RunE = func(cmd *cobra.Command, _ []string) error {
+				got, loadErr = loadSettings(cmd)
+				return nil
+			}
+		}
+	}
+	root.SetArgs(append([]string{"run"}, args...))
+	if err := root.ExecuteContext(context.Background()); err != nil {
+		return nil, err
+	}
+	return got, loadErr
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "settings.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestSettingsPrecedence(t *testing.T) {
+	file := writeFile(t, "node-name: from-file\ndrain-timeout: 7m\nmax-concurrent: 3\nhost-gpu-clients: [a.service, b.service]\ntaint: false\n")
+	t.Setenv("NODE_NAME", "")
+	// default < file
+	s, err := settingsFor(t, "--settings", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.NodeName != "from-file" || s.DrainTimeout != 7*time.Minute || s.MaxConcurrent != 3 || s.Taint ||
+		strings.Join(s.HostGPUClients, ",") != "a.service,b.service" || s.MetricsAddress != ":9478" {
+		t.Fatalf("file: %+v", s)
+	}
+	// file < environment
+	t.Setenv("MIG_AGENT_NODE_NAME", "from-env")
+	t.Setenv("MIG_AGENT_DRAIN_TIMEOUT", "90s")
+	s, _ = settingsFor(t, "--settings", file)
+	if s.NodeName != "from-env" || s.DrainTimeout != 90*time.Second {
+		t.Fatalf("env: %+v", s)
+	}
+	// environment < flag
+	s, _ = settingsFor(t, "--settings", file, "--node-name", "from-flag", "--drain-timeout", "1s")
+	if s.NodeName != "from-flag" || s.DrainTimeout != time.Second {
+		t.Fatalf("flag: %+v", s)
+	}
+}
+
+func TestSettingsNodeNameDefault(t *testing.T) {
+	t.Setenv("NODE_NAME", "downward-api")
+	s, err := settingsFor(t)
+	if err != nil || s.NodeName != "downward-api" {
+		t.Fatalf("%+v %v", s, err)
+	}
+}
+
+func TestSettingsBadInput(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"node-nmae: x\n", "unknown keys node-nmae"},
+		{"drain-timeout: soon\n", "not a duration"},
+		{"max-concurrent: many\n", "not an integer"},
+		{"taint: maybe\n", "not a boolean"},
+		{"[not a map\n", "settings file"},
+	} {
+		_, err := settingsFor(t, "--settings", writeFile(t, tc.body))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err %v, want %q", tc.body, err, tc.want)
+		}
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	_ = os.WriteFile(bad, []byte("version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: maybe\n"), 0o600)
+	sim := []string{"--nvml", "sim:h200x1", "--sim-state", filepath.Join(dir, "s.json")}
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"version"}, exitOK},
+		{[]string{"no-such-command"}, exitBadInput},
+		{[]string{"plan", "--bogus"}, exitBadInput},
+		{append([]string{"validate", "-f", bad}, sim...), exitBadInput},
+		{append([]string{"plan", "-c", "no-such-config"}, sim...), exitBadInput},
+		{append([]string{"plan", "-c", "all-balanced"}, sim...), exitOK},
+		{[]string{"profiles", "--nvml", "sim:nosuchgpux1"}, exitBadInput},
+		{[]string{"run", "--nvml", "sim:h200x1", "--reboot-method", "teleport", "--node-name", "n"}, exitBadInput},
+	} {
+		if got := run(context.Background(), tc.args); got != tc.want {
+			t.Errorf("%v: exit %d, want %d", tc.args, got, tc.want)
+		}
+	}
+}
+
+func TestApplyRebootExitCode(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "s.json")
+	args := []string{"apply", "-c", "all-balanced", "--nvml", "sim:a100-40gbx1", "--sim-state", state, "--sim-no-reset"}
+	if got := run(context.Background(), args); got != exitReboot {
+		t.Fatalf("exit %d, want %d (reboot required)", got, exitReboot)
+	}
+}
