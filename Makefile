@@ -16,6 +16,7 @@ export CGO_LDFLAGS := -Wl,-z,lazy
 # loads no Go plugins.
 export GOFLAGS     := -tags=kustomize_disable_go_plugin_support
 FUZZTIME  ?= 10s
+STATICCHECK ?= v0.8.2
 
 .PHONY: all build test unit fuzz check bench demo package clean
 
@@ -40,6 +41,7 @@ fuzz:
 check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
 	cd packaging/monitoring && $(GO) vet ./...
 
 bench: build

@@ -165,7 +165,7 @@ func RequestedBy(node *corev1.Node) (string, *time.Time) {
 	}
 	var hits []hit
 	for _, mf := range node.ManagedFields {
-		if mf.FieldsV1 == nil || !strings.Contains(string(mf.FieldsV1.Raw), key) {
+		if mf.FieldsV1 == nil || !strings.Contains(mf.FieldsV1.GetRawString(), key) {
 			continue
 		}
 		h := hit{manager: mf.Manager}

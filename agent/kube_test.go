@@ -58,7 +58,7 @@ func TestRecordHistoryBounded(t *testing.T) {
 
 func TestRequestedBy(t *testing.T) {
 	at := func(s int) *metav1.Time { x := metav1.NewTime(time.Unix(int64(s), 0)); return &x }
-	fields := func(s string) *metav1.FieldsV1 { return &metav1.FieldsV1{Raw: []byte(s)} }
+	fields := metav1.NewFieldsV1
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{ManagedFields: []metav1.ManagedFieldsEntry{
 		{Manager: "kubelet", Time: at(300), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:kubernetes.io/hostname":{}}}}`)},
 		{Manager: "mig-agent", Time: at(400), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config.state":{}}}}`)},

@@ -426,9 +426,7 @@ func (k *Kubelet) forget(p *corev1.Pod) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
-	if _, ok := k.pods[key]; ok {
-		delete(k.pods, key)
-	}
+	delete(k.pods, key)
 	name := key.String()
 	if !slices.Contains(k.finished, name) && p.DeletionTimestamp != nil {
 		k.finished = append(k.finished, name)
