@@ -80,7 +80,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 			return outRebooting
 		}
 	}
-	if len(ch.GPUsChanged) == 0 || !ch.Rebooted {
+	if ch.Phase == PhasePending {
+		// Later phases keep what the change set out to do: a resumed plan
+		// holds only what is left of it.
 		ch.GPUsChanged, ch.GPUsUntouched = indices(plan)
 	}
 	if !planChanges(plan) && ch.Phase == PhasePending {
