@@ -49,7 +49,7 @@ type flSimGPU struct {
 }
 
 type flSim struct {
-	BootCount int      `json:"bootCount"`
+	BootCount int        `json:"bootCount"`
 	GPUs      []flSimGPU `json:"gpus"`
 }
 
@@ -390,7 +390,9 @@ func TestFleetOtherManager(t *testing.T) {
 		if _, err := c.ResourceV1().ResourceSlices().Create(context.Background(), slice, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("creating the ResourceSlice: %v", err)
 		}
-		t.Cleanup(func() { _ = c.ResourceV1().ResourceSlices().Delete(context.Background(), slice.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = c.ResourceV1().ResourceSlices().Delete(context.Background(), slice.Name, metav1.DeleteOptions{})
+		})
 		before := flReadSim(t, o.SimState)
 		SelectConfig(t, c, node, "all-balanced")
 		flExpectFailed(t, c, node, "all-balanced", o.SimState, before, "ResourceSlice "+slice.Name+" advertises MIG device gpu-1-mig-1g-18gb-0", "NVIDIA DRA driver")
