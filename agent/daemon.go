@@ -49,6 +49,8 @@ type Daemon struct {
 	drifted  bool
 	// published is the generated config text last written to the ConfigMap.
 	published string
+	// crashSaves counts journal saves for the crash test hook (testhook.go).
+	crashSaves int
 }
 
 // ErrExitAfterReboot is returned by Run when the sim reboot method
@@ -217,6 +219,7 @@ func (d *Daemon) saveJournal() {
 	if err := d.Journal.Save(); err != nil {
 		d.Log.Error("writing the journal failed", "err", err)
 	}
+	d.crashHook()
 }
 
 // backoff is the wait before retry number n (1-based).
