@@ -1,0 +1,121 @@
+{{/* The chart's name. */}}
+{{- define "mig-agent.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name: objects are named after it. */}}
+{{- define "mig-agent.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "mig-agent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mig-agent.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "mig-agent.labels" -}}
+{{ include "mig-agent.selectorLabels" . }}
+app.kubernetes.io/part-of: mig-agent
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- define "mig-agent.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "mig-agent.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The settings file: the chart's typed values under their flag names, and
+.Values.settings. Keys the chart owns are refused in .Values.settings.
+*/}}
+{{- define "mig-agent.settings" -}}
+{{- $owned := dict
+  "max-concurrent" "maxConcurrent" "pause-gpu-operator" "pauseGpuOperator"
+  "default-config" "defaultConfig" "reboot-method" "rebootMethod" "config-file" "migConfig"
+  "node-name" "the downward API" "namespace" "the release namespace"
+  "metrics-address" "metrics.port" "state-dir" "hostPaths.stateDir"
+  "pod-resources-socket" "hostPaths.podResources" "settings" "the chart" }}
+{{- range $k, $v := .Values.settings }}
+{{- if hasKey $owned $k }}
+{{- fail (printf "settings.%s: set by the chart from %s; set that instead" $k (get $owned $k)) }}
+{{- end }}
+{{- end }}
+{{- $s := dict
+  "max-concurrent" (int .Values.maxConcurrent)
+  "pause-gpu-operator" .Values.pauseGpuOperator
+  "default-config" .Values.defaultConfig
+  "reboot-method" .Values.rebootMethod }}
+{{- if .Values.migConfig }}
+{{- $_ := set $s "config-file" "/etc/mig-agent/config.yaml" }}
+{{- end }}
+{{- toYaml (merge $s (deepCopy (default dict .Values.settings))) }}
+{{- end }}
+
+{{/* Whether the agent needs the host's D-Bus socket. */}}
+{{- define "mig-agent.needsDBus" -}}
+{{- if or (has .Values.rebootMethod (list "logind" "systemctl")) (get (default dict .Values.settings) "host-gpu-clients") (get (default dict .Values.settings) "dbus-address") }}true{{- end }}
+{{- end }}
+
+{{/*
+mig-agent.fromFile renders the manifests of a file under files/ (links to
+packaging/kubernetes, so the plain manifests and the chart share one
+source), renamed for the release: names starting with mig-agent take the
+release's full name, namespaced objects go to the release namespace, the
+agent's ServiceAccount is the release's. Takes (list $ "files/NAME").
+*/}}
+{{- define "mig-agent.fromFile" -}}
+{{- $root := index . 0 }}
+{{- $full := include "mig-agent.fullname" $root }}
+{{- $sa := include "mig-agent.serviceAccountName" $root }}
+{{- range $doc := regexSplit "(?m)^---\\s*$" ($root.Files.Get (index . 1)) -1 }}
+{{- $obj := fromYaml $doc }}
+{{- if and $obj (hasKey $obj "kind") }}
+{{- $md := $obj.metadata }}
+{{- $_ := set $md "name" (regexReplaceAll "^mig-agent" $md.name $full) }}
+{{- if hasKey $md "namespace" }}
+{{- $_ := set $md "namespace" $root.Release.Namespace }}
+{{- end }}
+{{- $_ := set $md "labels" (merge (fromYaml (include "mig-agent.labels" $root)) (default dict $md.labels)) }}
+{{- if hasKey $obj "roleRef" }}
+{{- $_ := set $obj.roleRef "name" (regexReplaceAll "^mig-agent" $obj.roleRef.name $full) }}
+{{- end }}
+{{- range $s := default list $obj.subjects }}
+{{- if eq $s.kind "ServiceAccount" }}
+{{- $_ := set $s "name" $sa }}
+{{- $_ := set $s "namespace" $root.Release.Namespace }}
+{{- end }}
+{{- end }}
+{{- if eq $obj.kind "ValidatingAdmissionPolicyBinding" }}
+{{- $_ := set $obj.spec "policyName" (regexReplaceAll "^mig-agent" $obj.spec.policyName $full) }}
+{{- end }}
+{{- if eq $obj.kind "ValidatingAdmissionPolicy" }}
+{{- range $c := $obj.spec.matchConditions }}
+{{- if eq $c.name "mig-agent-service-account" }}
+{{- $_ := set $c "expression" (printf "request.userInfo.username == 'system:serviceaccount:%s:%s'" $root.Release.Namespace $sa) }}
+{{- end }}
+{{- end }}
+{{- range $v := $obj.spec.variables }}
+{{- if eq $v.name "pauseGpuOperator" }}
+{{- $_ := set $v "expression" (ternary "true" "false" (eq (toString $root.Values.pauseGpuOperator) "true")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+---
+{{ toYaml $obj }}
+{{- end }}
+{{- end }}
+{{- end }}

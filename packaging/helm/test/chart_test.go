@@ -1,0 +1,444 @@
+package test
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v4/pkg/chart/common"
+	"helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/v2/lint"
+	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
+	"sigs.k8s.io/yaml"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden renders in testdata")
+
+const (
+	chartDir = "../mig-agent"
+	plainDir = "../../kubernetes"
+	// kubeVersion is the API server version of the project's tests.
+	kubeVersion = "v1.37.2"
+)
+
+// renderCase is one release of the chart: testdata/NAME.values.yaml (if
+// any) is rendered into testdata/NAME.yaml.
+type renderCase struct {
+	name, release, namespace string
+}
+
+var cases = []renderCase{
+	// The defaults: the same objects as packaging/kubernetes.
+	{"default", "mig-agent", "mig-agent"},
+	// Every option on, another release name and namespace.
+	{"full", "gpu-mig-agent", "gpu-system"},
+}
+
+func readValues(t *testing.T, name string) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("testdata", name+".values.yaml"))
+	if os.IsNotExist(err) {
+		return map[string]any{}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := map[string]any{}
+	if err := yaml.Unmarshal(raw, &vals); err != nil {
+		t.Fatalf("%s values: %v", name, err)
+	}
+	return vals
+}
+
+func capabilities(t testing.TB) *common.Capabilities {
+	t.Helper()
+	caps := common.DefaultCapabilities.Copy()
+	kv, err := common.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps.KubeVersion = *kv
+	return caps
+}
+
+// render renders the chart as `helm template` does (with the values
+// schema checked) and returns the manifests in template order, each
+// headed by its source, NOTES.txt left out.
+func render(t testing.TB, release, namespace string, vals map[string]any) (string, error) {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("loading the chart: %v", err)
+	}
+	opts := common.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}
+	rv, err := util.ToRenderValuesWithSchemaValidation(chrt, vals, opts, capabilities(t), false)
+	if err != nil {
+		return "", err
+	}
+	files, err := engine.Render(chrt, rv)
+	if err != nil {
+		return "", err
+	}
+	names := make([]string, 0, len(files))
+	for name := range files {
+		if strings.HasSuffix(name, "NOTES.txt") || strings.TrimSpace(files[name]) == "" {
+			continue
+		}
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, name := range names {
+		body := strings.TrimSpace(files[name])
+		body = strings.TrimPrefix(body, "---\n")
+		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", name, body)
+	}
+	return b.String(), nil
+}
+
+func mustRender(t testing.TB, c renderCase, vals map[string]any) string {
+	t.Helper()
+	out, err := render(t, c.release, c.namespace, vals)
+	if err != nil {
+		t.Fatalf("rendering %s: %v", c.name, err)
+	}
+	return out
+}
+
+// objects splits a multi-document YAML text into objects (empty documents
+// dropped).
+func objects(t testing.TB, text string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(text, -1) {
+		obj := map[string]any{}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatalf("parsing %q: %v", doc, err)
+		}
+		if len(obj) > 0 {
+			out = append(out, obj)
+		}
+	}
+	return out
+}
+
+func find(objs []map[string]any, kind string) []map[string]any {
+	var out []map[string]any
+	for _, o := range objs {
+		if o["kind"] == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func one(t testing.TB, objs []map[string]any, kind string) map[string]any {
+	t.Helper()
+	f := find(objs, kind)
+	if len(f) != 1 {
+		t.Fatalf("want one %s, have %d", kind, len(f))
+	}
+	return f[0]
+}
+
+// get walks a path of map keys and list indices.
+func get(obj any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := obj.(map[string]any)
+			if !ok {
+				return nil
+			}
+			obj = m[k]
+		case int:
+			l, ok := obj.([]any)
+			if !ok || k >= len(l) {
+				return nil
+			}
+			obj = l[k]
+		}
+	}
+	return obj
+}
+
+func TestLint(t *testing.T) {
+	kv, err := common.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res := lint.RunAll(chartDir, readValues(t, c.name), c.namespace, lint.WithKubeVersion(kv))
+			for _, m := range res.Messages {
+				if m.Severity >= support.WarningSev {
+					t.Errorf("helm lint: %v", m)
+				} else {
+					t.Logf("helm lint: %v", m)
+				}
+			}
+		})
+	}
+}
+
+func TestGolden(t *testing.T) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := mustRender(t, c, readValues(t, c.name))
+			path := filepath.Join("testdata", c.name+".yaml")
+			if *update {
+				header := fmt.Sprintf("# Generated by `go test -run TestGolden -update` in packaging/helm/test: the chart\n"+
+					"# rendered as release %q in namespace %q (values: testdata/%s.values.yaml).\n", c.release, c.namespace, c.name)
+				if err := os.WriteFile(path, []byte(header+got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test -run TestGolden -update)", err)
+			}
+			if _, body, _ := strings.Cut(string(want), "\n---\n"); "---\n"+body != got {
+				t.Errorf("the render of %s differs from %s (go test -run TestGolden -update rewrites it):\n%s",
+					c.name, path, diff("---\n"+body, got))
+			}
+		})
+	}
+}
+
+// diff names the first differing line.
+func diff(want, got string) string { return diffNamed("golden", "render", want, got) }
+
+func diffNamed(wantName, gotName, want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	for i := 0; i < len(w) || i < len(g); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			return fmt.Sprintf("line %d:\n  %s: %q\n  %s: %q", i+1, wantName, wl, gotName, gl)
+		}
+	}
+	return "(equal)"
+}
+
+// stripMeta drops metadata.labels and metadata.annotations (the chart
+// adds Helm's labels and a checksum) from a copy of obj.
+func stripMeta(obj map[string]any) map[string]any {
+	raw, _ := yaml.Marshal(obj)
+	cp := map[string]any{}
+	_ = yaml.Unmarshal(raw, &cp)
+	for _, md := range []any{cp["metadata"], get(cp, "spec", "template", "metadata")} {
+		if m, ok := md.(map[string]any); ok {
+			delete(m, "labels")
+			delete(m, "annotations")
+		}
+	}
+	if sel, ok := get(cp, "spec", "selector").(map[string]any); ok {
+		delete(sel, "matchLabels")
+	}
+	return cp
+}
+
+func readPlain(t *testing.T) []map[string]any {
+	t.Helper()
+	var all []map[string]any
+	paths, err := filepath.Glob(filepath.Join(plainDir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		if filepath.Base(p) == "kustomization.yaml" {
+			continue
+		}
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, objects(t, string(raw))...)
+	}
+	return all
+}
+
+// TestDefaultsMatchPlainManifests: with default values the chart renders
+// what packaging/kubernetes holds (but the Namespace, which Helm leaves to
+// --create-namespace), apart from Helm's labels and annotations.
+func TestDefaultsMatchPlainManifests(t *testing.T) {
+	chart := objects(t, mustRender(t, cases[0], nil))
+	plain := readPlain(t)
+	key := func(o map[string]any) string {
+		return fmt.Sprintf("%s/%s/%v", o["kind"], get(o, "metadata", "namespace"), get(o, "metadata", "name"))
+	}
+	byKey := map[string]map[string]any{}
+	for _, o := range chart {
+		byKey[key(o)] = o
+	}
+	seen := map[string]bool{}
+	for _, p := range plain {
+		k := key(p)
+		if p["kind"] == "Namespace" {
+			continue
+		}
+		seen[k] = true
+		c, ok := byKey[k]
+		if !ok {
+			t.Errorf("the chart does not render %s", k)
+			continue
+		}
+		if p["kind"] == "ConfigMap" {
+			// The settings text: same keys and values, comments aside.
+			var ps, cs map[string]any
+			if err := yaml.Unmarshal([]byte(get(p, "data", "settings.yaml").(string)), &ps); err != nil {
+				t.Fatal(err)
+			}
+			if err := yaml.Unmarshal([]byte(get(c, "data", "settings.yaml").(string)), &cs); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(ps, cs) {
+				t.Errorf("settings: plain %v, chart %v", ps, cs)
+			}
+			continue
+		}
+		if ps, cs := stripMeta(p), stripMeta(c); !reflect.DeepEqual(ps, cs) {
+			pb, _ := yaml.Marshal(ps)
+			cb, _ := yaml.Marshal(cs)
+			t.Errorf("%s differs:\n%s", k, diffNamed("plain", "chart", string(pb), string(cb)))
+		}
+		if sel := get(c, "spec", "selector", "matchLabels"); sel != nil {
+			if !reflect.DeepEqual(get(c, "spec", "template", "metadata", "labels", "app.kubernetes.io/name"), "mig-agent") {
+				t.Errorf("%s: pod labels lack app.kubernetes.io/name=mig-agent", k)
+			}
+		}
+	}
+	for _, o := range chart {
+		if k := key(o); !seen[k] {
+			t.Errorf("the chart renders %s, which packaging/kubernetes lacks", k)
+		}
+	}
+}
+
+func TestFullOptions(t *testing.T) {
+	c := cases[1]
+	objs := objects(t, mustRender(t, c, readValues(t, c.name)))
+	ds := one(t, objs, "DaemonSet")
+	pod := get(ds, "spec", "template", "spec")
+	if got := get(pod, "runtimeClassName"); got != "nvidia" {
+		t.Errorf("runtimeClassName %v", got)
+	}
+	args := fmt.Sprint(get(pod, "containers", 0, "args"))
+	if !strings.Contains(args, "--metrics-address=:9100") || get(pod, "containers", 0, "ports", 0, "containerPort") != float64(9100) {
+		t.Errorf("metrics port 9100 not used: args %s, ports %v", args, get(pod, "containers", 0, "ports"))
+	}
+	// rebootMethod none, no host GPU clients: no D-Bus socket mounted.
+	if vols := fmt.Sprint(get(pod, "volumes")); strings.Contains(vols, "dbus") {
+		t.Errorf("D-Bus mounted with rebootMethod none: %s", vols)
+	}
+	cm := one(t, objs, "ConfigMap")
+	var settings map[string]any
+	if err := yaml.Unmarshal([]byte(get(cm, "data", "settings.yaml").(string)), &settings); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"max-concurrent": float64(2), "pause-gpu-operator": true, "default-config": "all-balanced",
+		"reboot-method": "none", "config-file": "/etc/mig-agent/config.yaml", "drain-timeout": "10m"}
+	for k, v := range want {
+		if settings[k] != v {
+			t.Errorf("settings %s = %v, want %v (all: %v)", k, settings[k], v, settings)
+		}
+	}
+	if get(cm, "data", "config.yaml") == nil {
+		t.Error("migConfig is not in the ConfigMap")
+	}
+	vap := one(t, objs, "ValidatingAdmissionPolicy")
+	if got := get(vap, "spec", "matchConditions", 0, "expression"); got != "request.userInfo.username == 'system:serviceaccount:gpu-system:gpu-mig-agent'" {
+		t.Errorf("policy matches %v", got)
+	}
+	for _, v := range get(vap, "spec", "variables").([]any) {
+		if get(v, "name") == "pauseGpuOperator" && get(v, "expression") != "true" {
+			t.Errorf("pauseGpuOperator variable %v with pauseGpuOperator: true", get(v, "expression"))
+		}
+	}
+	if b := one(t, objs, "ValidatingAdmissionPolicyBinding"); get(b, "spec", "policyName") != get(vap, "metadata", "name") {
+		t.Errorf("binding names policy %v, the policy is %v", get(b, "spec", "policyName"), get(vap, "metadata", "name"))
+	}
+	for _, kind := range []string{"Service", "ServiceMonitor", "PodMonitor"} {
+		one(t, objs, kind)
+	}
+	for _, o := range objs {
+		if ns := get(o, "metadata", "namespace"); ns != nil && ns != c.namespace {
+			t.Errorf("%s %v in namespace %v, want %s", o["kind"], get(o, "metadata", "name"), ns, c.namespace)
+		}
+		for _, s := range asList(get(o, "subjects")) {
+			if get(s, "kind") == "ServiceAccount" && (get(s, "namespace") != c.namespace || get(s, "name") != "gpu-mig-agent") {
+				t.Errorf("%s %v binds %v", o["kind"], get(o, "metadata", "name"), s)
+			}
+		}
+	}
+}
+
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
+
+// TestValuesRefused: values the chart cannot honour fail the render with a
+// message that says what to do.
+func TestValuesRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, values, want string
+	}{
+		{"typed value in settings", "settings: {max-concurrent: 3}", "set by the chart from maxConcurrent"},
+		{"chart-owned flag in settings", "settings: {node-name: x}", "settings.node-name: set by the chart"},
+		{"misspelt value", "maxconcurrent: 3", "maxconcurrent"},
+		{"unknown reboot method", "rebootMethod: sim", "rebootMethod"},
+		{"negative slots", "maxConcurrent: -1", "maxConcurrent"},
+		{"no service account", "serviceAccount: {create: false}", "serviceAccount.name is required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vals := map[string]any{}
+			if err := yaml.Unmarshal([]byte(tc.values), &vals); err != nil {
+				t.Fatal(err)
+			}
+			_, err := render(t, "mig-agent", "mig-agent", vals)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("render with %s: error %v, want one containing %q", tc.values, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestDBusMount: the host's D-Bus socket is mounted exactly when the agent
+// needs it.
+func TestDBusMount(t *testing.T) {
+	for _, tc := range []struct {
+		values string
+		want   bool
+	}{
+		{"{}", true},
+		{"rebootMethod: none", false},
+		{"rebootMethod: systemctl", true},
+		{"{rebootMethod: none, settings: {host-gpu-clients: [nvidia-dcgm.service]}}", true},
+	} {
+		vals := map[string]any{}
+		if err := yaml.Unmarshal([]byte(tc.values), &vals); err != nil {
+			t.Fatal(err)
+		}
+		ds := one(t, objects(t, mustRender(t, cases[0], vals)), "DaemonSet")
+		vols, _ := yaml.Marshal(get(ds, "spec", "template", "spec", "volumes"))
+		mounts, _ := yaml.Marshal(get(ds, "spec", "template", "spec", "containers", 0, "volumeMounts"))
+		if got := bytes.Contains(vols, []byte("system_bus_socket")); got != tc.want || bytes.Contains(mounts, []byte("dbus")) != tc.want {
+			t.Errorf("values %s: D-Bus volume %v, want %v", tc.values, got, tc.want)
+		}
+	}
+}
