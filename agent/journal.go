@@ -53,6 +53,10 @@ type JournalState struct {
 	AppliedHash string `json:"appliedHash,omitempty"`
 	// Handled is the desired label value last acted on to the end.
 	Handled string `json:"handled,omitempty"`
+	// Reboots counts the reboots the agent requested on this machine. It
+	// survives the reboots themselves, so that migagent_reboots_total does
+	// too: a counter held only in memory would show a reboot to no scrape.
+	Reboots int `json:"reboots,omitempty"`
 }
 
 // Journal is the on-disk journal in --state-dir. Writes are atomic

@@ -22,6 +22,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if j := d.Journal.State; j.Applied != "" {
 		d.Metrics.SetAppliedConfig(j.Applied, j.AppliedHash)
 	}
+	for range d.Journal.State.Reboots {
+		d.Metrics.IncReboots()
+	}
 	if n, err := d.discover(); err != nil {
 		d.Log.Error("NVML is not answering; staying up, degraded", "err", err)
 	} else if d.Kube != nil {
@@ -55,8 +58,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Returning (a simulated reboot, a parked change) must stop the informer
+	// before Shutdown waits for it, or the process never exits.
+	ctx, cancel := context.WithCancel(ctx)
 	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer func() {
+		cancel()
+		factory.Shutdown()
+	}()
 	d.Log.Info("watching node", "node", d.Kube.Node)
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return nil
@@ -101,7 +110,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 			continue
 		case <-drift:
-			d.checkDrift(ctx, d.node(lister))
+			switch d.checkDrift(ctx, d.node(lister)) {
+			case outRebooted:
+				return ErrExitAfterReboot
+			case outParked:
+				return nil
+			case outRetry:
+				retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
+			}
 			continue
 		}
 	}
@@ -149,23 +165,25 @@ func (d *Daemon) publish(ctx context.Context, n *Node) {
 	d.published = string(cfg)
 }
 
-// checkDrift compares the GPUs with the applied config.
-func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) {
+// checkDrift compares the GPUs with the applied config and, with
+// --reapply-on-drift, re-applies it; it returns that attempt's outcome
+// (outSuccess when there was nothing to do), for the caller's retry timer.
+func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) outcome {
 	j := d.Journal.State
 	if j.Change != nil || j.Applied == "" || j.Applied != j.Handled {
-		return
+		return outSuccess
 	}
 	n, err := d.discover()
 	if err != nil {
 		d.Log.Warn("drift check: NVML is not answering", "err", err)
-		return
+		return outSuccess
 	}
 	if d.Kube != nil {
 		d.publish(ctx, n)
 	}
 	plan, err := d.plan(n, j.Applied)
 	if err != nil {
-		return
+		return outSuccess
 	}
 	drift := planChanges(plan)
 	d.Metrics.SetDrift(drift)
@@ -179,18 +197,24 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) {
 	if drift && d.S.ReapplyOnDrift {
 		d.Journal.State.Handled = ""
 		if node != nil || d.Kube == nil {
-			d.reconcile(ctx, node, false, true)
+			return d.reconcile(ctx, node, false, true)
 		}
 	}
+	return outSuccess
 }
 
 // runStandalone applies the selected config and holds it.
 func (d *Daemon) runStandalone(ctx context.Context) error {
-	d.ready.Store(true)
-	_ = d.notify().Ready()
 	drift := d.ticker(d.S.DriftInterval)
 	var retry <-chan time.Time
 	oc := d.reconcile(ctx, nil, true, false)
+	if oc != outRebooted && oc != outParked {
+		// READY=1 only once the geometry is applied (or the first attempt
+		// failed, with the reason in STATUS): units ordered after this one,
+		// the kubelet and its device plugin, start on the right geometry.
+		d.ready.Store(true)
+		_ = d.notify().Ready()
+	}
 	for {
 		switch oc {
 		case outRebooted:
@@ -207,8 +231,7 @@ func (d *Daemon) runStandalone(ctx context.Context) error {
 			retry = nil
 			oc = d.reconcile(ctx, nil, false, true)
 		case <-drift:
-			d.checkDrift(ctx, nil)
-			oc = outSuccess
+			oc = d.checkDrift(ctx, nil)
 		}
 	}
 }
