@@ -31,6 +31,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 		}
 		return d.failure(ctx, node, ch, reason, retryable, evReason)
 	}
+	if desired == "" {
+		return fail(fmt.Sprintf("the node label %s is set but empty: name a MIG config, or remove the label", LabelConfig), false, ReasonInvalid)
+	}
 	n, err := d.discover()
 	if err != nil {
 		return fail("reading the GPUs through NVML: "+err.Error(), true, ReasonFailed)

@@ -129,7 +129,12 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 	desired, by, at := d.desired(node)
 	d.Metrics.SetDesiredConfig(desired)
 	j := &d.Journal.State
-	if desired == "" {
+	// A label set to "" is a request too: it fails with a reason (attempt).
+	labelled := false
+	if node != nil && d.Kube != nil {
+		_, labelled = node.Labels[LabelConfig]
+	}
+	if desired == "" && !labelled {
 		if j.Change != nil {
 			d.abandon(ctx, j.Change, "the desired config label was removed")
 		}
@@ -144,7 +149,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 	switch {
 	case j.Change != nil:
 		// resume the journaled change
-	case desired == j.Handled && d.failing == "":
+	case desired == j.Handled && d.failing == "" && desired != "":
 		if !start {
 			return outSuccess
 		}
