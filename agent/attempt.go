@@ -25,6 +25,13 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 		d.Log.Info("resuming change", "config", ch.Config, "phase", ch.Phase, "step", ch.Step)
 	}
 	fail := func(reason string, retryable bool, evReason string) outcome {
+		if ctx.Err() != nil {
+			// Shutting down (SIGTERM, perhaps the machine going down for the
+			// reboot this change asked for) is no failure: the journal keeps
+			// the change, the next start resumes it.
+			d.Log.Info("shutting down mid-change; the journal resumes it at the next start", "config", ch.Config, "phase", ch.Phase, "interrupted", reason)
+			return outParked
+		}
 		if j.Change == nil {
 			ch2 := *ch
 			return d.failure(ctx, node, &ch2, reason, retryable, evReason)
@@ -245,6 +252,7 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 	if d.S.RebootMethod == RebootNone {
 		ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
 		d.saveJournal()
+		d.holdSlotForReboot(ctx)
 		rec := d.record(ch, StateRebooting, "", d.Clock.Now())
 		d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 			fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; --reboot-method none: waiting for someone to reboot the node", applied.RebootGPUs))
@@ -252,7 +260,9 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		return outRebooting
 	}
 	ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
+	d.Journal.State.Reboots++
 	d.saveJournal()
+	d.holdSlotForReboot(ctx)
 	rec := d.record(ch, StateRebooting, "", d.Clock.Now())
 	d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
@@ -266,6 +276,18 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		return outRebooted
 	}
 	return outRebooting
+}
+
+// holdSlotForReboot keeps the rollout slot through the reboot: a node that
+// goes down for its change is disrupted until it is back, so its slot must
+// not pass to another node meanwhile (--max-concurrent).
+func (d *Daemon) holdSlotForReboot(ctx context.Context) {
+	if d.SlotReboot == nil {
+		return
+	}
+	if err := d.SlotReboot(context.WithoutCancel(ctx)); err != nil {
+		d.Log.Warn("keeping the rollout slot through the reboot failed; it expires after the lease duration", "err", err)
+	}
 }
 
 // finish restores, waits for resources, and records success.

@@ -41,6 +41,10 @@ type Daemon struct {
 	OtherManager func(ctx context.Context, node *corev1.Node) (string, error)
 	// Slots takes a cluster-wide rollout slot (optional; --max-concurrent).
 	Slots func(ctx context.Context) (release func(), err error)
+	// SlotReboot keeps the slot taken by Slots through a reboot: the next
+	// release stops renewing it without freeing it, and the Lease is
+	// stretched to cover the reboot (optional).
+	SlotReboot func(ctx context.Context) error
 
 	ready    atomic.Bool
 	failing  string
@@ -239,7 +243,24 @@ func (d *Daemon) backoff(n int) time.Duration {
 // failure ends an attempt: restore, record, event, metrics, and the retry
 // schedule when the cause may pass.
 func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, reason string, retryable bool, eventReason string) outcome {
-	if ch != nil {
+	// A change a reboot was requested for stays in the journal through a
+	// failure that may pass, so that its retry knows the reboot: never a
+	// second one for the same change, whatever fails in between (NVML not
+	// up yet at boot, the API server away).
+	keep := retryable && ch != nil && ch.RebootBootID != "" && d.Journal.State.Change == ch
+	waiting := false
+	if keep {
+		if ch.Phase == PhaseRebooting && d.BootID() != ch.RebootBootID {
+			ch.Rebooted = true
+		}
+		waiting = ch.Phase == PhaseRebooting && !ch.Rebooted
+		if ch.Rebooted {
+			ch.Phase = PhaseDraining // restore lifts the taint: the retry drains again
+		}
+	}
+	if ch != nil && !waiting {
+		// Still waiting for the reboot: the taint and paused operands stay
+		// through it, as they do without a failure.
 		d.restore(ctx, ch)
 	}
 	now := d.Clock.Now()
@@ -248,7 +269,9 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, eventReason, reason)
 	d.Metrics.ObserveReconfiguration(StateFailed, now.Sub(rec.StartedAt))
 	d.Metrics.SetLastFailure(reason)
-	d.Journal.State.Change = nil
+	if !keep {
+		d.Journal.State.Change = nil
+	}
 	if !retryable {
 		d.Journal.State.Handled = rec.Config
 		d.failing = ""

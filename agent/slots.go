@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -28,7 +29,17 @@ type Slots struct {
 	Log       *slog.Logger
 	// Poll is the wait between tries while every slot is taken.
 	Poll time.Duration
+
+	mu   sync.Mutex
+	held string // the slot Lease taken by Acquire, until released
+	keep bool   // ExtendForReboot ran: release keeps the Lease
 }
+
+// RebootHold is how long a slot stays taken, unrenewed, while its node
+// reboots for a change (ExtendForReboot): the node is disrupted until it is
+// back and resumes, which takes its Lease again at once. A node that never
+// comes back frees the slot after this long.
+const RebootHold = 30 * time.Minute
 
 // SlotLeaseName is the name of slot i.
 func SlotLeaseName(i int) string { return fmt.Sprintf("mig-agent-slot-%d", i) }
@@ -50,6 +61,9 @@ func (s *Slots) Acquire(ctx context.Context) (func(), error) {
 			}
 			if ok {
 				s.Log.Info("took rollout slot", "lease", name)
+				s.mu.Lock()
+				s.held, s.keep = name, false
+				s.mu.Unlock()
 				return s.hold(ctx, name), nil
 			}
 		}
@@ -91,6 +105,37 @@ func (s *Slots) try(ctx context.Context, name string) (bool, error) {
 	return err == nil, ignoreConflict(err)
 }
 
+// ExtendForReboot keeps the slot this holder took through a reboot: the
+// Lease is renewed now for RebootHold (or the lease duration, if longer),
+// and the release that follows stops renewing it without freeing it. After
+// the reboot, Acquire takes it again (a holder always may take its own).
+func (s *Slots) ExtendForReboot(ctx context.Context) error {
+	s.mu.Lock()
+	name := s.held
+	s.mu.Unlock()
+	if name == "" {
+		return fmt.Errorf("no rollout slot held")
+	}
+	leases := s.Client.CoordinationV1().Leases(s.Namespace)
+	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("rollout slot %s: %w", name, err)
+	}
+	if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != s.Holder {
+		return fmt.Errorf("rollout slot %s is held by %q", name, h)
+	}
+	secs := int32(max(RebootHold, s.Duration) / time.Second)
+	now := metav1.NewMicroTime(s.Clock.Now())
+	l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &secs, &now
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("rollout slot %s: %w", name, err)
+	}
+	s.mu.Lock()
+	s.keep = true
+	s.mu.Unlock()
+	return nil
+}
+
 func ignoreConflict(err error) error {
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 		return nil
@@ -120,6 +165,12 @@ func (s *Slots) hold(ctx context.Context, name string) func() {
 			case <-ctx.Done():
 				return
 			case <-s.Clock.After(every):
+				s.mu.Lock()
+				keep := s.keep
+				s.mu.Unlock()
+				if keep {
+					continue // stretched for the reboot; renewing would shorten it
+				}
 				if ok, err := s.try(context.WithoutCancel(ctx), name); !ok || err != nil {
 					s.Log.Warn("renewing the rollout slot failed", "lease", name, "err", err)
 				}
@@ -129,6 +180,14 @@ func (s *Slots) hold(ctx context.Context, name string) func() {
 	return func() {
 		close(done)
 		<-stopped
+		s.mu.Lock()
+		keep := s.keep
+		s.held, s.keep = "", false
+		s.mu.Unlock()
+		if keep {
+			s.Log.Info("keeping the rollout slot through the reboot", "lease", name, "for", RebootHold)
+			return
+		}
 		leases := s.Client.CoordinationV1().Leases(s.Namespace)
 		bg := context.WithoutCancel(ctx)
 		if l, err := leases.Get(bg, name, metav1.GetOptions{}); err == nil && ptr.Deref(l.Spec.HolderIdentity, "") == s.Holder {

@@ -150,6 +150,7 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 			slots := &agent.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
 				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
 			d.Slots = slots.Acquire
+			d.SlotReboot = slots.ExtendForReboot
 		}
 	}
 	err = d.Run(ctx)
