@@ -151,6 +151,9 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 		d.failing, d.attempts = "", 0
 	}
 	switch {
+	case j.Change != nil && desired == d.failing && !retry && d.Clock.Now().Before(d.retryAt):
+		// a change kept in the journal after a failure waits for its backoff
+		return outRetry
 	case j.Change != nil:
 		// resume the journaled change
 	case desired == j.Handled && d.failing == "" && desired != "":
