@@ -2,7 +2,7 @@ package e2e
 
 // Tests of the Kubernetes packaging on the real API server: the plain
 // manifests (packaging/kubernetes) and the Helm chart's golden renders
-// (packaging/helm/test/testdata, rendered there with Helm's own packages)
+// (packaging/test/testdata, rendered there with Helm's own packages)
 // are accepted; the admission policy lets the agent's ServiceAccount, with
 // a token bound to a pod on node A, change node A's own keys and nothing
 // else; and the real binary, started with the DaemonSet's args, env and
@@ -238,7 +238,7 @@ func pkgPlain(t *testing.T) []*unstructured.Unstructured {
 
 func pkgChart(t *testing.T, name string) []*unstructured.Unstructured {
 	t.Helper()
-	return pkgDecode(t, filepath.Join(pkgRoot(t), "packaging/helm/test/testdata", name+".yaml"))
+	return pkgDecode(t, filepath.Join(pkgRoot(t), "packaging/test/testdata", name+".yaml"))
 }
 
 // TestPackagingPlainManifests installs packaging/kubernetes and checks the
