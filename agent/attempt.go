@@ -320,13 +320,14 @@ func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, pla
 	now := d.Clock.Now()
 	rec := d.record(ch, StateSuccess, "", now)
 	rec.ResourcesConverged = converged
-	d.emit(ctx, node, StateSuccess, rec, corev1.EventTypeNormal, reason, msg)
+	// Metrics first: whoever sees the state label finds them current.
 	d.Metrics.ObserveReconfiguration(StateSuccess, now.Sub(ch.StartedAt))
 	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
 	d.Metrics.SetLastSuccess(now)
 	d.Metrics.SetDrift(false)
 	d.Metrics.SetRebootGuardTripped(false)
 	d.Metrics.SetLastFailure("")
+	d.emit(ctx, node, StateSuccess, rec, corev1.EventTypeNormal, reason, msg)
 	d.drifted = false
 	j := &d.Journal.State
 	j.Change, j.Applied, j.AppliedHash, j.Handled = nil, ch.Config, plan.Hash, ch.Config

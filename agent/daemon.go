@@ -142,6 +142,12 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 		if j.Change != nil {
 			d.abandon(ctx, j.Change, "the desired config label was removed")
 		}
+		if j.Handled != "" {
+			// The label is gone: its next value is a new request, also
+			// when it names the config that is applied (a record follows).
+			j.Handled = ""
+			d.saveJournal()
+		}
 		return outSuccess
 	}
 	if j.Change != nil && j.Change.Config != desired {
@@ -269,9 +275,10 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 	now := d.Clock.Now()
 	rec := d.record(ch, StateFailed, reason, now)
 	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", retryable)
-	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, eventReason, reason)
+	// Metrics first: whoever sees the state label finds them current.
 	d.Metrics.ObserveReconfiguration(StateFailed, now.Sub(rec.StartedAt))
 	d.Metrics.SetLastFailure(reason)
+	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, eventReason, reason)
 	if !keep {
 		d.Journal.State.Change = nil
 	}
@@ -314,7 +321,7 @@ func (d *Daemon) record(ch *Change, result, reason string, now time.Time) Change
 			rec.EvictedPods = ch.Evicted
 		}
 	}
-	if n, err := Discover(d.GPU); err == nil {
+	if n, err := d.discover(); err == nil { // refreshes the GPU metrics too
 		rec.Geometry = n.GeometryOf()
 	}
 	return rec
@@ -353,7 +360,9 @@ func (d *Daemon) setState(ctx context.Context, state string) {
 	if d.Kube == nil {
 		return
 	}
-	if err := d.retryAPI(context.WithoutCancel(ctx), func() error { return d.Kube.SetState(ctx, state) }); err != nil {
+	// Shutdown ends the retries at once: the journal holds the change, and
+	// the next start sets the state again.
+	if err := d.retryAPI(ctx, func() error { return d.Kube.SetState(ctx, state) }); err != nil && ctx.Err() == nil {
 		d.Log.Error("setting the state label failed", "state", state, "err", err)
 	}
 }

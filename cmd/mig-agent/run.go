@@ -137,6 +137,10 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 			return fmt.Errorf("kubernetes client config: %w", err)
 		}
 		cfg.UserAgent = "mig-agent/" + version
+		// client-go's default client-side limit (5/s, burst 10) turns the
+		// ~20 calls of one change into seconds of waiting; the API server's
+		// priority and fairness protects it. The kubelet uses the same.
+		cfg.QPS, cfg.Burst = 50, 100
 		client, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			return err
