@@ -539,7 +539,24 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 		}
 	}
 
-	// A token that is not bound to a pod names no node: no Node changes.
+	// A host install (the .deb/.rpm in Kubernetes mode) has no pod: a token
+	// bound to the Node object names the node too (docs/install.md).
+	nodeObj := GetNode(t, admin, nodeA)
+	tr, err := admin.CoreV1().ServiceAccounts(in.namespace).CreateToken(context.Background(), in.sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600),
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: nodeA, UID: nodeObj.UID}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("node-bound token: %v", err)
+	}
+	host := pkgTokenClient(t, tr.Status.Token)
+	if err := pkgMergePatch(host, nodeA, pkgLabels(agent.LabelState, agent.StateSuccess)); err != nil {
+		t.Errorf("a token bound to node A cannot set A's state: %v", err)
+	}
+	if err := pkgMergePatch(host, nodeB, pkgLabels(agent.LabelState, agent.StateSuccess)); !pkgDeniedByPolicy(err, in.policy) {
+		t.Errorf("a token bound to node A changed node B: %v", err)
+	}
+
+	// A token that is not bound to a pod or node names no node: no Node changes.
 	plain := pkgTokenClient(t, kubetest.ServiceAccountToken(t, in.namespace, in.sa, nil))
 	if err := pkgMergePatch(plain, nodeA, pkgLabels(agent.LabelState, "success")); !pkgDeniedByPolicy(err, in.policy) {
 		t.Errorf("a token bound to no pod changed node A: %v", err)
