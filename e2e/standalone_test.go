@@ -69,7 +69,7 @@ func (n *saNotify) index(line string) int {
 
 // saStart runs `mig-agent run --standalone ...` with NOTIFY_SOCKET set (the
 // harness clears it for the Kubernetes-mode agents).
-func saStart(t testing.TB, args []string, notify *saNotify) *Agent {
+func saStart(t testing.TB, args []string, notify *saNotify, env ...string) *Agent {
 	t.Helper()
 	port := freePort(t)
 	metrics := fmt.Sprintf("127.0.0.1:%d", port)
@@ -77,7 +77,7 @@ func saStart(t testing.TB, args []string, notify *saNotify) *Agent {
 	a := &Agent{t: t, Args: args, log: &syncBuffer{}, done: make(chan struct{}), Metrics: "http://" + metrics}
 	a.cmd = exec.Command(binary(), args...)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	a.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+notify.Path, "WATCHDOG_USEC=", "WATCHDOG_PID=")
+	a.cmd.Env = append(append(os.Environ(), "NOTIFY_SOCKET="+notify.Path, "WATCHDOG_USEC=", "WATCHDOG_PID="), env...)
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,8 @@ mig-configs:
 		"--kubeconfig", "/nonexistent/kubeconfig"}
 	notify := saListenNotify(t)
 	start := time.Now()
-	a := saStart(t, args, notify)
+	// systemd's WatchdogSec=1s: the agent pings every half of it.
+	a := saStart(t, args, notify, "WATCHDOG_USEC=1000000")
 	WaitFor(t, 20*time.Second, "READY=1", func() bool { return notify.index("READY=1") >= 0 })
 	ready := time.Since(start)
 	// READY comes after the geometry is in place: what systemd orders the
@@ -156,6 +157,9 @@ mig-configs:
 	if r := notify.index("READY=1"); applied < 0 || applied > r {
 		t.Errorf("notifications: %q (want STATUS applied before READY)", notify.Lines())
 	}
+	WaitFor(t, 5*time.Second, "two watchdog pings", func() bool {
+		return strings.Count(strings.Join(notify.Lines(), "\n"), "WATCHDOG=1") >= 2
+	})
 	m := a.Scrape(t)
 	for _, want := range []string{`migagent_state{state="success"} 1`, `migagent_applied_config_info{config="inference"`,
 		`migagent_reconfigurations_total{result="success"} 1`} {
@@ -232,4 +236,73 @@ func TestStandaloneRebootOnceAndFinish(t *testing.T) {
 	if !strings.Contains(a.Log(), "reboot=true") {
 		t.Errorf("the change record in the journal log does not say reboot=true")
 	}
+}
+
+// C: the packaged unit is what a standalone host needs (Type=notify with a
+// watchdog, before the kubelet, after the driver's services, restarted on
+// failure) and passes `systemd-analyze verify` against this host's systemd
+// units, with the binary in place; `systemd-analyze security` rates its
+// hardening.
+func TestStandaloneSystemdUnit(t *testing.T) {
+	unit, err := os.ReadFile("../packaging/systemd/mig-agent.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Type=notify", "WatchdogSec=", "Before=kubelet.service",
+		"After=nvidia-persistenced.service nvidia-fabricmanager.service", "Wants=nvidia-persistenced.service nvidia-fabricmanager.service",
+		"ExecStart=/usr/bin/mig-agent run --standalone --settings /etc/mig-agent/settings.yaml\n",
+		"Restart=on-failure", "StateDirectory=mig-agent", "DeviceAllow=char-nvidia* rwm", "WantedBy=multi-user.target"} {
+		if !strings.Contains(string(unit), "\n"+want) {
+			t.Errorf("the unit lacks a line starting %q", want)
+		}
+	}
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed: the unit is not verified")
+	}
+	if _, err := os.Stat("/usr/lib/systemd/system/sysinit.target"); err != nil {
+		t.Skip("no systemd units under /usr/lib/systemd/system to verify against")
+	}
+	root := t.TempDir()
+	for _, d := range []string{"usr/bin", "etc/systemd/system", "usr/lib/systemd"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/systemd/system/mig-agent.service"), unit, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(root, "usr/bin/mig-agent")
+	if err := os.Link(binary(), bin); err != nil {
+		if out, err := exec.Command("cp", binary(), bin).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+	}
+	if out, err := exec.Command("cp", "-a", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/")).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	out, err := exec.Command(sa, "verify", "--root="+root, "mig-agent.service").CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+	sec, err := exec.Command(sa, "security", "--offline=true", "--root="+root, "mig-agent.service").CombinedOutput()
+	if err != nil {
+		t.Fatalf("systemd-analyze security: %v\n%s", err, sec)
+	}
+	var level float64
+	for _, l := range strings.Split(string(sec), "\n") {
+		if i := strings.Index(l, "Overall exposure level for mig-agent.service: "); i >= 0 {
+			fmt.Sscanf(l[i+len("Overall exposure level for mig-agent.service: "):], "%g", &level)
+		}
+	}
+	if level == 0 || level > 5 {
+		t.Errorf("exposure level %.1f, want at most 5 (OK):\n%s", level, sec)
+	}
+	t.Logf("systemd-analyze verify: clean; security: exposure %.1f (systemd %s)", level, saVersion(sa))
+}
+
+func saVersion(sa string) string {
+	out, _ := exec.Command(sa, "--version").Output()
+	first, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(first)
 }
