@@ -67,7 +67,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 			return fail(fmt.Sprintf("the node's MIG strategy %q cannot serve config %q: %v", node.Labels[LabelStrategy], desired, err), false, ReasonInvalid)
 		}
 		if d.OtherManager != nil {
-			other, err := d.OtherManager(ctx, node)
+			var other string
+			// An API server away for a moment is no reason to fail.
+			err := d.retryAPI(ctx, func() (err error) { other, err = d.OtherManager(ctx, node); return err })
 			if err != nil {
 				return fail("checking for another MIG manager: "+err.Error(), true, ReasonFailed)
 			}
@@ -186,7 +188,8 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 		return d.failure(ctx, node, ch, reason, true, ReasonFailed), false
 	}
 	if d.S.Taint && !ch.TaintAdded {
-		added, err := d.Disrupt.Taint(ctx)
+		var added bool
+		err := d.retryAPI(ctx, func() (err error) { added, err = d.Disrupt.Taint(ctx); return err })
 		if err != nil {
 			return fail("tainting the node: " + err.Error())
 		}
@@ -207,7 +210,9 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 		}
 	}
 	gpus, migs := targets(n, plan)
-	pods, how, err := d.Disrupt.Affected(ctx, gpus, migs)
+	var pods []string
+	var how string
+	err := d.retryAPI(ctx, func() (err error) { pods, how, err = d.Disrupt.Affected(ctx, gpus, migs); return err })
 	if err != nil {
 		return fail("finding the pods that use the changing GPUs: " + err.Error())
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/geometry"
@@ -377,13 +378,14 @@ func (d *Daemon) event(ctx context.Context, node *corev1.Node, evType, reason, m
 }
 
 // retryAPI retries an API call for up to two minutes (an API server
-// restart), with a short backoff.
+// restart), with a short backoff; an answer no retry changes (forbidden,
+// invalid, not found) ends it at once.
 func (d *Daemon) retryAPI(ctx context.Context, fn func() error) error {
 	deadline := d.Clock.Now().Add(2 * time.Minute)
 	wait := 250 * time.Millisecond
 	for {
 		err := fn()
-		if err == nil || d.Clock.Now().After(deadline) {
+		if err == nil || permanentAPIError(err) || d.Clock.Now().After(deadline) {
 			return err
 		}
 		d.Log.Debug("API call failed; retrying", "err", err)
@@ -394,6 +396,12 @@ func (d *Daemon) retryAPI(ctx context.Context, fn func() error) error {
 		}
 		wait = min(wait*2, 5*time.Second)
 	}
+}
+
+// permanentAPIError reports an API answer that a retry does not change.
+func permanentAPIError(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err) ||
+		apierrors.IsBadRequest(err) || apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err)
 }
 
 func indices(p *geometry.Plan) (changed, untouched []int) {
