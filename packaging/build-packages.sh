@@ -89,9 +89,19 @@ ensure_nfpm() {
 		log "building nfpm $NFPM_VERSION into $dir (once)"
 		mkdir -p "$dir"
 		# From a scratch directory, so no go.mod or go.work above is consulted.
-		(cd "$(mktemp -d)" && GOWORK=off GOFLAGS=-mod=mod GOBIN=$dir CGO_ENABLED=0 \
+		# Offline, `go install mod@version` still asks the proxy whether the
+		# module is deprecated: the second try serves the module cache
+		# (already checksum-verified when it was filled) as the proxy.
+		local scratch
+		scratch=$(mktemp -d)
+		(cd "$scratch" && GOWORK=off GOFLAGS=-mod=mod GOBIN=$dir CGO_ENABLED=0 \
 			go install "github.com/goreleaser/nfpm/v2/cmd/nfpm@$NFPM_VERSION") ||
-			die "building nfpm $NFPM_VERSION failed"
+			(log "retrying from the module cache only" &&
+				cd "$scratch" && GOWORK=off GOFLAGS=-mod=mod GOBIN=$dir CGO_ENABLED=0 GOSUMDB=off \
+				GOPROXY="file://$(go env GOMODCACHE)/cache/download" \
+				go install "github.com/goreleaser/nfpm/v2/cmd/nfpm@$NFPM_VERSION") ||
+			die "building nfpm $NFPM_VERSION failed (it needs the Go module proxy once)"
+		rm -rf "$scratch"
 	fi
 	echo "$dir/nfpm"
 }
