@@ -86,6 +86,13 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 			ch.Rebooted = true
 			d.Log.Info("resuming after reboot", "config", desired)
 		} else if planChanges(plan) {
+			if !ch.RebootRequested && d.S.RebootMethod != RebootNone {
+				// The agent stopped between journaling the reboot and asking
+				// for it: no reboot happened on this boot, so asking now is
+				// not a second one.
+				d.Log.Warn("the reboot journaled for this change was never requested; requesting it now", "config", desired)
+				return d.rebootFor(ctx, node, ch, &Applied{RebootGPUs: modeChangeGPUs(plan)})
+			}
 			d.Log.Info("waiting for the reboot requested for this change", "config", desired)
 			d.setState(ctx, StateRebooting)
 			_ = d.notify().Status("waiting for reboot")
@@ -277,10 +284,23 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		// Never retried by itself: a reboot is requested at most once.
 		return d.failure(ctx, node, ch, "requesting the reboot failed: "+err.Error(), false, ReasonRebootFailed)
 	}
+	ch.RebootRequested = true
+	d.saveJournal()
 	if d.S.RebootMethod == RebootSim {
 		return outRebooted
 	}
 	return outRebooting
+}
+
+// modeChangeGPUs lists the GPUs whose MIG mode the plan changes.
+func modeChangeGPUs(p *geometry.Plan) []int {
+	var out []int
+	for _, g := range p.GPUs {
+		if g.ModeChange != geometry.ModeNone {
+			out = append(out, g.Index)
+		}
+	}
+	return out
 }
 
 // holdSlotForReboot keeps the rollout slot through the reboot: a node that

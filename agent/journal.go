@@ -41,7 +41,10 @@ type Change struct {
 	// RebootBootID is the boot id at the moment the reboot was requested.
 	RebootBootID string `json:"rebootBootId,omitempty"`
 	Rebooted     bool   `json:"rebooted,omitempty"`
-	Attempt      int    `json:"attempt,omitempty"`
+	// RebootRequested: the reboot was asked for (the Rebooter returned);
+	// a restart on the same boot without it asks again.
+	RebootRequested bool `json:"rebootRequested,omitempty"`
+	Attempt         int  `json:"attempt,omitempty"`
 }
 
 // JournalState is everything the journal file holds.

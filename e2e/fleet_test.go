@@ -102,11 +102,14 @@ func flPrepareSim(t testing.TB, spec, config string, extra ...string) string {
 }
 
 // flStart starts an agent and waits until it serves /readyz (node watch
-// up, sim state file written).
+// up, sim state file written) or exits.
 func flStart(t testing.TB, o *Opts) *Agent {
 	t.Helper()
 	a := StartAgent(t, o)
 	WaitFor(t, 30*time.Second, "the agent's /readyz", func() bool {
+		if _, exited := a.Wait(time.Millisecond); exited {
+			return true // gone before ready (a simulated reboot, a crash): the caller sees it
+		}
 		resp, err := http.Get(a.Metrics + "/readyz")
 		if err != nil {
 			return false
