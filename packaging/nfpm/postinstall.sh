@@ -24,7 +24,8 @@ if [ "$upgrade" = true ]; then
 	echo "  systemctl try-restart mig-agent.service"
 else
 	echo "mig-agent installed; nothing was enabled or started. Next:"
-	echo "  1. edit /etc/mig-agent/settings.yaml (Kubernetes: kubeconfig; standalone: config-file, selected-config)"
+	echo "  1. set config-file and selected-config in /etc/mig-agent/settings.yaml"
+	echo "     (the unit runs the standalone mode; example: /usr/share/mig-agent/examples/config.yaml)"
 	echo "  2. systemctl enable --now mig-agent.service"
 	echo "In Kubernetes, run the DaemonSet or Helm chart instead: /usr/share/doc/mig-agent/install.md"
 fi
