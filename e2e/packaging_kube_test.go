@@ -254,14 +254,15 @@ func TestPackagingPlainManifests(t *testing.T) {
 	t.Run("agent", func(t *testing.T) { pkgRunAgent(t, in, "all-1g.18gb") })
 }
 
-// TestPackagingChart: the default render is accepted by the server (dry
-// run: it names the same objects as the plain manifests); the render with
-// every option on is installed in its own namespace, and its policy and
-// agent checked as the plain ones.
+// TestPackagingChart: the default render is accepted by the server over
+// an install of the plain manifests (dry run: it names the same objects, so
+// this is `helm install mig-agent` taking over from `kubectl apply -k`, and
+// immutable fields such as the DaemonSet's selector must agree); the render
+// with every option on is installed in its own namespace, and its policy
+// and agent checked as the plain ones.
 func TestPackagingChart(t *testing.T) {
-	def := pkgChart(t, "default")
-	ensureNamespace(t, "mig-agent")
-	pkgApply(t, def, true)
+	pkgApply(t, pkgPlain(t), false)
+	pkgApply(t, pkgChart(t, "default"), true)
 
 	full := pkgChart(t, "full")
 	in := pkgDescribe(t, full)

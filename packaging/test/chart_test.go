@@ -235,7 +235,9 @@ func diffNamed(wantName, gotName, want, got string) string {
 }
 
 // stripMeta drops metadata.labels and metadata.annotations (the chart
-// adds Helm's labels and a checksum) from a copy of obj.
+// adds Helm's labels and a checksum) from a copy of obj. Selectors stay:
+// they are immutable, so they must be equal for a move between the plain
+// manifests and the chart.
 func stripMeta(obj map[string]any) map[string]any {
 	raw, _ := yaml.Marshal(obj)
 	cp := map[string]any{}
@@ -245,9 +247,6 @@ func stripMeta(obj map[string]any) map[string]any {
 			delete(m, "labels")
 			delete(m, "annotations")
 		}
-	}
-	if sel, ok := get(cp, "spec", "selector").(map[string]any); ok {
-		delete(sel, "matchLabels")
 	}
 	return cp
 }
@@ -316,9 +315,12 @@ func TestDefaultsMatchPlainManifests(t *testing.T) {
 			cb, _ := yaml.Marshal(cs)
 			t.Errorf("%s differs:\n%s", k, diffNamed("plain", "chart", string(pb), string(cb)))
 		}
-		if sel := get(c, "spec", "selector", "matchLabels"); sel != nil {
-			if !reflect.DeepEqual(get(c, "spec", "template", "metadata", "labels", "app.kubernetes.io/name"), "mig-agent") {
-				t.Errorf("%s: pod labels lack app.kubernetes.io/name=mig-agent", k)
+		// The plain pod template carries the selector's labels too.
+		if sel, ok := get(p, "spec", "selector", "matchLabels").(map[string]any); ok {
+			for lk, lv := range sel {
+				if get(p, "spec", "template", "metadata", "labels", lk) != lv {
+					t.Errorf("%s: the pod template lacks the selector's label %s=%v", k, lk, lv)
+				}
 			}
 		}
 	}
