@@ -195,12 +195,14 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 		return d.failure(ctx, node, ch, reason, true, ReasonFailed), false
 	}
 	if d.S.Taint && !ch.TaintAdded {
-		var added bool
-		err := d.retryAPI(ctx, func() (err error) { added, err = d.Disrupt.Taint(ctx); return err })
+		err := d.retryAPI(ctx, func() error { _, err := d.Disrupt.Taint(ctx); return err })
 		if err != nil {
 			return fail("tainting the node: " + err.Error())
 		}
-		ch.TaintAdded = added
+		// The taint key is the agent's own: one already there was left by an
+		// attempt that could not lift it (a crash between tainting and the
+		// journal, an API outage), so this change lifts it too.
+		ch.TaintAdded = true
 		d.saveJournal()
 	}
 	if d.S.PauseGPUOperator {
@@ -228,7 +230,7 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 		msg := fmt.Sprintf("evicting %d pods on GPUs %v: %s", len(pods), ch.GPUsChanged, strings.Join(pods, ", "))
 		_ = d.notify().Status("%s", msg)
 		d.event(ctx, node, corev1.EventTypeNormal, ReasonEvicting, msg)
-		evicted, err := d.Disrupt.Evict(ctx, pods)
+		evicted, err := d.evict(ctx, pods)
 		ch.Evicted = appendNew(ch.Evicted, evicted...)
 		d.Metrics.AddEvictedPods(len(evicted))
 		d.saveJournal()

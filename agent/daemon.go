@@ -207,7 +207,9 @@ func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 }
 
 // restore starts stopped units, restores operand labels and removes the
-// taint, as the journal says; each is repeated until it works.
+// taint, as the journal says; the API calls ride out an API server outage
+// (retryAPI). A taint that still could not be lifted is lifted by the next
+// change, which takes it as its own.
 func (d *Daemon) restore(ctx context.Context, ch *Change) {
 	ctx = context.WithoutCancel(ctx)
 	if len(ch.StoppedUnits) > 0 && d.Units != nil {
@@ -218,14 +220,14 @@ func (d *Daemon) restore(ctx context.Context, ch *Change) {
 		}
 	}
 	if d.Disrupt != nil && len(ch.Operands) > 0 {
-		if err := d.Disrupt.RestoreOperands(ctx, ch.Operands); err != nil {
+		if err := d.retryAPI(ctx, func() error { return d.Disrupt.RestoreOperands(ctx, ch.Operands) }); err != nil {
 			d.Log.Error("restoring GPU Operator operand labels failed", "err", err)
 		} else {
 			ch.Operands = nil
 		}
 	}
 	if d.Disrupt != nil && ch.TaintAdded {
-		if err := d.Disrupt.Untaint(ctx); err != nil {
+		if err := d.retryAPI(ctx, func() error { return d.Disrupt.Untaint(ctx) }); err != nil {
 			d.Log.Error("removing the reconfiguring taint failed", "err", err)
 		} else {
 			ch.TaintAdded = false
