@@ -1035,7 +1035,7 @@ func TestMeasureLatency(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // steady state: drift checks only
 	rss := vmRSS(t, a.cmd.Process.Pid)
-	t.Logf("sim:h200x8, %d changes all-disabled <-> all-balanced: label->pending median %s (min %s, max %s); label->success median %s (min %s, max %s); agent VmRSS %s",
+	t.Logf("sim:h200x8, %d changes all-disabled <-> all-balanced: label->pending median %s (min %s, max %s); label->success median %s (min %s, max %s); agent %s",
 		n, median(toPending), slices.Min(toPending), slices.Max(toPending), median(toSuccess), slices.Min(toSuccess), slices.Max(toSuccess), rss)
 }
 
@@ -1048,18 +1048,24 @@ func median(d []time.Duration) time.Duration {
 	return ((s[len(s)/2-1] + s[len(s)/2]) / 2).Round(time.Millisecond)
 }
 
-// vmRSS reads VmRSS of pid from /proc.
+// vmRSS reads VmRSS of pid from /proc, with its anonymous and file-backed
+// parts (the latter mostly the binary's own pages).
 func vmRSS(t testing.TB, pid int) string {
 	t.Helper()
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
+	var parts []string
 	for _, l := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			return strings.TrimSpace(v)
+		for _, k := range []string{"VmRSS:", "RssAnon:", "RssFile:"} {
+			if v, ok := strings.CutPrefix(l, k); ok {
+				parts = append(parts, k+" "+strings.TrimSpace(v))
+			}
 		}
 	}
-	t.Fatalf("no VmRSS in /proc/%d/status", pid)
-	return ""
+	if len(parts) == 0 {
+		t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	}
+	return strings.Join(parts, ", ")
 }
