@@ -274,7 +274,6 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		return outRebooting
 	}
 	ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
-	d.Journal.State.Reboots++
 	d.saveJournal()
 	d.holdSlotForReboot(ctx)
 	rec := d.record(ch, StateRebooting, "", d.Clock.Now())
@@ -287,6 +286,7 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		return d.failure(ctx, node, ch, "requesting the reboot failed: "+err.Error(), false, ReasonRebootFailed)
 	}
 	ch.RebootRequested = true
+	d.Journal.State.Reboots++ // counted once it was asked for: see Run
 	d.saveJournal()
 	if d.S.RebootMethod == RebootSim {
 		return outRebooted
