@@ -444,3 +444,27 @@ func TestDBusMount(t *testing.T) {
 		}
 	}
 }
+
+// TestNotes: the text `helm install` prints renders for each case, with no
+// missing value.
+func TestNotes(t *testing.T) {
+	for _, c := range cases {
+		chrt, err := loader.Load(chartDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := common.ReleaseOptions{Name: c.release, Namespace: c.namespace, Revision: 1, IsInstall: true}
+		rv, err := util.ToRenderValuesWithSchemaValidation(chrt, readValues(t, c.name), opts, capabilities(t), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := engine.Render(chrt, rv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		notes := files["mig-agent/templates/NOTES.txt"]
+		if !strings.Contains(notes, "nvidia.com/mig.config=") || strings.Contains(notes, "<no value>") || !strings.Contains(notes, c.namespace) {
+			t.Errorf("%s: NOTES.txt:\n%s", c.name, notes)
+		}
+	}
+}
