@@ -143,9 +143,11 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 		if j.Change != nil {
 			d.abandon(ctx, j.Change, "the desired config label was removed")
 		}
+		// The label is gone: its next value is a new request, acted on at
+		// once (no backoff of an earlier failure), also when it names the
+		// config that is applied (a record follows).
+		d.failing, d.attempts = "", 0
 		if j.Handled != "" {
-			// The label is gone: its next value is a new request, also
-			// when it names the config that is applied (a record follows).
 			j.Handled = ""
 			d.saveJournal()
 		}

@@ -1069,3 +1069,33 @@ func vmRSS(t testing.TB, pid int) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// After a failure that is retried with backoff, removing the label and
+// setting it again is a label change: acted on at once, not after the
+// backoff.
+func TestRelabelSkipsBackoff(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, nil)
+	o := &Opts{Node: node, Extra: []string{"--sim-faults", "CreateGpuInstanceWithPlacement:1=ERROR_INSUFFICIENT_RESOURCES",
+		"--retry-backoff-max", "1m"}}
+	StartAgent(t, o)
+	SelectConfig(t, c, node, "all-balanced")
+	rec := WaitState(t, c, node, agent.StateFailed, "all-balanced", changeTimeout)
+	if !strings.Contains(rec.Reason, "INSUFFICIENT_RESOURCES") {
+		t.Fatalf("reason %q does not name the injected error", rec.Reason)
+	}
+	SetLabel(t, c, node, agent.LabelConfig, "", "")
+	start := time.Now()
+	SelectConfig(t, c, node, "all-balanced")
+	WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	// The first retry would come 5 s after the failure.
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the label set again was acted on after %s, as if it waited for the backoff", took.Round(time.Millisecond))
+	}
+	assertGeometry(t, o, "all-balanced", "")
+	hist := History(t, GetNode(t, c, node))
+	if len(hist) != 2 || hist[0].Result != agent.StateSuccess || hist[1].Result != agent.StateFailed {
+		t.Errorf("history: %+v", hist)
+	}
+}
