@@ -1099,3 +1099,30 @@ func TestRelabelSkipsBackoff(t *testing.T) {
 		t.Errorf("history: %+v", hist)
 	}
 }
+
+// GPUs changed by hand while the agent was down (or instances lost in a
+// reboot) are put back at the next start, with a record.
+func TestRestartRestoresGeometry(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, nil)
+	o := &Opts{Node: node}
+	a := StartAgent(t, o)
+	SelectConfig(t, c, node, "all-balanced")
+	WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	if code := a.Stop(); code != 0 {
+		t.Fatalf("SIGTERM: exit %d", code)
+	}
+	// Someone changes GPUs 0-7 by hand.
+	if _, errOut, code := RunCLI(t, "apply", "--nvml", "sim:"+o.Sim, "--sim-state", o.SimState, "-c", "all-1g.18gb"); code != 0 {
+		t.Fatalf("apply by hand: exit %d: %s", code, errOut)
+	}
+	before := len(History(t, GetNode(t, c, node)))
+	StartAgent(t, o)
+	WaitFor(t, changeTimeout, "a new record", func() bool { return len(History(t, GetNode(t, c, node))) > before })
+	rec := WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	if !slices.Equal(rec.GPUsChanged, []int{0, 1, 2, 3, 4, 5, 6, 7}) || rec.PreviousConfig != "all-balanced" {
+		t.Errorf("record: changed %v previous %q", rec.GPUsChanged, rec.PreviousConfig)
+	}
+	assertGeometry(t, o, "all-balanced", "")
+}
