@@ -1,0 +1,221 @@
+// Command bench measures mig-agent against its targets (`make bench`): the
+// latency from a label to pending and to success on a real kube-apiserver,
+// NVML mutations against the minimum and against a teardown, evictions
+// against the pods on the changed GPU, the agent's memory, and the API
+// requests one idle agent sends. It starts its own API server
+// (hack/kube-apiserver.sh), runs the built binary (bin/mig-agent), prints
+// a table and writes bench-results.json. See docs/bench.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// results is bench-results.json.
+type results struct {
+	Date    string `json:"date"`
+	Commit  string `json:"commit"`
+	Machine string `json:"machine"`
+
+	LabelToPendingMsMedian float64   `json:"labelToPendingMsMedian"`
+	LabelToSuccessMsMedian float64   `json:"labelToSuccessMsMedian"`
+	LabelToPendingMs       []float64 `json:"labelToPendingMs"`
+	LabelToSuccessMs       []float64 `json:"labelToSuccessMs"`
+
+	NVMLMutationsOurs     int                   `json:"nvmlMutationsOurs"`
+	NVMLMutationsMinimum  int                   `json:"nvmlMutationsMinimum"`
+	NVMLMutationsTeardown int                   `json:"nvmlMutationsTeardown"`
+	NVMLTransitions       []transitionMutations `json:"nvmlTransitions"`
+
+	EvictedPodsOneGPUChange int `json:"evictedPodsOneGPUChange"`
+	PodsOnChangedGPU        int `json:"podsOnChangedGPU"`
+	EvictedPodsWholeNode    int `json:"evictedPodsWholeNode"`
+	PodsOnNode              int `json:"podsOnNode"`
+
+	RSSMiB                float64        `json:"rssMiB"`
+	RSSAnonMiB            float64        `json:"rssAnonMiB"`
+	RSSFileMiB            float64        `json:"rssFileMiB"`
+	IdleAPIRequestsPerMin float64        `json:"idleApiRequestsPerMin"`
+	IdleWindowSeconds     float64        `json:"idleWindowSeconds"`
+	IdleRequests          map[string]int `json:"idleRequests"`
+	IdleExcluded          map[string]int `json:"idleExcludedServerInternal"`
+
+	Targets map[string]bool `json:"targets"`
+}
+
+type options struct {
+	agent, script, out string
+	changes            int
+	idle               time.Duration
+	strict             bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.agent, "agent", "bin/mig-agent", "the mig-agent binary to measure")
+	flag.StringVar(&o.script, "apiserver-script", "hack/kube-apiserver.sh", "the script that runs kube-apiserver and etcd")
+	flag.StringVar(&o.out, "o", "bench-results.json", "results file")
+	flag.IntVar(&o.changes, "changes", 20, "label changes timed (all-disabled ↔ all-balanced); the medians are over them")
+	flag.DurationVar(&o.idle, "idle", 5*time.Minute, "how long the idle agent's API requests are counted")
+	flag.BoolVar(&o.strict, "strict", false, "exit 1 when a target is missed")
+	flag.Parse()
+	if err := run(context.Background(), o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options, w io.Writer) error {
+	agentBin, err := filepath.Abs(o.agent)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(agentBin); err != nil {
+		return fmt.Errorf("the agent binary: %w (run make build)", err)
+	}
+	work, err := os.MkdirTemp("", "mig-agent-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	cfgFile := filepath.Join(work, "config.yaml")
+	if err := os.WriteFile(cfgFile, []byte(oneGPUConfig), 0o644); err != nil {
+		return err
+	}
+	r := &results{Date: time.Now().UTC().Format(time.RFC3339), Commit: gitCommit(), Machine: machine(), Targets: map[string]bool{}}
+
+	fmt.Fprintln(os.Stderr, "bench: NVML mutations (in process, simulated H200x8)")
+	mf, err := runMutations(cfgFile)
+	if err != nil {
+		return fmt.Errorf("mutations: %w", err)
+	}
+	r.NVMLMutationsOurs, r.NVMLMutationsMinimum, r.NVMLMutationsTeardown, r.NVMLTransitions = mf.Ours, mf.Minimum, mf.Teardown, mf.PerTransition
+
+	fmt.Fprintln(os.Stderr, "bench: starting kube-apiserver")
+	api, err := startAPIServer(ctx, o.script)
+	if err != nil {
+		return err
+	}
+	defer api.stop()
+	b := &bench{api: api, agentBin: agentBin, work: work, cfgFile: cfgFile}
+
+	fmt.Fprintf(os.Stderr, "bench: %d label changes on sim:h200x8\n", o.changes)
+	idleAgent, err := b.latency(ctx, o.changes, r)
+	if err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	defer idleAgent.stop()
+
+	fmt.Fprintln(os.Stderr, "bench: evictions (8 GPUs, 2 pods each, one GPU changed)")
+	if r.EvictedPodsOneGPUChange, r.PodsOnChangedGPU, r.PodsOnNode, err = b.evictions(ctx, true); err != nil {
+		return fmt.Errorf("evictions: %w", err)
+	}
+	if r.EvictedPodsWholeNode, _, _, err = b.evictions(ctx, false); err != nil {
+		return fmt.Errorf("evictions without PodResources: %w", err)
+	}
+
+	fmt.Fprintf(os.Stderr, "bench: idle agent for %s\n", o.idle)
+	if err := b.idle(ctx, idleAgent, o.idle, r); err != nil {
+		return fmt.Errorf("idle: %w", err)
+	}
+
+	r.Targets["labelToPendingMsMedian<100"] = r.LabelToPendingMsMedian < 100
+	r.Targets["labelToSuccessMsMedian<2000"] = r.LabelToSuccessMsMedian < 2000
+	r.Targets["nvmlMutationsOurs==nvmlMutationsMinimum"] = r.NVMLMutationsOurs == r.NVMLMutationsMinimum
+	r.Targets["evictedPodsOneGPUChange==podsOnChangedGPU"] = r.EvictedPodsOneGPUChange == r.PodsOnChangedGPU
+	r.Targets["rssMiB<50"] = r.RSSMiB < 50
+	r.Targets["idleApiRequestsPerMin<1"] = r.IdleAPIRequestsPerMin < 1
+
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(o.out, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	printTable(w, r)
+	fmt.Fprintf(w, "\nresults written to %s\n", o.out)
+	var missed []string
+	for name, ok := range r.Targets {
+		if !ok {
+			missed = append(missed, name)
+		}
+	}
+	sort.Strings(missed)
+	if len(missed) > 0 && o.strict {
+		return fmt.Errorf("targets missed: %s", strings.Join(missed, ", "))
+	}
+	return nil
+}
+
+func printTable(w io.Writer, r *results) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	verdict := func(ok bool) string {
+		if ok {
+			return "ok"
+		}
+		return "MISSED"
+	}
+	fmt.Fprintln(tw, "measure\tvalue\ttarget\t")
+	fmt.Fprintf(tw, "label → pending (median of %d)\t%.1f ms\t< 100 ms %s\t\n", len(r.LabelToPendingMs), r.LabelToPendingMsMedian, verdict(r.Targets["labelToPendingMsMedian<100"]))
+	fmt.Fprintf(tw, "label → success (median of %d)\t%.1f ms\t< 2000 ms %s\t\n", len(r.LabelToSuccessMs), r.LabelToSuccessMsMedian, verdict(r.Targets["labelToSuccessMsMedian<2000"]))
+	fmt.Fprintf(tw, "NVML mutations, mig-agent (%d transitions)\t%d\t= minimum %s\t\n", len(r.NVMLTransitions), r.NVMLMutationsOurs, verdict(r.Targets["nvmlMutationsOurs==nvmlMutationsMinimum"]))
+	fmt.Fprintf(tw, "NVML mutations, minimum\t%d\t\t\n", r.NVMLMutationsMinimum)
+	fmt.Fprintf(tw, "NVML mutations, teardown (mig-parted)\t%d\t\t\n", r.NVMLMutationsTeardown)
+	fmt.Fprintf(tw, "evicted pods, one GPU of 8 changed\t%d\t= %d pods on it %s\t\n", r.EvictedPodsOneGPUChange, r.PodsOnChangedGPU, verdict(r.Targets["evictedPodsOneGPUChange==podsOnChangedGPU"]))
+	fmt.Fprintf(tw, "evicted pods, whole-node drain\t%d\tof %d on the node\t\n", r.EvictedPodsWholeNode, r.PodsOnNode)
+	fmt.Fprintf(tw, "agent RSS (VmRSS), steady state\t%.1f MiB\t< 50 MiB %s\t\n", r.RSSMiB, verdict(r.Targets["rssMiB<50"]))
+	fmt.Fprintf(tw, "  of it anonymous (heap, stacks)\t%.1f MiB\t\t\n", r.RSSAnonMiB)
+	fmt.Fprintf(tw, "  of it the mapped binary (file)\t%.1f MiB\t\t\n", r.RSSFileMiB)
+	fmt.Fprintf(tw, "API requests of an idle agent\t%.2f /min\t< 1/min %s\t\n", r.IdleAPIRequestsPerMin, verdict(r.Targets["idleApiRequestsPerMin<1"]))
+	_ = tw.Flush()
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func machine() string {
+	cpu := "unknown CPU"
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(l[strings.Index(l, ":")+1:])
+				break
+			}
+		}
+	}
+	n := 0
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		n = strings.Count(string(data), "processor\t:")
+	}
+	return cpu + ", " + strconv.Itoa(n) + " CPUs"
+}
