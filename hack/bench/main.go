@@ -50,7 +50,7 @@ type results struct {
 	IdleAPIRequestsPerMin float64        `json:"idleApiRequestsPerMin"`
 	IdleWindowSeconds     float64        `json:"idleWindowSeconds"`
 	IdleRequests          map[string]int `json:"idleRequests"`
-	IdleExcluded          map[string]int `json:"idleExcludedServerInternal"`
+	IdleExcluded          map[string]int `json:"idleExcluded"`
 
 	Targets map[string]bool `json:"targets"`
 }
