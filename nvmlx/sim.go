@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -45,8 +47,11 @@ type SimOptions struct {
 // ... In use by another client". Ampere: SetMigMode only sets the pending
 // mode (and returns no error); ResetGPU or SimReboot makes it current.
 //
-// One process writes a state file at a time; others may read it. A Sim
-// reads the file once, at NewSim. Methods are safe for concurrent use.
+// A state file is the simulated hardware, shared like real GPUs: every
+// method first re-reads the file when another process replaced it since
+// this Sim last read or wrote it (an `apply` or `sim reboot` beside a
+// running daemon is seen, as NVML would show it). Writes are atomic.
+// Methods are safe for concurrent use.
 type Sim struct {
 	mu      sync.Mutex
 	path    string
@@ -56,6 +61,39 @@ type Sim struct {
 	muts    map[string]int // per operation, successful mutating calls
 	models  []*profiles.Model
 	st      simState
+	stamp   fileStamp // the state file as this Sim last read or wrote it
+}
+
+// fileStamp identifies one version of the state file.
+type fileStamp struct {
+	ino, size int64
+	mtime     time.Time
+}
+
+func stampOf(path string) fileStamp {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}
+	}
+	st := fileStamp{size: fi.Size(), mtime: fi.ModTime()}
+	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+		st.ino = int64(sys.Ino)
+	}
+	return st
+}
+
+// lock takes the mutex and picks up a state file another process wrote.
+// A file that cannot be read back keeps the state in memory.
+func (s *Sim) lock() {
+	s.mu.Lock()
+	if s.path == "" {
+		return
+	}
+	if now := stampOf(s.path); now != s.stamp {
+		if st, err := readSimState(s.path); err == nil && slices.Equal(st.modelKeys(), s.st.modelKeys()) {
+			s.st, s.stamp = st, now
+		}
+	}
 }
 
 var _ GPU = (*Sim)(nil)
@@ -98,7 +136,7 @@ func NewSim(spec string, o SimOptions) (*Sim, error) {
 		return nil, fmt.Errorf("%w: %s holds GPUs %s, the spec asks for %s (use another --sim-state file or remove this one)",
 			ErrSimState, s.path, specOf(st.modelKeys()), specOf(keys))
 	}
-	s.st = st
+	s.st, s.stamp = st, stampOf(s.path)
 	return s, nil
 }
 
@@ -135,6 +173,7 @@ func (s *Sim) commit(next simState) error {
 		if err := writeSimState(s.path, &next); err != nil {
 			return err
 		}
+		s.stamp = stampOf(s.path)
 	}
 	s.st = next
 	return nil
@@ -160,7 +199,7 @@ func (s *Sim) mutate(op string, f func(st *simState) (keep bool, err error)) err
 
 // Devices lists the simulated GPUs.
 func (s *Sim) Devices() ([]Device, error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	out := make([]Device, len(s.st.GPUs))
 	for i, g := range s.st.GPUs {
@@ -189,7 +228,7 @@ func (s *Sim) DriverVersion() (string, error) { return SimDriverVersion, nil }
 
 // Instances lists a GPU's instances, by placement start.
 func (s *Sim) Instances(gpu int) ([]GPUInstance, error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	g, m, err := s.device(&s.st, gpu)
 	if err != nil {
@@ -230,7 +269,7 @@ func findGI(g *simGPU, id int) *simGI {
 
 // SetMigMode sets the MIG mode as the GPU's architecture does (see Sim).
 func (s *Sim) SetMigMode(gpu int, enabled bool) (MigMode, error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.fault(gpu, OpSetMigMode); err != nil {
 		return s.modeOf(gpu), err
@@ -291,7 +330,7 @@ func ofaTotal(m *profiles.Model) int {
 // CreateGPUInstance creates a GPU instance of profileID at placement at.
 func (s *Sim) CreateGPUInstance(gpu, profileID int, at profiles.Placement) (int, error) {
 	const op = OpCreateGpuInstanceWithPlacement
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.fault(gpu, op, OpCreateGpuInstance); err != nil {
 		return 0, err
@@ -347,7 +386,7 @@ func (s *Sim) CreateGPUInstance(gpu, profileID int, at profiles.Placement) (int,
 // instance gi.
 func (s *Sim) CreateComputeInstance(gpu, gi, ciProfileID int) (ComputeInstance, error) {
 	const op = OpCreateComputeInstance
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.fault(gpu, op); err != nil {
 		return ComputeInstance{}, err
@@ -400,7 +439,7 @@ func (s *Sim) CreateComputeInstance(gpu, gi, ciProfileID int) (ComputeInstance, 
 // DestroyComputeInstance destroys compute instance ci of GPU instance gi.
 func (s *Sim) DestroyComputeInstance(gpu, gi, ci int) error {
 	const op = OpComputeInstanceDestroy
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.fault(gpu, op); err != nil {
 		return err
@@ -432,7 +471,7 @@ func (s *Sim) DestroyComputeInstance(gpu, gi, ci int) error {
 // gone first.
 func (s *Sim) DestroyGPUInstance(gpu, gi int) error {
 	const op = OpGpuInstanceDestroy
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.fault(gpu, op); err != nil {
 		return err
@@ -461,7 +500,7 @@ func (s *Sim) DestroyGPUInstance(gpu, gi int) error {
 
 // CanReset is false with --sim-no-reset.
 func (s *Sim) CanReset(gpu int) (bool, string) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if gpu < 0 || gpu >= len(s.st.GPUs) {
 		return false, fmt.Sprintf("no GPU %d", gpu)
@@ -477,7 +516,7 @@ func (s *Sim) CanReset(gpu int) (bool, string) {
 // process is on the GPU and ErrNotSupported with --sim-no-reset.
 func (s *Sim) ResetGPU(gpu int) error {
 	const op = OpResetGpu
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	if err := s.fault(gpu, op); err != nil {
 		return err
@@ -501,7 +540,7 @@ func (s *Sim) ResetGPU(gpu int) error {
 
 // Processes lists the processes on a GPU.
 func (s *Sim) Processes(gpu int) ([]Process, error) {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	g, _, err := s.device(&s.st, gpu)
 	if err != nil {
@@ -518,7 +557,7 @@ func (s *Sim) Close() error { return nil }
 // GI ids start at 1), else on compute instance p.CIID of GPU instance
 // p.GIID, which must exist.
 func (s *Sim) AddProcess(gpu int, p Process) error {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	next := s.st.clone()
 	g, _, err := s.device(&next, gpu)
@@ -542,7 +581,7 @@ func (s *Sim) AddProcess(gpu int, p Process) error {
 
 // RemoveProcess takes process pid off a GPU (persisted).
 func (s *Sim) RemoveProcess(gpu int, pid uint32) error {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	next := s.st.clone()
 	g, _, err := s.device(&next, gpu)
@@ -562,14 +601,14 @@ func (s *Sim) RemoveProcess(gpu int, pid uint32) error {
 // OpGpuInstanceDestroy, OpComputeInstanceDestroy, OpSetMigMode, OpResetGpu)
 // since NewSim.
 func (s *Sim) Mutations() map[string]int {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	return maps.Clone(s.muts)
 }
 
 // BootCount is how many times SimReboot has run on this state.
 func (s *Sim) BootCount() int {
-	s.mu.Lock()
+	s.lock()
 	defer s.mu.Unlock()
 	return s.st.BootCount
 }
