@@ -250,10 +250,11 @@ func (b *bench) waitSuccess(ctx context.Context, node, config string, timeout ti
 	return agent.ChangeRecord{}, fmt.Errorf("node %s: no success on %s within %s", node, config, timeout)
 }
 
-// latency times n label changes (all-disabled ↔ all-balanced, no pods) from
-// the label patch to the pending and success states, seen through a watch.
+// latency times n label changes (all-disabled ↔ all-balanced, no pods),
+// pause apart, from the label patch to the pending and success states, seen
+// through a watch.
 // It returns the agent, left running for the idle measurement.
-func (b *bench) latency(ctx context.Context, n int, r *results) (*proc, error) {
+func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *results) (*proc, error) {
 	c := b.api.client
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
@@ -303,11 +304,15 @@ func (b *bench) latency(ctx context.Context, n int, r *results) (*proc, error) {
 		if i%2 == 1 {
 			target = "all-disabled"
 		}
+		if i > 0 {
+			time.Sleep(pause)
+		}
 		start := time.Now()
 		if err := b.setLabel(ctx, node, target); err != nil {
 			p.stop()
 			return nil, err
 		}
+		r.LabelPatchMs = append(r.LabelPatchMs, ms(time.Since(start)))
 		var pending time.Time
 		timeout := time.After(60 * time.Second)
 	wait:
