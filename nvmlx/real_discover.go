@@ -349,56 +349,5 @@ func realComputeProfiles(p profiles.Profile, static *profiles.Profile) []profile
 		}
 		return out
 	}
-	var out []profiles.ComputeProfile
-	for _, s := range realCISlicesOffered(n.G) {
-		idx := realCIIndexForSlices(s)
-		if idx < 0 {
-			continue
-		}
-		cn := n
-		cn.C = s
-		out = append(out, profiles.ComputeProfile{Name: cn.String(), Index: idx, ID: idx, Slices: s, MaxCount: n.G / s})
-	}
-	return out
-}
-
-// realCISlicesOffered lists the compute instance sizes inside a GPU instance
-// of g slices (MIG user guide, "Compute instance profiles"): a 4g instance
-// offers 1c, 2c and 4c, no 3c. Same rule as the static catalogue's.
-func realCISlicesOffered(g int) []int {
-	switch g {
-	case 1:
-		return []int{1}
-	case 2:
-		return []int{1, 2}
-	case 3:
-		return []int{1, 2, 3}
-	case 4:
-		return []int{1, 2, 4}
-	case 7:
-		return []int{1, 2, 3, 4, 7}
-	}
-	return []int{1, g}
-}
-
-// realCIIndexForSlices is NVML's compute instance profile index for a size
-// (COMPUTE_INSTANCE_PROFILE_*_SLICE), -1 where NVML has none.
-func realCIIndexForSlices(s int) int {
-	switch s {
-	case 1:
-		return nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE
-	case 2:
-		return nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE
-	case 3:
-		return nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE
-	case 4:
-		return nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE
-	case 6:
-		return nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE
-	case 7:
-		return nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE
-	case 8:
-		return nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE
-	}
-	return -1
+	return profiles.StandardComputeProfiles(n)
 }

@@ -62,28 +62,34 @@ func ciSlicesOffered(g int) []int {
 	return []int{1, g}
 }
 
+// StandardComputeProfiles is NVIDIA's set of compute instance profiles
+// inside a GPU instance profile named gi: for a GI of g slices, one per
+// offered size s with MaxCount g/s, named "<s>c.<gi>" ("1c.3g.71gb"), the
+// full one named like the GI itself; the id is NVML's profile index. NVML
+// lists compute profiles only through an existing GPU instance, so the
+// catalogue and the real backend both take them from here.
+func StandardComputeProfiles(gi Name) []ComputeProfile {
+	var cps []ComputeProfile
+	for _, s := range ciSlicesOffered(gi.G) {
+		idx := ciIndexForSlices(s)
+		if idx < 0 {
+			continue
+		}
+		cn := gi
+		cn.C = s
+		cps = append(cps, ComputeProfile{Name: cn.String(), Index: idx, ID: idx, Slices: s, MaxCount: gi.G / s})
+	}
+	return cps
+}
+
 // withComputeProfiles fills every GPU instance profile's ComputeProfiles
-// from its name: for a GI of g slices, one compute profile per offered size
-// s with MaxCount g/s, named "<s>c.<gi name>" ("1c.3g.71gb"), the full one
-// named like the GI itself.
+// with StandardComputeProfiles.
 func withComputeProfiles(m Model) Model {
 	for i := range m.Catalogue.Profiles {
 		p := &m.Catalogue.Profiles[i]
-		n, err := Parse(p.Name)
-		if err != nil {
-			continue // models_test catches a bad name
+		if n, err := Parse(p.Name); err == nil { // models_test catches a bad name
+			p.ComputeProfiles = StandardComputeProfiles(n)
 		}
-		var cps []ComputeProfile
-		for _, s := range ciSlicesOffered(n.G) {
-			idx := ciIndexForSlices(s)
-			if idx < 0 {
-				continue
-			}
-			cn := n
-			cn.C = s
-			cps = append(cps, ComputeProfile{Name: cn.String(), Index: idx, ID: idx, Slices: s, MaxCount: n.G / s})
-		}
-		p.ComputeProfiles = cps
 	}
 	return m
 }
