@@ -73,52 +73,49 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.ready.Store(true)
 	_ = d.notify().Ready()
 	d.event(ctx, d.node(lister), corev1.EventTypeNormal, "MigAgentStarted", fmt.Sprintf("mig-agent %s started", d.Version))
+	return d.loop(ctx, trigger, func() *corev1.Node { return d.node(lister) }, nil)
+}
 
+// loop reconciles at start, on every trigger (the desired label changed),
+// when a retry is due and on every drift tick, until ctx ends or an
+// outcome ends the process. afterFirst runs once the first pass is done.
+func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() *corev1.Node, afterFirst func()) error {
 	drift := d.ticker(d.S.DriftInterval)
 	var retry <-chan time.Time
-	first := true
+	started := false // the first pass that saw our Node (it may appear later)
+	pass := func(n *corev1.Node, isRetry bool) outcome {
+		if d.Kube != nil && n == nil {
+			return outSuccess // our Node is not in the cache (yet)
+		}
+		start := !started
+		started = true
+		return d.reconcile(ctx, n, start, isRetry)
+	}
+	oc := pass(node(), false)
+	if afterFirst != nil && oc != outRebooted && oc != outParked {
+		afterFirst()
+	}
 	for {
-		node := d.node(lister)
-		if node != nil {
-			oc := d.reconcile(ctx, node, first, false)
-			first = false
-			switch oc {
-			case outRebooted:
-				return ErrExitAfterReboot
-			case outParked:
-				return nil
-			case outRetry:
-				retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
-			default:
-				retry = nil
-			}
+		switch oc {
+		case outRebooted:
+			return ErrExitAfterReboot
+		case outParked:
+			return nil
+		case outRetry:
+			retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-trigger:
+			if oc = pass(node(), false); oc != outRetry {
+				retry = nil // a new request supersedes the pending retry
+			}
 		case <-retry:
 			retry = nil
-			if n := d.node(lister); n != nil {
-				if oc := d.reconcile(ctx, n, false, true); oc == outRetry {
-					retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
-				} else if oc == outRebooted {
-					return ErrExitAfterReboot
-				} else if oc == outParked {
-					return nil
-				}
-			}
-			continue
+			oc = pass(node(), true)
 		case <-drift:
-			switch d.checkDrift(ctx, d.node(lister)) {
-			case outRebooted:
-				return ErrExitAfterReboot
-			case outParked:
-				return nil
-			case outRetry:
-				retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
-			}
-			continue
+			oc = d.checkDrift(ctx, node())
 		}
 	}
 }
@@ -203,35 +200,13 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) outcome {
 	return outSuccess
 }
 
-// runStandalone applies the selected config and holds it.
+// runStandalone applies the selected config and holds it. READY=1 is sent
+// only once the geometry is applied (or the first attempt failed, with the
+// reason in STATUS): units ordered after this one, the kubelet and its
+// device plugin, start on the right geometry.
 func (d *Daemon) runStandalone(ctx context.Context) error {
-	drift := d.ticker(d.S.DriftInterval)
-	var retry <-chan time.Time
-	oc := d.reconcile(ctx, nil, true, false)
-	if oc != outRebooted && oc != outParked {
-		// READY=1 only once the geometry is applied (or the first attempt
-		// failed, with the reason in STATUS): units ordered after this one,
-		// the kubelet and its device plugin, start on the right geometry.
+	return d.loop(ctx, nil, func() *corev1.Node { return nil }, func() {
 		d.ready.Store(true)
 		_ = d.notify().Ready()
-	}
-	for {
-		switch oc {
-		case outRebooted:
-			return ErrExitAfterReboot
-		case outParked:
-			return nil
-		case outRetry:
-			retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-retry:
-			retry = nil
-			oc = d.reconcile(ctx, nil, false, true)
-		case <-drift:
-			oc = d.checkDrift(ctx, nil)
-		}
-	}
+	})
 }
