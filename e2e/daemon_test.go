@@ -754,7 +754,7 @@ func TestSIGTERM(t *testing.T) {
 		t.Fatalf("SIGTERM mid-change: exit code %d, want 0", code)
 	}
 	t.Logf("SIGTERM mid-change: exited after %s", time.Since(stopped).Round(time.Millisecond))
-	a = StartAgent(t, o)
+	StartAgent(t, o)
 	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", changeTimeout)
 	if !slices.Equal(rec.GPUsChanged, []int{0, 1, 2, 3, 4, 5, 6, 7}) || rec.PreviousConfig != "all-balanced" {
 		t.Errorf("record after the interrupted change: changed %v previous %q", rec.GPUsChanged, rec.PreviousConfig)
