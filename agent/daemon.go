@@ -424,23 +424,49 @@ func indices(p *geometry.Plan) (changed, untouched []int) {
 // UUID) and MIG devices whose GPU instance is destroyed.
 func targets(n *Node, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 	for _, gp := range p.GPUs {
-		if gp.Action != geometry.ActionChange {
-			continue
-		}
-		dev, insts, ok := n.Device(gp.Index)
-		if !ok {
-			continue
-		}
-		gpuUUIDs = append(gpuUUIDs, dev.UUID)
-		for _, in := range gp.Destroy {
-			if gi, ok := findGI(insts, in.ProfileID, in.Start); ok {
-				for _, ci := range gi.ComputeInstances {
-					migUUIDs = append(migUUIDs, ci.UUID)
-				}
+		g, m := targetsOf(n, gp)
+		gpuUUIDs, migUUIDs = append(gpuUUIDs, g...), append(migUUIDs, m...)
+	}
+	return gpuUUIDs, migUUIDs
+}
+
+// targetsOf is targets for one GPU's plan.
+func targetsOf(n *Node, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
+	if gp.Action != geometry.ActionChange {
+		return nil, nil
+	}
+	dev, insts, ok := n.Device(gp.Index)
+	if !ok {
+		return nil, nil
+	}
+	gpuUUIDs = append(gpuUUIDs, dev.UUID)
+	for _, in := range gp.Destroy {
+		if gi, ok := findGI(insts, in.ProfileID, in.Start); ok {
+			for _, ci := range gi.ComputeInstances {
+				migUUIDs = append(migUUIDs, ci.UUID)
 			}
 		}
 	}
 	return gpuUUIDs, migUUIDs
+}
+
+// PreviewEvictions fills each changing GPU's Evict with the pods the change
+// would evict, as the daemon would find them; it returns how they were
+// found (PodResources, or every GPU pod of the node and why).
+func PreviewEvictions(ctx context.Context, d Disruptor, n *Node, p *geometry.Plan) (string, error) {
+	how := ""
+	for i, gp := range p.GPUs {
+		gpus, migs := targetsOf(n, gp)
+		if len(gpus) == 0 {
+			continue
+		}
+		pods, h, err := d.Affected(ctx, gpus, migs)
+		if err != nil {
+			return "", fmt.Errorf("GPU %d: %w", gp.Index, err)
+		}
+		p.GPUs[i].Evict, how = pods, h
+	}
+	return how, nil
 }
 
 // strayProcesses lists NVML processes on what the plan takes away.

@@ -103,6 +103,9 @@ func WritePlanText(w io.Writer, p *geometry.Plan) error {
 		for _, in := range g.Create {
 			fmt.Fprintf(&b, "  create  %s@%d\n", displayName(in), in.Start)
 		}
+		for _, pod := range g.Evict {
+			fmt.Fprintf(&b, "  evict   %s\n", pod)
+		}
 	}
 	if p.RebootNeeded {
 		b.WriteString("reboot needed: a MIG mode change cannot take effect without one (GPU reset unavailable)\n")

@@ -87,6 +87,9 @@ type GPUPlan struct {
 	// Desired is the full geometry the GPU has once the plan is applied.
 	Desired    []Instance `json:"-"`
 	MigEnabled bool       `json:"migEnabled"`
+	// Evict lists the pods ("namespace/name") the change would evict; only
+	// callers that can see the node's pods fill it (`plan --node-name`).
+	Evict []string `json:"evict,omitempty"`
 }
 
 // Plan is the planned change of a node.

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/migagent/mig-agent/agent"
@@ -159,7 +162,7 @@ func buildPlan(f *agent.ConfigFile, name string, n *agent.Node) (*geometry.Plan,
 }
 
 func planCmd() *cobra.Command {
-	var file, name, format, strategy string
+	var file, name, format, strategy, kubeconfig, nodeName, socket string
 	c := &cobra.Command{
 		Use:   "plan -f FILE -c NAME",
 		Short: "Dry run: the steps apply would take on each GPU; changes nothing",
@@ -187,6 +190,11 @@ func planCmd() *cobra.Command {
 				for _, w := range plan.Warnings {
 					log.Warn("config warning", "config", name, "warning", w)
 				}
+				if nodeName != "" {
+					if err := previewEvictions(cmd.Context(), log, kubeconfig, nodeName, socket, n, plan); err != nil {
+						return err
+					}
+				}
 				if format == "json" {
 					return output(cmd.OutOrStdout(), "json", plan)
 				}
@@ -197,7 +205,35 @@ func planCmd() *cobra.Command {
 	configFlags(c, &file, &name)
 	c.Flags().StringVarP(&format, "output", "o", "text", "text or json")
 	c.Flags().StringVar(&strategy, "strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+agent.LabelStrategy)
+	c.Flags().StringVar(&nodeName, "node-name", "", "also list the pods each GPU's change would evict on this Node")
+	c.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --node-name (default $KUBECONFIG, else in-cluster)")
+	c.Flags().StringVar(&socket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket for --node-name")
 	return c
+}
+
+// previewEvictions fills the plan with the pods each GPU's change would
+// evict, found as the daemon finds them.
+func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, socket string, n *agent.Node, plan *geometry.Plan) error {
+	if kubeconfig == "" {
+		kubeconfig = os.Getenv("KUBECONFIG")
+	}
+	cfg, err := kubeConfig(kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes client config: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	d := &agent.KubeDisruptor{Client: client, Log: log, Node: node, S: &agent.Settings{PodResourcesSocket: socket}}
+	how, err := agent.PreviewEvictions(ctx, d, n, plan)
+	if err != nil {
+		return fmt.Errorf("listing the pods the change would evict: %w", err)
+	}
+	if how != "" {
+		log.Info("pods found", "how", how)
+	}
+	return nil
 }
 
 // checkStrategy checks config name against a MIG strategy ("" checks
