@@ -946,6 +946,15 @@ func TestMetricsAfterChange(t *testing.T) {
 	if got := metricValue(t, text, "migagent_geometry_drift", nil); got != 0 {
 		t.Errorf("migagent_geometry_drift = %v", got)
 	}
+	for name, want := range map[string]float64{"migagent_evicted_pods_total": 0, "migagent_reboots_total": 0, "migagent_nvml_up": 1} {
+		if got := metricValue(t, text, name, nil); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	if bi := metricFamilies(t, text)["migagent_build_info"]; bi == nil || len(bi.GetMetric()) != 1 || bi.GetMetric()[0].GetGauge().GetValue() != 1 ||
+		len(bi.GetMetric()[0].GetLabel()) != 2 {
+		t.Errorf("migagent_build_info: %v", bi)
+	}
 	if got := metricValue(t, text, "migagent_last_success_timestamp_seconds", nil); got < float64(rec.StartedAt.Unix()) {
 		t.Errorf("migagent_last_success_timestamp_seconds = %v, the change started at %d", got, rec.StartedAt.Unix())
 	}
