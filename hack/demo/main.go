@@ -101,6 +101,7 @@ func run(ctx context.Context, bin string) error {
 		return err
 	}
 	defer w.Stop()
+	state := "" // the state label as last printed
 	for _, config := range []string{"all-balanced", "all-1g.18gb"} {
 		say("labelling the node %s=%s", agent.LabelConfig, config)
 		t0 := time.Now()
@@ -109,7 +110,7 @@ func run(ctx context.Context, bin string) error {
 		if _, err := c.CoreV1().Nodes().Patch(ctx, node, types.ApplyPatchType, []byte(patch), metav1.PatchOptions{FieldManager: "platform-team", Force: &force}); err != nil {
 			return err
 		}
-		rec, err := follow(ctx, w, config, t0)
+		rec, err := follow(ctx, w, config, t0, &state)
 		if err != nil {
 			return err
 		}
@@ -145,9 +146,9 @@ func run(ctx context.Context, bin string) error {
 	return nil
 }
 
-// follow prints state transitions until the record for config is final.
-func follow(ctx context.Context, w watch.Interface, config string, t0 time.Time) (agent.ChangeRecord, error) {
-	last := ""
+// follow prints state transitions until the record for config is final;
+// last is the state printed before.
+func follow(ctx context.Context, w watch.Interface, config string, t0 time.Time, last *string) (agent.ChangeRecord, error) {
 	timeout := time.After(60 * time.Second)
 	for {
 		select {
@@ -164,9 +165,9 @@ func follow(ctx context.Context, w watch.Interface, config string, t0 time.Time)
 				continue
 			}
 			state := n.Labels[agent.LabelState]
-			if state != last {
+			if state != *last {
 				fmt.Printf("    +%6dms  %s=%s\n", time.Since(t0).Milliseconds(), agent.LabelState, state)
-				last = state
+				*last = state
 			}
 			var rec agent.ChangeRecord
 			_ = json.Unmarshal([]byte(n.Annotations[agent.AnnotationLastChange]), &rec)
