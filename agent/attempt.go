@@ -27,9 +27,10 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 	fail := func(reason string, retryable bool, evReason string) outcome {
 		if ctx.Err() != nil {
 			// Shutting down (SIGTERM, perhaps the machine going down for the
-			// reboot this change asked for) is no failure: the journal keeps
-			// the change, the next start resumes it.
-			d.Log.Info("shutting down mid-change; the journal resumes it at the next start", "config", ch.Config, "phase", ch.Phase, "interrupted", reason)
+			// reboot this change asked for) or a newer desired config is no
+			// failure: the journal keeps the change; the next pass (or start)
+			// resumes it, or undoes its pause and taint for the newer one.
+			d.Log.Info("interrupted mid-change; the journal keeps it", "config", ch.Config, "phase", ch.Phase, "interrupted", reason)
 			return outParked
 		}
 		if j.Change == nil {
@@ -110,7 +111,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 		return d.success(ctx, node, ch, plan, nil, "config already applied; nothing changed", ReasonUnchanged)
 	}
 	if ch.Phase == PhasePending {
-		j.Change = ch
+		// The GPUs are no longer known to hold the handled config: whatever
+		// the label says next, even that config again, is acted on.
+		j.Change, j.Handled = ch, ""
 		d.saveJournal()
 		d.setState(ctx, StatePending)
 		d.event(ctx, node, corev1.EventTypeNormal, ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched", desired, ch.GPUsChanged, ch.GPUsUntouched))
@@ -281,7 +284,9 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
 	d.Metrics.IncReboots()
 	_ = d.notify().Status("rebooting for the MIG mode change on GPUs %v", applied.RebootGPUs)
-	if err := d.Reboot.Reboot(ctx, "mig-agent: MIG mode change of config "+ch.Config); err != nil {
+	// The request is not cancelled by a newer label or a shutdown: it is
+	// journaled as made, and made at most once.
+	if err := d.Reboot.Reboot(context.WithoutCancel(ctx), "mig-agent: MIG mode change of config "+ch.Config); err != nil {
 		// Never retried by itself: a reboot is requested at most once.
 		return d.failure(ctx, node, ch, "requesting the reboot failed: "+err.Error(), false, ReasonRebootFailed)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +57,9 @@ type Daemon struct {
 	published string
 	// crashSaves counts journal saves for the crash test hook (testhook.go).
 	crashSaves int
+
+	mu         sync.Mutex
+	cancelPass context.CancelFunc // stops the reconcile pass in progress
 }
 
 // ErrExitAfterReboot is returned by Run when the sim reboot method
@@ -204,8 +208,29 @@ func planChanges(p *geometry.Plan) bool {
 func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 	d.Log.Info("abandoning unfinished change", "config", ch.Config, "why", why)
 	d.restore(ctx, ch)
-	d.Journal.State.Change = nil
+	d.Journal.State.Change, d.Journal.State.Handled = nil, ""
 	d.saveJournal()
+	if d.Kube == nil {
+		return
+	}
+	// The trail shows the request that never finished, and why. The state
+	// label is left to the request that follows.
+	rec := d.record(ch, StateFailed, "abandoned: "+why, d.Clock.Now())
+	ctx = context.WithoutCancel(ctx)
+	err := d.retryAPI(ctx, func() error {
+		node, err := d.Kube.GetNode(ctx)
+		if err != nil {
+			return err
+		}
+		state := node.Labels[LabelState]
+		if state == "" {
+			state = StatePending
+		}
+		return d.Kube.Record(ctx, node, rec, state)
+	})
+	if err != nil {
+		d.Log.Error("writing the change record failed", "err", err)
+	}
 }
 
 // restore starts stopped units, restores operand labels and removes the

@@ -50,6 +50,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		AddFunc: func(any) { poke() },
 		UpdateFunc: func(oldObj, newObj any) {
 			o, n := oldObj.(*corev1.Node), newObj.(*corev1.Node)
+			if o.Labels[LabelConfig] != n.Labels[LabelConfig] {
+				// Never keep acting on a stale value: a change still
+				// draining for the old one stops.
+				d.supersede()
+			}
 			if o.Labels[LabelConfig] != n.Labels[LabelConfig] || o.Labels[LabelStrategy] != n.Labels[LabelStrategy] {
 				poke()
 			}
@@ -89,7 +94,15 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 		}
 		start := !started
 		started = true
-		return d.reconcile(ctx, n, start, isRetry)
+		pctx, cancel := context.WithCancel(ctx)
+		d.setSupersede(cancel)
+		defer func() { d.setSupersede(nil); cancel() }()
+		oc := d.reconcile(pctx, n, start, isRetry)
+		if oc == outParked && ctx.Err() == nil {
+			d.Log.Info("a newer desired config supersedes the change in progress")
+			return outSuccess // the trigger that cancelled it is pending
+		}
+		return oc
 	}
 	oc := pass(node(), false)
 	if afterFirst != nil && oc != outRebooted && oc != outParked {
@@ -118,6 +131,23 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 			oc = d.checkDrift(ctx, node())
 		}
 	}
+}
+
+// setSupersede registers how to stop the pass in progress (nil: none).
+func (d *Daemon) setSupersede(cancel context.CancelFunc) {
+	d.mu.Lock()
+	d.cancelPass = cancel
+	d.mu.Unlock()
+}
+
+// supersede stops the pass in progress, if any, where it can stop safely
+// (waiting for evictions or for a rollout slot); NVML steps run to the end.
+func (d *Daemon) supersede() {
+	d.mu.Lock()
+	if d.cancelPass != nil {
+		d.cancelPass()
+	}
+	d.mu.Unlock()
 }
 
 func (d *Daemon) node(l interface {
