@@ -25,7 +25,7 @@ func TestNewerLabelSupersedesADrainingChange(t *testing.T) {
 	SelectConfig(t, c, o.Node, "gpu1-mig")
 	WaitFor(t, 20*time.Second, "the change draining (node tainted)", func() bool { return disTainted(GetNode(t, c, o.Node)) })
 	start := time.Now()
-	SelectConfig(t, c, o.Node, "all-1g.18gb") // changes GPU 0 and 1; the guarded pod is on GPU 1…
+	SelectConfig(t, c, o.Node, "all-1g.18gb")  // changes GPU 0 and 1; the guarded pod is on GPU 1…
 	SelectConfig(t, c, o.Node, "all-disabled") // …and then the user changes their mind again
 	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
 	if took := time.Since(start); took > 60*time.Second {
