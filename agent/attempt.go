@@ -108,7 +108,7 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 	if !planChanges(plan) && ch.Phase == PhasePending {
 		// Already applied: success without touching a GPU or a pod.
 		ch.GPUsChanged, ch.GPUsUntouched = []int{}, allIndices(plan)
-		return d.success(ctx, node, ch, plan, nil, "config already applied; nothing changed", ReasonUnchanged)
+		return d.success(ctx, node, ch, plan, n, nil, "config already applied; nothing changed", ReasonUnchanged)
 	}
 	if ch.Phase == PhasePending {
 		// The GPUs are no longer known to hold the handled config: whatever
@@ -270,7 +270,7 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
 		d.saveJournal()
 		d.holdSlotForReboot(ctx)
-		rec := d.record(ch, StateRebooting, "", d.Clock.Now())
+		rec := d.record(ch, StateRebooting, "", d.Clock.Now(), applied.Node)
 		d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 			fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; --reboot-method none: waiting for someone to reboot the node", applied.RebootGPUs))
 		_ = d.notify().Status("waiting for reboot")
@@ -279,7 +279,7 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 	ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
 	d.saveJournal()
 	d.holdSlotForReboot(ctx)
-	rec := d.record(ch, StateRebooting, "", d.Clock.Now())
+	rec := d.record(ch, StateRebooting, "", d.Clock.Now(), applied.Node)
 	d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
 	d.Metrics.IncReboots()
@@ -345,12 +345,12 @@ func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan
 		}
 	}
 	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
-	return d.success(ctx, node, ch, plan, converged, msg, ReasonApplied)
+	return d.success(ctx, node, ch, plan, applied.Node, converged, msg, ReasonApplied)
 }
 
-func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, converged *bool, msg, reason string) outcome {
+func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, n *Node, converged *bool, msg, reason string) outcome {
 	now := d.Clock.Now()
-	rec := d.record(ch, StateSuccess, "", now)
+	rec := d.record(ch, StateSuccess, "", now, n)
 	rec.ResourcesConverged = converged
 	// Metrics first: whoever sees the state label finds them current.
 	d.Metrics.ObserveReconfiguration(StateSuccess, now.Sub(ch.StartedAt))

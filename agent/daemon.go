@@ -215,7 +215,7 @@ func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 	}
 	// The trail shows the request that never finished, and why. The state
 	// label is left to the request that follows.
-	rec := d.record(ch, StateFailed, "abandoned: "+why, d.Clock.Now())
+	rec := d.record(ch, StateFailed, "abandoned: "+why, d.Clock.Now(), nil)
 	ctx = context.WithoutCancel(ctx)
 	err := d.retryAPI(ctx, func() error {
 		node, err := d.Kube.GetNode(ctx)
@@ -303,7 +303,7 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 		d.restore(ctx, ch)
 	}
 	now := d.Clock.Now()
-	rec := d.record(ch, StateFailed, reason, now)
+	rec := d.record(ch, StateFailed, reason, now, nil)
 	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", retryable)
 	// Metrics first: whoever sees the state label finds them current.
 	d.Metrics.ObserveReconfiguration(StateFailed, now.Sub(rec.StartedAt))
@@ -328,8 +328,9 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 	return outRetry
 }
 
-// record builds the audit record of the change.
-func (d *Daemon) record(ch *Change, result, reason string, now time.Time) ChangeRecord {
+// record builds the audit record of the change, with the geometry of n (the
+// GPUs as just read; nil reads them now).
+func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Node) ChangeRecord {
 	rec := ChangeRecord{Result: result, Reason: reason, FinishedAt: now.UTC(), AgentVersion: d.Version,
 		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
 	if drv, err := d.GPU.DriverVersion(); err == nil {
@@ -351,7 +352,12 @@ func (d *Daemon) record(ch *Change, result, reason string, now time.Time) Change
 			rec.EvictedPods = ch.Evicted
 		}
 	}
-	if n, err := d.discover(); err == nil { // refreshes the GPU metrics too
+	if n == nil {
+		n, _ = d.discover() // refreshes the GPU metrics too
+	} else {
+		d.Metrics.SetGPUs(metricGPUs(n))
+	}
+	if n != nil {
 		rec.Geometry = n.GeometryOf()
 	}
 	return rec

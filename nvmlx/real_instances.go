@@ -346,13 +346,9 @@ func (g *realGPU) DestroyComputeInstance(i, giID, ciID int) error {
 	if err := g.open(op); err != nil {
 		return err
 	}
-	dev, err := g.device(i)
+	gi, err := g.gpuInstanceByID(i, giID)
 	if err != nil {
 		return err
-	}
-	gi, ret := dev.GetGpuInstanceById(giID)
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("GPU instance %d: %w", giID, realError("GetGpuInstanceById", i, ret))
 	}
 	ci, ret := gi.GetComputeInstanceById(ciID)
 	if ret != nvml.SUCCESS {
@@ -375,13 +371,9 @@ func (g *realGPU) DestroyGPUInstance(i, giID int) error {
 	if err := g.open(op); err != nil {
 		return err
 	}
-	dev, err := g.device(i)
+	gi, err := g.gpuInstanceByID(i, giID)
 	if err != nil {
 		return err
-	}
-	gi, ret := dev.GetGpuInstanceById(giID)
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("GPU instance %d: %w", giID, realError("GetGpuInstanceById", i, ret))
 	}
 	if ret := gi.Destroy(); ret != nvml.SUCCESS {
 		return fmt.Errorf("GPU instance %d: %w", giID, realError(op, i, ret))
@@ -452,4 +444,17 @@ func realInstanceID(id uint32) int {
 		return -1
 	}
 	return int(id)
+}
+
+// gpuInstanceByID finds GPU instance giID of GPU i (the caller holds g.mu).
+func (g *realGPU) gpuInstanceByID(i, giID int) (nvml.GpuInstance, error) {
+	dev, err := g.device(i)
+	if err != nil {
+		return nil, err
+	}
+	gi, ret := dev.GetGpuInstanceById(giID)
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("GPU instance %d: %w", giID, realError("GetGpuInstanceById", i, ret))
+	}
+	return gi, nil
 }

@@ -439,31 +439,18 @@ func (s *Sim) CreateComputeInstance(gpu, gi, ciProfileID int) (ComputeInstance, 
 // DestroyComputeInstance destroys compute instance ci of GPU instance gi.
 func (s *Sim) DestroyComputeInstance(gpu, gi, ci int) error {
 	const op = OpComputeInstanceDestroy
-	s.lock()
-	defer s.mu.Unlock()
-	if err := s.fault(gpu, op); err != nil {
-		return err
-	}
-	return s.mutate(op, func(st *simState) (bool, error) {
-		g, _, err := s.device(st, gpu)
-		if err != nil {
-			return false, err
-		}
-		x := findGI(g, gi)
-		if x == nil {
-			return false, nvErr("GetGpuInstanceById", gpu, "ERROR_NOT_FOUND", "no GPU instance %d", gi)
-		}
+	return s.onGI(op, gpu, gi, func(g *simGPU, x *simGI) error {
 		i := slices.IndexFunc(x.ComputeInstances, func(c simCI) bool { return c.ID == ci })
 		if i < 0 {
-			return false, nvErr("GetComputeInstanceById", gpu, "ERROR_NOT_FOUND", "no compute instance %d in GPU instance %d", ci, gi)
+			return nvErr("GetComputeInstanceById", gpu, "ERROR_NOT_FOUND", "no compute instance %d in GPU instance %d", ci, gi)
 		}
 		for _, p := range g.Processes {
 			if p.GIID == gi && p.CIID == ci {
-				return false, nvErr(op, gpu, "ERROR_IN_USE", "process %d runs on compute instance %d of GPU instance %d", p.PID, ci, gi)
+				return nvErr(op, gpu, "ERROR_IN_USE", "process %d runs on compute instance %d of GPU instance %d", p.PID, ci, gi)
 			}
 		}
 		x.ComputeInstances = slices.Delete(x.ComputeInstances, i, i+1)
-		return false, nil
+		return nil
 	})
 }
 
@@ -471,6 +458,24 @@ func (s *Sim) DestroyComputeInstance(gpu, gi, ci int) error {
 // gone first.
 func (s *Sim) DestroyGPUInstance(gpu, gi int) error {
 	const op = OpGpuInstanceDestroy
+	return s.onGI(op, gpu, gi, func(g *simGPU, x *simGI) error {
+		for _, p := range g.Processes {
+			if p.GIID == gi {
+				return nvErr(op, gpu, "ERROR_IN_USE", "process %d runs on GPU instance %d", p.PID, gi)
+			}
+		}
+		if n := len(x.ComputeInstances); n > 0 {
+			return nvErr(op, gpu, "ERROR_IN_USE", "GPU instance %d still has %d compute instances", gi, n)
+		}
+		g.Instances = slices.DeleteFunc(g.Instances, func(y simGI) bool { return y.ID == gi })
+		return nil
+	})
+}
+
+// onGI runs destroy-like operation op on GPU instance gi of GPU gpu: an
+// injected fault first, then f on a copy of the state, committed when f
+// succeeds.
+func (s *Sim) onGI(op string, gpu, gi int, f func(g *simGPU, x *simGI) error) error {
 	s.lock()
 	defer s.mu.Unlock()
 	if err := s.fault(gpu, op); err != nil {
@@ -485,16 +490,7 @@ func (s *Sim) DestroyGPUInstance(gpu, gi int) error {
 		if x == nil {
 			return false, nvErr("GetGpuInstanceById", gpu, "ERROR_NOT_FOUND", "no GPU instance %d", gi)
 		}
-		for _, p := range g.Processes {
-			if p.GIID == gi {
-				return false, nvErr(op, gpu, "ERROR_IN_USE", "process %d runs on GPU instance %d", p.PID, gi)
-			}
-		}
-		if n := len(x.ComputeInstances); n > 0 {
-			return false, nvErr(op, gpu, "ERROR_IN_USE", "GPU instance %d still has %d compute instances", gi, n)
-		}
-		g.Instances = slices.DeleteFunc(g.Instances, func(y simGI) bool { return y.ID == gi })
-		return false, nil
+		return false, f(g, x)
 	})
 }
 
