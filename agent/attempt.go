@@ -149,6 +149,16 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 			return fail("stopping host GPU clients: "+err.Error(), true, ReasonFailed)
 		}
 	}
+	if d.Disrupt != nil && node != nil && d.S.RestartDevicePlugin && ch.Phase != PhaseApplying && ch.StalePlugins == nil {
+		// The device plugin pods running now read the old geometry: the
+		// ones still running when the change is done are restarted.
+		var pods []string
+		err := d.retryAPI(ctx, func() (err error) { pods, err = d.Disrupt.DevicePlugins(ctx); return err })
+		if err != nil {
+			return fail("listing the device plugin pods: "+err.Error(), true, ReasonFailed)
+		}
+		ch.StalePlugins = pods
+	}
 	ch.Phase = PhaseApplying
 	d.saveJournal()
 	var release func() error
@@ -322,30 +332,75 @@ func (d *Daemon) holdSlotForReboot(ctx context.Context) {
 	}
 }
 
-// finish restores, waits for resources, and records success.
+// finish restores, refreshes the device plugin, waits for resources, and
+// records success.
 func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, applied *Applied) outcome {
 	ch.Phase = PhaseRestoring
 	d.saveJournal()
 	d.restore(ctx, ch)
-	var converged *bool
-	if d.Disrupt != nil && d.S.ResourceWaitTimeout > 0 && node != nil {
-		want, err := ExpectedResources(node.Labels[LabelStrategy], applied.Node)
-		if err != nil {
-			d.Log.Warn("computing the expected resources failed", "err", err)
+	converged, failed := d.refresh(ctx, node, ch, applied.Node)
+	if failed != "" {
+		if ctx.Err() != nil {
+			d.Log.Info("interrupted while refreshing the device plugin; the journal keeps the change", "config", ch.Config)
+			return outParked
 		}
-		_ = d.notify().Status("waiting for the device plugin to advertise the new resources")
-		ok, err := d.Disrupt.WaitResources(ctx, want, d.S.ResourceWaitTimeout)
-		if err != nil {
-			d.Log.Warn("waiting for resources failed", "err", err)
-		}
-		converged = &ok
-		if !ok {
-			d.event(ctx, node, corev1.EventTypeWarning, ReasonResourcesTimeout,
-				fmt.Sprintf("the Node's allocatable did not show %v within %s", want, d.S.ResourceWaitTimeout))
-		}
+		return d.failure(ctx, node, ch, failed, true, ReasonResourcesTimeout)
 	}
 	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
 	return d.success(ctx, node, ch, plan, applied.Node, converged, msg, ReasonApplied)
+}
+
+// refresh makes the device plugin see the new MIG devices (it reads them
+// only when it starts: its pods that read the old geometry are restarted)
+// and waits up to --resource-wait-timeout until the Node's allocatable shows
+// exactly the new geometry's resources. It returns whether they converged
+// (nil: not awaited) or, when they did not, the failure reason: the change
+// stays journaled, and its retry restarts the device plugin again.
+func (d *Daemon) refresh(ctx context.Context, node *corev1.Node, ch *Change, n *Node) (converged *bool, failed string) {
+	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 {
+		return nil, ""
+	}
+	ch.Phase = PhaseRefreshing
+	d.saveJournal()
+	if d.S.RestartDevicePlugin && len(ch.StalePlugins) > 0 {
+		_ = d.notify().Status("restarting the device plugin")
+		var restarted []string
+		err := d.retryAPI(ctx, func() (err error) { restarted, err = d.Disrupt.RestartDevicePlugins(ctx, ch.StalePlugins); return err })
+		if err != nil {
+			return nil, "restarting the device plugin: " + err.Error()
+		}
+		ch.StalePlugins = nil
+		d.saveJournal()
+		if len(restarted) > 0 {
+			d.event(ctx, node, corev1.EventTypeNormal, ReasonDevicePluginRestarted,
+				fmt.Sprintf("restarted %s so that they advertise the new MIG devices", strings.Join(restarted, ", ")))
+		}
+	}
+	if d.S.ResourceWaitTimeout <= 0 {
+		return nil, ""
+	}
+	want, err := ExpectedResources(node.Labels[LabelStrategy], n)
+	if err != nil {
+		d.Log.Warn("computing the expected resources failed; not waiting for them", "err", err)
+		return nil, ""
+	}
+	_ = d.notify().Status("waiting for the device plugin to advertise the new resources")
+	ok, err := d.Disrupt.WaitResources(ctx, want, d.S.ResourceWaitTimeout)
+	d.Metrics.SetResourcesConverged(ok)
+	if ok {
+		return &ok, ""
+	}
+	if ctx.Err() != nil {
+		return &ok, "interrupted"
+	}
+	// Whatever runs now did not advertise the geometry: the retry
+	// restarts it again.
+	if pods, lerr := d.Disrupt.DevicePlugins(ctx); lerr == nil {
+		ch.StalePlugins = pods
+	}
+	d.saveJournal()
+	return &ok, fmt.Sprintf("the GPUs hold config %q, but the Node's allocatable did not show exactly its resources within %s "+
+		"(is the device plugin running on this node?): %v", ch.Config, d.S.ResourceWaitTimeout, err)
 }
 
 func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, n *Node, converged *bool, msg, reason string) outcome {

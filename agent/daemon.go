@@ -287,8 +287,12 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 	// second one for the same change, whatever fails in between (NVML not
 	// up yet at boot, the API server away).
 	keep := retryable && ch != nil && ch.RebootBootID != "" && d.Journal.State.Change == ch
+	// A change whose GPUs are done but whose resources never showed stays
+	// too: its retry restarts the device plugin and waits again (a fresh
+	// pass would find the config applied and report success unseen).
+	refreshing := retryable && ch != nil && ch.Phase == PhaseRefreshing && d.Journal.State.Change == ch
 	waiting := false
-	if keep {
+	if keep && !refreshing {
 		if ch.Phase == PhaseRebooting && d.BootID() != ch.RebootBootID {
 			ch.Rebooted = true
 		}
@@ -309,7 +313,7 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 	d.Metrics.ObserveReconfiguration(StateFailed, now.Sub(rec.StartedAt))
 	d.Metrics.SetLastFailure(reason)
 	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, eventReason, reason)
-	if !keep {
+	if !keep && !refreshing {
 		d.Journal.State.Change = nil
 	}
 	if !retryable {

@@ -32,8 +32,15 @@ type Disruptor interface {
 	PauseOperands(ctx context.Context, saved json.RawMessage) error
 	// RestoreOperands restores what PauseOperands saved.
 	RestoreOperands(ctx context.Context, saved json.RawMessage) error
-	// WaitResources waits until the Node advertises the resources the
-	// geometry implies; ok is false on timeout.
+	// DevicePlugins lists the node's device plugin and GPU Feature
+	// Discovery pods ("namespace/name/uid"): they read the MIG devices only
+	// when they start.
+	DevicePlugins(ctx context.Context) (pods []string, err error)
+	// RestartDevicePlugins evicts those of pods that still run (same UID),
+	// so that their DaemonSets start new ones. Safe to repeat.
+	RestartDevicePlugins(ctx context.Context, pods []string) (restarted []string, err error)
+	// WaitResources waits until the Node's allocatable shows exactly the
+	// resources the geometry implies; ok is false on timeout.
 	WaitResources(ctx context.Context, want map[corev1.ResourceName]int64, timeout time.Duration) (ok bool, err error)
 }
 
@@ -69,6 +76,7 @@ type Metrics interface {
 	SetNVMLUp(up bool)
 	SetLastFailure(reason string)
 	SetRebootGuardTripped(b bool)
+	SetResourcesConverged(b bool)
 }
 
 var _ Metrics = (*metrics.Metrics)(nil)

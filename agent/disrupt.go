@@ -98,6 +98,16 @@ func (k *KubeDisruptor) RestoreOperands(ctx context.Context, raw json.RawMessage
 	return drain.RestoreOperands(ctx, k.Client, k.Log, k.Node, saved)
 }
 
+// DevicePlugins implements Disruptor.
+func (k *KubeDisruptor) DevicePlugins(ctx context.Context) ([]string, error) {
+	return drain.ListDevicePlugins(ctx, k.Client, k.Node)
+}
+
+// RestartDevicePlugins implements Disruptor.
+func (k *KubeDisruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]string, error) {
+	return drain.RestartDevicePlugins(ctx, k.Client, k.Log, pods)
+}
+
 // WaitResources implements Disruptor.
 func (k *KubeDisruptor) WaitResources(ctx context.Context, want map[corev1.ResourceName]int64, timeout time.Duration) (bool, error) {
 	return drain.WaitAllocatable(ctx, k.Client, k.Node, want, timeout)

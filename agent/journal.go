@@ -17,6 +17,9 @@ const (
 	PhaseApplying  = "applying"  // NVML mutations under way
 	PhaseRebooting = "rebooting" // a reboot was requested for this change
 	PhaseRestoring = "restoring" // GPUs done; restoring what was paused
+	// PhaseRefreshing: GPUs done and restored; the device plugin is being
+	// restarted and the node's allocatable awaited.
+	PhaseRefreshing = "refreshing"
 )
 
 // Change is the journaled state of the change in progress.
@@ -45,6 +48,9 @@ type Change struct {
 	// a restart on the same boot without it asks again.
 	RebootRequested bool `json:"rebootRequested,omitempty"`
 	Attempt         int  `json:"attempt,omitempty"`
+	// StalePlugins: the device plugin pods ("namespace/name/uid") that read
+	// the GPUs before they changed, restarted once the change is done.
+	StalePlugins []string `json:"stalePlugins,omitempty"`
 }
 
 // JournalState is everything the journal file holds.

@@ -39,6 +39,9 @@ const (
 	ReasonDrift            = "MigGeometryDrift"
 	ReasonResourcesTimeout = "MigResourcesTimeout"
 	ReasonManagerConflict  = "MigManagerConflict"
+	// ReasonDevicePluginRestarted: the device plugin pods that read the old
+	// geometry were restarted after a change.
+	ReasonDevicePluginRestarted = "MigDevicePluginRestarted"
 )
 
 // GetNode reads the agent's Node.

@@ -33,6 +33,7 @@ type Settings struct {
 	EvictionRetryDelay  time.Duration `json:"evictionRetryDelay"`
 	ResourceWaitTimeout time.Duration `json:"resourceWaitTimeout"`
 	PauseGPUOperator    bool          `json:"pauseGpuOperator"`
+	RestartDevicePlugin bool          `json:"restartDevicePlugin"`
 	HostGPUClients      []string      `json:"hostGpuClients,omitempty"`
 	Taint               bool          `json:"taint"`
 	EvictUnmanagedPods  bool          `json:"evictUnmanagedPods"`

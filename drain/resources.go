@@ -113,8 +113,14 @@ func AdvertisesGPU(node *corev1.Node) bool {
 	return false
 }
 
-// WaitAllocatable waits up to timeout until node's allocatable shows at least
-// want of each resource. It returns (true, nil) at once when the node
+// WaitAllocatable waits up to timeout until node's allocatable shows exactly
+// want: each resource of want with its count, and every other GPU resource
+// (nvidia.com/gpu, nvidia.com/mig-*) at 0 or absent. A MIG resource the
+// device plugin no longer advertises stays in the node's capacity for a while
+// (the kubelet keeps it, unhealthy, for five minutes after its plugin went:
+// endpointStopGracePeriod in k8s.io/kubernetes pkg/kubelet/cm/devicemanager),
+// but its allocatable is 0 at once; a leftover above 0 means the plugin still
+// advertises the old geometry. It returns (true, nil) at once when the node
 // advertises no nvidia.com/ resource at all (no device plugin: nothing to
 // wait for; AdvertisesGPU tells the two apart). When time runs out it returns
 // false and an error wrapping ErrResourcesTimeout that names what is
@@ -160,14 +166,30 @@ func WaitAllocatable(ctx context.Context, client kubernetes.Interface, node stri
 	}
 }
 
+// missingResources lists how have differs from exactly want (see
+// WaitAllocatable), one "resource: have N, want M" each, sorted.
 func missingResources(have corev1.ResourceList, want map[corev1.ResourceName]int64) []string {
 	var out []string
 	for r, n := range want {
 		q, ok := have[r]
-		if got := q.Value(); !ok || got < n {
+		if got := q.Value(); !ok || got != n {
 			out = append(out, fmt.Sprintf("%s: have %d, want %d", r, got, n))
+		}
+	}
+	for r, q := range have {
+		if _, wanted := want[r]; wanted || !isGPUResource(r) {
+			continue
+		}
+		if got := q.Value(); got != 0 {
+			out = append(out, fmt.Sprintf("%s: have %d, want 0", r, got))
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// isGPUResource: a resource NVIDIA's device plugin advertises for whole GPUs
+// or MIG devices (not, say, nvidia.com/gpu.shared or another vendor's).
+func isGPUResource(r corev1.ResourceName) bool {
+	return r == ResourceGPU || strings.HasPrefix(string(r), ResourceMIGPrefix)
 }

@@ -76,6 +76,7 @@ type Metrics struct {
 	drift            prometheus.Gauge
 	nvmlUp           prometheus.Gauge
 	rebootGuard      prometheus.Gauge
+	resourcesOK      prometheus.Gauge
 	collectorErrors  *prometheus.CounterVec
 
 	snap *snapshot
@@ -134,6 +135,11 @@ func newMetrics(version, goVersion string, runtimeCollectors bool) *Metrics {
 			Name:      "reboot_guard_tripped",
 			Help:      "1 when a MIG mode change was still pending after the reboot made for it, so the agent refused to reboot again.",
 		}),
+		resourcesOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace,
+			Name:      "resources_converged",
+			Help:      "1 when, after the last change, the Node's allocatable showed exactly the new geometry's GPU and MIG resources (or there was nothing to wait for); 0 while the device plugin has not advertised them within --resource-wait-timeout.",
+		}),
 		collectorErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,
 			Name:      "collector_errors_total",
@@ -148,11 +154,12 @@ func newMetrics(version, goVersion string, runtimeCollectors bool) *Metrics {
 		ConstLabels: prometheus.Labels{"version": labelValue(version), "goversion": labelValue(goVersion)},
 	})
 	buildInfo.Set(1)
+	m.resourcesOK.Set(1) // nothing awaited yet
 	for _, r := range []string{ResultSuccess, ResultFailed} {
 		m.reconfigurations.WithLabelValues(r)
 	}
 	reg.MustRegister(buildInfo, m.reconfigurations, m.duration, m.evictedPods, m.reboots,
-		m.lastSuccess, m.drift, m.nvmlUp, m.rebootGuard, m.collectorErrors, m.snap)
+		m.lastSuccess, m.drift, m.nvmlUp, m.rebootGuard, m.resourcesOK, m.collectorErrors, m.snap)
 	if runtimeCollectors {
 		reg.MustRegister(collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -259,6 +266,9 @@ func (m *Metrics) SetLastFailure(reason string) {
 
 // SetRebootGuardTripped sets migagent_reboot_guard_tripped to 1 or 0.
 func (m *Metrics) SetRebootGuardTripped(b bool) { m.rebootGuard.Set(b2f(b)) }
+
+// SetResourcesConverged sets migagent_resources_converged to 1 or 0.
+func (m *Metrics) SetResourcesConverged(b bool) { m.resourcesOK.Set(b2f(b)) }
 
 // SetCollectorError records the outcome of one attempt to read a source the
 // metrics depend on: migagent_collector_failing{collector} is 1 while the

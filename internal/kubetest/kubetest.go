@@ -1,9 +1,10 @@
 // Package kubetest runs the project's integration tests against a real
 // kube-apiserver backed by a real etcd, both started on loopback by
 // hack/kube-apiserver.sh (built once from the Go module proxy and cached in
-// ~/.cache/kube-test-apiserver). There is no kubelet, scheduler or
-// controller: tests play the kubelet with Kubelet (PodResources over its real
-// gRPC protocol, pod status, finishing evicted pods).
+// ~/.cache/kube-test-apiserver), with kube-controller-manager running the
+// DaemonSet controller. There is no kubelet or scheduler: tests play the
+// kubelet with Kubelet (PodResources over its real gRPC protocol, pod status,
+// finishing evicted pods) and NVIDIA's device plugin with DevicePlugin.
 //
 // A package uses it from TestMain:
 //
@@ -47,6 +48,8 @@ const (
 	EnvStateDir = "KUBE_TEST_STATE_DIR"
 	// EnvKubeconfig is the admin kubeconfig of that server.
 	EnvKubeconfig = "KUBECONFIG"
+	// Controllers are the kube-controller-manager controllers Main runs.
+	Controllers = "daemonset-controller"
 	// Script is the harness script, relative to the module root.
 	Script = "hack/kube-apiserver.sh"
 )
@@ -68,7 +71,10 @@ func Main(m *testing.M) int {
 		return 1
 	}
 	start := time.Now()
-	cmd := exec.Command("bash", script, "start", "--owner-pid", strconv.Itoa(os.Getpid()))
+	// The DaemonSet controller is the real one: DevicePlugin's pods come
+	// and go as it decides (deploy labels, evictions, taints).
+	cmd := exec.Command("bash", script, "start", "--owner-pid", strconv.Itoa(os.Getpid()),
+		"--with-controller-manager="+Controllers)
 	cmd.Stderr = os.Stderr // build progress and errors
 	out, err := cmd.Output()
 	if err != nil {

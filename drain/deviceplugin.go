@@ -1,0 +1,111 @@
+package drain
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+)
+
+// DevicePluginPods are the pod labels of the daemons that read the MIG
+// devices once, when they start, and so must be restarted to see a new
+// geometry:
+//   - NVIDIA's device plugin enumerates the devices in startPlugins
+//     (k8s-device-plugin cmd/nvidia-device-plugin/main.go) and enumerates
+//     again only on SIGHUP or when the kubelet's socket is re-created; its
+//     resource managers are built once from that walk
+//     (internal/rm/nvml_manager.go NewNVMLResourceManagers);
+//   - GPU Feature Discovery labels the node (nvidia.com/mig.strategy, the
+//     nvidia.com/mig-* count labels) from the same walk.
+//
+// Their pods carry "app" as the GPU Operator deploys them
+// (gpu-operator assets/state-device-plugin/0500_daemonset.yaml,
+// assets/gpu-feature-discovery/0500_daemonset.yaml) or
+// "app.kubernetes.io/name" as the k8s-device-plugin Helm chart does
+// (deployments/helm/nvidia-device-plugin/templates/_helpers.tpl, which
+// deploys GFD from the same chart, with the same name label).
+var DevicePluginPods = []struct{ Key, Value string }{
+	{"app", "nvidia-device-plugin-daemonset"},
+	{"app", "gpu-feature-discovery"},
+	{"app.kubernetes.io/name", "nvidia-device-plugin"},
+	{"app.kubernetes.io/name", "gpu-feature-discovery"},
+}
+
+// IsDevicePluginPod reports whether p is one of DevicePluginPods.
+func IsDevicePluginPod(p *corev1.Pod) bool {
+	for _, l := range DevicePluginPods {
+		if p.Labels[l.Key] == l.Value {
+			return true
+		}
+	}
+	return false
+}
+
+// ListDevicePlugins lists the device plugin and GPU Feature Discovery pods
+// of node (DevicePluginPods) that are not terminating, as
+// "namespace/name/uid". Take the list before the GPUs change: those pods
+// enumerated the old geometry. (Comparing creation times with the time of
+// the change instead would trust the node's clock to agree with the API
+// server's.)
+func ListDevicePlugins(ctx context.Context, client kubernetes.Interface, node string) ([]string, error) {
+	if node == "" {
+		return nil, fmt.Errorf("list device plugins: %w", ErrNoNode)
+	}
+	list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods of node %s: %w", node, err)
+	}
+	var out []string
+	for i := range list.Items {
+		p := &list.Items[i]
+		if IsDevicePluginPod(p) && p.DeletionTimestamp == nil {
+			out = append(out, p.Namespace+"/"+p.Name+"/"+string(p.UID))
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// RestartDevicePlugins evicts the pods of ListDevicePlugins' list that still
+// exist with the same UID, so that their DaemonSets start new ones that read
+// the new geometry. A pod that is gone, or was replaced by a new one (a
+// paused operand brought back), already reads it and is skipped. Eviction
+// (not deletion) keeps the agent's permissions to what it already needs for
+// workloads. It returns the pods it evicted ("namespace/name") and does not
+// wait for their successors: the caller waits for the node's allocatable.
+func RestartDevicePlugins(ctx context.Context, client kubernetes.Interface, log *slog.Logger, pods []string) ([]string, error) {
+	var out []string
+	for _, ref := range pods {
+		parts := strings.SplitN(ref, "/", 3)
+		if len(parts) != 3 {
+			return out, fmt.Errorf("restart device plugins: bad pod reference %q", ref)
+		}
+		ns, name, uid := parts[0], parts[1], parts[2]
+		ev := &policyv1.Eviction{
+			ObjectMeta:    metav1.ObjectMeta{Name: name, Namespace: ns},
+			DeleteOptions: &metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(uid)},
+		}
+		err := client.PolicyV1().Evictions(ns).Evict(ctx, ev)
+		switch {
+		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+			continue // gone, or replaced by a pod that reads the new geometry
+		case err != nil:
+			return out, fmt.Errorf("evict device plugin pod %s/%s: %w", ns, name, err)
+		}
+		out = append(out, ns+"/"+name)
+	}
+	if len(out) > 0 {
+		log.Info("device plugin pods restarted to see the new MIG devices", "pods", out)
+	}
+	return out, nil
+}

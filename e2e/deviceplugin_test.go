@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/internal/kubetest"
+)
+
+// pluginReader enumerates the simulated GPUs for the device plugin stand-in:
+// a MIG device for each GPU instance `profiles` lists (each holds one
+// compute instance here).
+func pluginReader(t testing.TB, o *Opts) func() ([]kubetest.PluginGPU, error) {
+	return func() ([]kubetest.PluginGPU, error) {
+		var out []kubetest.PluginGPU
+		for _, g := range disProfiles(t, o.Sim, o.SimState) {
+			pg := kubetest.PluginGPU{MigEnabled: g.MigMode.Current}
+			for _, in := range g.Instances {
+				pg.MIGDevices = append(pg.MIGDevices, in.Profile)
+			}
+			out = append(out, pg)
+		}
+		return out, nil
+	}
+}
+
+func allocatable(t testing.TB, c kubernetes.Interface, node string) map[string]int64 {
+	n := GetNode(t, c, node)
+	out := map[string]int64{}
+	for r, q := range n.Status.Allocatable {
+		if strings.HasPrefix(string(r), "nvidia.com/") {
+			out[string(r)] = q.Value()
+		}
+	}
+	return out
+}
+
+func sameCounts(a, b map[string]int64) bool {
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	for k, v := range b {
+		if a[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// NVIDIA's device plugin sees MIG devices only when it starts: after a
+// change the agent restarts it (its DaemonSet, run by the real DaemonSet
+// controller, brings a new pod) and reports success only once the Node's
+// allocatable shows exactly the new geometry.
+func TestDevicePluginRestartedAfterChange(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
+	ns := kubetest.NewName(t, "gpu-operator")
+	kubetest.CreateNamespace(t, ns)
+	o := (&Opts{Node: node, Sim: "h200x2"}).Fill(t)
+	dp := kubetest.StartDevicePlugin(t, c, node, ns, "mixed", pluginReader(t, o))
+	WaitFor(t, 60*time.Second, "the device plugin pod to run", dp.Running)
+	if got := allocatable(t, c, node); !sameCounts(got, map[string]int64{"nvidia.com/gpu": 2}) {
+		t.Fatalf("allocatable before = %v", got)
+	}
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
+	a := StartAgent(t, o)
+	SelectConfig(t, c, node, "all-1g.18gb")
+	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 90*time.Second)
+	want := map[string]int64{"nvidia.com/mig-1g.18gb": 14, "nvidia.com/gpu": 0}
+	if got := allocatable(t, c, node); !sameCounts(got, want) {
+		t.Errorf("allocatable at success = %v, want %v (plugin: %s)", got, want, dp)
+	}
+	if rec.ResourcesConverged == nil || !*rec.ResourcesConverged {
+		t.Errorf("record resourcesConverged = %v, want true", rec.ResourcesConverged)
+	}
+	if dp.Starts() != 2 {
+		t.Errorf("device plugin started %d times, want 2 (once before, once after the change)", dp.Starts())
+	}
+	if m := a.Scrape(t); !strings.Contains(m, "migagent_resources_converged 1\n") {
+		t.Errorf("metrics lack migagent_resources_converged 1")
+	}
+	WaitFor(t, 10*time.Second, "the "+agent.ReasonDevicePluginRestarted+" Event", func() bool {
+		return len(nodeEvents(t, c, node, agent.ReasonDevicePluginRestarted)) == 1
+	})
+
+	// A config already applied restarts nothing.
+	SelectConfig(t, c, node, "all-disabled")
+	WaitState(t, c, node, agent.StateSuccess, "all-disabled", 90*time.Second)
+	if got := allocatable(t, c, node); !sameCounts(got, map[string]int64{"nvidia.com/gpu": 2, "nvidia.com/mig-1g.18gb": 0}) {
+		t.Errorf("allocatable after disabling = %v", got)
+	}
+	starts := dp.Starts()
+	SetLabel(t, c, node, agent.LabelConfig, "", "")
+	SelectConfig(t, c, node, "all-disabled")
+	WaitFor(t, 30*time.Second, "a record of the unchanged request", func() bool {
+		return len(History(t, GetNode(t, c, node))) >= 3
+	})
+	if dp.Starts() != starts {
+		t.Errorf("an unchanged config restarted the device plugin")
+	}
+}
+
+// Without the restart (--restart-device-plugin=false) the plugin keeps
+// advertising the old devices: the agent must not claim success; it fails
+// with the reason, the metric says so, and the change is retried.
+func TestStaleDevicePluginIsNoSuccess(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
+	ns := kubetest.NewName(t, "gpu-operator")
+	kubetest.CreateNamespace(t, ns)
+	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
+	dp := kubetest.StartDevicePlugin(t, c, node, ns, "mixed", pluginReader(t, o))
+	WaitFor(t, 60*time.Second, "the device plugin pod to run", dp.Running)
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "3s", "--restart-device-plugin=false")
+	a := StartAgent(t, o)
+	SelectConfig(t, c, node, "all-1g.18gb")
+	rec := WaitState(t, c, node, agent.StateFailed, "all-1g.18gb", 60*time.Second)
+	if !strings.Contains(rec.Reason, "allocatable did not show exactly") || !strings.Contains(rec.Reason, "nvidia.com/mig-1g.18gb: have 0, want 7") {
+		t.Errorf("reason = %q", rec.Reason)
+	}
+	if m := a.Scrape(t); !strings.Contains(m, "migagent_resources_converged 0\n") {
+		t.Errorf("metrics lack migagent_resources_converged 0")
+	}
+	if dp.Starts() != 1 {
+		t.Errorf("device plugin started %d times, want 1", dp.Starts())
+	}
+	// Someone restarts the device plugin by hand: the retry sees the
+	// resources and succeeds.
+	pods, err := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + kubetest.DevicePluginApp})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("device plugin pods: %v, %v", pods, err)
+	}
+	if err := c.CoreV1().Pods(ns).Delete(context.Background(), pods.Items[0].Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 90*time.Second)
+}

@@ -1,0 +1,408 @@
+package kubetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+)
+
+// Labels of NVIDIA's device plugin DaemonSet as the GPU Operator deploys it
+// (gpu-operator assets/state-device-plugin/0500_daemonset.yaml).
+const (
+	DevicePluginApp         = "nvidia-device-plugin-daemonset"
+	DevicePluginDeployLabel = "nvidia.com/gpu.deploy.device-plugin"
+	// nodeLabel pins a test's DaemonSet to its own node: tests share one
+	// API server and each plays its own node.
+	nodeLabel = "kubetest.migagent.io/node"
+)
+
+// PluginGPU is one GPU as NVIDIA's device plugin enumerates it.
+type PluginGPU struct {
+	MigEnabled bool
+	// MIGDevices: the profile of each MIG device ("1g.18gb", "1g.18gb+me").
+	MIGDevices []string
+}
+
+// DevicePlugin plays NVIDIA's device plugin on one node, run the way the
+// GPU Operator runs it, and the parts of the scheduler and the kubelet it
+// needs. The DaemonSet is real and so is its controller
+// (kube-controller-manager's daemonset-controller, started by Main): it
+// creates the plugin's pod while the node carries
+// nvidia.com/gpu.deploy.device-plugin=true and deletes it when the label is
+// paused, and it creates a new one when the pod is evicted.
+//
+//   - Scheduling: the DaemonSet controller creates pods that name their node
+//     in a required node affinity on metadata.name; like kube-scheduler,
+//     this binds such a pod when it tolerates the node's NoSchedule and
+//     NoExecute taints.
+//   - The plugin: when its pod runs, it enumerates the GPUs once (read), and
+//     advertises per MIG strategy what NVIDIA's does: resource managers are
+//     built once, in startPlugins (k8s-device-plugin
+//     cmd/nvidia-device-plugin/main.go), one per resource with at least one
+//     device (internal/rm/nvml_manager.go NewNVMLResourceManagers); only a
+//     restart (a new pod, SIGHUP, a kubelet restart) enumerates again. The
+//     GPUs changing under it change nothing it advertises.
+//   - The kubelet's device manager: what a running plugin advertises is
+//     capacity and allocatable; when the plugin stops, its resources stay
+//     in capacity, unhealthy, with allocatable 0 (PluginDisconnected →
+//     markResourceUnhealthy, then GetCapacity in k8s.io/kubernetes
+//     pkg/kubelet/cm/devicemanager/manager.go), until the grace period of
+//     five minutes (endpointStopGracePeriod, types.go) ends, longer than any
+//     test. A resource the new plugin advertises again gets its new count.
+type DevicePlugin struct {
+	t        testing.TB
+	client   kubernetes.Interface
+	node     string
+	ns       string
+	strategy string
+	read     func() ([]PluginGPU, error)
+
+	mu      sync.Mutex
+	running string // UID of the pod whose plugin runs, "" none
+	starts  int    // plugin starts (enumerations)
+	// The kubelet's device manager's view, per resource: every device it
+	// knows (capacity) and the healthy ones (allocatable).
+	capacity, healthy map[string]int64
+}
+
+// StartDevicePlugin creates, in namespace ns, the device plugin DaemonSet
+// for node, labels the node nvidia.com/gpu.deploy.device-plugin=true (as the
+// GPU Operator does on GPU nodes) unless it carries that label already, and
+// plays the plugin until the test ends. read enumerates the node's GPUs;
+// strategy is the plugin's MIG strategy (none, single, mixed).
+func StartDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, strategy string, read func() ([]PluginGPU, error)) *DevicePlugin {
+	t.Helper()
+	ctx := context.Background()
+	p := &DevicePlugin{t: t, client: client, node: node, ns: ns, strategy: strategy, read: read,
+		capacity: map[string]int64{}, healthy: map[string]int64{}}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels[nodeLabel] = node
+		if _, ok := n.Labels[DevicePluginDeployLabel]; !ok {
+			n.Labels[DevicePluginDeployLabel] = "true"
+		}
+		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("StartDevicePlugin: label node %s: %v", node, err)
+	}
+	labels := map[string]string{"app": DevicePluginApp}
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: DevicePluginApp + "-" + shortName(node), Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": DevicePluginApp, nodeLabel: node}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": DevicePluginApp, nodeLabel: node}},
+				Spec: corev1.PodSpec{
+					NodeSelector:      map[string]string{DevicePluginDeployLabel: "true", nodeLabel: node},
+					Tolerations:       []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+					PriorityClassName: "system-node-critical",
+					Containers: []corev1.Container{{
+						Name: "nvidia-device-plugin", Image: "nvcr.io/nvidia/k8s-device-plugin:v0.18.0",
+						Env: []corev1.EnvVar{{Name: "MIG_STRATEGY", Value: strategy}},
+					}},
+				},
+			},
+		},
+	}
+	if _, err := client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("StartDevicePlugin: create DaemonSet: %v", err)
+	}
+	loopCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for loopCtx.Err() == nil {
+			if err := p.once(loopCtx); err != nil && loopCtx.Err() == nil {
+				select {
+				case <-loopCtx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		cctx, ccancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer ccancel()
+		_ = client.AppsV1().DaemonSets(ns).Delete(cctx, ds.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationOrphan)})
+		pods, _ := client.CoreV1().Pods(ns).List(cctx, metav1.ListOptions{LabelSelector: nodeLabel + "=" + node})
+		if pods != nil {
+			for _, pod := range pods.Items {
+				_ = client.CoreV1().Pods(ns).Delete(cctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			}
+		}
+	})
+	return p
+}
+
+// Starts counts the plugin's starts (each one enumerates the GPUs).
+func (p *DevicePlugin) Starts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.starts
+}
+
+// Running reports whether a plugin pod runs on the node now.
+func (p *DevicePlugin) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.running != ""
+}
+
+func shortName(node string) string {
+	if len(node) > 40 {
+		return node[len(node)-40:]
+	}
+	return node
+}
+
+// once lists and watches the DaemonSet's pods (bound or not) and acts on
+// each event; it returns when the watch ends.
+func (p *DevicePlugin) once(ctx context.Context) error {
+	opts := metav1.ListOptions{LabelSelector: nodeLabel + "=" + p.node}
+	list, err := p.client.CoreV1().Pods(p.ns).List(ctx, opts)
+	if err != nil {
+		return err
+	}
+	for i := range list.Items {
+		p.handle(ctx, &list.Items[i], false)
+	}
+	opts.ResourceVersion = list.ResourceVersion
+	w, err := p.client.CoreV1().Pods(p.ns).Watch(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return errors.New("watch closed")
+			}
+			pod, isPod := ev.Object.(*corev1.Pod)
+			switch {
+			case ev.Type == watch.Error:
+				return apierrors.FromObject(ev.Object)
+			case isPod:
+				p.handle(ctx, pod, ev.Type == watch.Deleted)
+			}
+		}
+	}
+}
+
+func (p *DevicePlugin) handle(ctx context.Context, pod *corev1.Pod, deleted bool) {
+	switch {
+	case deleted || pod.DeletionTimestamp != nil:
+		p.stop(ctx, pod)
+		if !deleted {
+			// The kubelet ends the container and removes the pod.
+			err := p.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+				GracePeriodSeconds: ptr.To[int64](0), Preconditions: &metav1.Preconditions{UID: &pod.UID},
+			})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil {
+				p.t.Logf("device plugin %s: finishing pod %s: %v", p.node, pod.Name, err)
+			}
+		}
+	case pod.Spec.NodeName == "":
+		p.bind(ctx, pod)
+	case pod.Spec.NodeName == p.node && pod.Status.Phase == corev1.PodPending:
+		p.start(ctx, pod)
+	}
+}
+
+// bind plays kube-scheduler for a DaemonSet pod aimed at this node.
+func (p *DevicePlugin) bind(ctx context.Context, pod *corev1.Pod) {
+	if !affinityNames(pod, p.node) {
+		return
+	}
+	n, err := p.client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
+	if err != nil {
+		return // the watch brings the pod again when it changes; the retry loop relists
+	}
+	for _, taint := range n.Spec.Taints {
+		if taint.Effect == corev1.TaintEffectPreferNoSchedule {
+			continue
+		}
+		if !tolerates(pod.Spec.Tolerations, &taint) {
+			return // unschedulable for now; kube-scheduler retries when the node changes
+		}
+	}
+	err = p.client.CoreV1().Pods(pod.Namespace).Bind(ctx, &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: p.node},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsConflict(err) && ctx.Err() == nil {
+		p.t.Logf("device plugin %s: binding pod %s: %v", p.node, pod.Name, err)
+	}
+}
+
+func tolerates(tols []corev1.Toleration, taint *corev1.Taint) bool {
+	for i := range tols {
+		if tols[i].ToleratesTaint(taint) {
+			return true
+		}
+	}
+	return false
+}
+
+// affinityNames: the pod's required node affinity picks node by name, as the
+// DaemonSet controller writes it (ReplaceDaemonSetPodNodeNameNodeAffinity).
+func affinityNames(pod *corev1.Pod, node string) bool {
+	a := pod.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return false
+	}
+	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, f := range term.MatchFields {
+			if f.Key == "metadata.name" && f.Operator == corev1.NodeSelectorOpIn {
+				for _, v := range f.Values {
+					if v == node {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
+// start runs the plugin of pod: enumerate, register, mark the pod Running.
+func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
+	gpus, err := p.read()
+	if err != nil {
+		p.t.Logf("device plugin %s: enumerating the GPUs: %v", p.node, err)
+		return
+	}
+	adv := advertise(p.strategy, gpus)
+	p.mu.Lock()
+	p.running = string(pod.UID)
+	p.starts++
+	for r, n := range adv {
+		// ListAndWatch replaces the resource's device list.
+		p.capacity[r], p.healthy[r] = n, n
+	}
+	status := p.statusLocked()
+	p.mu.Unlock()
+	p.writeStatus(ctx, status)
+	now := metav1.Now()
+	pod = pod.DeepCopy()
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.StartTime = &now
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}
+	if _, err := p.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil {
+		p.t.Logf("device plugin %s: pod %s status: %v", p.node, pod.Name, err)
+	}
+}
+
+// stop ends the plugin of pod, if it is the one running: every device of
+// its resources becomes unhealthy (capacity kept, allocatable 0).
+func (p *DevicePlugin) stop(ctx context.Context, pod *corev1.Pod) {
+	p.mu.Lock()
+	if p.running != string(pod.UID) {
+		p.mu.Unlock()
+		return
+	}
+	p.running = ""
+	for r := range p.healthy {
+		p.healthy[r] = 0
+	}
+	status := p.statusLocked()
+	p.mu.Unlock()
+	p.writeStatus(ctx, status)
+}
+
+// statusLocked: resource → {capacity, allocatable}.
+func (p *DevicePlugin) statusLocked() map[string][2]int64 {
+	out := map[string][2]int64{}
+	for r, n := range p.capacity {
+		out[r] = [2]int64{n, p.healthy[r]}
+	}
+	return out
+}
+
+func (p *DevicePlugin) writeStatus(ctx context.Context, res map[string][2]int64) {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := p.client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Status.Capacity == nil {
+			n.Status.Capacity = corev1.ResourceList{}
+		}
+		if n.Status.Allocatable == nil {
+			n.Status.Allocatable = corev1.ResourceList{}
+		}
+		for r, v := range res {
+			n.Status.Capacity[corev1.ResourceName(r)] = *resource.NewQuantity(v[0], resource.DecimalSI)
+			n.Status.Allocatable[corev1.ResourceName(r)] = *resource.NewQuantity(v[1], resource.DecimalSI)
+		}
+		_, err = p.client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		p.t.Errorf("device plugin %s: node status: %v", p.node, err)
+	}
+}
+
+// advertise is what NVIDIA's device plugin serves for gpus under strategy
+// (k8s-device-plugin internal/rm: none → nvidia.com/gpu per GPU; single →
+// nvidia.com/gpu per MIG device (all of one profile) and per GPU with MIG
+// off; mixed → nvidia.com/mig-<profile> per MIG device, "+" written as ".",
+// and nvidia.com/gpu per GPU with MIG off). Resources with no device are
+// not served.
+func advertise(strategy string, gpus []PluginGPU) map[string]int64 {
+	out := map[string]int64{}
+	for _, g := range gpus {
+		if strategy == "" || strategy == "none" || !g.MigEnabled {
+			out["nvidia.com/gpu"]++
+			continue
+		}
+		for _, d := range g.MIGDevices {
+			if strategy == "single" {
+				out["nvidia.com/gpu"]++
+				continue
+			}
+			out["nvidia.com/mig-"+strings.ReplaceAll(d, "+", ".")]++
+		}
+	}
+	return out
+}
+
+// String describes what the plugin advertises now, for test logs.
+func (p *DevicePlugin) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var parts []string
+	for r, n := range p.healthy {
+		parts = append(parts, fmt.Sprintf("%s=%d/%d", r, n, p.capacity[r]))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
