@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -83,8 +84,10 @@ type DevicePlugin struct {
 
 // StartDevicePlugin creates, in namespace ns, the device plugin DaemonSet
 // for node, labels the node nvidia.com/gpu.deploy.device-plugin=true (as the
-// GPU Operator does on GPU nodes) unless it carries that label already, and
-// plays the plugin until the test ends. read enumerates the node's GPUs;
+// GPU Operator does on GPU nodes) unless it carries that label already,
+// reports the node Ready (lifting the not-ready taint, as the kubelet and
+// the node lifecycle controller do), and plays the plugin until the test
+// ends. read enumerates the node's GPUs;
 // strategy is the plugin's MIG strategy (none, single, mixed).
 func StartDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, strategy string, read func() ([]PluginGPU, error)) *DevicePlugin {
 	t.Helper()
@@ -103,11 +106,31 @@ func StartDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, stra
 		if _, ok := n.Labels[DevicePluginDeployLabel]; !ok {
 			n.Labels[DevicePluginDeployLabel] = "true"
 		}
+		// The node lifecycle controller lifts the not-ready taint (that the
+		// API server's TaintNodesByCondition admission put on the new Node)
+		// once the kubelet reports Ready; DaemonSet pods do not tolerate it.
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+			return t.Key == corev1.TaintNodeNotReady && t.Effect == corev1.TaintEffectNoSchedule
+		})
 		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
 		t.Fatalf("StartDevicePlugin: label node %s: %v", node, err)
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		n.Status.Conditions = append(slices.DeleteFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady }),
+			corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now})
+		_, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("StartDevicePlugin: node %s Ready: %v", node, err)
 	}
 	labels := map[string]string{"app": DevicePluginApp}
 	ds := &appsv1.DaemonSet{
