@@ -149,8 +149,10 @@ func TestGPUOperatorValues(t *testing.T) {
 
 	// The operator's MIG manager pauses the operands during a change and
 	// does not reboot (WITH_REBOOT false): pause-gpu-operator on, reboot
-	// method none, so no D-Bus socket either.
-	want := map[string]any{"pause-gpu-operator": true, "reboot-method": "none"}
+	// method none, so no D-Bus socket either. An unlabelled MIG-capable node
+	// gets all-disabled, as the operator labels it (migManager.config.default,
+	// controllers/nodelabeling_controller.go) while its manager is on.
+	want := map[string]any{"pause-gpu-operator": true, "reboot-method": "none", "default-config": "all-disabled"}
 	for k, v := range want {
 		if settings[k] != v {
 			t.Errorf("settings %s = %v, want %v", k, settings[k], v)
