@@ -144,10 +144,24 @@ func TestStuckPendingText(t *testing.T) {
 			t.Errorf("MigAgentStuckPending does not name %q, what does hold a node in pending: %s", w, stuck)
 		}
 	}
+	// MigAgentFailed quotes the reason the agent gives (agent/attempt.go,
+	// refresh) and names the flag.
 	failed := desc["MigAgentFailed"]
-	for _, w := range []string{"device plugin did not advertise the new resources", "--resource-wait-timeout"} {
+	src, err := os.ReadFile(agentReasonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const reason = "but the Node's allocatable did not show exactly its resources within"
+	if !strings.Contains(string(src), reason) {
+		t.Fatalf("%s no longer gives the reason %q: update MigAgentFailed and this test", agentReasonFile, reason)
+	}
+	for _, w := range []string{reason, "--resource-wait-timeout", "device plugin"} {
 		if !strings.Contains(failed, w) {
 			t.Errorf("MigAgentFailed does not explain %q: %s", w, failed)
 		}
 	}
 }
+
+// agentReasonFile gives the reason of a change whose resources did not
+// show.
+const agentReasonFile = "../../agent/attempt.go"
