@@ -15,10 +15,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
 
@@ -265,7 +265,9 @@ func (p *DevicePlugin) bind(ctx context.Context, pod *corev1.Pod) {
 
 func tolerates(tols []corev1.Toleration, taint *corev1.Taint) bool {
 	for i := range tols {
-		if tols[i].ToleratesTaint(taint) {
+		// As kube-scheduler's TaintToleration plugin, without the
+		// comparison operators of the (alpha) feature gate.
+		if tols[i].ToleratesTaint(klog.Background(), taint, false) {
 			return true
 		}
 	}
