@@ -254,15 +254,20 @@ func TestPackagingPlainManifests(t *testing.T) {
 	t.Run("agent", func(t *testing.T) { pkgRunAgent(t, in, "all-1g.18gb") })
 }
 
-// TestPackagingChart: the default render is accepted by the server over
-// an install of the plain manifests (dry run: it names the same objects, so
-// this is `helm install mig-agent` taking over from `kubectl apply -k`, and
+// TestPackagingChart: the default render and the render with
+// values-gpu-operator.yaml are accepted by the server over an install of
+// the plain manifests (dry run: they name the same objects, so this is
+// `helm install mig-agent` taking over from `kubectl apply -k`, and
 // immutable fields such as the DaemonSet's selector must agree); the render
 // with every option on is installed in its own namespace, and its policy
 // and agent checked as the plain ones.
 func TestPackagingChart(t *testing.T) {
 	pkgApply(t, pkgPlain(t), false)
 	pkgApply(t, pkgChart(t, "default"), true)
+	// The chart with its GPU Operator values (toolkit-ready initContainer,
+	// host paths with mount propagation, RuntimeClass, deploy-label
+	// nodeSelector) over the same install, as docs/install.md installs it.
+	pkgApply(t, pkgChart(t, "gpu-operator"), true)
 
 	full := pkgChart(t, "full")
 	in := pkgDescribe(t, full)

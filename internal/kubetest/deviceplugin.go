@@ -288,6 +288,8 @@ func (p *DevicePlugin) bind(ctx context.Context, pod *corev1.Pod) {
 
 func tolerates(tols []corev1.Toleration, taint *corev1.Taint) bool {
 	for i := range tols {
+		// As kube-scheduler's TaintToleration plugin, without the
+		// comparison operators of the (alpha) feature gate.
 		if tols[i].ToleratesTaint(klog.Background(), taint, false) {
 			return true
 		}

@@ -8,7 +8,12 @@
 //     TestGolden -update rewrites them), the default render equals the
 //     plain manifests of packaging/kubernetes, bad values are refused with a
 //     clear message. The golden renders are what e2e/packaging_kube_test.go
-//     creates on a real API server.
+//     creates on a real API server. The render with the chart's
+//     values-gpu-operator.yaml has the GPU Operator's mounts, gate,
+//     RuntimeClass and deploy-label nodeSelector.
+//   - packaging/kubernetes-gpu-operator is built with kustomize's own Go
+//     packages (sigs.k8s.io/kustomize/api, as `kubectl apply -k`) and
+//     checked against the chart's GPU Operator render.
 //   - packaging/Dockerfile is parsed with BuildKit's Dockerfile parser
 //     (github.com/moby/buildkit) and checked; there is no Docker daemon in
 //     the test environment to build it.

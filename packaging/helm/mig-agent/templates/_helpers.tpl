@@ -48,7 +48,8 @@ The settings file: the chart's typed values under their flag names, and
   "default-config" "defaultConfig" "reboot-method" "rebootMethod" "config-file" "migConfig"
   "node-name" "the downward API" "namespace" "the release namespace"
   "metrics-address" "metrics.port" "state-dir" "hostPaths.stateDir"
-  "pod-resources-socket" "hostPaths.podResources" "settings" "the chart" }}
+  "pod-resources-socket" "hostPaths.podResources" "settings" "the chart"
+  "nvml-library" "driver.root" }}
 {{- range $k, $v := .Values.settings }}
 {{- if hasKey $owned $k }}
 {{- fail (printf "settings.%s: set by the chart from %s; set that instead" $k (get $owned $k)) }}
@@ -61,6 +62,11 @@ The settings file: the chart's typed values under their flag names, and
   "reboot-method" .Values.rebootMethod }}
 {{- if .Values.migConfig }}
 {{- $_ := set $s "config-file" "/etc/mig-agent/config.yaml" }}
+{{- else if .Values.migConfigMap.name }}
+{{- $_ := set $s "config-file" "/mig-parted-config/config.yaml" }}
+{{- end }}
+{{- if .Values.driver.root }}
+{{- $_ := set $s "nvml-library" "/driver-root" }}
 {{- end }}
 {{- toYaml (merge $s (deepCopy (default dict .Values.settings))) }}
 {{- end }}
@@ -117,5 +123,29 @@ agent's ServiceAccount is the release's. Takes (list $ "files/NAME").
 ---
 {{ toYaml $obj }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The DaemonSet's nodeSelector: .Values.nodeSelector, and with
+gpuOperator.deployLabel the GPU Operator's deploy label of its MIG manager.
+*/}}
+{{- define "mig-agent.nodeSelector" -}}
+{{- $sel := deepCopy (default dict .Values.nodeSelector) }}
+{{- if .Values.gpuOperator.deployLabel }}
+{{- $_ := set $sel "nvidia.com/gpu.deploy.mig-manager" "true" }}
+{{- end }}
+{{- if $sel }}
+{{- toYaml $sel }}
+{{- end }}
+{{- end }}
+
+{{/* Values that cannot go together, and what the cluster cannot serve. */}}
+{{- define "mig-agent.validate" -}}
+{{- if and .Values.migConfig .Values.migConfigMap.name }}
+{{- fail "migConfig and migConfigMap.name both name the MIG config file: set one" }}
+{{- end }}
+{{- if and .Values.admissionPolicy.enabled (semverCompare "<1.30.0-0" .Capabilities.KubeVersion.Version) }}
+{{- fail (printf "admissionPolicy.enabled needs Kubernetes 1.30 or later (ValidatingAdmissionPolicy v1 and the node-name token claim), this cluster is %s: set admissionPolicy.enabled=false (docs/install.md, \"Without the policy\")" .Capabilities.KubeVersion.Version) }}
 {{- end }}
 {{- end }}
