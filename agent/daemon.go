@@ -456,7 +456,8 @@ func indices(p *geometry.Plan) (changed, untouched []int) {
 }
 
 // targets lists what the plan takes away: whole GPUs that change (by GPU
-// UUID) and MIG devices whose GPU instance is destroyed.
+// UUID), MIG devices whose GPU instance is destroyed and MIG devices (compute
+// instances) destroyed inside a GPU instance that stays.
 func targets(n *Node, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 	for _, gp := range p.GPUs {
 		g, m := targetsOf(n, gp)
@@ -481,6 +482,9 @@ func targetsOf(n *Node, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 				migUUIDs = append(migUUIDs, ci.UUID)
 			}
 		}
+	}
+	for _, d := range DoomedCompute(insts, gp) {
+		migUUIDs = append(migUUIDs, d.CI.UUID)
 	}
 	return gpuUUIDs, migUUIDs
 }
@@ -522,8 +526,12 @@ func (d *Daemon) strayProcesses(n *Node, p *geometry.Plan) ([]string, error) {
 				doomed[gi.ID] = true
 			}
 		}
+		doomedCI := map[[2]int]bool{}
+		for _, d := range DoomedCompute(insts, gp) {
+			doomedCI[[2]int{d.GI.ID, d.CI.ID}] = true
+		}
 		for _, pr := range procs {
-			if gp.ModeChange != geometry.ModeNone || pr.GIID < 0 || doomed[pr.GIID] {
+			if gp.ModeChange != geometry.ModeNone || pr.GIID < 0 || doomed[pr.GIID] || doomedCI[[2]int{pr.GIID, pr.CIID}] {
 				out = append(out, fmt.Sprintf("pid %d (%s) on GPU %d", pr.PID, pr.Name, gp.Index))
 			}
 		}

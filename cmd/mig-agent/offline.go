@@ -300,7 +300,7 @@ func exportCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
-				spec := n.Export()
+				spec := n.Export(agent.ExportName)
 				switch format {
 				case "yaml":
 					b, err := spec.Marshal()
