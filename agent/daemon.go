@@ -47,6 +47,9 @@ type Daemon struct {
 	// release stops renewing it without freeing it, and the Lease is
 	// stretched to cover the reboot (optional).
 	SlotReboot func(ctx context.Context) error
+	// Hooks are the nvidia-mig-parted hooks run around each change in
+	// standalone mode (S.HooksFile; nil: none).
+	Hooks Hooks
 
 	ready    atomic.Bool
 	failing  string
