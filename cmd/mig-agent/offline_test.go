@@ -279,6 +279,19 @@ func TestApplyHooks(t *testing.T) {
 		envs[0]["MIG_PARTED_MODE_CHANGE_ONLY"] != "true" || envs[0]["MIG_PARTED_SKIP_RESET"] != "true" {
 		t.Fatalf("mode-only ran %v with %v", names, envs)
 	}
+	// The same from mig-parted's variables (MIG_PARTED_MODE_ONLY beside
+	// the MIG_PARTED_MODE_CHANGE_ONLY mig-parted reads).
+	os.Remove(log)
+	t.Setenv("MIG_PARTED_MODE_ONLY", "true")
+	t.Setenv("MIG_PARTED_SKIP_RESET", "true")
+	if code, out := runOut(t, append([]string{"apply", "-f", cfg, "-c", "balanced", "-k", hooks}, sim...)...); code != 0 || !strings.Contains(out, "MIG_AGENT_MODE_ONLY") {
+		t.Fatalf("mode-only from MIG_PARTED_MODE_ONLY: %d\n%s", code, out)
+	}
+	names, envs = hookRecord(t, log)
+	if !slices.Equal(names, []string{"apply-start", "pre-apply-mode", "apply-exit"}) ||
+		envs[0]["MIG_PARTED_MODE_CHANGE_ONLY"] != "true" || envs[0]["MIG_PARTED_SKIP_RESET"] != "true" {
+		t.Fatalf("mode-only from the environment ran %v with %v", names, envs)
+	}
 }
 
 // A failing hook fails the change with its output; apply-exit still runs,
