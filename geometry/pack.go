@@ -218,6 +218,18 @@ func pack(cat *profiles.Catalogue, devices []DeviceCount) ([]*group, error) {
 	if compute > total {
 		return nil, fmt.Errorf("%w: %s: needs %d compute slices of %d", ErrDoesNotFit, listCIs(reqs), compute, total)
 	}
+	// Each GPU instance profile asked for needs one GPU instance at least,
+	// whatever the order: a bound that spares a hopeless permutation search.
+	seen, least := map[*profiles.Profile]bool{}, 0
+	for _, c := range reqs {
+		if !seen[c.prof] {
+			seen[c.prof] = true
+			least += c.prof.Slices
+		}
+	}
+	if least > total {
+		return nil, fmt.Errorf("%w: %s: needs GPU instances of %d compute slices of %d", ErrDoesNotFit, listCIs(reqs), least, total)
+	}
 	var first error
 	var found []*group
 	tried := map[string]bool{}

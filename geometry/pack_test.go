@@ -40,6 +40,7 @@ func TestPackMigParted(t *testing.T) {
 		{"3×1c.2g: 2 + 1", h200, dc("1c.2g.35gb=3"), "2×1c.2g.35gb@0 1c.2g.35gb@2", ""},
 		{"2×2c.3g: 2c fits once in a 3g (max count 1)", h200, dc("2c.3g.71gb=2"), "2c.3g.71gb@0 2c.3g.71gb@4", ""},
 		{"8×1c.7g: more compute slices than the GPU", h200, dc("1c.7g.141gb=8"), "", "needs 8 compute slices of 7"},
+		{"1c.7g + 1c.3g: a 7g and a 3g in every order", h200, dc("1c.7g.141gb=1", "1c.3g.71gb=1"), "", "needs GPU instances of 10 compute slices of 7"},
 		// Mixed C values: Flatten puts larger C first, the smaller fill up.
 		{"2c.3g + 1c.3g: one 3g", h200, dc("1c.3g.71gb=1", "2c.3g.71gb=1"), "2c.3g.71gb+1c.3g.71gb@0", ""},
 		{"3×2c.7g + 1c.7g: one 7g", h200, dc("1c.7g.141gb=1", "2c.7g.141gb=3"), "3×2c.7g.141gb+1c.7g.141gb@0", ""},
