@@ -330,3 +330,56 @@ func TestApplyHookFails(t *testing.T) {
 		t.Fatalf("misspelt hook point: exit %d\n%s", code, out)
 	}
 }
+
+// plan -o json keeps destroy and create for GPU instances and lists the
+// compute instances that change inside kept ones in destroyCompute and
+// createCompute.
+func TestPlanJSONComputeInstances(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeConfig(t, dir, twoConfigs)
+	sim := []string{"--nvml", "sim:h200x1", "--sim-state", filepath.Join(dir, "s.json"), "--log-level", "error"}
+	extra := filepath.Join(dir, "two.yaml")
+	_ = os.WriteFile(extra, []byte("version: v1\nmig-configs:\n  two:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1c.3g.71gb\": 2, \"3g.71gb\": 1}\n"), 0o600)
+	if code, out := runOut(t, append([]string{"apply", "-f", extra}, sim...)...); code != 0 {
+		t.Fatal(out)
+	}
+	code, out := runOut(t, append([]string{"plan", "-f", cfg, "-c", "shared", "-o", "json"}, sim...)...)
+	var plan struct {
+		GPUs []struct {
+			Action  string            `json:"action"`
+			Destroy []json.RawMessage `json:"destroy"`
+			Create  []json.RawMessage `json:"create"`
+			Keep    []struct {
+				Profile string   `json:"profile"`
+				Start   int      `json:"start"`
+				CIs     []string `json:"computeInstances"`
+			} `json:"keep"`
+			DestroyCompute []json.RawMessage `json:"destroyCompute"`
+			CreateCompute  []struct {
+				Profile string `json:"profile"`
+				Start   int    `json:"start"`
+				Compute string `json:"compute"`
+			} `json:"createCompute"`
+		} `json:"gpus"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &plan) != nil || len(plan.GPUs) != 1 {
+		t.Fatalf("plan: %d\n%s", code, out)
+	}
+	g := plan.GPUs[0]
+	if g.Action != "change" || g.Destroy == nil || len(g.Destroy) != 0 || g.Create == nil || len(g.Create) != 0 ||
+		len(g.DestroyCompute) != 0 || len(g.CreateCompute) != 1 || g.CreateCompute[0].Compute != "1c.3g.71gb" ||
+		g.CreateCompute[0].Profile != "3g.71gb" || len(g.Keep) != 2 {
+		t.Fatalf("plan:\n%s", out)
+	}
+	held := false
+	for _, k := range g.Keep {
+		held = held || k.Start == g.CreateCompute[0].Start && slices.Equal(k.CIs, []string{"1c.3g.71gb", "1c.3g.71gb", "1c.3g.71gb"})
+	}
+	if !held {
+		t.Fatalf("keep does not show the GPU instance with its three compute instances:\n%s", out)
+	}
+	code, out = runOut(t, append([]string{"plan", "-f", cfg, "-c", "shared"}, sim...)...)
+	if code != 0 || !strings.Contains(out, "create  compute instance 1c.3g.71gb in 3g.71gb@") {
+		t.Fatalf("plan text:\n%s", out)
+	}
+}
