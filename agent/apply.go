@@ -67,10 +67,21 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 		if !ok {
 			return res, fmt.Errorf("GPU %d is in the plan but not on the node", gp.Index)
 		}
-		pe := &PartialError{GPU: gp.Index, ToDestroy: len(gp.Destroy), ToCreate: len(gp.Create)}
+		pe := &PartialError{GPU: gp.Index, ToDestroy: len(gp.Destroy) + len(gp.DestroyCompute), ToCreate: len(gp.Create) + len(gp.CreateCompute)}
 		fail := func(what string, err error) (ApplyResult, error) {
 			pe.Step, pe.Err = what, err
 			return res, pe
+		}
+		// Compute instances that go from GPU instances that stay.
+		for _, d := range DoomedCompute(insts, gp) {
+			what := fmt.Sprintf("destroying compute instance %s in %s@%d", d.CI.Profile, d.GI.Profile, d.GI.Placement.Start)
+			if err := step(gp.Index, what); err != nil {
+				return res, err
+			}
+			if err := g.DestroyComputeInstance(gp.Index, d.GI.ID, d.CI.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
+				return fail(what, err)
+			}
+			pe.Destroyed++
 		}
 		for _, in := range gp.Destroy {
 			gi, ok := findGI(insts, in.ProfileID, in.Start)
@@ -147,6 +158,25 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 			}
 			pe.Created++
 		}
+		// Compute instances that come into GPU instances that stay.
+		for _, c := range gp.CreateCompute {
+			what := fmt.Sprintf("creating compute instance %s in %s@%d", c.Compute, c.Profile, c.Start)
+			if err := step(gp.Index, what); err != nil {
+				return res, err
+			}
+			gi, ok := findGI(insts, c.ProfileID, c.Start)
+			if !ok {
+				return fail(what, fmt.Errorf("GPU instance %s@%d is gone", c.Profile, c.Start))
+			}
+			cp, err := computeProfile(&dev.Catalogue, c.ProfileID, c.Compute, gp.Index)
+			if err != nil {
+				return fail(what, err)
+			}
+			if _, err := g.CreateComputeInstance(gp.Index, gi.ID, cp.ID); err != nil {
+				return fail(what, err)
+			}
+			pe.Created++
+		}
 	}
 	if len(res.RebootGPUs) > 0 {
 		return res, fmt.Errorf("GPUs %v: %w", res.RebootGPUs, ErrRebootRequired)
@@ -154,36 +184,92 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 	return res, nil
 }
 
-func displayName(in geometry.Instance) string {
-	if in.Compute != "" {
-		return in.Compute
-	}
-	return in.Profile
+func displayName(in geometry.Instance) string { return in.Name() }
+
+// Doomed is a compute instance a plan destroys inside a GPU instance it keeps.
+type Doomed struct {
+	GI nvmlx.GPUInstance
+	CI nvmlx.ComputeInstance
 }
 
+// DoomedCompute lists the compute instances gp destroys inside the GPU
+// instances it keeps: of each profile it names there, the compute
+// instances with the highest ids (the newest). ApplyPlan destroys exactly
+// these, and the pods on them are the ones evicted.
+func DoomedCompute(insts []nvmlx.GPUInstance, gp geometry.GPUPlan) []Doomed {
+	var out []Doomed
+	taken := map[[2]int]bool{}
+	for _, c := range gp.DestroyCompute {
+		gi, ok := findGI(insts, c.ProfileID, c.Start)
+		if !ok {
+			continue
+		}
+		want, err := profiles.Parse(c.Compute)
+		if err != nil {
+			continue
+		}
+		best := -1
+		for i, ci := range gi.ComputeInstances {
+			n, err := profiles.Parse(ci.Profile)
+			if err != nil || !n.Equal(want) || taken[[2]int{gi.ID, ci.ID}] {
+				continue
+			}
+			if best < 0 || ci.ID > gi.ComputeInstances[best].ID {
+				best = i
+			}
+		}
+		if best >= 0 {
+			ci := gi.ComputeInstances[best]
+			taken[[2]int{gi.ID, ci.ID}] = true
+			out = append(out, Doomed{GI: gi, CI: ci})
+		}
+	}
+	return out
+}
+
+// computeProfile finds compute profile name inside the GPU instance
+// profile with id giProfileID.
+func computeProfile(cat *profiles.Catalogue, giProfileID int, name string, gpu int) (*profiles.ComputeProfile, error) {
+	p, ok := cat.ByID(giProfileID)
+	if !ok {
+		return nil, fmt.Errorf("profile id %d not offered by GPU %d", giProfileID, gpu)
+	}
+	n, err := profiles.Parse(name)
+	if err != nil {
+		return nil, err
+	}
+	cp, ok := p.Compute(n)
+	if !ok {
+		return nil, fmt.Errorf("compute profile %s not offered inside %s on GPU %d", name, p.Name, gpu)
+	}
+	return cp, nil
+}
+
+// createInstance creates a GPU instance at its planned placement and the
+// compute instances it holds, largest first (the order nvidia-mig-parted
+// creates them in).
 func createInstance(g nvmlx.GPU, gpu int, cat *profiles.Catalogue, in geometry.Instance) error {
 	p, ok := cat.ByID(in.ProfileID)
 	if !ok {
 		return fmt.Errorf("profile id %d (%s) not offered by GPU %d", in.ProfileID, in.Profile, gpu)
 	}
-	ciName := in.Profile
-	if in.Compute != "" {
-		ciName = in.Compute
+	cis := in.Compute
+	if cis == nil {
+		cis = []string{in.Profile}
 	}
-	n, err := profiles.Parse(ciName)
-	if err != nil {
-		return err
-	}
-	cp, ok := p.Compute(n)
-	if !ok {
-		return fmt.Errorf("compute profile %s not offered inside %s on GPU %d", ciName, p.Name, gpu)
+	var cps []*profiles.ComputeProfile
+	for _, name := range cis {
+		cp, err := computeProfile(cat, p.ID, name, gpu)
+		if err != nil {
+			return err
+		}
+		cps = append(cps, cp)
 	}
 	giID, err := g.CreateGPUInstance(gpu, p.ID, placementOf(cat, in))
 	if err != nil {
 		return err
 	}
-	count := max(in.ComputeCount, 1)
-	for range count {
+	for _, cp := range cps {
 		if _, err := g.CreateComputeInstance(gpu, giID, cp.ID); err != nil {
 			// Leave no GPU instance without its compute instances: undo it
 			// (best effort; a leftover is destroyed by the next plan).

@@ -2,10 +2,15 @@ package agent
 
 import (
 	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/profiles"
 )
 
 func newSim(t *testing.T, spec string, o nvmlx.SimOptions) *nvmlx.Sim {
@@ -164,42 +169,220 @@ func TestApplyComputeFaultUndoesGPUInstance(t *testing.T) {
 	}
 }
 
-// export renders a geometry that apply reproduces on fresh GPUs.
-func TestExportRoundTrip(t *testing.T) {
-	f := parseSpec(t, `version: v1
+// sharedGI lists geometries with GPU instances that hold several compute
+// instances, as nvidia-mig-parted's apply walk packs them (geometry's
+// TestPackMigParted derives each).
+const sharedGI = `version: v1
 mig-configs:
-  mixed:
-    - devices: [0]
+  seven-1c:
+    - devices: all
       mig-enabled: true
-      mig-devices: {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}
-    - devices: [1]
-      mig-enabled: false
-    - devices: [2]
+      mig-devices: {"1c.7g.141gb": 7}
+  two-1c-3g:
+    - devices: all
       mig-enabled: true
       mig-devices: {"1c.3g.71gb": 2}
-`)
-	s := newSim(t, "h200x3", nvmlx.SimOptions{})
-	if _, err := applyConfig(t, s, f, "mixed", ApplyOptions{}); err != nil {
+  overflow:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1c.3g.71gb": 4}
+  mixed-c:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"2c.3g.71gb": 2, "1c.3g.71gb": 2}
+  mixed-7g:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"2c.7g.141gb": 3, "1c.7g.141gb": 1}
+  mixed-gi:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1c.4g.71gb": 2, "2c.4g.71gb": 1, "1c.3g.71gb": 1, "2c.3g.71gb": 1}
+  with-full:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"3g.71gb": 1, "1c.3g.71gb": 3}
+`
+
+// geometryOf is every GPU's instances, exactly: profile, placement and
+// compute instances.
+func geometryOf(t *testing.T, g nvmlx.GPU) string {
+	t.Helper()
+	n, err := Discover(g)
+	if err != nil {
 		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, gpu := range n.GPUs {
+		fmt.Fprintf(&b, "GPU %d mig %v:", gpu.Index, gpu.ModePending)
+		for _, in := range gpu.Instances {
+			fmt.Fprintf(&b, " %s@%d:%d", in.Name(), in.Start, in.Size)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// exportApply applies config name of f on a fresh sim of spec, exports the
+// result and applies the export on another fresh sim; both must end with
+// the same geometry, and the export must already hold on the first.
+func exportApply(t *testing.T, spec string, f *ConfigFile, name string) {
+	t.Helper()
+	s := newSim(t, spec, nvmlx.SimOptions{})
+	if _, err := applyConfig(t, s, f, name, ApplyOptions{}); err != nil {
+		t.Fatalf("%s on %s: %v", name, spec, err)
 	}
 	n, err := Discover(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := n.Export().Marshal()
+	data, err := n.Export(ExportName).Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
 	exported := parseSpec(t, string(data))
-	fresh := newSim(t, "h200x3", nvmlx.SimOptions{})
-	if _, err := applyConfig(t, fresh, exported, ExportName, ApplyOptions{}); err != nil {
+	plan, err := geometry.BuildPlan(exported.Spec, ExportName, n.GPUs)
+	if err != nil {
 		t.Fatal(err)
 	}
-	m, _ := Discover(fresh)
-	want, got := n.GeometryOf(), m.GeometryOf()
-	for k := range want {
-		if len(want[k]) != len(got[k]) {
-			t.Fatalf("GPU %s: exported+applied %v, original %v\n%s", k, got[k], want[k], data)
+	for _, gp := range plan.GPUs {
+		if gp.Action != geometry.ActionUntouched {
+			t.Fatalf("%s on %s: the export does not hold where it was read: %+v\n%s", name, spec, gp, data)
 		}
 	}
+	fresh := newSim(t, spec, nvmlx.SimOptions{})
+	if _, err := applyConfig(t, fresh, exported, ExportName, ApplyOptions{}); err != nil {
+		t.Fatalf("%s on %s: applying the export: %v\n%s", name, spec, err, data)
+	}
+	if want, got := geometryOf(t, s), geometryOf(t, fresh); want != got {
+		t.Fatalf("%s on %s: export then apply gives\n%s, the original\n%s\nexport:\n%s", name, spec, got, want, data)
+	}
+}
+
+// export then apply reproduces every geometry of NVIDIA's config files
+// (geometry/testdata) on every simulated model they select, and every
+// shared-GPU-instance geometry.
+func TestExportApplyReproduces(t *testing.T) {
+	files, err := filepath.Glob("../geometry/testdata/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no config files: %v", err)
+	}
+	done := 0
+	for _, file := range files {
+		f, err := LoadConfigFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range profiles.Models() {
+			if !m.MigCapable {
+				continue
+			}
+			spec := m.Key + "x2"
+			n, err := Discover(newSim(t, spec, nvmlx.SimOptions{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range f.Spec.Names {
+				if _, err := geometry.BuildPlan(f.Spec, name, n.GPUs); err != nil {
+					continue // meant for other GPUs, or does not fit them
+				}
+				exportApply(t, spec, f, name)
+				done++
+			}
+		}
+	}
+	shared := parseSpec(t, sharedGI)
+	for _, name := range shared.Spec.Names {
+		exportApply(t, "h200x2", shared, name)
+		done++
+	}
+	if done < 50 {
+		t.Fatalf("only %d geometries checked", done)
+	}
+}
+
+// A change that only adds or removes compute instances inside GPU
+// instances that stay touches only those compute instances: no GPU
+// instance is destroyed or created, the other compute instances keep their
+// MIG device UUIDs, and what would be evicted is the removed one alone.
+func TestApplyComputeOnlyChange(t *testing.T) {
+	f := parseSpec(t, `version: v1
+mig-configs:
+  two:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1c.3g.71gb": 2, "3g.71gb": 1}
+  three:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1c.3g.71gb": 3, "3g.71gb": 1}
+`)
+	s := newSim(t, "h200x1", nvmlx.SimOptions{})
+	if _, err := applyConfig(t, s, f, "two", ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	uuids := func() []string {
+		n, _ := Discover(s)
+		var out []string
+		for u := range n.MIGDevices() {
+			out = append(out, u)
+		}
+		slices.Sort(out)
+		return out
+	}
+	before, m0 := uuids(), s.Mutations()
+	if _, err := applyConfig(t, s, f, "three", ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	after := uuids()
+	d := mutationsSince(m0, s.Mutations())
+	if len(d) != 1 || d[nvmlx.OpCreateComputeInstance] != 1 {
+		t.Fatalf("adding a compute instance: mutations %v, want 1 compute instance create", d)
+	}
+	if len(after) != 4 || len(common(before, after)) != 3 {
+		t.Fatalf("MIG devices %v → %v: the old ones must stay", before, after)
+	}
+
+	// Back to two: the plan destroys one compute instance, the newest, and
+	// that MIG device is all that would be evicted.
+	n, _ := Discover(s)
+	plan, err := geometry.BuildPlan(f.Spec, "two", n.GPUs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus, migs := targets(n, plan)
+	added := minusStrings(after, before)
+	if len(gpus) != 1 || len(migs) != 1 || migs[0] != added[0] {
+		t.Fatalf("targets %v %v; want the GPU and the added MIG device %v", gpus, migs, added)
+	}
+	m1 := s.Mutations()
+	if _, err := ApplyAndVerify(s, n, plan, f, "two", ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if d := mutationsSince(m1, s.Mutations()); len(d) != 1 || d[nvmlx.OpComputeInstanceDestroy] != 1 {
+		t.Fatalf("removing a compute instance: mutations %v", d)
+	}
+	if got := uuids(); strings.Join(got, " ") != strings.Join(before, " ") {
+		t.Fatalf("MIG devices %v; want %v", got, before)
+	}
+}
+
+func common(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func minusStrings(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }

@@ -169,13 +169,24 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 			d.Log.Warn("taking a shutdown inhibitor failed", "err", err)
 		}
 	}
-	applied, err := ApplyAndVerify(d.GPU, n, plan, d.File, desired, ApplyOptions{Step: func(gpu int, what string) error {
+	opts := ApplyOptions{Step: func(gpu int, what string) error {
 		ch.Step = fmt.Sprintf("GPU %d: %s", gpu, what)
 		d.saveJournal()
 		_ = d.notify().Status("%s", ch.Step)
 		d.Log.Info("applying", "gpu", gpu, "step", what)
 		return nil
-	}})
+	}}
+	var applied *Applied
+	if d.Hooks != nil && d.Kube == nil {
+		// Standalone: the hooks file runs around the change as
+		// nvidia-mig-parted apply runs it; a failing hook fails the change.
+		env := HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: desired, HooksFile: d.S.HooksFile}
+		a := NewPlanApplier(d.GPU, d.File, desired, opts, n, plan)
+		err = ApplyWithHooks(ctx, d.Log, d.Hooks, env, false, a)
+		applied = &a.Result
+	} else {
+		applied, err = ApplyAndVerify(d.GPU, n, plan, d.File, desired, opts)
+	}
 	if release != nil {
 		_ = release()
 	}

@@ -47,6 +47,9 @@ type Daemon struct {
 	// release stops renewing it without freeing it, and the Lease is
 	// stretched to cover the reboot (optional).
 	SlotReboot func(ctx context.Context) error
+	// Hooks are the nvidia-mig-parted hooks run around each change in
+	// standalone mode (S.HooksFile; nil: none).
+	Hooks Hooks
 
 	ready    atomic.Bool
 	failing  string
@@ -456,7 +459,8 @@ func indices(p *geometry.Plan) (changed, untouched []int) {
 }
 
 // targets lists what the plan takes away: whole GPUs that change (by GPU
-// UUID) and MIG devices whose GPU instance is destroyed.
+// UUID), MIG devices whose GPU instance is destroyed and MIG devices (compute
+// instances) destroyed inside a GPU instance that stays.
 func targets(n *Node, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 	for _, gp := range p.GPUs {
 		g, m := targetsOf(n, gp)
@@ -481,6 +485,9 @@ func targetsOf(n *Node, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 				migUUIDs = append(migUUIDs, ci.UUID)
 			}
 		}
+	}
+	for _, d := range DoomedCompute(insts, gp) {
+		migUUIDs = append(migUUIDs, d.CI.UUID)
 	}
 	return gpuUUIDs, migUUIDs
 }
@@ -522,8 +529,12 @@ func (d *Daemon) strayProcesses(n *Node, p *geometry.Plan) ([]string, error) {
 				doomed[gi.ID] = true
 			}
 		}
+		doomedCI := map[[2]int]bool{}
+		for _, d := range DoomedCompute(insts, gp) {
+			doomedCI[[2]int{d.GI.ID, d.CI.ID}] = true
+		}
 		for _, pr := range procs {
-			if gp.ModeChange != geometry.ModeNone || pr.GIID < 0 || doomed[pr.GIID] {
+			if gp.ModeChange != geometry.ModeNone || pr.GIID < 0 || doomed[pr.GIID] || doomedCI[[2]int{pr.GIID, pr.CIID}] {
 				out = append(out, fmt.Sprintf("pid %d (%s) on GPU %d", pr.PID, pr.Name, gp.Index))
 			}
 		}

@@ -49,23 +49,17 @@ func Discover(g nvmlx.GPU) (*Node, error) {
 	return n, nil
 }
 
-// NoComputeInstance marks a GPU instance that holds no compute instance.
-const NoComputeInstance = "none"
-
 func toGeometry(insts []nvmlx.GPUInstance) []geometry.Instance {
 	out := make([]geometry.Instance, 0, len(insts))
 	for _, gi := range insts {
-		in := geometry.Instance{Profile: gi.Profile, Start: gi.Placement.Start, Size: gi.Placement.Size, ProfileID: gi.ProfileID}
-		switch {
-		case len(gi.ComputeInstances) == 0:
-			// A GPU instance without a compute instance exposes no MIG
-			// device: no desired instance matches it, so the plan replaces it.
-			in.Compute = NoComputeInstance
-		case gi.ComputeInstances[0].Profile != gi.Profile:
-			in.Compute = gi.ComputeInstances[0].Profile
-			in.ComputeCount = len(gi.ComputeInstances)
+		// Every compute instance by its profile name; none at all (a GPU
+		// instance that exposes no MIG device) is an empty list, which no
+		// config holds, so the plan fills or replaces it.
+		cis := make([]string, 0, len(gi.ComputeInstances))
+		for _, ci := range gi.ComputeInstances {
+			cis = append(cis, ci.Profile)
 		}
-		out = append(out, in)
+		out = append(out, geometry.Instance{Profile: gi.Profile, Start: gi.Placement.Start, Size: gi.Placement.Size, ProfileID: gi.ProfileID, Compute: cis})
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].Start < out[b].Start })
 	return out
@@ -95,11 +89,7 @@ func (n *Node) GeometryOf() map[string][]string {
 		default:
 			list := []string{}
 			for _, in := range g.Instances {
-				name := in.Profile
-				if in.Compute != "" {
-					name = in.Compute
-				}
-				list = append(list, fmt.Sprintf("%s@%d", name, in.Start))
+				list = append(list, fmt.Sprintf("%s@%d", in.Name(), in.Start))
 			}
 			out[key] = list
 		}

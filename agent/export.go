@@ -7,13 +7,14 @@ import (
 	"github.com/migagent/mig-agent/geometry"
 )
 
-// ExportName is the config name `mig-agent export` writes.
+// ExportName is the config name `mig-agent export` writes unless told
+// another (nvidia-mig-parted export's default label).
 const ExportName = "current"
 
-// Export renders the node's current geometry as a config file that `apply
-// -c current` reproduces: GPUs with the same geometry share one entry.
-// GPUs that cannot do MIG are left out.
-func (n *Node) Export() *geometry.Spec {
+// Export renders the node's current geometry as a config file holding one
+// config, name, that `apply -c name` reproduces: GPUs with the same
+// geometry share one entry. GPUs that cannot do MIG are left out.
+func (n *Node) Export(name string) *geometry.Spec {
 	var entries []geometry.Entry
 	index := map[string]int{} // geometry key → entry
 	for _, g := range n.GPUs {
@@ -23,15 +24,14 @@ func (n *Node) Export() *geometry.Spec {
 		enabled := g.ModePending // the mode the GPU is headed for
 		var counts []geometry.DeviceCount
 		if enabled {
+			// One count per compute instance, by its profile, as
+			// nvidia-mig-parted's export (GetMigConfig) counts them: apply
+			// packs them back into shared GPU instances. A GPU instance
+			// without compute instances exposes nothing and is left out.
 			for _, in := range g.Instances {
-				name := in.Profile
-				if in.Compute != "" && in.Compute != NoComputeInstance {
-					name = in.Compute
+				for _, ci := range in.Compute {
+					counts = addCount(counts, ci, 1)
 				}
-				if in.Compute == NoComputeInstance {
-					continue
-				}
-				counts = addCount(counts, name, max(in.ComputeCount, 1))
 			}
 		}
 		key := fmt.Sprint(enabled, counts)
@@ -46,7 +46,7 @@ func (n *Node) Export() *geometry.Spec {
 			MigDevices: counts,
 		})
 	}
-	return &geometry.Spec{Version: "v1", Names: []string{ExportName}, Configs: map[string][]geometry.Entry{ExportName: entries}}
+	return &geometry.Spec{Version: "v1", Names: []string{name}, Configs: map[string][]geometry.Entry{name: entries}}
 }
 
 func addCount(c []geometry.DeviceCount, name string, n int) []geometry.DeviceCount {

@@ -22,6 +22,9 @@ type Settings struct {
 	Standalone     bool   `json:"standalone"`
 	ConfigFile     string `json:"configFile,omitempty"`
 	SelectedConfig string `json:"selectedConfig,omitempty"`
+	// HooksFile is an nvidia-mig-parted hooks file run around each change
+	// applied without Kubernetes (apply, run --standalone).
+	HooksFile      string `json:"hooksFile,omitempty"`
 	NodeName       string `json:"nodeName,omitempty"`
 	Kubeconfig     string `json:"kubeconfig,omitempty"`
 	Namespace      string `json:"namespace"`

@@ -53,7 +53,8 @@ func ApplyAndVerify(g nvmlx.GPU, n *Node, plan *geometry.Plan, f *ConfigFile, na
 	var left []string
 	for _, gp := range again.GPUs {
 		if gp.Action == geometry.ActionChange && !contains(res.RebootGPUs, gp.Index) {
-			left = append(left, fmt.Sprintf("GPU %d (%d to destroy, %d to create, mode %s)", gp.Index, len(gp.Destroy), len(gp.Create), gp.ModeChange))
+			left = append(left, fmt.Sprintf("GPU %d (%d to destroy, %d to create, %d compute instances to destroy, %d to create, mode %s)",
+				gp.Index, len(gp.Destroy), len(gp.Create), len(gp.DestroyCompute), len(gp.CreateCompute), gp.ModeChange))
 		}
 	}
 	if len(left) > 0 {
@@ -102,6 +103,12 @@ func WritePlanText(w io.Writer, p *geometry.Plan) error {
 		}
 		for _, in := range g.Create {
 			fmt.Fprintf(&b, "  create  %s@%d\n", displayName(in), in.Start)
+		}
+		for _, c := range g.DestroyCompute {
+			fmt.Fprintf(&b, "  destroy compute instance %s in %s@%d\n", c.Compute, c.Profile, c.Start)
+		}
+		for _, c := range g.CreateCompute {
+			fmt.Fprintf(&b, "  create  compute instance %s in %s@%d\n", c.Compute, c.Profile, c.Start)
 		}
 		for _, pod := range g.Evict {
 			fmt.Fprintf(&b, "  evict   %s\n", pod)

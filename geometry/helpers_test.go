@@ -66,15 +66,11 @@ func readSpec(t testing.TB, file string) *Spec {
 	return s
 }
 
-// layout prints instances as "3g.71gb@0 1c.3g.71gb@4".
+// layout prints instances as "3g.71gb@0 1c.3g.71gb@4 2×1c.3g.71gb@4".
 func layout(in []Instance) string {
 	parts := make([]string, len(in))
 	for i, x := range in {
-		name := x.Profile
-		if x.Compute != "" {
-			name = x.Compute
-		}
-		parts[i] = fmt.Sprintf("%s@%d", name, x.Start)
+		parts[i] = fmt.Sprintf("%s@%d", x.Name(), x.Start)
 	}
 	return strings.Join(parts, " ")
 }

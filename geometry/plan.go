@@ -13,26 +13,38 @@ import (
 )
 
 // PlanGPU plans the change of one GPU from what it has now (MIG mode current
-// and pending, GPU instances) to what req asks; req nil leaves it untouched.
-// It validates req first (see Validate).
+// and pending, GPU instances with their compute instances) to what req
+// asks; req nil leaves it untouched. It validates req first (see Validate).
 //
-// The plan is a minimal diff: among all placements of the requested GPU
-// instances, it takes one that keeps the most existing instances in place
-// (same GPU instance profile, start and compute profile), destroys the
-// others and creates what is missing (ties: lowest placements first). A GPU
-// instance holding several compute instances (ComputeCount > 1) is never
-// kept, as configs ask for one each. A mode change destroys everything
-// when disabling and creates everything when enabling. A mode change on an
-// Ampere GPU needs a GPU reset (ResetNeeded); also when the wanted mode is
-// already pending there. On Hopper and later no reset is needed. A pending
-// mode that differs from the wanted one, with the current mode right, is
-// undone by setting the mode again (ModeChange, no reset).
+// A GPU already holds req when its MIG mode is req's and its compute
+// instances, counted per profile, are req's counts, whatever GPU
+// instances they sit in (nvidia-mig-parted's assert and apply compare
+// exactly these counts, MigConfig.Equals over GetMigConfig), and no GPU
+// instance is empty: then the plan is untouched. Otherwise the plan is a
+// minimal diff towards the GPU instances Fit packs: among all placements
+// of them it takes one that keeps the most existing compute instances,
+// then the most existing GPU instances (same GPU instance profile and
+// start; ties: lowest placements first). A kept GPU instance loses only
+// the compute instances the new geometry does not hold there and gains
+// only those it lacks (DestroyCompute, CreateCompute); the others are
+// destroyed (Destroy) and the missing ones created (Create). A mode change
+// destroys everything when disabling and creates everything when enabling.
+// A mode change on an Ampere GPU needs a GPU reset (ResetNeeded); also when
+// the wanted mode is already pending there. On Hopper and later no reset
+// is needed. A pending mode that differs from the wanted one, with the
+// current mode right, is undone by setting the mode again (ModeChange, no
+// reset).
 func PlanGPU(gpu GPU, req *Request) (GPUPlan, error) {
 	gp := GPUPlan{
 		Index: gpu.Index, UUID: gpu.UUID, Action: ActionUntouched, ModeChange: ModeNone,
 		Destroy: []Instance{}, Create: []Instance{}, Keep: []Instance{},
+		DestroyCompute: []ComputeChange{}, CreateCompute: []ComputeChange{},
 	}
-	current := slices.Clone(gpu.Instances)
+	current := make([]Instance, len(gpu.Instances))
+	for i, in := range gpu.Instances {
+		in.Compute = computeOf(in)
+		current[i] = in
+	}
 	sortInstances(current)
 	if req == nil {
 		gp.MigEnabled = gpu.ModeCurrent
@@ -48,46 +60,76 @@ func PlanGPU(gpu GPU, req *Request) (GPUPlan, error) {
 		}
 		gp.ResetNeeded = req.MigEnabled != gpu.ModeCurrent && gpu.Architecture == profiles.ArchAmpere
 	}
-	keys := make([]instKey, len(current))
-	var existing map[instKey]bool
+	var existing map[giKey][]string
 	if req.MigEnabled && gpu.ModeCurrent {
-		existing = make(map[instKey]bool, len(current))
-	}
-	for i, in := range current {
-		keys[i] = keyOf(in)
-		if existing != nil && in.ComputeCount <= 1 {
-			existing[keys[i]] = true
+		existing = make(map[giKey][]string, len(current))
+		for _, in := range current {
+			existing[giKey{canonical(in.Profile), in.Start}] = in.Compute
 		}
 	}
 	desired, err := place(&gpu, req, existing)
 	if err != nil {
 		return gp, err
 	}
+	if gp.ModeChange == ModeNone && req.MigEnabled && Holds(current, req.Devices) {
+		gp.Keep = append(gp.Keep, current...)
+		gp.Desired = slices.Clone(current)
+		return gp, nil
+	}
 	gp.Desired = desired
 	if desired == nil {
 		gp.Desired = []Instance{}
 	}
-	wanted := make(map[instKey]bool, len(desired))
+	kept := map[giKey]bool{}
 	for _, d := range desired {
-		k := instKey{canonical(d.Profile), d.Start, d.Compute}
-		if existing[k] {
-			wanted[k] = true
-		} else {
+		k := giKey{canonical(d.Profile), d.Start}
+		have, ok := existing[k]
+		if !ok {
 			gp.Create = append(gp.Create, d)
+			continue
+		}
+		kept[k] = true
+		gp.Keep = append(gp.Keep, d)
+		for _, c := range minus(have, d.Compute) {
+			gp.DestroyCompute = append(gp.DestroyCompute, ComputeChange{Profile: d.Profile, Start: d.Start, Compute: c, ProfileID: d.ProfileID})
+		}
+		for _, c := range minus(d.Compute, have) {
+			gp.CreateCompute = append(gp.CreateCompute, ComputeChange{Profile: d.Profile, Start: d.Start, Compute: c, ProfileID: d.ProfileID})
 		}
 	}
-	for i, in := range current {
-		if wanted[keys[i]] && in.ComputeCount <= 1 {
-			gp.Keep = append(gp.Keep, in)
-			delete(wanted, keys[i]) // a second instance with the same key goes
-		} else {
+	for _, in := range current {
+		if !kept[giKey{canonical(in.Profile), in.Start}] {
 			gp.Destroy = append(gp.Destroy, in)
 		}
 	}
-	if gp.ModeChange != ModeNone || len(gp.Destroy)+len(gp.Create) > 0 {
+	if gp.ModeChange != ModeNone || len(gp.Destroy)+len(gp.Create)+len(gp.DestroyCompute)+len(gp.CreateCompute) > 0 {
 		gp.Action = ActionChange
 	}
 	return gp, nil
+}
+
+// Holds reports whether instances hold exactly the compute instances
+// devices ask for, counted per profile (names canonical, zero counts
+// ignored), with no GPU instance empty: nvidia-mig-parted's test of an
+// applied config (MigConfig.Equals of GetMigConfig and the config).
+func Holds(instances []Instance, devices []DeviceCount) bool {
+	have := map[string]int{}
+	for _, in := range instances {
+		cis := computeOf(in)
+		if len(cis) == 0 {
+			return false
+		}
+		for _, c := range cis {
+			have[c]++
+		}
+	}
+	want := map[string]int{}
+	for _, d := range devices {
+		if d.Count != 0 {
+			want[canonical(d.Profile)] += d.Count
+		}
+	}
+	return maps.Equal(have, want)
 }
 
 // BuildPlan resolves config name against the node's GPUs, validates and

@@ -9,8 +9,10 @@ import (
 	"github.com/migagent/mig-agent/profiles"
 )
 
-// withInstances returns g with MIG on and the instances of layout
-// ("1g.18gb@0 1g.18gb@1").
+// withInstances returns g with MIG on and the instances of layout, written
+// as layout prints them: "1g.18gb@0 1c.3g.71gb@4", a GPU instance holding
+// several compute instances as "2c.3g.71gb+1c.3g.71gb@0" or "3×1c.3g.71gb@4",
+// one holding none as "3g.71gb[none]@0".
 func withInstances(t testing.TB, g GPU, l string) GPU {
 	t.Helper()
 	g.ModeCurrent, g.ModePending = true, true
@@ -19,21 +21,47 @@ func withInstances(t testing.TB, g GPU, l string) GPU {
 		name, start, _ := strings.Cut(f, "@")
 		var s int
 		fmt.Sscan(start, &s)
-		n, err := profiles.Parse(name)
-		if err != nil {
-			t.Fatal(err)
+		var cis []string
+		var gi profiles.Name
+		empty := false
+		if base, ok := strings.CutSuffix(name, "[none]"); ok {
+			name, empty = base, true
 		}
-		p, ok := g.Catalogue.ByName(n)
+		for _, part := range strings.Split(name, "+") {
+			count := 1
+			if c, rest, ok := strings.Cut(part, "×"); ok {
+				fmt.Sscan(c, &count)
+				part = rest
+			}
+			n, err := profiles.Parse(part)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gi = n.GI()
+			for range count {
+				cis = append(cis, part)
+			}
+		}
+		p, ok := g.Catalogue.ByName(gi)
 		if !ok {
 			t.Fatalf("no %s", name)
 		}
-		in := Instance{Profile: p.Name, ProfileID: p.ID, Start: s, Size: p.Placements[0].Size}
-		if n.IsCompute() {
-			in.Compute = name
+		in := Instance{Profile: p.Name, ProfileID: p.ID, Start: s, Size: p.Placements[0].Size, Compute: cis}
+		if empty {
+			in.Compute = []string{}
 		}
 		g.Instances = append(g.Instances, in)
 	}
 	return g
+}
+
+// ciLayout prints compute instance changes as "1c.3g.71gb@4".
+func ciLayout(cs []ComputeChange) string {
+	parts := make([]string, len(cs))
+	for i, c := range cs {
+		parts[i] = fmt.Sprintf("%s@%d", c.Compute, c.Start)
+	}
+	return strings.Join(parts, " ")
 }
 
 const seven1g = "1g.18gb@0 1g.18gb@1 1g.18gb@2 1g.18gb@3 1g.18gb@4 1g.18gb@5 1g.18gb@6"
@@ -45,17 +73,32 @@ func TestPlanGPUMinimalDiff(t *testing.T) {
 		from                  string
 		devices               []DeviceCount
 		keep, destroy, create string
+		ciDestroy, ciCreate   string // compute instances inside kept GPU instances
 	}{
 		{"7×1g → 2×1g + 2g + 3g", seven1g, dc("1g.18gb=2", "2g.35gb=1", "3g.71gb=1"),
-			"1g.18gb@2 1g.18gb@3", "1g.18gb@0 1g.18gb@1 1g.18gb@4 1g.18gb@5 1g.18gb@6", "2g.35gb@0 3g.71gb@4"},
+			"1g.18gb@2 1g.18gb@3", "1g.18gb@0 1g.18gb@1 1g.18gb@4 1g.18gb@5 1g.18gb@6", "2g.35gb@0 3g.71gb@4", "", ""},
 		{"7×1g → 4×1g + 3g", seven1g, dc("1g.18gb=4", "3g.71gb=1"),
-			"1g.18gb@0 1g.18gb@1 1g.18gb@2 1g.18gb@3", "1g.18gb@4 1g.18gb@5 1g.18gb@6", "3g.71gb@4"},
+			"1g.18gb@0 1g.18gb@1 1g.18gb@2 1g.18gb@3", "1g.18gb@4 1g.18gb@5 1g.18gb@6", "3g.71gb@4", "", ""},
 		{"keeps a 1g at 6", "1g.18gb@6 3g.71gb@0", dc("1g.18gb=1", "2g.35gb=1", "4g.71gb=1"),
-			"1g.18gb@6", "3g.71gb@0", "4g.71gb@0 2g.35gb@4"},
-		{"same geometry", "3g.71gb@0 3g.71gb@4", dc("3g.71gb=2"), "3g.71gb@0 3g.71gb@4", "", ""},
-		{"compute profile differs", "3g.71gb@0 3g.71gb@4", dc("3g.71gb=1", "1c.3g.71gb=1"), "3g.71gb@0", "3g.71gb@4", "1c.3g.71gb@4"},
-		{"moves 2g to keep 3g at 0", "3g.71gb@0", dc("3g.71gb=1", "2g.35gb=2"), "", "3g.71gb@0", "2g.35gb@0 2g.35gb@2 3g.71gb@4"},
-		{"empty request destroys all", "1g.18gb@0 2g.35gb@2", nil, "", "1g.18gb@0 2g.35gb@2", ""},
+			"1g.18gb@6", "3g.71gb@0", "4g.71gb@0 2g.35gb@4", "", ""},
+		{"same geometry", "3g.71gb@0 3g.71gb@4", dc("3g.71gb=2"), "3g.71gb@0 3g.71gb@4", "", "", "", ""},
+		{"compute profile differs: the GPU instance stays, its compute instance changes", "3g.71gb@0 3g.71gb@4", dc("3g.71gb=1", "1c.3g.71gb=1"),
+			"3g.71gb@0 1c.3g.71gb@4", "", "", "3g.71gb@4", "1c.3g.71gb@4"},
+		{"moves 2g to keep 3g at 0", "3g.71gb@0", dc("3g.71gb=1", "2g.35gb=2"), "", "3g.71gb@0", "2g.35gb@0 2g.35gb@2 3g.71gb@4", "", ""},
+		{"empty request destroys all", "1g.18gb@0 2g.35gb@2", nil, "", "1g.18gb@0 2g.35gb@2", "", "", ""},
+		// Compute instances inside a kept GPU instance: only they change.
+		{"adds a compute instance inside a kept GPU instance", "2×1c.3g.71gb@0 3g.71gb@4", dc("1c.3g.71gb=3", "3g.71gb=1"),
+			"3×1c.3g.71gb@0 3g.71gb@4", "", "", "", "1c.3g.71gb@0"},
+		{"removes a compute instance inside a kept GPU instance", "3×1c.3g.71gb@0 3g.71gb@4", dc("1c.3g.71gb=2", "3g.71gb=1"),
+			"2×1c.3g.71gb@0 3g.71gb@4", "", "", "1c.3g.71gb@0", ""},
+		{"2c+1c → 3×1c keeps the 1c", "2c.3g.71gb+1c.3g.71gb@4", dc("1c.3g.71gb=3"),
+			"3×1c.3g.71gb@4", "", "", "2c.3g.71gb@4", "1c.3g.71gb@4 1c.3g.71gb@4"},
+		{"a second 3g for the overflow, the first untouched", "3×1c.3g.71gb@4", dc("1c.3g.71gb=4"),
+			"3×1c.3g.71gb@4", "", "1c.3g.71gb@0", "", ""},
+		{"the same counts in other GPU instances are applied (mig-parted's assert)", "1c.3g.71gb@0 1c.3g.71gb@4", dc("1c.3g.71gb=2"),
+			"1c.3g.71gb@0 1c.3g.71gb@4", "", "", "", ""},
+		{"an empty GPU instance is filled", "3g.71gb[none]@0", dc("1c.3g.71gb=2"),
+			"2×1c.3g.71gb@0", "", "", "", "1c.3g.71gb@0 1c.3g.71gb@0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,11 +107,12 @@ func TestPlanGPUMinimalDiff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := [3]string{layout(p.Keep), layout(p.Destroy), layout(p.Create)}; got != [3]string{tc.keep, tc.destroy, tc.create} {
-				t.Fatalf("keep/destroy/create %q; want %q", got, [3]string{tc.keep, tc.destroy, tc.create})
+			got := [5]string{layout(p.Keep), layout(p.Destroy), layout(p.Create), ciLayout(p.DestroyCompute), ciLayout(p.CreateCompute)}
+			if want := [5]string{tc.keep, tc.destroy, tc.create, tc.ciDestroy, tc.ciCreate}; got != want {
+				t.Fatalf("keep/destroy/create/ci destroy/ci create %q; want %q", got, want)
 			}
 			wantAction := ActionChange
-			if tc.destroy == "" && tc.create == "" {
+			if tc.destroy == "" && tc.create == "" && tc.ciDestroy == "" && tc.ciCreate == "" {
 				wantAction = ActionUntouched
 			}
 			if p.Action != wantAction || p.ModeChange != ModeNone || p.ResetNeeded || !p.MigEnabled {
@@ -218,9 +262,9 @@ func TestPlanApplyPlan(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s step %d: %v", m.Key, step, err)
 			}
-			kept := map[instKey]bool{}
+			kept := map[giKey]bool{}
 			for _, k := range p.Keep {
-				kept[keyOf(k)] = true
+				kept[giKey{canonical(k.Profile), k.Start}] = true
 			}
 			if len(p.Keep)+len(p.Destroy) != len(g.Instances) || len(p.Keep)+len(p.Create) != len(p.Desired) {
 				t.Fatalf("%s step %d: plan does not add up: %+v", m.Key, step, p)
@@ -234,7 +278,7 @@ func TestPlanApplyPlan(t *testing.T) {
 			for k := range kept {
 				found := false
 				for _, in := range g.Instances {
-					found = found || keyOf(in) == k
+					found = found || giKey{canonical(in.Profile), in.Start} == k
 				}
 				if !found {
 					t.Fatalf("%s step %d: kept %+v is gone", m.Key, step, k)

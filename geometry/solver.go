@@ -23,21 +23,25 @@ var (
 // hundred steps at most.
 const searchBudget = 1 << 20
 
-// group is one distinct (GPU instance profile, compute profile) of a request.
+// group is one distinct GPU instance of a request: its profile and the
+// compute instances it holds, with how many such GPU instances are asked.
 type group struct {
-	prof    *profiles.Profile
-	order   int    // position in the catalogue
-	compute string // canonical compute profile name; "" for the full GPU instance
-	count   int
-	masks   []uint64 // memory slices of each placement
-	keep    []bool   // per placement: an existing instance there would be kept
+	prof  *profiles.Profile
+	order int      // position in the catalogue
+	cis   []string // canonical compute instance names, largest first; the GI name for a full one
+	key   string   // cis joined with "+"
+	count int
+	masks []uint64 // memory slices of each placement
+	gain  []int    // per placement: what putting one there keeps of the existing geometry
 }
 
+// label names the GPU instance in messages: "3g.71gb", "1c.3g.71gb",
+// "3g.71gb{2c.3g.71gb+1c.3g.71gb}".
 func (g *group) label() string {
-	if g.compute != "" {
-		return g.compute
+	if len(g.cis) == 1 {
+		return Instance{Profile: g.prof.Name, Compute: g.cis}.Name()
 	}
-	return g.prof.Name
+	return g.prof.Name + "{" + Instance{Profile: g.prof.Name, Compute: g.cis}.Name() + "}"
 }
 
 // ComputeSlices is the number of compute slices of a GPU: those of its
@@ -67,93 +71,28 @@ func memorySlices(cat *profiles.Catalogue) int {
 // Fit places devices on a GPU with catalogue cat, or says why it cannot.
 //
 // Each device is named by a GPU instance profile ("3g.71gb", "1g.18gb+me")
-// or a compute instance profile ("1c.3g.71gb"); as in nvidia-mig-parted,
-// each counted device is one GPU instance of that GPU instance profile
-// holding one compute instance of the named compute profile (the full
-// compute instance for a GPU instance profile). Names match the catalogue
-// with attributes compared as sets. Counts are checked against each
-// profile's MaxCount, the compute and memory slices against the GPU's,
-// then an exact backtracking search gives every GPU instance one of its
-// profile's placements, pairwise disjoint, most constrained profile first.
-// The result is deterministic (lowest placements first) and sorted by start.
+// or a compute instance profile ("1c.3g.71gb"). As in nvidia-mig-parted, a
+// count is a number of compute instances: a GPU instance profile asks for
+// GPU instances holding one full compute instance each, and compute
+// instance profiles of one GPU instance profile share GPU instances the
+// way mig-parted's apply walk packs them (see pack.go): "1c.3g.71gb": 2 is
+// one 3g.71gb GPU instance holding two 1-slice compute instances. Names
+// match the catalogue with attributes compared as sets. Counts are checked
+// against each profile's MaxCount, the compute and memory slices against
+// the GPU's, then an exact backtracking search gives every GPU instance one
+// of its profile's placements, pairwise disjoint, most constrained profile
+// first. The result is deterministic (lowest placements first) and sorted
+// by start.
 func Fit(cat *profiles.Catalogue, devices []DeviceCount) ([]Instance, error) {
-	gs, err := groups(cat, devices)
+	gs, err := pack(cat, devices)
 	if err != nil {
 		return nil, err
 	}
 	return solve(cat, gs, false)
 }
 
-// groups checks devices against the catalogue and returns them grouped,
-// most constrained first.
-func groups(cat *profiles.Catalogue, devices []DeviceCount) ([]*group, error) {
-	slots := memorySlices(cat)
-	if slots <= 0 || slots > 64 {
-		return nil, fmt.Errorf("%w: the GPU reports %d memory slices", ErrDoesNotFit, slots)
-	}
-	var gs []*group
-	perProfile := map[*profiles.Profile]int{}
-	catNames := make([]profiles.Name, len(cat.Profiles))
-	for i := range cat.Profiles {
-		catNames[i], _ = profiles.Parse(cat.Profiles[i].Name)
-	}
-	for _, d := range devices {
-		if d.Count < 0 {
-			return nil, fmt.Errorf("%w: negative count %d of %q", ErrDoesNotFit, d.Count, d.Profile)
-		}
-		if d.Count == 0 {
-			continue
-		}
-		n, err := profiles.Parse(d.Profile)
-		if err != nil {
-			return nil, err
-		}
-		// cat.ByName, with the catalogue's names parsed once.
-		at := slices.IndexFunc(catNames, func(c profiles.Name) bool { return c.G > 0 && c.Equal(n.GI()) })
-		if at < 0 {
-			return nil, fmt.Errorf("%w: %q (it offers %s)", ErrUnknownProfile, d.Profile, cat.Names())
-		}
-		prof := &cat.Profiles[at]
-		compute := ""
-		if n.IsCompute() {
-			if compute, err = computeName(prof, n); err != nil {
-				return nil, err
-			}
-		}
-		i := slices.IndexFunc(gs, func(g *group) bool { return g.prof == prof && g.compute == compute })
-		if i < 0 {
-			g := &group{prof: prof, order: at, compute: compute}
-			for _, pl := range prof.Placements {
-				if pl.Start < 0 || pl.Size <= 0 || pl.End() > slots {
-					return nil, fmt.Errorf("%w: %s has placement %s outside %d memory slices", ErrDoesNotFit, prof.Name, pl, slots)
-				}
-				g.masks = append(g.masks, (1<<pl.Size-1)<<pl.Start)
-			}
-			gs = append(gs, g)
-			i = len(gs) - 1
-		}
-		gs[i].count += d.Count
-		perProfile[prof] += d.Count
-	}
-	var compute, memory int
-	for _, g := range gs {
-		if len(g.prof.Placements) == 0 {
-			return nil, fmt.Errorf("%w: %s has no placement on this GPU", ErrDoesNotFit, g.prof.Name)
-		}
-		compute += g.count * g.prof.Slices
-		memory += g.count * minSize(g.prof)
-	}
-	if total := ComputeSlices(cat); compute > total {
-		return nil, fmt.Errorf("%w: %s: needs %d compute slices of %d", ErrDoesNotFit, listGroups(gs), compute, total)
-	}
-	if memory > slots {
-		return nil, fmt.Errorf("%w: %s: needs %d memory slices of %d", ErrDoesNotFit, listGroups(gs), memory, slots)
-	}
-	for _, g := range gs {
-		if c := perProfile[g.prof]; c > g.prof.MaxCount {
-			return nil, fmt.Errorf("%w: %d × %s asked, the GPU offers at most %d", ErrDoesNotFit, c, g.prof.Name, g.prof.MaxCount)
-		}
-	}
+// sortGroups orders groups most constrained first (stable).
+func sortGroups(gs []*group) {
 	sort.SliceStable(gs, func(a, b int) bool {
 		ga, gb := gs[a], gs[b]
 		if la, lb := len(ga.prof.Placements), len(gb.prof.Placements); la != lb {
@@ -162,12 +101,8 @@ func groups(cat *profiles.Catalogue, devices []DeviceCount) ([]*group, error) {
 		if sa, sb := minSize(ga.prof), minSize(gb.prof); sa != sb {
 			return sa > sb
 		}
-		if ga.order != gb.order {
-			return ga.order < gb.order
-		}
-		return ga.compute < gb.compute
+		return ga.order < gb.order // then the walk's order: the first created, the lowest placement
 	})
-	return gs, nil
 }
 
 // computeName checks that GPU instance profile prof offers compute profile
@@ -220,11 +155,24 @@ func listGroups(gs []*group) string {
 func solve(cat *profiles.Catalogue, gs []*group, maximize bool) ([]Instance, error) {
 	var items []*group
 	for _, g := range gs {
+		if g.masks == nil {
+			for _, pl := range g.prof.Placements {
+				g.masks = append(g.masks, (1<<pl.Size-1)<<pl.Start)
+			}
+		}
 		for range g.count {
 			items = append(items, g)
 		}
 	}
-	s := searcher{items: items, place: make([]int, len(items)), maximize: maximize}
+	// bound[k]: the most items k.. can still gain, for pruning.
+	bound := make([]int, len(items)+1)
+	for k := len(items) - 1; k >= 0; k-- {
+		bound[k] = bound[k+1]
+		if maximize {
+			bound[k] += slices.Max(append([]int{0}, items[k].gain...))
+		}
+	}
+	s := searcher{items: items, place: make([]int, len(items)), maximize: maximize, bound: bound}
 	s.run(0, 0, 0)
 	if s.steps > searchBudget {
 		return nil, fmt.Errorf("%w: %s: placement search too large", ErrDoesNotFit, listGroups(gs))
@@ -235,7 +183,7 @@ func solve(cat *profiles.Catalogue, gs []*group, maximize bool) ([]Instance, err
 	out := make([]Instance, len(items))
 	for k, g := range items {
 		pl := g.prof.Placements[s.best[k]]
-		out[k] = Instance{Profile: g.prof.Name, ProfileID: g.prof.ID, Start: pl.Start, Size: pl.Size, Compute: g.compute}
+		out[k] = Instance{Profile: g.prof.Name, ProfileID: g.prof.ID, Start: pl.Start, Size: pl.Size, Compute: slices.Clone(g.cis)}
 	}
 	sortInstances(out)
 	return out, nil
@@ -244,6 +192,7 @@ func solve(cat *profiles.Catalogue, gs []*group, maximize bool) ([]Instance, err
 type searcher struct {
 	items     []*group
 	place     []int // placement index per item, while searching
+	bound     []int
 	best      []int
 	bestScore int
 	steps     int
@@ -260,7 +209,7 @@ func (s *searcher) run(k int, used uint64, score int) {
 		}
 		return
 	}
-	if s.best != nil && (!s.maximize || score+len(s.items)-k <= s.bestScore) {
+	if s.best != nil && (!s.maximize || score+s.bound[k] <= s.bestScore) {
 		return
 	}
 	g, from := s.items[k], 0
@@ -273,8 +222,8 @@ func (s *searcher) run(k int, used uint64, score int) {
 		}
 		s.place[k] = pi
 		gain := 0
-		if g.keep != nil && g.keep[pi] {
-			gain = 1
+		if g.gain != nil {
+			gain = g.gain[pi]
 		}
 		s.run(k+1, used|g.masks[pi], score+gain)
 	}
@@ -282,7 +231,12 @@ func (s *searcher) run(k int, used uint64, score int) {
 
 func noPlacement(cat *profiles.Catalogue, gs []*group) error {
 	var offers []string
+	seen := map[*profiles.Profile]bool{}
 	for _, g := range gs {
+		if seen[g.prof] {
+			continue
+		}
+		seen[g.prof] = true
 		starts := make([]string, len(g.prof.Placements))
 		for i, pl := range g.prof.Placements {
 			starts[i] = fmt.Sprint(pl.Start)
@@ -325,9 +279,11 @@ func Validate(gpu GPU, req Request) error {
 	return err
 }
 
-// place validates req on gpu and solves its placement; with existing, it
-// keeps the most of those instances in place.
-func place(gpu *GPU, req *Request, existing map[instKey]bool) ([]Instance, error) {
+// place validates req on gpu and solves its placement; with existing (the
+// compute instances of each GPU instance there now), it keeps the most of
+// them: first the most compute instances (each one kept is a MIG device
+// whose pods keep running), then the most GPU instances.
+func place(gpu *GPU, req *Request, existing map[giKey][]string) ([]Instance, error) {
 	who := fmt.Sprintf("GPU %d (%s)", gpu.Index, gpu.Name)
 	asked := slices.ContainsFunc(req.Devices, func(d DeviceCount) bool { return d.Count != 0 })
 	if !req.MigEnabled {
@@ -339,16 +295,18 @@ func place(gpu *GPU, req *Request, existing map[instKey]bool) ([]Instance, error
 	if !gpu.MigCapable {
 		return nil, fmt.Errorf("%s: %w (%s)", who, ErrNotMigCapable, pciID(gpu.PCIDeviceID))
 	}
-	gs, err := groups(&gpu.Catalogue, req.Devices)
+	gs, err := pack(&gpu.Catalogue, req.Devices)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", who, err)
 	}
 	if existing != nil {
 		for _, g := range gs {
-			g.keep = make([]bool, len(g.prof.Placements))
+			g.gain = make([]int, len(g.prof.Placements))
 			name := canonical(g.prof.Name)
 			for i, pl := range g.prof.Placements {
-				g.keep[i] = existing[instKey{name, pl.Start, g.compute}]
+				if have, ok := existing[giKey{name, pl.Start}]; ok {
+					g.gain[i] = 1 + keepWeight*len(common(have, g.cis))
+				}
 			}
 		}
 	}
@@ -359,20 +317,50 @@ func place(gpu *GPU, req *Request, existing map[instKey]bool) ([]Instance, error
 	return out, nil
 }
 
-// instKey identifies a GPU instance for keeping: GI profile, start and
-// compute profile ("" for the full compute instance), names canonical.
-type instKey struct {
+// keepWeight makes one kept compute instance worth more than every GPU
+// instance of a GPU kept (at most 8).
+const keepWeight = 16
+
+// giKey identifies a GPU instance: GI profile (canonical name) and start.
+type giKey struct {
 	profile string
 	start   int
-	compute string
 }
 
-func keyOf(in Instance) instKey {
-	c := ""
-	if in.Compute != "" {
-		if n, err := profiles.Parse(in.Compute); err != nil || n.IsCompute() {
-			c = canonical(in.Compute)
+// computeOf lists the compute instances of in, canonical names largest
+// first; an instance built without them holds one full compute instance.
+func computeOf(in Instance) []string {
+	if in.Compute == nil {
+		return []string{canonical(in.Profile)}
+	}
+	out := make([]string, len(in.Compute))
+	for i, c := range in.Compute {
+		out[i] = canonical(c)
+	}
+	slices.SortFunc(out, compareCI)
+	return out
+}
+
+// common is the multiset intersection of a and b.
+func common(a, b []string) []string {
+	left := slices.Clone(b)
+	var out []string
+	for _, x := range a {
+		if i := slices.Index(left, x); i >= 0 {
+			out = append(out, x)
+			left = slices.Delete(left, i, i+1)
 		}
 	}
-	return instKey{canonical(in.Profile), in.Start, c}
+	return out
+}
+
+// minus is the multiset difference a − b.
+func minus(a, b []string) []string {
+	left := slices.Clone(a)
+	for _, x := range b {
+		if i := slices.Index(left, x); i >= 0 {
+			left = slices.Delete(left, i, i+1)
+		}
+	}
+	return left
 }

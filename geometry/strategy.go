@@ -62,10 +62,8 @@ func CheckStrategy(strategy string, gpus []GPU, reqs []Request) error {
 			}
 		} else {
 			for _, in := range g.Instances {
-				if in.Compute != "" && canonical(in.Compute) != canonical(in.Profile) {
-					addKind(in.Compute)
-				} else {
-					addKind(in.Profile)
+				for _, c := range computeOf(in) {
+					addKind(c)
 				}
 			}
 		}

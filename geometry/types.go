@@ -6,6 +6,9 @@
 package geometry
 
 import (
+	"fmt"
+	"strings"
+
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -33,17 +36,56 @@ type GPU struct {
 }
 
 // Instance is a GPU instance (existing or planned) keyed the way mig-agent
-// keys them: GI profile and placement, plus the compute profile inside.
+// keys them: GI profile and placement, plus the compute instances inside.
 type Instance struct {
 	Profile   string `json:"profile"` // GI profile name: "3g.71gb"
 	Start     int    `json:"start"`
 	Size      int    `json:"size,omitempty"`
 	ProfileID int    `json:"-"` // GI profile id on this GPU
-	// Compute is the compute-instance profile name when it is not the full
-	// GPU instance ("1c.3g.71gb"); empty for the full one.
-	Compute string `json:"compute,omitempty"`
-	// ComputeCount is how many compute instances of Compute it holds (0 = 1).
-	ComputeCount int `json:"-"`
+	// Compute lists the compute instances it holds by compute profile
+	// name, largest first ("2c.3g.71gb", "1c.3g.71gb"); a full compute
+	// instance is named like the GPU instance ("3g.71gb"). Nil stands for
+	// one full compute instance; empty (not nil) for none at all.
+	Compute []string `json:"computeInstances"`
+}
+
+// Name prints the instance for people and audit records: "3g.71gb" (one
+// full compute instance), "1c.3g.71gb" (one smaller one),
+// "2c.3g.71gb+1c.3g.71gb", "3×1c.3g.71gb", "3g.71gb[none]".
+func (in Instance) Name() string {
+	cis := computeOf(in)
+	switch {
+	case len(cis) == 0:
+		return in.Profile + "[none]"
+	case len(cis) == 1:
+		if cis[0] == canonical(in.Profile) {
+			return in.Profile
+		}
+		return cis[0]
+	}
+	var parts []string
+	for i := 0; i < len(cis); {
+		j := i
+		for j < len(cis) && cis[j] == cis[i] {
+			j++
+		}
+		if j-i > 1 {
+			parts = append(parts, fmt.Sprintf("%d×%s", j-i, cis[i]))
+		} else {
+			parts = append(parts, cis[i])
+		}
+		i = j
+	}
+	return strings.Join(parts, "+")
+}
+
+// ComputeChange is one compute instance created or destroyed inside a GPU
+// instance that stays.
+type ComputeChange struct {
+	Profile   string `json:"profile"` // the GPU instance's profile
+	Start     int    `json:"start"`   // and placement start
+	Compute   string `json:"compute"` // the compute instance's profile
+	ProfileID int    `json:"-"`       // GI profile id on this GPU
 }
 
 // Request is what a config asks of one GPU.
@@ -84,6 +126,12 @@ type GPUPlan struct {
 	Destroy     []Instance `json:"destroy"`
 	Create      []Instance `json:"create"`
 	Keep        []Instance `json:"keep"`
+	// DestroyCompute and CreateCompute are the compute instances destroyed
+	// and created inside GPU instances that are kept (Keep lists those
+	// with the compute instances they end with); the compute instances of
+	// Destroy and Create go and come with their GPU instance.
+	DestroyCompute []ComputeChange `json:"destroyCompute"`
+	CreateCompute  []ComputeChange `json:"createCompute"`
 	// Desired is the full geometry the GPU has once the plan is applied.
 	Desired    []Instance `json:"-"`
 	MigEnabled bool       `json:"migEnabled"`

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/viper"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
@@ -94,9 +95,50 @@ func profilesCmd() *cobra.Command {
 }
 
 // configFlags adds -f and -c.
-func configFlags(c *cobra.Command, file, name *string) {
-	c.Flags().StringVarP(file, "config-file", "f", "", "MIG config file (nvidia-mig-parted v1 format)")
-	c.Flags().StringVarP(name, "selected-config", "c", "", "config name")
+func configFlags(c *cobra.Command) {
+	c.Flags().StringP("config-file", "f", "", "MIG config file (nvidia-mig-parted v1 format)")
+	c.Flags().StringP("selected-config", "c", "", "config name (default the file's only config)")
+}
+
+// values reads a command's own flags the way every setting is read: flag >
+// MIG_AGENT_* variable (or nvidia-mig-parted's, compat.go) > settings file >
+// default.
+type values struct{ v *viper.Viper }
+
+func commandValues(cmd *cobra.Command) (values, error) {
+	v, err := settingsViper(cmd, true)
+	return values{v}, err
+}
+
+func (x values) str(k string) string { return x.v.GetString(k) }
+
+func (x values) boolean(k string) (bool, error) {
+	switch raw := x.v.Get(k).(type) {
+	case bool:
+		return raw, nil
+	case nil:
+		return false, nil
+	default:
+		switch strings.ToLower(fmt.Sprint(raw)) {
+		case "true", "1", "yes":
+			return true, nil
+		case "false", "0", "no", "":
+			return false, nil
+		}
+		return false, badInput(fmt.Errorf("%w: %s: %q is not a boolean", agent.ErrBadSettings, k, fmt.Sprint(raw)))
+	}
+}
+
+// selectedConfig is -c, or the file's only config when -c is not given
+// (as nvidia-mig-parted selects it).
+func selectedConfig(f *agent.ConfigFile, name string) (string, error) {
+	if name != "" {
+		return name, nil
+	}
+	if f != nil && len(f.Spec.Names) == 1 {
+		return f.Spec.Names[0], nil
+	}
+	return "", badInput(errors.New("-c/--selected-config is required"))
 }
 
 func loadFile(path string) (*agent.ConfigFile, error) {
@@ -108,12 +150,16 @@ func loadFile(path string) (*agent.ConfigFile, error) {
 }
 
 func validateCmd() *cobra.Command {
-	var file, name string
 	c := &cobra.Command{
 		Use:   "validate -f FILE [-c NAME]",
 		Short: "Parse a config file strictly; with -c, check that the config fits this node's GPUs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			vals, err := commandValues(cmd)
+			if err != nil {
+				return err
+			}
+			file, name := vals.str("config-file"), vals.str("selected-config")
 			if file == "" {
 				return badInput(errors.New("-f/--config-file is required"))
 			}
@@ -144,7 +190,7 @@ func validateCmd() *cobra.Command {
 			})
 		},
 	}
-	configFlags(c, &file, &name)
+	configFlags(c)
 	return c
 }
 
@@ -162,19 +208,25 @@ func buildPlan(f *agent.ConfigFile, name string, n *agent.Node) (*geometry.Plan,
 }
 
 func planCmd() *cobra.Command {
-	var file, name, format, strategy, kubeconfig, nodeName, socket string
 	c := &cobra.Command{
 		Use:   "plan -f FILE -c NAME",
 		Short: "Dry run: the steps apply would take on each GPU; changes nothing",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if name == "" {
-				return badInput(errors.New("-c/--selected-config is required"))
+			vals, err := commandValues(cmd)
+			if err != nil {
+				return err
 			}
+			format, strategy := vals.str("output"), vals.str("strategy")
+			kubeconfig, nodeName, socket := vals.str("kubeconfig"), vals.str("node-name"), vals.str("pod-resources-socket")
 			if format != "text" && format != "json" {
 				return badInput(errors.New("-o must be text or json"))
 			}
-			f, err := loadFile(file)
+			f, err := loadFile(vals.str("config-file"))
+			if err != nil {
+				return err
+			}
+			name, err := selectedConfig(f, vals.str("selected-config"))
 			if err != nil {
 				return err
 			}
@@ -202,12 +254,12 @@ func planCmd() *cobra.Command {
 			})
 		},
 	}
-	configFlags(c, &file, &name)
-	c.Flags().StringVarP(&format, "output", "o", "text", "text or json")
-	c.Flags().StringVar(&strategy, "strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+agent.LabelStrategy)
-	c.Flags().StringVar(&nodeName, "node-name", "", "also list the pods each GPU's change would evict on this Node")
-	c.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --node-name (default $KUBECONFIG, else in-cluster)")
-	c.Flags().StringVar(&socket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket for --node-name")
+	configFlags(c)
+	c.Flags().StringP("output", "o", "text", "text or json")
+	c.Flags().String("strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+agent.LabelStrategy)
+	c.Flags().String("node-name", "", "also list the pods each GPU's change would evict on this Node")
+	c.Flags().String("kubeconfig", "", "kubeconfig for --node-name (default $KUBECONFIG, else in-cluster)")
+	c.Flags().String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket for --node-name")
 	return c
 }
 
@@ -257,18 +309,34 @@ func checkStrategy(f *agent.ConfigFile, name string, n *agent.Node, strategy str
 }
 
 func applyCmd() *cobra.Command {
-	var file, name string
 	c := &cobra.Command{
 		Use:   "apply -f FILE -c NAME",
 		Short: "Apply a config on this host now (no Kubernetes); exit 3 when a reboot is needed",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if name == "" {
-				return badInput(errors.New("-c/--selected-config is required"))
-			}
-			f, err := loadFile(file)
+			vals, err := commandValues(cmd)
 			if err != nil {
 				return err
+			}
+			skipReset, err := vals.boolean("skip-reset")
+			if err != nil {
+				return err
+			}
+			modeOnly, err := vals.boolean("mode-only")
+			if err != nil {
+				return err
+			}
+			f, err := loadFile(vals.str("config-file"))
+			if err != nil {
+				return err
+			}
+			name, err := selectedConfig(f, vals.str("selected-config"))
+			if err != nil {
+				return err
+			}
+			hooks, err := agent.LoadHooks(vals.str("hooks-file"))
+			if err != nil {
+				return badInput(err)
 			}
 			return withNode(cmd, func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Node) error {
 				plan, _, err := buildPlan(f, name, n)
@@ -276,31 +344,99 @@ func applyCmd() *cobra.Command {
 					return err
 				}
 				out := cmd.OutOrStdout()
-				res, err := agent.ApplyAndVerify(g, n, plan, f, name, agent.ApplyOptions{Step: func(gpu int, what string) error {
+				o := agent.ApplyOptions{NoReset: skipReset, Step: func(gpu int, what string) error {
 					log.Info("applying", "gpu", gpu, "step", what)
 					return nil
-				}})
-				if err != nil {
+				}}
+				env := agent.HookEnv{ConfigFile: vals.str("config-file"), SelectedConfig: name, HooksFile: vals.str("hooks-file"), SkipReset: skipReset, ModeOnly: modeOnly}
+				a := agent.NewPlanApplier(g, f, name, o, n, plan)
+				if err := agent.ApplyWithHooks(cmd.Context(), log, hooks, env, modeOnly, a); err != nil {
 					return err
 				}
+				res := a.Result
 				fmt.Fprintf(out, "applied %q: GPUs changed %v, untouched %v\n", name, res.Changed, res.Untouched)
 				return nil
 			})
 		},
 	}
-	configFlags(c, &file, &name)
+	configFlags(c)
+	c.Flags().StringP("hooks-file", "k", "", "nvidia-mig-parted hooks file (apply-start, pre-apply-mode, pre-apply-config, apply-exit)")
+	c.Flags().BoolP("skip-reset", "s", false, "never reset a GPU: a MIG mode change that needs a reset then needs a reboot (exit 3)")
+	c.Flags().BoolP("mode-only", "m", false, "apply only the MIG mode of the config, no MIG devices")
+	return c
+}
+
+// errNotApplied is assert's failure (exit 1).
+var errNotApplied = errors.New("assertion failure: selected configuration not currently applied")
+
+func assertCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "assert -f FILE -c NAME",
+		Short: "Exit 0 when the GPUs already hold the config, 1 when they do not, 2 on bad input",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			vals, err := commandValues(cmd)
+			if err != nil {
+				return err
+			}
+			modeOnly, err := vals.boolean("mode-only")
+			if err != nil {
+				return err
+			}
+			f, err := loadFile(vals.str("config-file"))
+			if err != nil {
+				return err
+			}
+			name, err := selectedConfig(f, vals.str("selected-config"))
+			if err != nil {
+				return err
+			}
+			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+				plan, _, err := buildPlan(f, name, n)
+				if err != nil {
+					return err
+				}
+				var differ []string
+				for _, g := range plan.GPUs {
+					if g.ModeChange != geometry.ModeNone || !modeOnly && g.Action != geometry.ActionUntouched {
+						differ = append(differ, fmt.Sprint(g.Index))
+						log.Debug("GPU does not hold the config", "gpu", g.Index, "modeChange", g.ModeChange,
+							"destroy", len(g.Destroy), "create", len(g.Create), "destroyCompute", len(g.DestroyCompute), "createCompute", len(g.CreateCompute))
+					}
+				}
+				if len(differ) > 0 {
+					return fmt.Errorf("%w: config %q, GPUs %s differ", errNotApplied, name, strings.Join(differ, ","))
+				}
+				if modeOnly {
+					fmt.Fprintf(cmd.OutOrStdout(), "the MIG mode of config %q is applied\n", name)
+				} else {
+					fmt.Fprintf(cmd.OutOrStdout(), "config %q is applied\n", name)
+				}
+				return nil
+			})
+		},
+	}
+	configFlags(c)
+	c.Flags().BoolP("mode-only", "m", false, "check only the MIG mode of the config")
 	return c
 }
 
 func exportCmd() *cobra.Command {
-	var format string
 	c := &cobra.Command{
 		Use:   "export",
-		Short: "Print the current geometry as a config file that apply reproduces (-c current)",
+		Short: "Print the current geometry as a config file that apply reproduces (-c current, or --config-name)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			vals, err := commandValues(cmd)
+			if err != nil {
+				return err
+			}
+			format, name := vals.str("output"), vals.str("config-name")
+			if name == "" || strings.ContainsAny(name, " \t\n:") {
+				return badInput(fmt.Errorf("--config-name %q: want a config name", name))
+			}
 			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
-				spec := n.Export()
+				spec := n.Export(name)
 				switch format {
 				case "yaml":
 					b, err := spec.Marshal()
@@ -325,7 +461,8 @@ func exportCmd() *cobra.Command {
 			})
 		},
 	}
-	c.Flags().StringVarP(&format, "output", "o", "yaml", "yaml or json")
+	c.Flags().StringP("output", "o", "yaml", "yaml or json")
+	c.Flags().StringP("config-name", "l", agent.ExportName, "name of the config written (nvidia-mig-parted's --config-label)")
 	return c
 }
 

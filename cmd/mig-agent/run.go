@@ -59,6 +59,10 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	hooks, err := agent.LoadHooks(s.HooksFile)
+	if err != nil {
+		return badInput(err)
+	}
 	journal, err := agent.OpenJournal(s.StateDir)
 	if err != nil {
 		return err
@@ -67,7 +71,7 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 	notifier := systemd.NewNotifier(log)
 	d := &agent.Daemon{
 		S: s, Log: log, Notify: notifier, Metrics: m, Journal: journal, File: file,
-		Clock: clock.RealClock{}, Version: version, BootID: bootID,
+		Clock: clock.RealClock{}, Version: version, BootID: bootID, Hooks: hooks,
 	}
 	var srv *http.Server
 	if s.MetricsAddress != "" {

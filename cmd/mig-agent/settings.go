@@ -33,6 +33,7 @@ func addRunFlags(fs *pflag.FlagSet) {
 	fs.Bool("standalone", false, "no Kubernetes: apply -c NAME from -f FILE and hold it")
 	fs.StringP("config-file", "f", "", "MIG config file (nvidia-mig-parted v1 format)")
 	fs.StringP("selected-config", "c", "", "config name (standalone mode)")
+	fs.StringP("hooks-file", "k", "", "nvidia-mig-parted hooks file run around each change (standalone mode)")
 	fs.String("node-name", "", "this node's name (default $NODE_NAME)")
 	fs.String("kubeconfig", "", "kubeconfig file (default in-cluster config)")
 	fs.String("namespace", "", "namespace of the ConfigMap and Leases (default the pod's own, else mig-agent)")
@@ -79,14 +80,20 @@ func knownKeys(root *cobra.Command) []string {
 	return keys
 }
 
-// loadSettings merges defaults, the settings file, MIG_AGENT_* variables and
-// flags (lowest to highest precedence) into Settings.
-func loadSettings(cmd *cobra.Command) (*agent.Settings, error) {
+// settingsViper merges defaults, the settings file, MIG_AGENT_* variables
+// (and, where those are not given, nvidia-mig-parted's, see compat.go) and
+// the command's flags (lowest to highest precedence). Every command reads
+// its flags through it, so each can come from any of the four.
+// With warn, a warning names each nvidia-mig-parted variable read.
+func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 	v := viper.New()
 	v.SetEnvPrefix("MIG_AGENT")
 	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
 	v.AutomaticEnv()
 	if err := v.BindPFlags(cmd.Flags()); err != nil {
+		return nil, err
+	}
+	if err := bindMigPartedEnv(v, cmd, warn); err != nil {
 		return nil, err
 	}
 	file := v.GetString("settings")
@@ -113,6 +120,18 @@ func loadSettings(cmd *cobra.Command) (*agent.Settings, error) {
 		if err := v.MergeConfigMap(m); err != nil {
 			return nil, badInput(fmt.Errorf("settings file %s: %w", file, err))
 		}
+	}
+	return v, nil
+}
+
+// loadSettings merges defaults, the settings file, MIG_AGENT_* variables and
+// flags (lowest to highest precedence) into Settings.
+func loadSettings(cmd *cobra.Command) (*agent.Settings, error) {
+	// Offline commands read (and warn about) their own flags through
+	// commandValues; run reads them here.
+	v, err := settingsViper(cmd, cmd.Flags().Lookup("state-dir") != nil)
+	if err != nil {
+		return nil, err
 	}
 	get := func(k string) string { return v.GetString(k) }
 	var errs []string
@@ -185,9 +204,17 @@ func loadSettings(cmd *cobra.Command) (*agent.Settings, error) {
 		SimFaults: get("sim-faults"), SimNoReset: boolean("sim-no-reset"),
 		LogLevel: get("log-level"), LogFormat: get("log-format"),
 	}
+	if cmd.Flags().Lookup("config-file") != nil {
+		s.ConfigFile = get("config-file")
+	}
+	if cmd.Flags().Lookup("selected-config") != nil {
+		s.SelectedConfig = get("selected-config")
+	}
+	if cmd.Flags().Lookup("hooks-file") != nil {
+		s.HooksFile = get("hooks-file")
+	}
 	if cmd.Flags().Lookup("state-dir") != nil {
 		s.Standalone = boolean("standalone")
-		s.ConfigFile, s.SelectedConfig = get("config-file"), get("selected-config")
 		s.NodeName, s.Kubeconfig, s.Namespace = get("node-name"), get("kubeconfig"), get("namespace")
 		s.DefaultConfig, s.MetricsAddress, s.StateDir = get("default-config"), get("metrics-address"), get("state-dir")
 		s.DrainTimeout, s.EvictionRetryDelay = dur("drain-timeout"), dur("eviction-retry-delay")
