@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,8 @@ type Daemon struct {
 	Hooks Hooks
 
 	ready    atomic.Bool
+	nvmlDown atomic.Bool // the last attempt to open NVML failed
+	nvmlFail int         // consecutive failures to open NVML
 	failing  string
 	attempts int
 	retryAt  time.Time
@@ -79,6 +82,7 @@ const (
 	outRebooting         // waiting for a reboot
 	outRebooted          // the sim reboot happened: exit
 	outParked            // shutting down mid-change; resumes at next start
+	outNVMLDown          // NVML cannot be opened: retried with backoff
 )
 
 // Ready reports whether the daemon is serving (for /readyz).
@@ -86,7 +90,48 @@ func (d *Daemon) Ready() error {
 	if !d.ready.Load() {
 		return errors.New("not ready: node watch not established or NVML not answering")
 	}
+	if d.nvmlDown.Load() {
+		return errors.New("not ready: NVML cannot be opened (retrying)")
+	}
 	return nil
+}
+
+// openNVML opens an NVML session for one pass (End closes it: an idle
+// agent holds none, so a driver upgrade can unload the module). When NVML
+// cannot be opened (no driver yet, the module unloaded) the agent is not
+// ready and migagent_nvml_up is 0 until a retry succeeds.
+func (d *Daemon) openNVML() bool {
+	err := d.GPU.Begin()
+	if err == nil {
+		if d.nvmlDown.Swap(false) {
+			d.Log.Info("NVML is open again", "after", d.nvmlFail)
+		}
+		d.nvmlFail = 0
+		d.Metrics.SetNVMLUp(true)
+		return true
+	}
+	d.nvmlFail++
+	d.nvmlDown.Store(true)
+	d.Metrics.SetNVMLUp(false)
+	if d.nvmlFail == 1 {
+		d.Log.Error("NVML cannot be opened; not ready, retrying with backoff", "err", err)
+		_ = d.notify().Status("NVML cannot be opened: %v", err)
+	} else {
+		d.Log.Debug("NVML still cannot be opened", "attempts", d.nvmlFail, "err", err)
+	}
+	return false
+}
+
+// nvmlBackoff is the wait before the next attempt to open NVML: 1s
+// doubling to 2 minutes, each drawn within ±20% so that the agents of a
+// cluster whose driver came back together do not retry in step.
+func (d *Daemon) nvmlBackoff() time.Duration {
+	b := time.Second
+	for i := 1; i < d.nvmlFail && b < 2*time.Minute; i++ {
+		b *= 2
+	}
+	b = min(b, 2*time.Minute)
+	return b - b/5 + rand.N(2*b/5+1)
 }
 
 func (d *Daemon) notify() Notifier {

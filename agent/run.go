@@ -25,10 +25,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for range d.Journal.State.Reboots {
 		d.Metrics.IncReboots()
 	}
-	if n, err := d.discover(); err != nil {
-		d.Log.Error("NVML is not answering; staying up, degraded", "err", err)
-	} else if d.Kube != nil {
-		d.publish(ctx, n)
+	if d.openNVML() {
+		if n, err := d.discover(); err != nil {
+			d.Log.Error("NVML is not answering; staying up, degraded", "err", err)
+		} else if d.Kube != nil {
+			d.publish(ctx, n)
+		}
+		d.GPU.End()
 	}
 	if d.Kube == nil {
 		return d.runStandalone(ctx)
@@ -86,12 +89,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 // outcome ends the process. afterFirst runs once the first pass is done.
 func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() *corev1.Node, afterFirst func()) error {
 	drift := d.ticker(d.S.DriftInterval)
-	var retry <-chan time.Time
+	var retry, reopen <-chan time.Time
 	started := false // the first pass that saw our Node (it may appear later)
 	pass := func(n *corev1.Node, isRetry bool) outcome {
 		if d.Kube != nil && n == nil {
 			return outSuccess // our Node is not in the cache (yet)
 		}
+		if !d.openNVML() {
+			return outNVMLDown
+		}
+		defer d.GPU.End()
 		start := !started
 		started = true
 		pctx, cancel := context.WithCancel(ctx)
@@ -116,6 +123,8 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 			return nil
 		case outRetry:
 			retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
+		case outNVMLDown:
+			reopen = d.Clock.After(d.nvmlBackoff())
 		}
 		select {
 		case <-ctx.Done():
@@ -127,8 +136,16 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 		case <-retry:
 			retry = nil
 			oc = pass(node(), true)
+		case <-reopen:
+			reopen = nil
+			oc = pass(node(), false)
 		case <-drift:
+			if !d.openNVML() {
+				oc = outNVMLDown
+				break
+			}
 			oc = d.checkDrift(ctx, node())
+			d.GPU.End()
 		}
 	}
 }

@@ -95,6 +95,14 @@ type GPU interface {
 	ResetGPU(gpu int) error
 	// Processes lists the processes NVML sees on a GPU.
 	Processes(gpu int) ([]Process, error)
+	// Begin opens an NVML session for a pass of work (the daemon's
+	// reconcile pass): NVML stays initialized until the matching End.
+	// Sessions nest. An error means NVML cannot be opened now (no driver,
+	// the module unloaded for an upgrade); calling Begin again retries.
+	Begin() error
+	// End ends a session; a backend opened idle then shuts NVML down, so an
+	// idle agent never pins the driver.
+	End()
 	// Close releases NVML.
 	Close() error
 }

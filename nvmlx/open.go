@@ -22,6 +22,10 @@ type Options struct {
 	Sim SimOptions
 	// Logger receives the backend's logs; nil discards them.
 	Logger *slog.Logger
+	// Idle opens the backend without an NVML session (the daemon): NVML is
+	// initialized for each call or Begin…End pass and shut down after it,
+	// and a missing driver is found at the first call, not by Open.
+	Idle bool
 }
 
 // Open opens the backend o names.
@@ -33,7 +37,7 @@ func Open(o Options) (GPU, error) {
 	case o.Backend == "real":
 		return NewReal(o)
 	case strings.HasPrefix(o.Backend, "sim:"):
-		s, err := NewSim(strings.TrimPrefix(o.Backend, "sim:"), o.Sim)
+		s, err := newSimWith(strings.TrimPrefix(o.Backend, "sim:"), o.Sim, o.Logger, o.Idle)
 		if err != nil {
 			return nil, err
 		}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/dl"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -48,30 +49,42 @@ func (e *realLibraryError) Unwrap() error { return ErrLibraryNotFound }
 // NewReal opens the driver's NVML through go-nvml. o.Library is the path
 // of libnvidia-ml.so.1 or a driver root holding it ("" = the dynamic
 // loader's search path). Without a driver the error wraps
-// ErrLibraryNotFound and says so in one line.
+// ErrLibraryNotFound and says so in one line. With o.Idle nothing is loaded
+// or initialized yet: the library is found and NVML opened when a call or
+// Begin needs it, and shut down again when that work ends.
 func NewReal(o Options) (GPU, error) {
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	path, err := realResolveLibrary(o.Library)
+	g, err := newRealBackend(realConfig{
+		log:      log,
+		library:  o.Library,
+		pci:      realSysfs{root: "/sys"},
+		lookPath: exec.LookPath,
+		run:      realRunCommand,
+		load:     func() (nvml.Interface, string, error) { return realLoad(o.Library) },
+	}, o.Idle)
 	if err != nil {
 		return nil, err
 	}
-	// go-nvml's Init reports only LIBRARY_NOT_FOUND; open it once ourselves
-	// to say why (missing file, wrong architecture, ...).
+	return g, nil
+}
+
+// realLoad finds the library the setting names and checks it loads.
+// go-nvml's Init reports only LIBRARY_NOT_FOUND; opening it once here says
+// why (missing file, wrong architecture, ...).
+func realLoad(setting string) (nvml.Interface, string, error) {
+	path, err := realResolveLibrary(setting)
+	if err != nil {
+		return nil, "", err
+	}
 	probe := dl.New(path, dl.RTLD_LAZY|dl.RTLD_GLOBAL)
 	if err := probe.Open(); err != nil {
-		return nil, &realLibraryError{path: path, reason: err.Error()}
+		return nil, "", &realLibraryError{path: path, reason: err.Error()}
 	}
 	_ = probe.Close()
-	return newReal(nvml.New(nvml.WithLibraryPath(path)), realConfig{
-		log:      log,
-		library:  path,
-		sysfs:    "/sys",
-		lookPath: exec.LookPath,
-		run:      realRunCommand,
-	})
+	return nvml.New(nvml.WithLibraryPath(path)), path, nil
 }
 
 // realResolveLibrary turns the --nvml-library setting into a path for dlopen.
@@ -100,26 +113,43 @@ func realRunCommand(ctx context.Context, name string, args ...string) ([]byte, e
 	return exec.CommandContext(ctx, name, args...).CombinedOutput()
 }
 
-// realConfig holds the real backend's side effects, so tests can replace them.
+// realConfig holds the real backend's side effects, so tests and the
+// simulator can replace them.
 type realConfig struct {
 	log      *slog.Logger
-	library  string
-	sysfs    string // "/sys"
+	library  string // for messages: the library path once loaded
+	pci      realPCI
 	lookPath func(string) (string, error)
 	run      func(ctx context.Context, name string, args ...string) ([]byte, error)
+	// load returns the NVML library to initialize and its path; it is
+	// called until it succeeds (a driver installed after the agent started).
+	load func() (nvml.Interface, string, error)
+	// sleep waits between attempts to re-initialize NVML after a reset.
+	sleep func(time.Duration)
 }
 
 // realGPU is the GPU backend over go-nvml. One mutex serializes every call:
 // handles are cached and replaced after mode changes and resets.
+//
+// NVML sessions: the backend holds at most one nvmlInit reference. Opened
+// idle (the daemon), it initializes NVML for a call or between Begin and the
+// matching End, and shuts it down afterwards, so an idle agent never keeps
+// the driver's device files open (a driver upgrade can unload the module).
+// Opened eagerly (the CLI), NVML stays initialized until Close. A failed
+// nvmlInit (also the one after a reset) is tried again at the next call.
 type realGPU struct {
-	lib nvml.Interface
+	lib nvml.Interface // nil until loaded
 	cfg realConfig
 	log *slog.Logger
 
-	mu      sync.Mutex
-	closed  bool
-	handles map[int]realHandle
-	noted   map[string]bool // fallbacks already logged, so each is said once
+	mu       sync.Mutex
+	closed   bool // Close was called: permanent
+	inited   bool // this backend holds an nvmlInit reference
+	idle     bool // shut NVML down when no session is open
+	sessions int  // Begin calls not yet ended
+	opened   bool // "NVML opened" was logged at Info once
+	handles  map[int]realHandle
+	noted    map[string]bool // fallbacks already logged, so each is said once
 }
 
 // realHandle is a cached device handle and the UUID to re-acquire it by.
@@ -130,25 +160,114 @@ type realHandle struct {
 
 var _ GPU = (*realGPU)(nil)
 
-// newReal initializes NVML through lib (go-nvml's library or its mock).
+// newReal initializes NVML through lib (go-nvml's library or a fake).
 func newReal(lib nvml.Interface, cfg realConfig) (*realGPU, error) {
+	path := cfg.library
+	if path == "" {
+		path = LibraryName
+	}
+	cfg.load = func() (nvml.Interface, string, error) { return lib, path, nil }
+	return newRealBackend(cfg, false)
+}
+
+// newRealBackend builds the backend; unless idle it opens NVML at once.
+func newRealBackend(cfg realConfig, idle bool) (*realGPU, error) {
 	if cfg.log == nil {
 		cfg.log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.library == "" {
 		cfg.library = LibraryName
 	}
-	switch ret := lib.Init(); ret {
+	if cfg.pci == nil {
+		cfg.pci = realSysfs{root: "/sys"}
+	}
+	if cfg.sleep == nil {
+		cfg.sleep = time.Sleep
+	}
+	g := &realGPU{cfg: cfg, log: cfg.log, idle: idle, handles: map[int]realHandle{}, noted: map[string]bool{}}
+	if idle {
+		return g, nil
+	}
+	if err := g.init(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// init loads the library if needed and takes an nvmlInit reference.
+// Callers hold g.mu (or own g exclusively).
+func (g *realGPU) init() error {
+	if g.lib == nil {
+		lib, path, err := g.cfg.load()
+		if err != nil {
+			return err
+		}
+		g.lib, g.cfg.library = lib, path
+	}
+	switch ret := g.lib.Init(); ret {
 	case nvml.SUCCESS:
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
-		return nil, &realLibraryError{path: cfg.library, reason: "it cannot be loaded"}
+		return &realLibraryError{path: g.cfg.library, reason: "it cannot be loaded"}
 	default:
-		return nil, fmt.Errorf("initialize NVML from %s: %w", cfg.library, realError("Init", -1, ret))
+		return fmt.Errorf("initialize NVML from %s: %w", g.cfg.library, realError("Init", -1, ret))
 	}
-	g := &realGPU{lib: lib, cfg: cfg, log: cfg.log, handles: map[int]realHandle{}, noted: map[string]bool{}}
-	driver, ret := lib.SystemGetDriverVersion()
-	cfg.log.Info("NVML opened", "library", cfg.library, "driver", driver, "return", realReturnName(ret))
-	return g, nil
+	g.inited = true
+	g.handles = map[int]realHandle{}
+	if !g.opened {
+		g.opened = true
+		driver, ret := g.lib.SystemGetDriverVersion()
+		g.log.Info("NVML opened", "library", g.cfg.library, "driver", driver, "return", realReturnName(ret), "idle", g.idle)
+	} else {
+		g.log.Debug("NVML session opened")
+	}
+	return nil
+}
+
+// shutdown releases the nvmlInit reference; handles die with it. Callers
+// hold g.mu.
+func (g *realGPU) shutdown() error {
+	if !g.inited {
+		return nil
+	}
+	g.inited = false
+	g.handles = map[int]realHandle{}
+	if ret := g.lib.Shutdown(); ret != nvml.SUCCESS && ret != nvml.ERROR_UNINITIALIZED {
+		return realError("Shutdown", -1, ret)
+	}
+	g.log.Debug("NVML session closed")
+	return nil
+}
+
+// Begin opens an NVML session for a pass of work: NVML is initialized
+// (if it is not) and stays so until the matching End. Sessions nest.
+func (g *realGPU) Begin() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return fmt.Errorf("NVML already closed: %w", realError("Init", -1, nvml.ERROR_UNINITIALIZED))
+	}
+	if !g.inited {
+		if err := g.init(); err != nil {
+			return err
+		}
+	}
+	g.sessions++
+	return nil
+}
+
+// End ends a session Begin opened; a backend opened idle shuts NVML down
+// when the last one ends.
+func (g *realGPU) End() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.sessions > 0 {
+		g.sessions--
+	}
+	if g.sessions == 0 && g.idle {
+		if err := g.shutdown(); err != nil {
+			g.log.Warn("NVML shutdown failed", "err", err)
+		}
+	}
 }
 
 // firstTime reports whether key is new: a fallback is logged once per
@@ -187,12 +306,27 @@ func (g *realGPU) needSymbol(op string, gpu int, names ...string) error {
 		names[0], realError(op, gpu, nvml.ERROR_FUNCTION_NOT_FOUND))
 }
 
-// open checks the backend is not closed. Callers hold g.mu.
-func (g *realGPU) open(op string) error {
+// open makes sure NVML is initialized for operation op and returns what
+// ends the call: outside a session of an idle backend, NVML is shut down
+// again. Callers hold g.mu and call done before releasing it.
+func (g *realGPU) open(op string) (done func(), err error) {
 	if g.closed {
-		return fmt.Errorf("NVML already closed: %w", realError(op, -1, nvml.ERROR_UNINITIALIZED))
+		return nil, fmt.Errorf("NVML already closed: %w", realError(op, -1, nvml.ERROR_UNINITIALIZED))
 	}
-	return nil
+	if g.inited {
+		return func() {}, nil
+	}
+	if err := g.init(); err != nil {
+		return nil, err
+	}
+	if !g.idle || g.sessions > 0 {
+		return func() {}, nil
+	}
+	return func() {
+		if err := g.shutdown(); err != nil {
+			g.log.Warn("NVML shutdown failed", "err", err)
+		}
+	}, nil
 }
 
 // device returns the handle of GPU i, cached. Callers hold g.mu.
@@ -234,9 +368,11 @@ func (g *realGPU) reacquire(i int) (nvml.Device, error) {
 func (g *realGPU) DriverVersion() (string, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.open("SystemGetDriverVersion"); err != nil {
+	done, err := g.open("SystemGetDriverVersion")
+	if err != nil {
 		return "", err
 	}
+	defer done()
 	v, ret := g.lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
 		return "", realError("SystemGetDriverVersion", -1, ret)
@@ -252,11 +388,7 @@ func (g *realGPU) Close() error {
 		return nil
 	}
 	g.closed = true
-	g.handles = map[int]realHandle{}
-	if ret := g.lib.Shutdown(); ret != nvml.SUCCESS && ret != nvml.ERROR_UNINITIALIZED {
-		return realError("Shutdown", -1, ret)
-	}
-	return nil
+	return g.shutdown()
 }
 
 // realBusID turns NVML's fixed-size C string into a Go string.

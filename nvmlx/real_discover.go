@@ -25,9 +25,11 @@ type realProfile struct {
 func (g *realGPU) Devices() ([]Device, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.open("DeviceGetCount"); err != nil {
+	done, err := g.open("DeviceGetCount")
+	if err != nil {
 		return nil, err
 	}
+	defer done()
 	n, ret := g.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return nil, realError("DeviceGetCount", -1, ret)

@@ -115,7 +115,7 @@ func sameProfiles(t *testing.T, what string, got, want profiles.Catalogue) {
 // build the same catalogue again.
 func TestRealH200Capture(t *testing.T) {
 	c := loadRealCapture(t, realH200Capture)
-	sim := simDevice(t, "h200")
+	sim := simDeviceOf(t, "h200")
 	for i, gpu := range c.GPUs {
 		if gpu.PCIDeviceID != sim.PCIDeviceIDString() || gpu.Name != sim.Name || gpu.MemoryMiB != sim.MemoryMiB ||
 			gpu.Architecture != sim.Architecture || !gpu.MigCapable {

@@ -36,9 +36,11 @@ func (g *realGPU) profilesOf(i int, dev nvml.Device) ([]realProfile, error) {
 func (g *realGPU) Instances(i int) ([]GPUInstance, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.open("GetGpuInstances"); err != nil {
+	done, err := g.open("GetGpuInstances")
+	if err != nil {
 		return nil, err
 	}
+	defer done()
 	dev, err := g.device(i)
 	if err != nil {
 		return nil, err
@@ -179,15 +181,22 @@ func (g *realGPU) migUUIDs(i int, dev nvml.Device) (map[[2]int]string, error) {
 
 // SetMigMode asks NVML for a MIG mode and returns the mode read back.
 // go-nvml returns (activationStatus, ret) in that order; both are checked.
-// RESET_REQUIRED as activation status gives an error wrapping
-// ErrResetRequired along with the read-back (pending) mode.
+// An activation that did not happen (IN_USE: a client kept the driver from
+// resetting the GPU; RESET_REQUIRED: no reset exposed, as in pass-through
+// VMs; nvml.h nvmlDeviceSetMigMode) is no error when the mode reads back
+// pending: the caller resets the GPU or reboots, as NVIDIA's mig-parted
+// does (it ignores the activation status and compares current with
+// pending). A failed call (ret), or an activation failure that left nothing
+// pending, is an error.
 func (g *realGPU) SetMigMode(i int, enabled bool) (MigMode, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	const op = "SetMigMode"
-	if err := g.open(op); err != nil {
+	done, err := g.open(op)
+	if err != nil {
 		return MigMode{}, err
 	}
+	defer done()
 	dev, err := g.device(i)
 	if err != nil {
 		return MigMode{}, err
@@ -215,11 +224,13 @@ func (g *realGPU) SetMigMode(i int, enabled bool) (MigMode, error) {
 		return mode, realError(op, i, ret)
 	case rerr != nil:
 		return mode, fmt.Errorf("read MIG mode back after setting it: %w", rerr)
-	case activation == nvml.ERROR_RESET_REQUIRED:
-		return mode, fmt.Errorf("MIG mode on GPU %d is pending (current %t, pending %t) until a GPU reset or reboot: %w",
-			i, mode.Current, mode.Pending, realError(op, i, activation))
-	case activation != nvml.SUCCESS:
-		return mode, fmt.Errorf("activation of the MIG mode failed: %w", realError(op, i, activation))
+	case activation != nvml.SUCCESS && mode.Pending == enabled && mode.Current != enabled:
+		g.log.Info("MIG mode change pending until a GPU reset or reboot", "gpu", i, "enabled", enabled,
+			"activation", realReturnName(activation))
+		return mode, nil
+	case activation != nvml.SUCCESS && mode.Current != enabled:
+		return mode, fmt.Errorf("activation of the MIG mode failed and nothing is pending (current %t, pending %t): %w",
+			mode.Current, mode.Pending, realError(op, i, activation))
 	}
 	g.log.Info("MIG mode set", "gpu", i, "enabled", enabled, "current", mode.Current, "pending", mode.Pending)
 	return mode, nil
@@ -231,9 +242,11 @@ func (g *realGPU) CreateGPUInstance(i, profileID int, at profiles.Placement) (in
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	const op = "CreateGpuInstanceWithPlacement"
-	if err := g.open(op); err != nil {
+	done, err := g.open(op)
+	if err != nil {
 		return 0, err
 	}
+	defer done()
 	if at.Start < 0 || at.Size <= 0 {
 		return 0, fmt.Errorf("placement %s: %w", at, realError(op, i, nvml.ERROR_INVALID_ARGUMENT))
 	}
@@ -277,9 +290,11 @@ func (g *realGPU) CreateComputeInstance(i, giID, ciProfileID int) (ComputeInstan
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	const op = "CreateComputeInstance"
-	if err := g.open(op); err != nil {
+	done, err := g.open(op)
+	if err != nil {
 		return ComputeInstance{}, err
 	}
+	defer done()
 	dev, err := g.device(i)
 	if err != nil {
 		return ComputeInstance{}, err
@@ -343,9 +358,11 @@ func (g *realGPU) DestroyComputeInstance(i, giID, ciID int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	const op = "ComputeInstance.Destroy"
-	if err := g.open(op); err != nil {
+	done, err := g.open(op)
+	if err != nil {
 		return err
 	}
+	defer done()
 	gi, err := g.gpuInstanceByID(i, giID)
 	if err != nil {
 		return err
@@ -368,9 +385,11 @@ func (g *realGPU) DestroyGPUInstance(i, giID int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	const op = "GpuInstance.Destroy"
-	if err := g.open(op); err != nil {
+	done, err := g.open(op)
+	if err != nil {
 		return err
 	}
+	defer done()
 	gi, err := g.gpuInstanceByID(i, giID)
 	if err != nil {
 		return err
@@ -387,9 +406,11 @@ func (g *realGPU) DestroyGPUInstance(i, giID int) error {
 func (g *realGPU) Processes(i int) ([]Process, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.open("GetComputeRunningProcesses"); err != nil {
+	done, err := g.open("GetComputeRunningProcesses")
+	if err != nil {
 		return nil, err
 	}
+	defer done()
 	dev, err := g.device(i)
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -44,25 +45,84 @@ func (g *realGPU) pciBusID(i int) (string, error) {
 	return realBusID(pci.BusId), nil
 }
 
-// resetPath is the sysfs file that resets GPU i's PCI function.
-func (g *realGPU) resetPath(busID string) (string, error) {
-	bdf, err := realSysfsBDF(busID)
+// realPCI is what the backend reads and does through the kernel's PCI
+// view (sysfs on a real node, the simulator's node in tests).
+type realPCI interface {
+	// HasReset reports whether the kernel exposes a function reset for the
+	// device (/sys/bus/pci/devices/BDF/reset).
+	HasReset(bdf string) (bool, error)
+	// Driver names the kernel driver bound to the device ("nvidia"), "" for none.
+	Driver(bdf string) (string, error)
+	// Reset resets the PCI function through sysfs.
+	Reset(bdf string) error
+}
+
+// realSysfs is realPCI over /sys.
+type realSysfs struct{ root string }
+
+func (s realSysfs) dev(bdf string) string { return filepath.Join(s.root, "bus", "pci", "devices", bdf) }
+
+func (s realSysfs) HasReset(bdf string) (bool, error) {
+	_, err := os.Stat(filepath.Join(s.dev(bdf), "reset"))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	}
+	return false, err
+}
+
+func (s realSysfs) Driver(bdf string) (string, error) {
+	link, err := os.Readlink(filepath.Join(s.dev(bdf), "driver"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(g.cfg.sysfs, "bus", "pci", "devices", bdf, "reset"), nil
+	return filepath.Base(link), nil
+}
+
+func (s realSysfs) Reset(bdf string) error {
+	return os.WriteFile(filepath.Join(s.dev(bdf), "reset"), []byte("1"), 0)
+}
+
+// resetPlan says how GPU i would be reset: the sysfs name of its PCI
+// function, its bus id as NVML prints it, and whether the nvidia driver is
+// bound (then only `nvidia-smi -r` may reset it). Callers hold g.mu.
+func (g *realGPU) resetPlan(i int) (bdf, bus, driver string, err error) {
+	bus, err = g.pciBusID(i)
+	if err != nil {
+		return "", "", "", err
+	}
+	bdf, err = realSysfsBDF(bus)
+	if err != nil {
+		return "", "", "", err
+	}
+	driver, err = g.cfg.pci.Driver(bdf)
+	if err != nil {
+		return "", "", "", fmt.Errorf("driver of GPU %s: %w", bus, err)
+	}
+	return bdf, bus, driver, nil
 }
 
 // CanReset reports whether GPU i can be reset on its own: not inside a
-// vGPU guest, and the kernel exposes a reset for its PCI function (the
-// check NVIDIA's mig-manager makes). Passthrough alone does not rule a
-// reset out (the H200 read for the fixtures is passthrough with FLR).
+// vGPU guest, the kernel exposes a reset for its PCI function (the check
+// NVIDIA's MIG manager makes before it resets instead of rebooting), and,
+// while a driver is bound, nvidia-smi is there to do it (NVIDIA's mig-parted
+// resets through the PCI function only when the nvidia module is not
+// loaded; with it loaded it runs `nvidia-smi -r`). Passthrough alone does
+// not rule a reset out (the H200 read for the fixtures is passthrough with
+// FLR).
 func (g *realGPU) CanReset(i int) (bool, string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.open("CanReset"); err != nil {
+	done, err := g.open("CanReset")
+	if err != nil {
 		return false, err.Error()
 	}
+	defer done()
 	dev, err := g.device(i)
 	if err != nil {
 		return false, err.Error()
@@ -72,62 +132,113 @@ func (g *realGPU) CanReset(i int) (bool, string) {
 			return false, "vGPU guest: the GPU cannot be reset from inside the VM"
 		}
 	}
-	bus, err := g.pciBusID(i)
+	bdf, bus, driver, err := g.resetPlan(i)
 	if err != nil {
 		return false, err.Error()
 	}
-	path, err := g.resetPath(bus)
+	has, err := g.cfg.pci.HasReset(bdf)
 	if err != nil {
-		return false, err.Error()
+		return false, fmt.Sprintf("PCI reset of GPU %s: %v", bus, err)
 	}
-	if _, err := os.Stat(path); err != nil {
-		return false, fmt.Sprintf("no PCI reset for GPU %s (%s: %v)", bus, path, errors.Unwrap(err))
+	if !has {
+		return false, fmt.Sprintf("no PCI reset for GPU %s (the kernel exposes no reset for %s)", bus, bdf)
+	}
+	if driver != "" {
+		if _, err := g.cfg.lookPath("nvidia-smi"); err != nil {
+			return false, fmt.Sprintf("GPU %s is bound to the %s driver and nvidia-smi is not installed: "+
+				"a GPU in use by the driver is reset only with nvidia-smi -r", bus, driver)
+		}
 	}
 	return true, ""
 }
 
-// ResetGPU resets GPU i so a pending MIG mode takes effect: with
-// `nvidia-smi -r -i BUSID` where nvidia-smi is installed (NVIDIA's way,
-// which checks for clients first), else through the sysfs reset file. NVML
-// is shut down around the reset, since an open NVML session counts as a
-// client, and every handle is re-acquired afterwards.
+// realSMIReturn turns a failed `nvidia-smi -r` into the NVML return it
+// stands for, from its exit code (nvidia-smi(1) "RETURN VALUE": 3 not
+// supported, 4 no permission, 9 driver not loaded, 15 GPU lost) and, for a
+// GPU still in use, its message.
+func realSMIReturn(err error, out []byte) nvml.Return {
+	if strings.Contains(strings.ToLower(string(out)), "in use") {
+		return nvml.ERROR_IN_USE
+	}
+	var ec interface{ ExitCode() int }
+	if errors.As(err, &ec) {
+		switch ec.ExitCode() {
+		case 3:
+			return nvml.ERROR_NOT_SUPPORTED
+		case 4:
+			return nvml.ERROR_NO_PERMISSION
+		case 9:
+			return nvml.ERROR_DRIVER_NOT_LOADED
+		case 15:
+			return nvml.ERROR_GPU_IS_LOST
+		}
+	}
+	return nvml.ERROR_UNKNOWN
+}
+
+// realReinitTries and realReinitWait: how often and how patiently NVML is
+// initialized again after a reset (the driver may take a moment to bring
+// the GPU back).
+const (
+	realReinitTries = 5
+	realReinitWait  = 500 * time.Millisecond
+)
+
+// ResetGPU resets GPU i so a pending MIG mode takes effect: `nvidia-smi -r
+// -i BUSID` while the driver is bound (NVIDIA's way: it checks for clients
+// first), the sysfs reset only when no driver is bound. NVML is shut down
+// around the reset, since an open NVML session counts as a client, and
+// initialized again afterwards with a backoff; if that keeps failing the
+// next call tries again.
 func (g *realGPU) ResetGPU(i int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.open("ResetGPU"); err != nil {
-		return err
-	}
-	bus, err := g.pciBusID(i)
+	done, err := g.open("ResetGPU")
 	if err != nil {
 		return err
 	}
-	path, err := g.resetPath(bus)
+	defer done()
+	bdf, bus, driver, err := g.resetPlan(i)
 	if err != nil {
 		return err
 	}
 	smi, smiErr := g.cfg.lookPath("nvidia-smi")
-	if ret := g.lib.Shutdown(); ret != nvml.SUCCESS {
-		return realError("Shutdown", i, ret)
+	if driver != "" && smiErr != nil {
+		return fmt.Errorf("GPU %s is bound to the %s driver and nvidia-smi is not installed: %w", bus, driver, smiErr)
 	}
-	g.handles = map[int]realHandle{}
+	if err := g.shutdown(); err != nil {
+		return err
+	}
 	var resetErr error
-	if smiErr == nil {
+	if driver != "" {
 		g.log.Info("resetting GPU", "gpu", i, "busId", bus, "with", smi)
 		ctx, cancel := context.WithTimeout(context.Background(), realResetTimeout)
 		out, err := g.cfg.run(ctx, smi, "-r", "-i", bus)
 		cancel()
 		if err != nil {
-			resetErr = fmt.Errorf("nvidia-smi -r -i %s: %w: %s", bus, err, strings.TrimSpace(string(out)))
+			resetErr = fmt.Errorf("nvidia-smi -r -i %s: %v: %s: %w", bus, err, strings.TrimSpace(string(out)),
+				realError("ResetGpu", i, realSMIReturn(err, out)))
 		}
 	} else {
-		g.log.Info("resetting GPU", "gpu", i, "busId", bus, "with", path)
-		if err := os.WriteFile(path, []byte("1"), 0); err != nil {
+		g.log.Info("resetting GPU", "gpu", i, "busId", bus, "with", "sysfs")
+		if err := g.cfg.pci.Reset(bdf); err != nil {
 			resetErr = fmt.Errorf("reset GPU %s through sysfs: %w", bus, err)
 		}
 	}
-	if ret := g.lib.Init(); ret != nvml.SUCCESS {
-		g.closed = true
-		return errors.Join(resetErr, fmt.Errorf("re-initialize NVML after the reset: %w", realError("Init", i, ret)))
+	var initErr error
+	wait := realReinitWait
+	for try := 1; try <= realReinitTries; try++ {
+		if initErr = g.init(); initErr == nil {
+			break
+		}
+		g.log.Warn("NVML not back after the reset; retrying", "gpu", i, "try", try, "err", initErr)
+		if try < realReinitTries {
+			g.cfg.sleep(wait)
+			wait *= 2
+		}
+	}
+	if initErr != nil {
+		return errors.Join(resetErr, fmt.Errorf("re-initialize NVML after the reset (the next call tries again): %w", initErr))
 	}
 	return resetErr
 }

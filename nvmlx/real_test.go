@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -51,7 +52,7 @@ func newTestReal(t *testing.T, f *fakeNVML) *testReal {
 	tr := &testReal{fake: f, logs: &syncBuffer{}, sysfs: t.TempDir()}
 	g, err := newReal(f.lib, realConfig{
 		log:      slog.New(slog.NewTextHandler(tr.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		sysfs:    tr.sysfs,
+		pci:      realSysfs{root: tr.sysfs},
 		lookPath: func(string) (string, error) { return "", exec.ErrNotFound },
 		run: func(_ context.Context, name string, args ...string) ([]byte, error) {
 			tr.ran = append(tr.ran, append([]string{name}, args...))
@@ -78,7 +79,7 @@ func wantNVMLError(t *testing.T, err error, op, ret string) {
 	}
 }
 
-func simDevice(t *testing.T, key string) Device {
+func simDeviceOf(t *testing.T, key string) Device {
 	t.Helper()
 	s, err := NewSim(key+"x1", SimOptions{})
 	if err != nil {
@@ -105,7 +106,7 @@ func TestRealDevicesMatchSimulator(t *testing.T) {
 			if len(ds) != 1 {
 				t.Fatalf("got %d devices", len(ds))
 			}
-			got, want := ds[0], simDevice(t, m.Key)
+			got, want := ds[0], simDeviceOf(t, m.Key)
 			if got.Name != want.Name || got.PCIDeviceID != want.PCIDeviceID || got.MemoryMiB != want.MemoryMiB ||
 				got.Architecture != want.Architecture || got.MigCapable != want.MigCapable {
 				t.Errorf("device: got %+v\nwant %+v", got, want)
@@ -187,7 +188,7 @@ func TestRealOldDriver(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Devices: %v", err)
 		}
-		if want := simDevice(t, "h100-80gb").Catalogue; !reflect.DeepEqual(ds[0].Catalogue, want) {
+		if want := simDeviceOf(t, "h100-80gb").Catalogue; !reflect.DeepEqual(ds[0].Catalogue, want) {
 			t.Errorf("catalogue:\ngot  %+v\nwant %+v", ds[0].Catalogue, want)
 		}
 		if !strings.Contains(g.logs.String(), "using the static catalogue") || !strings.Contains(g.logs.String(), "model=h100-80gb") {
@@ -225,7 +226,7 @@ func TestRealA30Counts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Devices: %v", err)
 	}
-	want := simDevice(t, "a30").Catalogue
+	want := simDeviceOf(t, "a30").Catalogue
 	if !reflect.DeepEqual(ds[0].Catalogue, want) {
 		t.Errorf("catalogue:\ngot  %+v\nwant %+v", ds[0].Catalogue, want)
 	}
@@ -269,7 +270,7 @@ func TestRealMissingSymbols(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Devices: %v", err)
 		}
-		if want := simDevice(t, "h200").Catalogue; !reflect.DeepEqual(ds[0].Catalogue, want) {
+		if want := simDeviceOf(t, "h200").Catalogue; !reflect.DeepEqual(ds[0].Catalogue, want) {
 			t.Errorf("catalogue:\ngot  %+v\nwant %+v", ds[0].Catalogue, want)
 		}
 	})
@@ -309,12 +310,15 @@ func TestRealSetMigMode(t *testing.T) {
 		{name: "takes effect", after: [2]int{1, 1}, want: MigMode{true, true}},
 		{name: "in use", ret: nvml.ERROR_IN_USE, want: MigMode{}, sentinel: ErrInUse, errOp: "SetMigMode",
 			msg: "nvml SetMigMode on GPU 0: ERROR_IN_USE"},
+		// An activation that did not happen leaves the mode pending: no
+		// error, the caller resets or reboots (mig-parted reads pending back).
 		{name: "reset required", activation: nvml.ERROR_RESET_REQUIRED, after: [2]int{0, 1},
-			want: MigMode{Current: false, Pending: true}, sentinel: ErrResetRequired, errOp: "SetMigMode",
-			msg: "MIG mode on GPU 0 is pending (current false, pending true) until a GPU reset or reboot"},
+			want: MigMode{Current: false, Pending: true}},
 		{name: "activation in use", activation: nvml.ERROR_IN_USE, after: [2]int{0, 1},
-			want: MigMode{Current: false, Pending: true}, sentinel: ErrInUse, errOp: "SetMigMode",
-			msg: "activation of the MIG mode failed"},
+			want: MigMode{Current: false, Pending: true}},
+		{name: "activation in use, nothing pending", activation: nvml.ERROR_IN_USE, after: [2]int{0, 0},
+			want: MigMode{}, sentinel: ErrInUse, errOp: "SetMigMode",
+			msg: "activation of the MIG mode failed and nothing is pending"},
 		{name: "no permission", ret: nvml.ERROR_NO_PERMISSION, sentinel: ErrNoPermission, errOp: "SetMigMode",
 			msg: "ERROR_NO_PERMISSION"},
 	}
@@ -534,10 +538,30 @@ func TestRealCanReset(t *testing.T) {
 	}
 }
 
+// bindNVIDIA makes the fake sysfs show the PCI function bdf bound to the
+// nvidia driver, with a reset file when reset is set.
+func bindNVIDIA(t *testing.T, g *testReal, bdf string, reset bool) string {
+	t.Helper()
+	dir := filepath.Join(g.sysfs, "bus", "pci", "devices", bdf)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../bus/pci/drivers/nvidia", filepath.Join(dir, "driver")); err != nil {
+		t.Fatal(err)
+	}
+	if reset {
+		if err := os.WriteFile(filepath.Join(dir, "reset"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 func TestRealResetGPU(t *testing.T) {
 	t.Run("nvidia-smi", func(t *testing.T) {
 		f := newFakeNVML("h200", "h200")
 		g := newTestReal(t, f)
+		bindNVIDIA(t, g, "0000:11:00.0", true)
 		g.cfg.lookPath = func(string) (string, error) { return "/usr/bin/nvidia-smi", nil }
 		if err := g.ResetGPU(1); err != nil {
 			t.Fatal(err)
@@ -555,13 +579,62 @@ func TestRealResetGPU(t *testing.T) {
 	t.Run("nvidia-smi fails", func(t *testing.T) {
 		f := newFakeNVML("h200")
 		g := newTestReal(t, f)
+		bindNVIDIA(t, g, "0000:10:00.0", true)
 		g.cfg.lookPath = func(string) (string, error) { return "/usr/bin/nvidia-smi", nil }
 		g.cfg.run = func(context.Context, string, ...string) ([]byte, error) {
 			return []byte("GPU 00000000:10:00.0 is currently in use by another process.\n"), errors.New("exit status 255")
 		}
 		err := g.ResetGPU(0)
-		if err == nil || !strings.Contains(err.Error(), "in use by another process") {
+		if err == nil || !strings.Contains(err.Error(), "in use by another process") || !errors.Is(err, ErrInUse) {
 			t.Fatalf("ResetGPU: %v", err)
+		}
+	})
+	// The driver is bound and nvidia-smi is missing: never a PCI reset under
+	// the driver (mig-parted resets through PCI only without the module).
+	t.Run("bound without nvidia-smi", func(t *testing.T) {
+		g := newTestReal(t, newFakeNVML("h200"))
+		dir := bindNVIDIA(t, g, "0000:10:00.0", true)
+		if ok, why := g.CanReset(0); ok || !strings.Contains(why, "nvidia-smi is not installed") {
+			t.Errorf("CanReset = %v %q", ok, why)
+		}
+		if err := g.ResetGPU(0); err == nil || !strings.Contains(err.Error(), "nvidia-smi is not installed") {
+			t.Fatalf("ResetGPU: %v", err)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, "reset")); len(b) != 0 {
+			t.Errorf("sysfs reset written under the driver: %q", b)
+		}
+	})
+	// Re-initializing NVML after the reset is retried; when it keeps
+	// failing the next call tries again.
+	t.Run("re-init retried", func(t *testing.T) {
+		f := newFakeNVML("h200")
+		g := newTestReal(t, f)
+		bindNVIDIA(t, g, "0000:10:00.0", true)
+		g.cfg.lookPath = func(string) (string, error) { return "/usr/bin/nvidia-smi", nil }
+		var slept []time.Duration
+		g.cfg.sleep = func(d time.Duration) { slept = append(slept, d) }
+		fails := 2
+		f.lib.InitFunc = func() nvml.Return {
+			f.inits++
+			if fails > 0 {
+				fails--
+				return nvml.ERROR_DRIVER_NOT_LOADED
+			}
+			return nvml.SUCCESS
+		}
+		if err := g.ResetGPU(0); err != nil {
+			t.Fatalf("ResetGPU: %v", err)
+		}
+		if len(slept) != 2 || slept[1] != 2*slept[0] {
+			t.Errorf("waits %v, want two, doubling", slept)
+		}
+		fails = 100
+		if err := g.ResetGPU(0); err == nil || !strings.Contains(err.Error(), "the next call tries again") {
+			t.Fatalf("ResetGPU with NVML not coming back: %v", err)
+		}
+		fails = 0
+		if _, err := g.Devices(); err != nil {
+			t.Errorf("Devices once NVML is back: %v", err)
 		}
 	})
 	t.Run("sysfs", func(t *testing.T) {

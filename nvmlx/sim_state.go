@@ -19,9 +19,13 @@ const simStateVersion = 1
 
 // simState is the simulated hardware, as the --sim-state file holds it.
 type simState struct {
-	Version   int      `json:"version"`
-	BootCount int      `json:"bootCount"`
-	GPUs      []simGPU `json:"gpus"`
+	Version   int `json:"version"`
+	BootCount int `json:"bootCount"`
+	// NVMLInits and NVMLShutdowns count nvmlInit and nvmlShutdown calls of
+	// every process on this state: equal when no NVML session is open.
+	NVMLInits     int      `json:"nvmlInits,omitempty"`
+	NVMLShutdowns int      `json:"nvmlShutdowns,omitempty"`
+	GPUs          []simGPU `json:"gpus"`
 }
 
 type simGPU struct {
@@ -32,6 +36,9 @@ type simGPU struct {
 	MigPending bool      `json:"migPending"`
 	Instances  []simGI   `json:"gpuInstances"`
 	Processes  []Process `json:"processes"`
+	// HandleError, when set, is the NVML return every handle lookup of this
+	// GPU gets ("ERROR_NO_PERMISSION": a GPU the agent may not open).
+	HandleError string `json:"handleError,omitempty"`
 }
 
 type simGI struct {
@@ -233,10 +240,13 @@ func (st *simState) reboot() {
 // SimReboot simulates a node reboot on the state file at statePath (the
 // `sim reboot` command and --reboot-method sim): pending MIG modes become
 // current, every GPU and compute instance and process is dropped, and the
-// boot count grows by one. No simulator may be writing the file meanwhile.
+// boot count grows by one. It takes the simulators' state lock.
 func SimReboot(statePath string) error {
 	if statePath == "" {
 		return fmt.Errorf("%w: sim reboot needs a state file (--sim-state)", ErrSimState)
+	}
+	if f := flockDir(filepath.Dir(statePath)); f != nil {
+		defer f.Close()
 	}
 	st, err := readSimState(statePath)
 	if err != nil {

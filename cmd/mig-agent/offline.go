@@ -20,10 +20,17 @@ import (
 	"github.com/migagent/mig-agent/nvmlx"
 )
 
-// openGPUs opens the GPU backend the settings name.
+// openGPUs opens the GPU backend the settings name, with NVML initialized
+// until Close (a command's lifetime).
 func openGPUs(s *agent.Settings, log *slog.Logger) (nvmlx.GPU, error) {
+	return openBackend(s, log, false)
+}
+
+// openBackend opens the GPU backend; idle (the daemon) defers opening NVML
+// to each pass and closes it after, so an idle agent holds no NVML session.
+func openBackend(s *agent.Settings, log *slog.Logger, idle bool) (nvmlx.GPU, error) {
 	g, err := nvmlx.Open(nvmlx.Options{
-		Backend: s.NVML, Library: s.NVMLLibrary, Logger: log,
+		Backend: s.NVML, Library: s.NVMLLibrary, Logger: log, Idle: idle,
 		Sim: nvmlx.SimOptions{StatePath: s.SimState, Faults: s.SimFaults, NoReset: s.SimNoReset},
 	})
 	if err != nil {

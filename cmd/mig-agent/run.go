@@ -85,8 +85,9 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 	}
 	go notifier.RunWatchdog(ctx, func() bool { return true })
 
-	// NVML: a missing driver is a degraded state, not a crash loop.
-	g, err := openGPUs(s, log)
+	// NVML is opened per pass (the daemon retries with backoff and is not
+	// ready meanwhile); only a bad backend setting fails here.
+	g, err := openBackend(s, log, true)
 	for err != nil {
 		var in inputError
 		if errors.As(err, &in) {
@@ -100,7 +101,7 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 			return nil
 		case <-time.After(30 * time.Second):
 		}
-		g, err = openGPUs(s, log)
+		g, err = openBackend(s, log, true)
 	}
 	defer g.Close()
 	d.GPU = g
