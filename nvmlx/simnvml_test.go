@@ -94,13 +94,22 @@ func TestSimRules(t *testing.T) {
 				return result{ret, [2]uint32{p.PciDeviceId, p.PciSubSystemId}}
 			}, nvml.SUCCESS, [2]uint32{0x233510DE, 0x18BF10DE}},
 		{"no MIG on L40S", "nvml.h nvmlDeviceGetMigMode: NOT_SUPPORTED", "l40sx1", SimOptions{},
-			func(t *testing.T, l *simLib) result { _, _, ret := simDev(t, l, 0).GetMigMode(); return result{ret: ret} },
+			func(t *testing.T, l *simLib) result {
+				_, _, ret := simDev(t, l, 0).GetMigMode()
+				return result{ret: ret}
+			},
 			nvml.ERROR_NOT_SUPPORTED, nil},
 		{"profile holes NOT_SUPPORTED", "MIG facts §5 (H200 measured: 5, 6, 8, 10–16)", "h200x1", SimOptions{},
-			func(t *testing.T, l *simLib) result { _, ret := simDev(t, l, 0).GetGpuInstanceProfileInfo(8); return result{ret: ret} },
+			func(t *testing.T, l *simLib) result {
+				_, ret := simDev(t, l, 0).GetGpuInstanceProfileInfo(8)
+				return result{ret: ret}
+			},
 			nvml.ERROR_NOT_SUPPORTED, nil},
 		{"profile index 17 INVALID_ARGUMENT", "MIG facts §5 (H200 measured: 17–23)", "h200x1", SimOptions{},
-			func(t *testing.T, l *simLib) result { _, ret := simDev(t, l, 0).GetGpuInstanceProfileInfo(17); return result{ret: ret} },
+			func(t *testing.T, l *simLib) result {
+				_, ret := simDev(t, l, 0).GetGpuInstanceProfileInfo(17)
+				return result{ret: ret}
+			},
 			nvml.ERROR_INVALID_ARGUMENT, nil},
 		{"profiles and placements with MIG disabled", "MIG facts §5 (measured); nvml.h GetGpuInstancePossiblePlacements", "h200x1", SimOptions{},
 			func(t *testing.T, l *simLib) result {
