@@ -40,7 +40,7 @@ func Discover(g nvmlx.GPU) (*Node, error) {
 		n.Instances[i] = insts
 		ok, _ := g.CanReset(d.Index)
 		n.GPUs[i] = geometry.GPU{
-			Index: d.Index, UUID: d.UUID, Name: d.Name, PCIDeviceID: d.PCIDeviceID,
+			Index: d.Index, UUID: d.UUID, Name: d.Name, PCIDeviceID: d.PCIDeviceID, PCISubsystemID: d.PCISubsystemID,
 			Architecture: d.Architecture, MigCapable: d.MigCapable,
 			ModeCurrent: d.MigMode.Current, ModePending: d.MigMode.Pending,
 			CanReset: ok, Catalogue: d.Catalogue, Instances: toGeometry(insts),

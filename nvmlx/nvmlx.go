@@ -20,16 +20,18 @@ type MigMode struct {
 
 // Device is what discovery reports for one GPU.
 type Device struct {
-	Index        int                `json:"index"`
-	UUID         string             `json:"uuid"`
-	Name         string             `json:"name"`
-	PCIDeviceID  uint32             `json:"-"`
-	PCIBusID     string             `json:"pciBusId"`
-	MemoryMiB    uint64             `json:"memoryMiB"`
-	Architecture string             `json:"architecture"`
-	MigCapable   bool               `json:"migCapable"`
-	MigMode      MigMode            `json:"migMode"`
-	Catalogue    profiles.Catalogue `json:"-"`
+	Index       int    `json:"index"`
+	UUID        string `json:"uuid"`
+	Name        string `json:"name"`
+	PCIDeviceID uint32 `json:"-"`
+	// PCISubsystemID is NVML's pciSubSystemId (0x18BF10DE); 0 when unknown.
+	PCISubsystemID uint32             `json:"-"`
+	PCIBusID       string             `json:"pciBusId"`
+	MemoryMiB      uint64             `json:"memoryMiB"`
+	Architecture   string             `json:"architecture"`
+	MigCapable     bool               `json:"migCapable"`
+	MigMode        MigMode            `json:"migMode"`
+	Catalogue      profiles.Catalogue `json:"-"`
 }
 
 // PCIDeviceIDString is the id as config device-filters write it: "0x233510DE".

@@ -79,7 +79,7 @@ func (g *realGPU) facts(i int, dev nvml.Device) (Device, uint64, error) {
 	if ret != nvml.SUCCESS {
 		return d, 0, realError("GetPciInfo", i, ret)
 	}
-	d.PCIDeviceID, d.PCIBusID = pci.PciDeviceId, realBusID(pci.BusId)
+	d.PCIDeviceID, d.PCISubsystemID, d.PCIBusID = pci.PciDeviceId, pci.PciSubSystemId, realBusID(pci.BusId)
 	mem, ret := dev.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
 		return d, 0, realError("GetMemoryInfo", i, ret)

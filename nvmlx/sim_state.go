@@ -23,9 +23,12 @@ type simState struct {
 	BootCount int `json:"bootCount"`
 	// NVMLInits and NVMLShutdowns count nvmlInit and nvmlShutdown calls of
 	// every process on this state: equal when no NVML session is open.
-	NVMLInits     int      `json:"nvmlInits,omitempty"`
-	NVMLShutdowns int      `json:"nvmlShutdowns,omitempty"`
-	GPUs          []simGPU `json:"gpus"`
+	NVMLInits     int `json:"nvmlInits,omitempty"`
+	NVMLShutdowns int `json:"nvmlShutdowns,omitempty"`
+	// DriverUnloaded simulates the nvidia kernel module unloaded (a driver
+	// upgrade in progress): nvmlInit fails with DRIVER_NOT_LOADED.
+	DriverUnloaded bool     `json:"driverUnloaded,omitempty"`
+	GPUs           []simGPU `json:"gpus"`
 }
 
 type simGPU struct {

@@ -188,10 +188,14 @@ func (l *simLib) gpu(st *simState, i int) (*simGPU, *profiles.Model) {
 
 // Init counts a reference (nvml.h nvmlInit_v2: "... reference counted") and
 // the session in the state file, so a test sees how many sessions were
-// opened and closed across processes.
+// opened and closed across processes. With the driver unloaded (the state's
+// driverUnloaded) it fails with DRIVER_NOT_LOADED.
 func (l *simLib) Init() nvml.Return {
 	l.lock()
 	defer l.unlock()
+	if l.st.DriverUnloaded {
+		return nvml.ERROR_DRIVER_NOT_LOADED // nvml.h nvmlInit_v2
+	}
 	next := l.st.clone()
 	next.NVMLInits++
 	if err := l.commit(next); err != nil {

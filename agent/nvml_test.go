@@ -1,0 +1,52 @@
+package agent
+
+import (
+	"testing"
+
+	"github.com/migagent/mig-agent/nvmlx"
+)
+
+// A device-filter with a PCI subsystem id matches the GPUs NVML reports it
+// for (the simulated H200 reports the measured 0x18BF10DE) and no other.
+func TestApplySubsystemDeviceFilter(t *testing.T) {
+	f := parseSpec(t, `version: v1
+mig-configs:
+  by-subsystem:
+    - device-filter: ["0x233510DE:0x18BF10DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {"7g.141gb": 1}
+    - device-filter: ["0x20B010DE"]
+      devices: all
+      mig-enabled: false
+`)
+	s := newSim(t, "h200x1,a100-40gbx1", nvmlx.SimOptions{})
+	res, err := applyConfig(t, s, f, "by-subsystem", ApplyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Changed) != 1 || res.Changed[0] != 0 {
+		t.Fatalf("changed %v, want [0]", res.Changed)
+	}
+	insts, err := s.Instances(0)
+	if err != nil || len(insts) != 1 || insts[0].Profile != "7g.141gb" || insts[0].ID != 0 {
+		t.Fatalf("GPU 0 instances %+v (%v), want 7g.141gb as GI 0", insts, err)
+	}
+}
+
+// Ampere with a host client attached: SetMigMode leaves the mode pending
+// (activation IN_USE); the apply resets just that GPU and converges.
+func TestApplyAmpereClientAttachedResets(t *testing.T) {
+	s := newSim(t, "a30x1", nvmlx.SimOptions{})
+	res, err := applyConfig(t, s, nil, "all-1g.6gb", ApplyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Reset) != 1 || len(res.RebootGPUs) != 0 {
+		t.Fatalf("reset %v reboot %v, want a reset of GPU 0", res.Reset, res.RebootGPUs)
+	}
+	insts, _ := s.Instances(0)
+	if len(insts) != 4 || insts[0].ID != 3 {
+		t.Fatalf("instances %+v, want four 1g with the first as GI 3", insts)
+	}
+}
