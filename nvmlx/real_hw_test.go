@@ -4,7 +4,6 @@ package nvmlx
 
 import (
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"os"
 	"testing"
@@ -14,8 +13,9 @@ import (
 )
 
 // TestRealGPUReadOnly reads this machine's GPUs through NVML and through
-// the real backend and writes a realCapture as JSON to $REAL_CAPTURE_OUT
-// (or the test log). It only reads: no MIG mode change, no instance
+// the real backend, compares each GPU field by field with the simulated
+// GPU of the same model read through the same nvml.Interface calls, and
+// writes a realCapture as JSON to $REAL_CAPTURE_OUT (or the test log). It only reads: no MIG mode change, no instance
 // created or destroyed, no reset, no setting changed. Run it on a machine
 // with a driver: go test -tags realgpu -run TestRealGPUReadOnly ./nvmlx
 // ($MIG_AGENT_NVML_LIBRARY: the library or driver root, optional).
@@ -43,36 +43,25 @@ func TestRealGPUReadOnly(t *testing.T) {
 		t.Fatalf("DeviceGetCount: %s", realReturnName(ret))
 	}
 	for i := range n {
-		d, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			t.Fatalf("DeviceGetHandleByIndex(%d): %s", i, realReturnName(ret))
+		r, err := readRaw(lib, i, has)
+		if err != nil {
+			t.Fatal(err)
 		}
-		r := realRawGPU{Index: i}
-		r.Name, _ = d.GetName()
-		r.UUID, _ = d.GetUUID()
-		pci, _ := d.GetPciInfo()
-		r.PCIBusID, r.PCIDeviceID = realBusID(pci.BusId), fmt.Sprintf("0x%08X", pci.PciDeviceId)
-		mem, _ := d.GetMemoryInfo()
-		r.MemoryTotalBytes = mem.Total
-		if has("nvmlDeviceGetArchitecture") {
-			a, _ := d.GetArchitecture()
-			r.Architecture = uint32(a)
-		}
-		if has("nvmlDeviceGetMigMode") {
-			cur, pend, ret := d.GetMigMode()
-			r.MigMode = realRawMigMode{Current: cur, Pending: pend, Return: realReturnName(ret)}
-		}
-		for idx := range nvml.GPU_INSTANCE_PROFILE_COUNT {
-			info, ret := d.GetGpuInstanceProfileInfo(idx)
-			p := realRawProfile{Index: idx, Return: realReturnName(ret)}
-			if ret == nvml.SUCCESS {
-				p.Info = &info
-				if has("nvmlDeviceGetGpuInstancePossiblePlacements_v2") || has("nvmlDeviceGetGpuInstancePossiblePlacements") {
-					pls, ret := d.GetGpuInstancePossiblePlacements(&info)
-					p.Placements, p.PlacementsReturn = pls, realReturnName(ret)
-				}
+		// The simulated GPU of the same model, through the same calls.
+		sim, ok, err := simRawFor(r)
+		switch {
+		case err != nil:
+			t.Errorf("GPU %d: simulator: %v", i, err)
+		case !ok:
+			t.Logf("GPU %d (%s): the simulator has no such model; not compared", i, r.PCIDeviceID)
+		default:
+			r.SimDiffs = compareRaw(r, sim)
+			for _, d := range r.SimDiffs {
+				t.Errorf("GPU %d: the simulator differs from the hardware: %s", i, d)
 			}
-			r.Profiles = append(r.Profiles, p)
+			if len(r.SimDiffs) == 0 {
+				t.Logf("GPU %d: the simulated %s answers every read like the hardware", i, r.Name)
+			}
 		}
 		c.Raw = append(c.Raw, r)
 	}

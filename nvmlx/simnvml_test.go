@@ -465,3 +465,19 @@ func TestSimSessionsCounted(t *testing.T) {
 		t.Errorf("after Close: %d inits, %d shutdowns", i, d)
 	}
 }
+
+// TestSimMatchesH200Capture: the simulated H200, read through the same
+// nvml.Interface calls as the read-only hardware capture, answers like the
+// real H200 did (testdata/h200-real-profiles.json, driver 580.159.04).
+func TestSimMatchesH200Capture(t *testing.T) {
+	c := loadRealCapture(t, filepath.Join("testdata", "h200-real-profiles.json"))
+	for _, real := range c.Raw {
+		sim, ok, err := simRawFor(real)
+		if err != nil || !ok {
+			t.Fatalf("simulator for %s: %v %v", real.PCIDeviceID, ok, err)
+		}
+		for _, d := range compareRaw(real, sim) {
+			t.Errorf("GPU %d: %s", real.Index, d)
+		}
+	}
+}
