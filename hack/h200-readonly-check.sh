@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Read-only check of mig-agent's real NVML backend on a machine with a real
-# NVIDIA GPU (an H200 for nvmlx/testdata/h200-real-profiles.json).
+# NVIDIA GPU (an H200 for nvmlx/testdata/h200-real-profiles.json). The
+# realgpu test also reads the simulated GPU of the same model through the
+# same nvml.Interface calls and reports every field where it differs from
+# the hardware (raw[].simDiffs in the capture, errors in realgpu-test.txt).
 #
 # It ONLY READS: it never changes the MIG mode, never creates or destroys GPU
 # or compute instances, never resets the GPU, never changes a setting. The
