@@ -2,6 +2,7 @@ package agent
 
 import (
 	"testing"
+	"time"
 
 	"github.com/migagent/mig-agent/nvmlx"
 )
@@ -48,5 +49,26 @@ func TestApplyAmpereClientAttachedResets(t *testing.T) {
 	insts, _ := s.Instances(0)
 	if len(insts) != 4 || insts[0].ID != 3 {
 		t.Fatalf("instances %+v, want four 1g with the first as GI 3", insts)
+	}
+}
+
+// The wait before reopening NVML doubles from 1s to 2 minutes, each drawn
+// within ±20% so that a fleet whose driver came back together spreads out.
+func TestNVMLBackoff(t *testing.T) {
+	d := &Daemon{}
+	seen := map[time.Duration]bool{}
+	for n := 1; n <= 12; n++ {
+		d.nvmlFail = n
+		base := min(time.Second<<(n-1), 2*time.Minute)
+		for range 50 {
+			w := d.nvmlBackoff()
+			if w < base-base/5 || w > base+base/5 {
+				t.Fatalf("attempt %d: wait %v outside %v ±20%%", n, w, base)
+			}
+			seen[w] = true
+		}
+	}
+	if len(seen) < 100 {
+		t.Errorf("only %d distinct waits: no jitter", len(seen))
 	}
 }
