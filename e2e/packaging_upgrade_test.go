@@ -89,6 +89,9 @@ func TestPackagingDriverUpgradePause(t *testing.T) {
 		"nvidia.com/gpu.present": "true", upgradeDeployLabel: "true", "nvidia.com/gpu.deploy.device-plugin": "true",
 		"nvidia.com/gpu.product": "NVIDIA-H200", upgradePin: node,
 	})
+	upgradeNodeReady(t, c, node)
+	// The kubelet: it finishes the pods the DaemonSet controller deletes.
+	kubetest.StartKubelet(t, c, node)
 	podSel := labels.SelectorFromSet(d.Spec.Selector.MatchLabels).String()
 	agentPods := func() []corev1.Pod {
 		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: podSel})
@@ -111,6 +114,25 @@ func TestPackagingDriverUpgradePause(t *testing.T) {
 		return got.Status.DesiredNumberScheduled
 	}
 
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// What the DaemonSet controller said (a pod it could not create).
+		ev, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return
+		}
+		for _, e := range ev.Items {
+			t.Logf("event %s %s: %s %s", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+		if n, err := c.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{}); err == nil {
+			t.Logf("node %s: labels %v, taints %v", node, n.Labels, n.Spec.Taints)
+		}
+		if got, err := c.AppsV1().DaemonSets(ns).Get(context.Background(), d.Name, metav1.GetOptions{}); err == nil {
+			t.Logf("DaemonSet status %+v", got.Status)
+		}
+	})
 	var first string
 	WaitFor(t, 60*time.Second, "the DaemonSet controller to create the agent's pod on the node", func() bool {
 		p := agentPods()
@@ -120,6 +142,9 @@ func TestPackagingDriverUpgradePause(t *testing.T) {
 		return len(p) == 1 && desired() == 1
 	})
 	p := agentPods()[0]
+	// The scheduler binds it: the DaemonSet controller counts a pod on a
+	// node by its spec.nodeName.
+	upgradeBind(t, c, &p, node)
 	if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Name != "toolkit-validation" ||
 		p.Spec.RuntimeClassName == nil || *p.Spec.RuntimeClassName != upgradeRuntimeClass {
 		t.Errorf("the agent's pod lacks the toolkit-ready gate or the RuntimeClass: init %v, runtimeClassName %v",
@@ -138,6 +163,26 @@ func TestPackagingDriverUpgradePause(t *testing.T) {
 		p := agentPods()
 		return len(p) == 1 && string(p[0].UID) != first && desired() == 1
 	})
+	p = agentPods()[0]
+	upgradeBind(t, c, &p, node)
+	WaitFor(t, 30*time.Second, "the DaemonSet to count the new pod on the node", func() bool {
+		got, err := c.AppsV1().DaemonSets(ns).Get(ctx, d.Name, metav1.GetOptions{})
+		return err == nil && got.Status.CurrentNumberScheduled == 1 && got.Status.NumberMisscheduled == 0
+	})
+}
+
+// upgradeBind binds the pod to node as kube-scheduler does for a
+// DaemonSet pod (its required node affinity names the node, and the node
+// has no taint it does not tolerate: upgradeNodeReady lifted not-ready).
+func upgradeBind(t *testing.T, c kubernetes.Interface, p *corev1.Pod, node string) {
+	t.Helper()
+	err := c.CoreV1().Pods(p.Namespace).Bind(context.Background(), &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("binding %s to %s: %v", p.Name, node, err)
+	}
 }
 
 // upgradeSetLabel sets the deploy label as the driver manager does (a merge
@@ -169,4 +214,37 @@ func upgradePodFor(p *corev1.Pod, node string) bool {
 		}
 	}
 	return false
+}
+
+// upgradeNodeReady makes the node Ready as a running kubelet and the node
+// lifecycle controller do: the kubelet reports the Ready condition, and the
+// controller lifts the node.kubernetes.io/not-ready:NoSchedule taint that
+// the API server's TaintNodesByCondition admission put on the new Node
+// (k8s.io/kubernetes pkg/controller/nodelifecycle, doNoScheduleTaintingPass).
+// The DaemonSet controller places a pod only on a node whose NoSchedule
+// taints its pods tolerate.
+func upgradeNodeReady(t *testing.T, c kubernetes.Interface, node string) {
+	t.Helper()
+	ctx := context.Background()
+	n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		LastHeartbeatTime: now, LastTransitionTime: now}}
+	n, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taints []corev1.Taint
+	for _, taint := range n.Spec.Taints {
+		if taint.Key != corev1.TaintNodeNotReady {
+			taints = append(taints, taint)
+		}
+	}
+	n.Spec.Taints = taints
+	if _, err := c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
