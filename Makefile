@@ -5,16 +5,11 @@
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT    ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
-# go-nvml is cgo and dlopens libnvidia-ml.so.1 at run time: bind lazily so a
-# binary built here starts on machines with no driver (and with old drivers).
+LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# go-nvml is cgo (it dlopens libnvidia-ml.so.1 at run time and binds its
+# symbols lazily, so the binary starts on machines with no driver): a plain
+# `go build` needs nothing more. -s -w drop the symbol table and DWARF.
 export CGO_ENABLED := 1
-export CGO_CFLAGS  := -Wno-deprecated-declarations
-export CGO_LDFLAGS := -Wl,-z,lazy
-# kubectl's drain package pulls in kustomize's Go plugin loader (package
-# plugin), which makes the linker bind every symbol at start; mig-agent
-# loads no Go plugins.
-export GOFLAGS     := -tags=kustomize_disable_go_plugin_support
 FUZZTIME  ?= 10s
 STATICCHECK ?= v0.8.2
 

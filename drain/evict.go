@@ -1,7 +1,6 @@
 package drain
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	kubectldrain "k8s.io/kubectl/pkg/drain"
 )
 
 // Sentinel errors of the package.
@@ -47,7 +45,8 @@ type EvictOptions struct {
 	// 0 means DefaultDrainTimeout.
 	Timeout time.Duration
 	// RetryDelay is the pause after an eviction answered 429 (a
-	// PodDisruptionBudget) before the next try. 0 means DefaultEvictRetryDelay.
+	// PodDisruptionBudget) or refused in a terminating namespace before the
+	// next try. 0 means DefaultEvictRetryDelay.
 	RetryDelay time.Duration
 	// RefuseUnmanaged makes Evict fail, before evicting anything, when a pod
 	// has no controller (nothing would recreate it), naming the pods. The
@@ -66,20 +65,42 @@ func (o EvictOptions) withDefaults() EvictOptions {
 }
 
 // Evict evicts exactly pods through the Eviction API (policy/v1, so
-// PodDisruptionBudgets hold; 429 answers are retried every RetryDelay) with
-// the kubectl drain helper, each pod with its own termination grace period,
-// and waits until every one is gone, by UID (a new pod of the same name does
-// not count). It returns "namespace/name" of the pods that are gone.
+// PodDisruptionBudgets hold), each pod with its own termination grace
+// period, and waits until every one is gone, by UID (a new pod of the same
+// name does not count). It returns "namespace/name" of the pods that are gone.
+//
+// It does what kubectl's drain helper (k8s.io/kubectl/pkg/drain, drain.go
+// Helper.evictPods and waitForDelete) does with the pods it is given, all
+// pods at once, each in its own goroutine:
+//   - an eviction answered 429 Too Many Requests (a PodDisruptionBudget
+//     allows no disruption now) is tried again after RetryDelay, until the
+//     drain timeout;
+//   - an eviction in a namespace being deleted (403 with cause
+//     NamespaceTerminating) is tried again likewise, unless the pod is
+//     already terminating: then it is only waited for;
+//   - 404 means the pod is gone;
+//   - any other answer ends that pod's eviction (the others go on);
+//   - once evicted, the pod is read every second until it is gone: not
+//     found, or found with another UID.
+//
+// Unlike kubectl, each eviction carries the pod's UID as a precondition, so
+// a new pod that took the name since the pods were chosen is never evicted
+// (the server answers 409, and the chosen pod counts as gone).
 //
 // Before evicting anything it refuses, with ErrNotEvictable, static (mirror)
-// pods, which the kubelet owns and no eviction removes, and, with
-// RefuseUnmanaged, pods that no controller owns. DaemonSet pods are evicted
-// like any other pod: they would hold a device that is destroyed.
+// pods, which the kubelet owns and no eviction removes (kubectl's drain
+// skips them and leaves them running; here they hold a device that goes
+// away, so the change must not go on), and, with RefuseUnmanaged, pods that
+// no controller owns (kubectl refuses them without --force). DaemonSet pods
+// are evicted like any other pod, as kubectl's helper does with the pods it
+// is handed (kubectl drain's --ignore-daemonsets filter only chooses which
+// pods to hand it): they hold a device that is destroyed.
 //
 // Pods still present after Timeout give ErrDrainTimeout, naming each with
-// why it stayed; an eviction error other than 429 ends the drain earlier
-// with ErrEvictionFailed. Either way the pods already gone are returned.
-// Evict is safe to call again with the same pods.
+// why it stayed; an eviction error other than those retried ends the drain
+// with ErrEvictionFailed, wrapping the API error, once the other pods are
+// done. Either way the pods already gone are returned. Evict is safe to call
+// again with the same pods.
 func Evict(ctx context.Context, client kubernetes.Interface, log *slog.Logger, pods []corev1.Pod,
 	opts EvictOptions) ([]string, error) {
 	opts = opts.withDefaults()
@@ -89,31 +110,24 @@ func Evict(ctx context.Context, client kubernetes.Interface, log *slog.Logger, p
 	if err := refuse(pods, opts); err != nil {
 		return nil, err
 	}
-	helper := &kubectldrain.Helper{
-		Ctx:                  ctx,
-		Client:               client,
-		GracePeriodSeconds:   -1, // each pod's own terminationGracePeriodSeconds
-		Timeout:              opts.Timeout,
-		EvictErrorRetryDelay: opts.RetryDelay,
-		// Only used by the helper's pod filters, which Evict does not use (it
-		// chose the pods); set as a reminder of what Evict does.
-		IgnoreAllDaemonSets: false,
-		DeleteEmptyDirData:  true,
-		Force:               !opts.RefuseUnmanaged,
-		Out:                 &logWriter{log: log, level: slog.LevelInfo},
-		ErrOut:              &logWriter{log: log, level: slog.LevelWarn},
-		OnPodDeletionOrEvictionFinished: func(pod *corev1.Pod, _ bool, err error) {
-			if err == nil {
-				log.Info("pod gone", "pod", pod.Namespace+"/"+pod.Name)
-			}
-		},
-	}
 	start := time.Now()
 	log.Info("evicting pods", "pods", podNames(pods), "timeout", opts.Timeout)
-	helperErr := helper.DeleteOrEvictPods(pods)
+	dctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	errs := make([]error, len(pods))
+	var wg sync.WaitGroup
+	for i := range pods {
+		wg.Go(func() { errs[i] = evictOne(dctx, client, log, &pods[i], opts.RetryDelay) })
+	}
+	wg.Wait()
+	cancel()
+	var failed []error // answers that are no reason to wait on
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			failed = append(failed, err)
+		}
+	}
 
-	// The helper's verdict is per pod and partly textual; ask the server
-	// which pods are still there (by UID) and why.
+	// Ask the server which pods are still there (by UID) and why.
 	var gone []string
 	var stay []string
 	for i := range pods {
@@ -130,21 +144,103 @@ func Evict(ctx context.Context, client kubernetes.Interface, log *slog.Logger, p
 		stay = append(stay, key+" ("+why+")")
 	}
 	if len(stay) > 0 {
-		log.Warn("drain incomplete", "remaining", stay, "evicted", gone, "error", helperErr)
+		log.Warn("drain incomplete", "remaining", stay, "evicted", gone, "errors", errors.Join(failed...))
 		if ctx.Err() != nil {
 			return gone, fmt.Errorf("drain interrupted: %w; still on the node: %s", ctx.Err(), strings.Join(stay, ", "))
 		}
-		if took := time.Since(start); took < opts.Timeout {
-			if helperErr == nil {
-				helperErr = errors.New("the eviction helper returned early")
-			}
+		if len(failed) > 0 {
 			return gone, fmt.Errorf("%w after %s: %w; still on the node: %s", ErrEvictionFailed,
-				took.Round(time.Millisecond), helperErr, strings.Join(stay, ", "))
+				time.Since(start).Round(time.Millisecond), errors.Join(failed...), strings.Join(stay, ", "))
 		}
 		return gone, fmt.Errorf("%w (%s): %s", ErrDrainTimeout, opts.Timeout, strings.Join(stay, ", "))
 	}
 	log.Info("pods evicted", "pods", gone, "duration", time.Since(start).Round(time.Millisecond))
 	return gone, nil
+}
+
+// deletionPoll is how often a pod being evicted is read until it is gone
+// (kubectl's drain helper: one second).
+const deletionPoll = time.Second
+
+// evictOne evicts pod, retrying as Evict says, and waits until it is gone. It
+// returns nil once it is gone, ctx's error when ctx ends first, or the
+// eviction error that is not retried.
+func evictOne(ctx context.Context, client kubernetes.Interface, log *slog.Logger, pod *corev1.Pod, retryDelay time.Duration) error {
+	key := pod.Namespace + "/" + pod.Name
+	uid := pod.UID
+	// gone reads the pod: whether it is gone (not found, or another UID),
+	// and whether it is terminating. Errors count as neither (the API server
+	// may be away for a moment): the caller tries again.
+	gone := func() (bool, bool) {
+		cur, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && cur.UID != uid) {
+			log.Info("pod gone", "pod", key)
+			return true, false
+		}
+		return false, err == nil && cur.DeletionTimestamp != nil
+	}
+	pause := func(d time.Duration) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
+		}
+	}
+	terminating := pod.DeletionTimestamp != nil
+evicting:
+	for {
+		log.Info("evicting pod", "pod", key)
+		err := client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
+			ObjectMeta:    metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
+		})
+		switch {
+		case err == nil:
+			break evicting
+		case apierrors.IsNotFound(err):
+			log.Info("pod gone", "pod", key)
+			return nil
+		case apierrors.IsConflict(err):
+			// The UID precondition failed (the name is another pod's now),
+			// or the server lost a race with another writer of the pod:
+			// read it at once and, if it is still ours, evict again soon.
+		case apierrors.IsTooManyRequests(err):
+			log.Warn("eviction refused; retrying", "pod", key, "retryIn", retryDelay, "err", err)
+		case apierrors.IsForbidden(err) && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+			if terminating {
+				break evicting // on its way out: wait for it
+			}
+			log.Warn("eviction refused in a terminating namespace; retrying", "pod", key, "retryIn", retryDelay, "err", err)
+		default:
+			return fmt.Errorf("evict pod %s: %w", key, err)
+		}
+		if apierrors.IsConflict(err) {
+			var done bool
+			if done, terminating = gone(); done {
+				return nil
+			}
+			if err := pause(deletionPoll); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := pause(retryDelay); err != nil {
+			return err
+		}
+		var done bool
+		if done, terminating = gone(); done {
+			return nil
+		}
+	}
+	for {
+		if done, _ := gone(); done {
+			return nil
+		}
+		if err := pause(deletionPoll); err != nil {
+			return err
+		}
+	}
 }
 
 // refuse checks pods that Evict must not or may not evict.
@@ -200,29 +296,4 @@ func stillThere(ctx context.Context, client kubernetes.Interface, pod *corev1.Po
 		return "not evicted: " + err.Error(), nil
 	}
 	return "not evicted", nil
-}
-
-// logWriter turns the kubectl helper's progress lines into log records.
-type logWriter struct {
-	log   *slog.Logger
-	level slog.Level
-	mu    sync.Mutex
-	buf   []byte
-}
-
-func (w *logWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf = append(w.buf, p...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			break
-		}
-		if line := strings.TrimSpace(string(w.buf[:i])); line != "" {
-			w.log.Log(context.Background(), w.level, "eviction progress", "detail", line)
-		}
-		w.buf = w.buf[i+1:]
-	}
-	return len(p), nil
 }

@@ -346,6 +346,196 @@ func TestNotEvictable(t *testing.T) {
 	}
 }
 
+// evictAsync runs Evict in a goroutine; the result comes on the channel.
+func evictAsync(t *testing.T, e env, pods []corev1.Pod, opts drain.EvictOptions) <-chan evictResult {
+	out := make(chan evictResult, 1)
+	go func() {
+		gone, err := drain.Evict(context.Background(), e.c, testLog(t), pods, opts)
+		out <- evictResult{gone, err}
+	}()
+	return out
+}
+
+type evictResult struct {
+	gone []string
+	err  error
+}
+
+// An eviction that a PodDisruptionBudget refuses (429) is retried within the
+// same drain, and succeeds once the budget allows it.
+func TestPDBRefusalRetriedUntilAllowed(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	guarded := e.k.CreatePod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "guarded", Labels: map[string]string{"app": "db"},
+			OwnerReferences: []metav1.OwnerReference{*rsOwner("db")}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "db"}}},
+	})
+	createPDB(t, e, "db", map[string]string{"app": "db"}, 0)
+	start := time.Now()
+	res := evictAsync(t, e, []corev1.Pod{*guarded}, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: 300 * time.Millisecond})
+	time.Sleep(1500 * time.Millisecond)
+	select {
+	case r := <-res:
+		t.Fatalf("Evict returned while the budget forbids it: %v, %v", r.gone, r.err)
+	default:
+	}
+	pdb, err := e.c.PolicyV1().PodDisruptionBudgets(e.ns).Get(ctx, "db", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdb.Status.DisruptionsAllowed = 1
+	if _, err := e.c.PolicyV1().PodDisruptionBudgets(e.ns).UpdateStatus(ctx, pdb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil || !slices.Equal(r.gone, []string{e.ns + "/guarded"}) {
+		t.Fatalf("Evict = %v, %v", r.gone, r.err)
+	}
+	if took := time.Since(start); took < 1500*time.Millisecond || took > 20*time.Second {
+		t.Errorf("Evict took %s", took)
+	}
+	if got := remaining(t, e); len(got) != 0 {
+		t.Errorf("pods left %v", got)
+	}
+}
+
+// The eviction deletes each pod with its own terminationGracePeriodSeconds,
+// and Evict waits until the pod is really gone: a new pod that takes the
+// name (a StatefulSet's) is not the evicted one, and is left alone.
+func TestEvictionGracePeriodAndWaitByUID(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	spec := corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](42),
+		Containers: []corev1.Container{{Name: "main", Image: "db"}}}
+	slow := e.k.CreatePod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "db-0", OwnerReferences: []metav1.OwnerReference{*rsOwner("db")}},
+		Spec:       spec,
+	})
+	e.k.KeepTerminating(slow)
+	res := evictAsync(t, e, []corev1.Pod{*slow}, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+
+	var cur *corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := e.c.CoreV1().Pods(e.ns).Get(ctx, "db-0", metav1.GetOptions{})
+		cur = p
+		return err == nil && p.DeletionTimestamp != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("pod not evicted: %v", err)
+	}
+	if g := cur.DeletionGracePeriodSeconds; g == nil || *g != 42 {
+		t.Errorf("deletion grace period = %v, want the pod's 42", g)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	select {
+	case r := <-res:
+		t.Fatalf("Evict returned while the pod terminates: %v, %v", r.gone, r.err)
+	default:
+	}
+	// The pod finishes and a new one of the same name comes at once.
+	if err := e.c.CoreV1().Pods(e.ns).Delete(ctx, "db-0", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0),
+		Preconditions: &metav1.Preconditions{UID: &slow.UID}}); err != nil {
+		t.Fatal(err)
+	}
+	next := e.k.CreatePod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "db-0", OwnerReferences: []metav1.OwnerReference{*rsOwner("db")}},
+		Spec:       spec,
+	})
+	r := <-res
+	if r.err != nil || !slices.Equal(r.gone, []string{e.ns + "/db-0"}) {
+		t.Fatalf("Evict = %v, %v", r.gone, r.err)
+	}
+	p, err := e.c.CoreV1().Pods(e.ns).Get(ctx, "db-0", metav1.GetOptions{})
+	if err != nil || p.UID != next.UID || p.DeletionTimestamp != nil {
+		t.Errorf("the new pod of the name was touched: %v, %v", p, err)
+	}
+
+	// Evicting the old pod again (a resumed drain) leaves the new one alone:
+	// the eviction names the old UID.
+	again, err := drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*slow}, drain.EvictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
+	if err != nil || !slices.Equal(again, []string{e.ns + "/db-0"}) {
+		t.Errorf("second Evict = %v, %v", again, err)
+	}
+	if got := remaining(t, e); !slices.Equal(got, []string{e.ns + "/db-0"}) {
+		t.Errorf("pods left %v, want the new db-0", got)
+	}
+}
+
+// DaemonSet pods that hold a device are evicted like any other; mirror pods
+// are refused (see TestNotEvictable).
+func TestDaemonSetPodEvicted(t *testing.T) {
+	e := newEnv(t, nil)
+	ds := e.k.RunPod(t, e.ns, "ds-pod", map[string]string{"nvidia.com/gpu": "1"}, nil, &metav1.OwnerReference{
+		APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: "00000000-0000-0000-0000-000000000002", Controller: ptr.To(true)})
+	gone, err := drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*ds},
+		drain.EvictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second, RefuseUnmanaged: true})
+	if err != nil || !slices.Equal(gone, []string{e.ns + "/ds-pod"}) {
+		t.Errorf("Evict = %v, %v", gone, err)
+	}
+	if got := remaining(t, e); len(got) != 0 {
+		t.Errorf("pods left %v", got)
+	}
+}
+
+// In a namespace being deleted the API server refuses evictions (403,
+// NamespaceTerminating): a pod not yet terminating is retried until the
+// timeout (ErrDrainTimeout, not a failure at once); a terminating one is
+// waited for.
+func TestEvictionInTerminatingNamespace(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	running := e.k.RunPod(t, e.ns, "running", nil, nil, rsOwner("rs"))
+	leaving := e.k.RunPod(t, e.ns, "leaving", nil, nil, rsOwner("rs"))
+	e.k.KeepTerminating(leaving)
+	if err := e.c.CoreV1().Pods(e.ns).Delete(ctx, "leaving", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	leaving, err := e.c.CoreV1().Pods(e.ns).Get(ctx, "leaving", metav1.GetOptions{})
+	if err != nil || leaving.DeletionTimestamp == nil {
+		t.Fatalf("leaving: %v, %v", leaving, err)
+	}
+	// Left Terminating: no namespace controller runs.
+	if err := e.c.CoreV1().Namespaces().Delete(ctx, e.ns, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	_, err = drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*running}, drain.EvictOptions{Timeout: 3 * time.Second, RetryDelay: 500 * time.Millisecond})
+	if !errors.Is(err, drain.ErrDrainTimeout) || !strings.Contains(err.Error(), e.ns+"/running") {
+		t.Errorf("running pod: err = %v, want ErrDrainTimeout", err)
+	}
+	if took := time.Since(start); took < 3*time.Second {
+		t.Errorf("gave up after %s, before the timeout", took)
+	}
+
+	res := evictAsync(t, e, []corev1.Pod{*leaving}, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	time.Sleep(time.Second)
+	if err := e.c.CoreV1().Pods(e.ns).Delete(ctx, "leaving", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-res; r.err != nil || !slices.Equal(r.gone, []string{e.ns + "/leaving"}) {
+		t.Errorf("terminating pod: Evict = %v, %v", r.gone, r.err)
+	}
+}
+
+// Cancelling the caller's context ends the drain at once, naming what stays.
+func TestEvictInterrupted(t *testing.T) {
+	e := newEnv(t, nil)
+	slow := e.k.RunPod(t, e.ns, "slow", nil, nil, rsOwner("rs"))
+	e.k.KeepTerminating(slow)
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*slow}, drain.EvictOptions{Timeout: time.Minute, RetryDelay: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "drain interrupted") || !strings.Contains(err.Error(), e.ns+"/slow (terminating") {
+		t.Errorf("err = %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %s after the context ended", took)
+	}
+}
+
 func taints(t *testing.T, e env) []string {
 	t.Helper()
 	n, err := e.c.CoreV1().Nodes().Get(context.Background(), e.node, metav1.GetOptions{})

@@ -1,10 +1,8 @@
 package drain
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"maps"
 	"reflect"
 	"slices"
@@ -212,20 +210,5 @@ func TestRefuse(t *testing.T) {
 				t.Errorf("%s: %q does not say %q", tc.name, err, s)
 			}
 		}
-	}
-}
-
-func TestLogWriter(t *testing.T) {
-	var buf bytes.Buffer
-	w := &logWriter{log: slog.New(slog.NewTextHandler(&buf, nil)), level: slog.LevelWarn}
-	for _, chunk := range []string{"evicting pod a/", "b\n\nerror when ", "evicting\n"} {
-		if n, err := w.Write([]byte(chunk)); err != nil || n != len(chunk) {
-			t.Fatalf("Write = %d, %v", n, err)
-		}
-	}
-	out := buf.String()
-	if strings.Count(out, "msg=\"eviction progress\"") != 2 || !strings.Contains(out, `detail="evicting pod a/b"`) ||
-		!strings.Contains(out, `detail="error when evicting"`) || !strings.Contains(out, "level=WARN") {
-		t.Errorf("log:\n%s", out)
 	}
 }

@@ -70,10 +70,10 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 	if !makeBuild {
-		t.Error("the build stage does not run `make build` (cgo flags and build tags live in the Makefile)")
+		t.Error("the build stage does not run `make build` (the Makefile sets cgo and the version)")
 	}
-	if mk, err := os.ReadFile("../../Makefile"); err != nil || !strings.Contains(string(mk), "-Wl,-z,lazy") || !strings.Contains(string(mk), "CGO_ENABLED := 1") {
-		t.Errorf("the Makefile no longer builds with cgo and -Wl,-z,lazy (%v)", err)
+	if mk, err := os.ReadFile("../../Makefile"); err != nil || !strings.Contains(string(mk), "CGO_ENABLED := 1") {
+		t.Errorf("the Makefile no longer builds with cgo (%v)", err)
 	}
 
 	env := map[string]string{}
