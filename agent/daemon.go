@@ -12,10 +12,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
 )
@@ -318,13 +318,9 @@ func (d *Daemon) saveJournal() {
 	d.crashHook()
 }
 
-// backoff is the wait before retry number n (1-based).
+// backoff is the wait before retry number n (1-based) of a failed change.
 func (d *Daemon) backoff(n int) time.Duration {
-	b := 5 * time.Second
-	for i := 1; i < n && b < d.S.RetryBackoffMax; i++ {
-		b *= 2
-	}
-	return min(b, max(d.S.RetryBackoffMax, 5*time.Second))
+	return backoff.Failure(n, d.S.RetryBackoffMax).Round(time.Second)
 }
 
 // failure ends an attempt: restore, record, event, metrics, and the retry
@@ -465,30 +461,12 @@ func (d *Daemon) event(ctx context.Context, node *corev1.Node, evType, reason, m
 }
 
 // retryAPI retries an API call for up to two minutes (an API server
-// restart), with a short backoff; an answer no retry changes (forbidden,
-// invalid, not found) ends it at once.
+// restart) while its error is transient (backoff.Transient), with the
+// jittered backoff of backoff.API; any other answer ends it at once.
 func (d *Daemon) retryAPI(ctx context.Context, fn func() error) error {
-	deadline := d.Clock.Now().Add(2 * time.Minute)
-	wait := 250 * time.Millisecond
-	for {
-		err := fn()
-		if err == nil || permanentAPIError(err) || d.Clock.Now().After(deadline) {
-			return err
-		}
+	return backoff.Retry(ctx, d.Clock, outageRetry, func(err error) {
 		d.Log.Debug("API call failed; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-			return err
-		case <-d.Clock.After(wait):
-		}
-		wait = min(wait*2, 5*time.Second)
-	}
-}
-
-// permanentAPIError reports an API answer that a retry does not change.
-func permanentAPIError(err error) bool {
-	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err) ||
-		apierrors.IsBadRequest(err) || apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err)
+	}, fn)
 }
 
 func indices(p *geometry.Plan) (changed, untouched []int) {

@@ -10,9 +10,12 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/internal/backoff"
 )
 
 // Slots is a cluster-wide semaphore of N Leases (coordination.k8s.io) in
@@ -74,7 +77,7 @@ func (s *Slots) Acquire(ctx context.Context) (func(), error) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-s.Clock.After(poll):
+		case <-s.Clock.After(wait.Jitter(poll, backoff.Jitter)): // jittered: queued nodes do not ask in step
 		}
 	}
 }

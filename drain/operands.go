@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/internal/backoff"
 )
 
 // PausedValue is what a paused operand's deploy label is set to, as NVIDIA's
@@ -164,8 +166,11 @@ func waitOperandsGone(ctx context.Context, client kubernetes.Interface, node str
 	var lastErr error
 	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
+		if err != nil && !backoff.Transient(err) {
+			return false, fmt.Errorf("wait for operand pods to leave node %s: %w", node, err)
+		}
 		if err != nil {
-			lastErr = err // the API server may be briefly away; keep trying
+			lastErr = err // the API server is briefly away; keep trying
 			return false, nil
 		}
 		left = podNames(list.Items)
@@ -176,6 +181,9 @@ func waitOperandsGone(ctx context.Context, client kubernetes.Interface, node str
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("wait for operand pods to leave node %s: %w", node, ctx.Err())
+	}
+	if !wait.Interrupted(err) {
+		return err // an answer no retry changes
 	}
 	if len(left) == 0 && lastErr != nil {
 		return fmt.Errorf("wait for operand pods to leave node %s: %w", node, lastErr)

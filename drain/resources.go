@@ -10,8 +10,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -28,7 +30,7 @@ const (
 	ResourceMIGPrefix = "nvidia.com/mig-"
 )
 
-// allocatablePoll is how often WaitAllocatable reads the Node.
+// allocatablePoll is how often WaitAllocatable reads the Node (jittered).
 const allocatablePoll = 500 * time.Millisecond
 
 var (
@@ -138,8 +140,10 @@ func WaitAllocatable(ctx context.Context, client kubernetes.Interface, node stri
 	for {
 		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		switch {
+		case err != nil && !backoff.Transient(err):
+			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
 		case err != nil:
-			lastErr = err // the API server may be briefly away; keep trying
+			lastErr = err // the API server is briefly away; keep trying
 		case first && !AdvertisesGPU(n):
 			return true, nil
 		default:
@@ -161,7 +165,7 @@ func WaitAllocatable(ctx context.Context, client kubernetes.Interface, node stri
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(min(allocatablePoll, time.Until(deadline))):
+		case <-time.After(min(wait.Jitter(allocatablePoll, backoff.Jitter), time.Until(deadline))):
 		}
 	}
 }

@@ -57,17 +57,63 @@ func run(ctx context.Context, args []string) int {
 		return exitOK
 	}
 	fmt.Fprintln(os.Stderr, "mig-agent:", err)
+	return exitCode(err)
+}
+
+// exitCode maps an error of a command to the process's exit code by its
+// type: ErrRebootRequired → 3; bad usage (inputError, from the command line
+// itself or a command's check), an unknown config and bad settings → 2;
+// anything else → 1.
+func exitCode(err error) int {
 	var in inputError
 	switch {
+	case err == nil:
+		return exitOK
 	case errors.Is(err, agent.ErrRebootRequired):
 		return exitReboot
-	case errors.As(err, &in), errors.Is(err, geometry.ErrUnknownConfig), errors.Is(err, agent.ErrBadSettings),
-		strings.HasPrefix(err.Error(), "unknown command"), strings.HasPrefix(err.Error(), "unknown flag"),
-		strings.HasPrefix(err.Error(), "unknown shorthand"), strings.Contains(err.Error(), "accepts "),
-		strings.HasPrefix(err.Error(), "required flag"), strings.HasPrefix(err.Error(), "invalid argument"):
+	case errors.As(err, &in), errors.Is(err, geometry.ErrUnknownConfig), errors.Is(err, agent.ErrBadSettings):
 		return exitBadInput
 	}
 	return exitFailed
+}
+
+// typeUsageErrors makes every usage error cobra can return an inputError:
+// flags that do not parse (unknown flag or shorthand, invalid argument) via
+// the flag error function, positional arguments a command does not take via
+// its Args check, and an unknown command via the root's. (Cobra has no
+// required flags here: none is marked.)
+func typeUsageErrors(root *cobra.Command) {
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return badInput(err) })
+	root.SuggestionsMinimumDistance = 2 // cobra's own default for its message
+	// The root runs only for no command or an unknown one; without a Run,
+	// cobra would answer an unknown command with its help and exit 0.
+	root.Args = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return badInput(errors.New(msg))
+		}
+		return nil
+	}
+	root.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c != root && c.Args != nil {
+			check := c.Args
+			c.Args = func(cmd *cobra.Command, args []string) error {
+				if err := check(cmd, args); err != nil {
+					return badInput(err)
+				}
+				return nil
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
 }
 
 func newRoot() *cobra.Command {
@@ -80,6 +126,7 @@ func newRoot() *cobra.Command {
 	root.CompletionOptions.DisableDefaultCmd = true
 	addGlobalFlags(root.PersistentFlags())
 	root.AddCommand(runCmd(), profilesCmd(), validateCmd(), planCmd(), applyCmd(), assertCmd(), exportCmd(), simCmd(), statusCmd(), versionCmd())
+	typeUsageErrors(root)
 	return root
 }
 

@@ -104,6 +104,12 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"version"}, exitOK},
 		{[]string{"no-such-command"}, exitBadInput},
 		{[]string{"plan", "--bogus"}, exitBadInput},
+		{[]string{"plan", "-Z"}, exitBadInput},                     // unknown shorthand
+		{[]string{"run", "--drain-timeout", "soon"}, exitBadInput}, // invalid argument
+		{[]string{"version", "extra"}, exitBadInput},               // a positional argument
+		{[]string{"sim", "reboot", "extra"}, exitBadInput},         // the same, one level down
+		{[]string{"verison"}, exitBadInput},                        // unknown, with a suggestion
+		{[]string{}, exitOK},                                       // help
 		{append([]string{"validate", "-f", bad}, sim...), exitBadInput},
 		{append([]string{"plan", "-c", "no-such-config"}, sim...), exitBadInput},
 		{append([]string{"plan", "-c", "all-balanced"}, sim...), exitOK},
