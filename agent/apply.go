@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/nvmlx"
@@ -45,6 +46,19 @@ type ApplyResult struct {
 	RebootGPUs []int
 	// Reset lists the GPUs that were reset.
 	Reset []int
+	// NoReset says, for each GPU of RebootGPUs, why no GPU reset applied
+	// its mode change.
+	NoReset map[int]string
+}
+
+// noResetReason says why the GPUs of RebootGPUs were not reset, for the
+// record, the log and the error: "GPU 0: reset disabled; GPU 2: …".
+func noResetReason(gpus []int, why map[int]string) string {
+	parts := make([]string, 0, len(gpus))
+	for _, i := range gpus {
+		parts = append(parts, fmt.Sprintf("GPU %d: %s", i, why[i]))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // ApplyPlan executes a plan on the GPUs, GPU by GPU in index order:
@@ -140,7 +154,13 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 				why = "GPU reset disabled"
 			}
 			if mode.Current != enabled {
-				_ = why
+				if why == "" {
+					why = "MIG mode still pending after the GPU reset"
+				}
+				if res.NoReset == nil {
+					res.NoReset = map[int]string{}
+				}
+				res.NoReset[gp.Index] = why
 				res.RebootGPUs = append(res.RebootGPUs, gp.Index)
 				continue
 			}
@@ -149,7 +169,7 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 			continue
 		}
 		for _, in := range gp.Create {
-			what := fmt.Sprintf("creating %s@%d", displayName(in), in.Start)
+			what := fmt.Sprintf("creating %s@%d", in.Name(), in.Start)
 			if err := step(gp.Index, what); err != nil {
 				return res, err
 			}
@@ -179,7 +199,7 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 		}
 	}
 	if len(res.RebootGPUs) > 0 {
-		return res, fmt.Errorf("GPUs %v: %w", res.RebootGPUs, ErrRebootRequired)
+		return res, fmt.Errorf("GPUs %v (no reset: %s): %w", res.RebootGPUs, noResetReason(res.RebootGPUs, res.NoReset), ErrRebootRequired)
 	}
 	return res, nil
 }

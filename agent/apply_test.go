@@ -132,6 +132,17 @@ mig-configs:
 	if d := noReset.Mutations(); d[nvmlx.OpCreateGpuInstanceWithPlacement] != 0 {
 		t.Fatalf("created instances before the reboot: %v", d)
 	}
+	// Why no reset happened reaches the result and the error.
+	if why := res.NoReset[1]; !strings.Contains(why, "not available") || !strings.Contains(err.Error(), "GPU 1: "+why) {
+		t.Errorf("no-reset reason %q, error %v", why, err)
+	}
+
+	// A reset the settings forbid says so.
+	off := newSim(t, "a100-40gbx2", nvmlx.SimOptions{})
+	res, err = applyConfig(t, off, f, "gpu1", ApplyOptions{NoReset: true})
+	if !errors.Is(err, ErrRebootRequired) || res.NoReset[1] != "GPU reset disabled" || len(res.Reset) != 0 {
+		t.Errorf("reset disabled: err %v, why %q, reset %v", err, res.NoReset[1], res.Reset)
+	}
 }
 
 // Hopper changes mode at once: no reset, no reboot.

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/geometry"
 )
 
@@ -250,6 +251,9 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 		return fail("finding the pods that use the changing GPUs: " + err.Error())
 	}
 	ch.AffectedBy = how
+	if how != "" && how != drain.HowNothing { // standalone: no Kubernetes, no PodResources
+		d.Metrics.SetCollectorError("pod-resources", strings.HasPrefix(how, drain.HowAllGPUPodsPrefix))
+	}
 	if len(pods) > 0 {
 		msg := fmt.Sprintf("evicting %d pods on GPUs %v: %s", len(pods), ch.GPUsChanged, strings.Join(pods, ", "))
 		_ = d.notify().Status("%s", msg)
@@ -287,11 +291,18 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		d.Metrics.SetRebootGuardTripped(true)
 		return d.failure(ctx, node, ch, fmt.Sprintf("MIG mode change on GPUs %v is still pending after the reboot made for it; not rebooting again", applied.RebootGPUs), false, ReasonRebootFailed)
 	}
+	// Why no GPU reset applied the mode change (empty for a reboot planned
+	// before any apply, whose GPUs were never offered a reset).
+	why := ""
+	if len(applied.NoReset) > 0 {
+		why = "no GPU reset: " + noResetReason(applied.RebootGPUs, applied.NoReset)
+		d.Log.Info("MIG mode change needs a reboot", "gpus", applied.RebootGPUs, "why", why)
+	}
 	if d.S.RebootMethod == RebootNone {
 		ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
 		d.saveJournal()
 		d.holdSlotForReboot(ctx)
-		rec := d.record(ch, StateRebooting, "", d.Clock.Now(), applied.Node)
+		rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.Node)
 		d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 			fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; --reboot-method none: waiting for someone to reboot the node", applied.RebootGPUs))
 		_ = d.notify().Status("waiting for reboot")
@@ -300,7 +311,7 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 	ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
 	d.saveJournal()
 	d.holdSlotForReboot(ctx)
-	rec := d.record(ch, StateRebooting, "", d.Clock.Now(), applied.Node)
+	rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.Node)
 	d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
 	d.Metrics.IncReboots()

@@ -18,9 +18,6 @@ type ConfigFile struct {
 	Spec   *geometry.Spec
 }
 
-// maxConfigFile bounds what is read from disk.
-const maxConfigFile = 1 << 20
-
 // LoadConfigFile reads and strictly parses a config file. An empty path
 // gives nil: only generated configs are known then.
 func LoadConfigFile(path string) (*ConfigFile, error) {
@@ -31,8 +28,8 @@ func LoadConfigFile(path string) (*ConfigFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
 	}
-	if st.Size() > maxConfigFile {
-		return nil, fmt.Errorf("config file %s: %d bytes, more than the %d allowed", path, st.Size(), maxConfigFile)
+	if st.Size() > geometry.MaxConfigBytes {
+		return nil, fmt.Errorf("config file %s: %d bytes, more than the %d allowed", path, st.Size(), geometry.MaxConfigBytes)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -61,8 +61,6 @@ type Daemon struct {
 	drifted  bool
 	// published is the generated config text last written to the ConfigMap.
 	published string
-	// crashSaves counts journal saves for the crash test hook (testhook.go).
-	crashSaves int
 
 	mu         sync.Mutex
 	cancelPass context.CancelFunc // stops the reconcile pass in progress
@@ -160,6 +158,7 @@ func (d *Daemon) desired(node *corev1.Node) (name, by string, at *time.Time) {
 func (d *Daemon) discover() (*Node, error) {
 	n, err := Discover(d.GPU)
 	d.Metrics.SetNVMLUp(err == nil)
+	d.Metrics.SetCollectorError("nvml", err != nil)
 	if err != nil {
 		return nil, err
 	}

@@ -74,6 +74,9 @@ type Metrics interface {
 	SetLastSuccess(t time.Time)
 	SetDrift(drift bool)
 	SetNVMLUp(up bool)
+	// SetCollectorError reports one attempt to read a source ("nvml",
+	// "pod-resources"): failed or not.
+	SetCollectorError(collector string, failed bool)
 	SetLastFailure(reason string)
 	SetRebootGuardTripped(b bool)
 	SetResourcesConverged(b bool)

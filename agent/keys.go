@@ -4,7 +4,11 @@
 // ConfigMap, Events, Leases) and the audit records.
 package agent
 
-import "time"
+import (
+	"time"
+
+	"github.com/migagent/mig-agent/metrics"
+)
 
 // Node labels and annotations of the Kubernetes protocol (CONTRACT §4).
 const (
@@ -27,16 +31,14 @@ const (
 	ConfigMapKey = "config.yaml"
 )
 
-// States of LabelState.
+// States of LabelState: the values of migagent_state, defined once in
+// metrics.
 const (
-	StatePending   = "pending"
-	StateRebooting = "rebooting"
-	StateSuccess   = "success"
-	StateFailed    = "failed"
+	StatePending   = metrics.StatePending
+	StateRebooting = metrics.StateRebooting
+	StateSuccess   = metrics.StateSuccess
+	StateFailed    = metrics.StateFailed
 )
-
-// States lists every state, in the order metrics print them.
-var States = []string{StatePending, StateRebooting, StateSuccess, StateFailed}
 
 // History bounds (CONTRACT §4).
 const (

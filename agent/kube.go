@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
+
+	"github.com/migagent/mig-agent/internal/text"
 )
 
 // Kube is the agent's view of its own Node and namespace.
@@ -110,7 +112,7 @@ func (k *Kube) Event(ctx context.Context, node *corev1.Node, eventType, reason, 
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: k.Node + ".", Namespace: metav1.NamespaceDefault},
 		InvolvedObject: ref,
 		Reason:         reason,
-		Message:        truncate(msg, 1024),
+		Message:        text.Truncate(msg, 1024),
 		Type:           eventType,
 		Source:         corev1.EventSource{Component: k.Component, Host: k.Node},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
@@ -118,13 +120,6 @@ func (k *Kube) Event(ctx context.Context, node *corev1.Node, eventType, reason, 
 	}
 	_, err := k.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
 	return err
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
 
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with

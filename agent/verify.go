@@ -15,6 +15,8 @@ type Applied struct {
 	Changed, Untouched []int
 	RebootGPUs         []int
 	Reset              []int
+	// NoReset says why each GPU of RebootGPUs was not reset (ApplyResult).
+	NoReset map[int]string
 	// Node is the state read back after the apply.
 	Node *Node
 }
@@ -33,7 +35,7 @@ func ApplyAndVerify(g nvmlx.GPU, n *Node, plan *geometry.Plan, f *ConfigFile, na
 		}
 	}
 	res, applyErr := ApplyPlan(g, n, plan, o)
-	out.RebootGPUs, out.Reset = res.RebootGPUs, res.Reset
+	out.RebootGPUs, out.Reset, out.NoReset = res.RebootGPUs, res.Reset, res.NoReset
 	if applyErr != nil && !errors.Is(applyErr, ErrRebootRequired) {
 		return out, applyErr
 	}
@@ -96,13 +98,13 @@ func WritePlanText(w io.Writer, p *geometry.Plan) error {
 		}
 		b.WriteString("\n")
 		for _, in := range g.Destroy {
-			fmt.Fprintf(&b, "  destroy %s@%d\n", displayName(in), in.Start)
+			fmt.Fprintf(&b, "  destroy %s@%d\n", in.Name(), in.Start)
 		}
 		for _, in := range g.Keep {
-			fmt.Fprintf(&b, "  keep    %s@%d\n", displayName(in), in.Start)
+			fmt.Fprintf(&b, "  keep    %s@%d\n", in.Name(), in.Start)
 		}
 		for _, in := range g.Create {
-			fmt.Fprintf(&b, "  create  %s@%d\n", displayName(in), in.Start)
+			fmt.Fprintf(&b, "  create  %s@%d\n", in.Name(), in.Start)
 		}
 		for _, c := range g.DestroyCompute {
 			fmt.Fprintf(&b, "  destroy compute instance %s in %s@%d\n", c.Compute, c.Profile, c.Start)

@@ -17,13 +17,6 @@ import (
 	"github.com/migagent/mig-agent/profiles"
 )
 
-// MIG strategies of NVIDIA's device plugin (the node label nvidia.com/mig.strategy).
-const (
-	StrategyNone   = "none"
-	StrategySingle = "single"
-	StrategyMixed  = "mixed"
-)
-
 // Resource names NVIDIA's device plugin advertises.
 const (
 	ResourceGPU       = corev1.ResourceName("nvidia.com/gpu")
@@ -72,9 +65,9 @@ func MIGResourceName(profile string) (corev1.ResourceName, error) {
 func ExpectedResources(strategy string, gpus []GPUGeometry) (map[corev1.ResourceName]int64, error) {
 	out := map[corev1.ResourceName]int64{}
 	switch strategy {
-	case "", StrategyNone:
+	case "", profiles.StrategyNone:
 		out[ResourceGPU] = int64(len(gpus))
-	case StrategySingle, StrategyMixed:
+	case profiles.StrategySingle, profiles.StrategyMixed:
 		for i, g := range gpus {
 			if !g.MigEnabled {
 				out[ResourceGPU]++
@@ -85,14 +78,14 @@ func ExpectedResources(strategy string, gpus []GPUGeometry) (map[corev1.Resource
 				if err != nil {
 					return nil, fmt.Errorf("GPU %d: %w", i, err)
 				}
-				if strategy == StrategySingle {
+				if strategy == profiles.StrategySingle {
 					name = ResourceGPU
 				}
 				out[name]++
 			}
 		}
 	default:
-		return nil, fmt.Errorf("%w %q: want %s, %s or %s", ErrUnknownStrategy, strategy, StrategyNone, StrategySingle, StrategyMixed)
+		return nil, fmt.Errorf("%w %q: want %s, %s or %s", ErrUnknownStrategy, strategy, profiles.StrategyNone, profiles.StrategySingle, profiles.StrategyMixed)
 	}
 	for r, n := range out {
 		if n == 0 {

@@ -105,23 +105,23 @@ func TestExpectedResources(t *testing.T) {
 		want     map[corev1.ResourceName]int64
 		err      error
 	}{
-		{"mixed, all balanced", StrategyMixed,
+		{"mixed, all balanced", profiles.StrategyMixed,
 			[]GPUGeometry{mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"), mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb")},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 4, "nvidia.com/mig-2g.35gb": 2, "nvidia.com/mig-3g.71gb": 2}, nil},
-		{"mixed with a whole GPU", StrategyMixed, []GPUGeometry{mig("7g.141gb"), whole, whole},
+		{"mixed with a whole GPU", profiles.StrategyMixed, []GPUGeometry{mig("7g.141gb"), whole, whole},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-7g.141gb": 1, "nvidia.com/gpu": 2}, nil},
-		{"mixed, +me and compute instance", StrategyMixed, []GPUGeometry{mig("1g.18gb+me", "1c.3g.71gb", "1c.3g.71gb")},
+		{"mixed, +me and compute instance", profiles.StrategyMixed, []GPUGeometry{mig("1g.18gb+me", "1c.3g.71gb", "1c.3g.71gb")},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb.me": 1, "nvidia.com/mig-1c.3g.71gb": 2}, nil},
-		{"mixed, MIG on without devices", StrategyMixed, []GPUGeometry{mig()}, map[corev1.ResourceName]int64{}, nil},
-		{"single", StrategySingle, []GPUGeometry{mig("1g.18gb", "1g.18gb", "1g.18gb"), mig("1g.18gb"), whole},
+		{"mixed, MIG on without devices", profiles.StrategyMixed, []GPUGeometry{mig()}, map[corev1.ResourceName]int64{}, nil},
+		{"single", profiles.StrategySingle, []GPUGeometry{mig("1g.18gb", "1g.18gb", "1g.18gb"), mig("1g.18gb"), whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 5}, nil},
-		{"none counts GPUs", StrategyNone, []GPUGeometry{mig("1g.18gb", "1g.18gb"), whole},
+		{"none counts GPUs", profiles.StrategyNone, []GPUGeometry{mig("1g.18gb", "1g.18gb"), whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 2}, nil},
 		{"empty strategy is none", "", []GPUGeometry{whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 1}, nil},
-		{"no GPUs", StrategyMixed, nil, map[corev1.ResourceName]int64{}, nil},
+		{"no GPUs", profiles.StrategyMixed, nil, map[corev1.ResourceName]int64{}, nil},
 		{"unknown strategy", "Mixed", []GPUGeometry{whole}, nil, ErrUnknownStrategy},
-		{"bad profile", StrategyMixed, []GPUGeometry{mig("1g.18")}, nil, profiles.ErrBadName},
+		{"bad profile", profiles.StrategyMixed, []GPUGeometry{mig("1g.18")}, nil, profiles.ErrBadName},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

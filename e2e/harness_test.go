@@ -43,7 +43,8 @@ func run(m *testing.M) int {
 		}
 		defer os.RemoveAll(dir)
 		bin := filepath.Join(dir, "mig-agent")
-		build := exec.Command("go", "build", "-o", bin, "../cmd/mig-agent")
+		// With the crash test hook (TestCrashMatrix); a production build has none.
+		build := exec.Command("go", "build", "-tags", agent.TestHooksTag, "-o", bin, "../cmd/mig-agent")
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "building mig-agent:", err)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/migagent/mig-agent/profiles"
 )
 
 // TestGenerateMixedWithPlainGPU: a node of MIG GPUs and GPUs without MIG
@@ -85,10 +87,10 @@ mig-configs:
 		{"a profile of another GPU", spec, "other-gpu-profile", h100, "", nil, "1g.18gb"},
 		{"a config for other hardware", spec, "a100-only", mixed, "", ErrNoMatchingGPU, "2× NVIDIA H100 80GB HBM3 (0x233010DE) and 1× NVIDIA L40S (0x26B910DE, no MIG)"},
 		{"only indices the node lacks", spec, "beyond-the-node", h100, "", ErrNoMatchingGPU, "selects none of"},
-		{"single: balanced has three profiles", gen, "all-balanced", mixed, StrategySingle, ErrStrategy, "GPU 0 would hold 3 profiles (1g.10gb, 2g.20gb, 3g.40gb)"},
-		{"single: one profile everywhere", gen, "all-1g.10gb", mixed, StrategySingle, nil, ""},
-		{"single: MIG off everywhere", gen, "all-disabled", mixed, StrategySingle, nil, ""},
-		{"mixed: balanced", gen, "all-balanced", mixed, StrategyMixed, nil, ""},
+		{"single: balanced has three profiles", gen, "all-balanced", mixed, profiles.StrategySingle, ErrStrategy, "GPU 0 would hold 3 profiles (1g.10gb, 2g.20gb, 3g.40gb)"},
+		{"single: one profile everywhere", gen, "all-1g.10gb", mixed, profiles.StrategySingle, nil, ""},
+		{"single: MIG off everywhere", gen, "all-disabled", mixed, profiles.StrategySingle, nil, ""},
+		{"mixed: balanced", gen, "all-balanced", mixed, profiles.StrategyMixed, nil, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

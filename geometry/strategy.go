@@ -6,14 +6,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
-)
 
-// MIG strategies of NVIDIA's device plugin and GPU Feature Discovery, as
-// the node label nvidia.com/mig.strategy declares them.
-const (
-	StrategyNone   = "none"
-	StrategySingle = "single"
-	StrategyMixed  = "mixed"
+	"github.com/migagent/mig-agent/profiles"
 )
 
 // ErrStrategy: the node's MIG strategy cannot serve the config.
@@ -29,11 +23,11 @@ var ErrStrategy = errors.New("the node's MIG strategy cannot serve this config")
 // value is an error.
 func CheckStrategy(strategy string, gpus []GPU, reqs []Request) error {
 	switch strategy {
-	case "", StrategyMixed, StrategyNone:
+	case "", profiles.StrategyMixed, profiles.StrategyNone:
 		return nil
-	case StrategySingle:
+	case profiles.StrategySingle:
 	default:
-		return fmt.Errorf("unknown MIG strategy %q (want %s, %s or %s)", strategy, StrategyNone, StrategySingle, StrategyMixed)
+		return fmt.Errorf("unknown MIG strategy %q (want %s, %s or %s)", strategy, profiles.StrategyNone, profiles.StrategySingle, profiles.StrategyMixed)
 	}
 	byGPU := make(map[int]*Request, len(reqs))
 	for i := range reqs {

@@ -10,11 +10,12 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/migagent/mig-agent/internal/text"
 )
 
 // Namespace is the prefix of every mig-agent metric.
@@ -261,7 +262,7 @@ func (m *Metrics) SetNVMLUp(up bool) { m.nvmlUp.Set(b2f(up)) }
 // at one); the reason is cut to MaxLabelValueLen bytes. An empty reason
 // removes the series (for example after a success).
 func (m *Metrics) SetLastFailure(reason string) {
-	m.snap.update(func(s *snapshot) { s.lastFailure = truncate(labelValue(reason), MaxLabelValueLen) })
+	m.snap.update(func(s *snapshot) { s.lastFailure = text.Truncate(labelValue(reason), MaxLabelValueLen) })
 }
 
 // SetRebootGuardTripped sets migagent_reboot_guard_tripped to 1 or 0.
@@ -295,19 +296,6 @@ func b2f(b bool) float64 {
 
 // labelValue makes s a valid label value (UTF-8).
 func labelValue(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
-
-// truncate cuts s to at most n bytes at a rune boundary, marking the cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const mark = "…"
-	cut := n - len(mark)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + mark
-}
 
 // snapshot is a collector for the metrics whose set of series changes as a
 // whole (state, configs, GPUs, last failure, failing collectors): a scrape

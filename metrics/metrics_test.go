@@ -389,21 +389,6 @@ func TestSeriesRemoval(t *testing.T) {
 }
 
 func TestTruncate(t *testing.T) {
-	tests := []struct {
-		in   string
-		n    int
-		want string
-	}{
-		{"short", 10, "short"},
-		{"exactly10!", 10, "exactly10!"},
-		{"0123456789abc", 10, "0123456…"},
-		{"ääääää", 8, "ää…"}, // never cuts inside a rune
-	}
-	for _, tt := range tests {
-		if got := truncate(tt.in, tt.n); got != tt.want || len(got) > tt.n {
-			t.Errorf("truncate(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
-		}
-	}
 	m := newMetrics("v", "go", false)
 	m.SetLastFailure(strings.Repeat("x", 1000))
 	got := series(t, m, "migagent_last_failure_info")
