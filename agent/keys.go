@@ -10,7 +10,7 @@ import (
 	"github.com/migagent/mig-agent/metrics"
 )
 
-// Node labels and annotations of the Kubernetes protocol (CONTRACT §4).
+// Node labels and annotations of the Kubernetes protocol (docs/reference.md#labels-and-annotations-on-the-node).
 const (
 	// LabelConfig is the desired config name, set by the user.
 	LabelConfig = "nvidia.com/mig.config"
@@ -40,7 +40,7 @@ const (
 	StateFailed    = metrics.StateFailed
 )
 
-// History bounds (CONTRACT §4).
+// History bounds (docs/reference.md#labels-and-annotations-on-the-node).
 const (
 	HistoryMaxRecords = 16
 	HistoryMaxBytes   = 32 << 10

@@ -5,7 +5,7 @@ import (
 	"github.com/migagent/mig-agent/profiles"
 )
 
-// ProfilesReport is the output of `mig-agent profiles` (CONTRACT §1).
+// ProfilesReport is the output of `mig-agent profiles` (docs/reference.md#command-line).
 type ProfilesReport struct {
 	GPUs    []GPUReport `json:"gpus"`
 	Configs string      `json:"configs"`

@@ -53,7 +53,7 @@ type Settings struct {
 	AllowOtherMigManager bool          `json:"allowOtherMigManager"`
 }
 
-// Reboot methods (CONTRACT §6).
+// Reboot methods (docs/reference.md#disruption-and-reboot).
 const (
 	RebootLogind    = "logind"
 	RebootSystemctl = "systemctl"

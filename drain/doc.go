@@ -1,4 +1,4 @@
-// Package drain moves workloads out of the way of a MIG change (CONTRACT §5):
+// Package drain moves workloads out of the way of a MIG change (docs/reference.md#disruption-and-reboot):
 // it learns which pod holds which GPU or MIG device from the kubelet
 // PodResources API, picks exactly the pods whose devices a change takes away
 // (or, when PodResources cannot be read, every pod of the node that requests

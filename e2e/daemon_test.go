@@ -248,7 +248,7 @@ func rawRecord(t testing.TB, n *corev1.Node) map[string]any {
 
 var hexSHA256 = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
-// checkRecord checks every field CONTRACT §4 lists in a raw record.
+// checkRecord checks every field docs/reference.md#change-record lists in a raw record.
 func checkRecord(t testing.TB, m map[string]any, notBefore time.Time) {
 	t.Helper()
 	for _, k := range []string{"config", "previousConfig", "result", "startedAt", "finishedAt", "gpusChanged",
@@ -351,7 +351,7 @@ mig-configs:
 
 // ------------------------------------------------------------------ tests --
 
-// Every field of the record (CONTRACT §4) is present and plausible; the
+// Every field of the record (docs/reference.md#change-record) is present and plausible; the
 // pending state is seen on the way; the second record names the first
 // config as previous; configSource names the file and its digest when the
 // config comes from -f.

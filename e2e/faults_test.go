@@ -289,7 +289,7 @@ func TestFaultMatrix(t *testing.T) {
 							}
 						case code == 3 && o.op == nvmlx.OpResetGpu:
 							// The reset failed: the mode change waits for a
-							// reboot (CONTRACT §6), and the message says so.
+							// reboot (docs/reference.md#disruption-and-reboot), and the message says so.
 							if !strings.Contains(stderr, fmt.Sprintf("GPUs [%d]", gpu)) || !strings.Contains(stderr, "reboot") {
 								t.Errorf("%s: exit 3 without naming GPU %d: %s", fault, gpu, stderr)
 							}

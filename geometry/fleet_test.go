@@ -44,7 +44,7 @@ func TestGenerateMixedWithPlainGPU(t *testing.T) {
 	}
 }
 
-// TestFleetRules: one row per fleet rule of CONTRACT §3 and §4 that the
+// TestFleetRules: one row per fleet rule of docs/reference.md (config file, Kubernetes) that the
 // planner owns, on the node kinds a fleet has.
 func TestFleetRules(t *testing.T) {
 	mixed := append(node(t, "h100-80gb", 2), l40s(2))

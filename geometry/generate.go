@@ -8,7 +8,7 @@ import (
 )
 
 // Generate builds the named configs mig-agent offers for a node's GPUs
-// (CONTRACT §3), from what each GPU's catalogue reports:
+// (docs/reference.md#config-file), from what each GPU's catalogue reports:
 //
 //   - all-disabled: MIG off on every MIG-capable GPU;
 //   - all-enabled: MIG on, no devices;

@@ -116,7 +116,7 @@ const (
 	ModeDisable = "disable"
 )
 
-// GPUPlan is the planned change on one GPU (CONTRACT §1 plan -o json).
+// GPUPlan is the planned change on one GPU (docs/reference.md#command-line, plan -o json).
 type GPUPlan struct {
 	Index       int        `json:"index"`
 	UUID        string     `json:"uuid,omitempty"`

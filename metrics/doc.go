@@ -1,4 +1,4 @@
-// Package metrics is mig-agent's Prometheus instrumentation (CONTRACT §8)
+// Package metrics is mig-agent's Prometheus instrumentation (docs/reference.md#metrics-and-health)
 // and the small HTTP server that serves it with the health endpoints.
 //
 // Every metric lives on a private registry owned by a *Metrics value; the

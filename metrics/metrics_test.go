@@ -94,7 +94,7 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// TestGoldenHasContractMetrics checks that every metric of CONTRACT §8 is in
+// TestGoldenHasContractMetrics checks that every metric of docs/reference.md#metrics-and-health is in
 // the golden file with exactly its type and labels.
 func TestGoldenHasContractMetrics(t *testing.T) {
 	text, err := os.ReadFile(filepath.Join("testdata", "metrics.golden"))

@@ -26,7 +26,7 @@ var (
 	commit  = "unknown"
 )
 
-// Exit codes (CONTRACT §1).
+// Exit codes (docs/reference.md#exit-codes).
 const (
 	exitOK       = 0
 	exitFailed   = 1
