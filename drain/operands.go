@@ -166,7 +166,7 @@ func waitOperandsGone(ctx context.Context, client kubernetes.Interface, node str
 	var lastErr error
 	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
-		if err != nil && !backoff.Transient(err) {
+		if backoff.Permanent(err) {
 			return false, fmt.Errorf("wait for operand pods to leave node %s: %w", node, err)
 		}
 		if err != nil {

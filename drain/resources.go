@@ -133,7 +133,7 @@ func WaitAllocatable(ctx context.Context, client kubernetes.Interface, node stri
 	for {
 		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		switch {
-		case err != nil && !backoff.Transient(err):
+		case backoff.Permanent(err):
 			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
 		case err != nil:
 			lastErr = err // the API server is briefly away; keep trying

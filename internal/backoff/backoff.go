@@ -79,6 +79,16 @@ func Transient(err error) bool {
 		utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err)
 }
 
+// Permanent reports whether err is an answer of the API server that no
+// retry changes (an API status that is not Transient). A poll stops at
+// once on such an answer and goes on through any other error until its own
+// deadline (a client-side error such as the rate limiter's near a deadline
+// is no answer).
+func Permanent(err error) bool {
+	_, isStatus := statusCode(err)
+	return isStatus && !Transient(err)
+}
+
 func statusCode(err error) (int, bool) {
 	var s apierrors.APIStatus
 	if errors.As(err, &s) {

@@ -55,6 +55,25 @@ func TestTransient(t *testing.T) {
 	}
 }
 
+func TestPermanent(t *testing.T) {
+	pods := schema.GroupResource{Resource: "pods"}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{fmt.Errorf("list: %w", apierrors.NewForbidden(pods, "", errors.New("rbac"))), true},
+		{apierrors.NewNotFound(pods, "a"), true},
+		{apierrors.NewServiceUnavailable("etcd"), false},
+		{errors.New("client rate limiter Wait returned an error: would exceed context deadline"), false},
+		{&url.Error{Op: "Get", URL: "https://x", Err: syscall.ECONNREFUSED}, false},
+	} {
+		if got := Permanent(tc.err); got != tc.want {
+			t.Errorf("Permanent(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
 func errorsUnexpectedEOF() error { return io.ErrUnexpectedEOF }
 
 func TestFailure(t *testing.T) {
