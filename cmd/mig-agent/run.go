@@ -63,7 +63,15 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 	if err != nil {
 		return badInput(err)
 	}
+	unlock, err := agent.LockStateDir(s.StateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	journal, err := agent.OpenJournal(s.StateDir)
+	if errors.Is(err, agent.ErrCorruptJournal) {
+		return badInput(err)
+	}
 	if err != nil {
 		return err
 	}
