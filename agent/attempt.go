@@ -46,6 +46,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 	if err != nil {
 		return fail("reading the GPUs through NVML: "+err.Error(), true, ReasonFailed)
 	}
+	if d.fileErr != nil {
+		return fail(d.fileErr.Error(), true, ReasonInvalid)
+	}
 	spec, source, err := Lookup(d.File, desired, n.GPUs)
 	if err != nil {
 		return fail(err.Error(), false, ReasonInvalid)

@@ -65,6 +65,10 @@ type Daemon struct {
 	crashSaves int
 	// journalErr is the error of the last journal write (nil: it worked).
 	journalErr atomic.Pointer[error]
+	// apiDown: the API server did not answer the Node watch (apihealth.go).
+	apiDown atomic.Bool
+	// fileErr is why the config file did not read at the last pass (reload.go).
+	fileErr error
 
 	mu         sync.Mutex
 	cancelPass context.CancelFunc // stops the reconcile pass in progress
@@ -187,6 +191,7 @@ func metricGPUs(n *Node) []metrics.GPU {
 func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry bool) outcome {
 	desired, by, at := d.desired(node)
 	d.Metrics.SetDesiredConfig(desired)
+	d.reloadFile()
 	j := &d.Journal.State
 	if d.forgetReboot(desired) {
 		// A new value of the label is a new change: it may reboot once.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -40,6 +41,9 @@ func (d *Daemon) mustJournal() error {
 
 // degraded says why the daemon is up but must not be counted ready.
 func (d *Daemon) degraded() error {
+	if d.apiDown.Load() {
+		return errors.New("not ready: the API server is unreachable")
+	}
 	if err := d.journalError(); err != nil {
 		return fmt.Errorf("not ready: the journal %s cannot be written: %w", d.Journal.Path(), err)
 	}

@@ -73,6 +73,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := d.watchAPIHealth(inf.Informer()); err != nil {
+		return err
+	}
 	// Returning (a simulated reboot, a parked change) must stop the informer
 	// before Shutdown waits for it, or the process never exits.
 	ctx, cancel := context.WithCancel(ctx)
@@ -224,6 +227,7 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) outcome {
 	if j.Change != nil || j.Applied == "" || j.Applied != j.Handled {
 		return outSuccess
 	}
+	d.reloadFile()
 	n, err := d.discover()
 	if err != nil {
 		d.Log.Warn("drift check: NVML is not answering", "err", err)

@@ -110,7 +110,20 @@ func Evict(ctx context.Context, client kubernetes.Interface, log *slog.Logger, p
 	}
 	start := time.Now()
 	log.Info("evicting pods", "pods", podNames(pods), "timeout", opts.Timeout)
-	helperErr := helper.DeleteOrEvictPods(pods)
+	// kubectl's helper sleeps out EvictErrorRetryDelay (time.Sleep, deaf to
+	// ctx) after a 429 before it looks at ctx again: waiting for it would
+	// hold a shutdown or a newer request for up to that delay. It evicts
+	// nothing more once ctx is done (kubectl pkg/drain drain.go,
+	// evictPods: ctx is checked before every EvictPod), so it is left to
+	// end by itself.
+	done := make(chan error, 1)
+	go func() { done <- helper.DeleteOrEvictPods(pods) }()
+	var helperErr error
+	select {
+	case helperErr = <-done:
+	case <-ctx.Done():
+		helperErr = ctx.Err()
+	}
 
 	// The helper's verdict is per pod and partly textual; ask the server
 	// which pods are still there (by UID) and why.
