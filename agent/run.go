@@ -73,12 +73,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := d.watchAPIHealth(inf.Informer()); err != nil {
-		return err
-	}
 	// Returning (a simulated reboot, a parked change) must stop the informer
 	// before Shutdown waits for it, or the process never exits.
 	ctx, cancel := context.WithCancel(ctx)
+	if err := d.watchAPIHealth(ctx, inf.Informer()); err != nil {
+		cancel()
+		return err
+	}
 	factory.Start(ctx.Done())
 	defer func() {
 		cancel()

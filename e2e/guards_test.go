@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -223,6 +224,8 @@ func TestGuardReadOnlyToken(t *testing.T) {
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "create", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list"}},
 	}
 	kc, role := grRole(t, o.Namespace, readOnly)
 	o.Kubeconfig = kc
@@ -310,6 +313,22 @@ func TestGuardOversizeReason(t *testing.T) {
 	}
 }
 
+// grRun runs the binary with args to its end or until timeout (then kills
+// it), with its data segment capped, so that an agent that is wrong (reads
+// /dev/zero to the end, blocks on a FIFO, keeps running) cannot take the
+// machine's memory or the test's time. It returns stderr and the exit code.
+func grRun(t *testing.T, timeout time.Duration, args ...string) (stderr string, code int, killed bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "prlimit", append([]string{"--data=1000000000", "--", binary()}, args...)...)
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	cmd.WaitDelay = time.Second
+	_ = cmd.Run()
+	return errb.String(), cmd.ProcessState.ExitCode(), ctx.Err() != nil
+}
+
 // Item 6: every file the user names is read only when it is a regular file,
 // bounded while reading: /dev/zero and a FIFO exit 2 at once (validate -f,
 // run -f, --settings).
@@ -333,22 +352,9 @@ func TestGuardSpecialFiles(t *testing.T) {
 			"--settings":  settings(p),
 		} {
 			start := time.Now()
-			done := make(chan struct{})
-			var stderr string
-			var code int
-			go func() {
-				_, stderr, code = RunCLI(t, args...)
-				close(done)
-			}()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				// Unblock the FIFO so the process can end, then fail.
-				if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-					f.Close()
-				}
-				<-done
-				t.Errorf("%s %s: still running after 5s", what, p)
+			stderr, code, killed := grRun(t, 5*time.Second, args...)
+			if killed {
+				t.Errorf("%s %s: still running after 5s (killed)", what, p)
 				continue
 			}
 			took := time.Since(start)
@@ -372,7 +378,7 @@ func TestGuardStartFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := []string{"run", "--standalone", "-c", "all-disabled", "--nvml", "sim:h200x1", "--sim-state", filepath.Join(dir, "sim.json")}
-	_, stderr, code := RunCLI(t, append(base, "--state-dir", state, "--metrics-address", "")...)
+	stderr, code, _ := grRun(t, 20*time.Second, append(base, "--state-dir", state, "--metrics-address", "")...)
 	if code != 2 || !strings.Contains(stderr, journal) {
 		t.Errorf("corrupt journal: exit %d: %s", code, stderr)
 	}
@@ -383,7 +389,7 @@ func TestGuardStartFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	_, stderr, code = RunCLI(t, append(base, "--state-dir", state, "--metrics-address", l.Addr().String())...)
+	stderr, code, _ = grRun(t, 20*time.Second, append(base, "--state-dir", state, "--metrics-address", l.Addr().String())...)
 	if code != 1 || !strings.Contains(stderr, "address already in use") {
 		t.Errorf("taken metrics port: exit %d: %s", code, stderr)
 	}
@@ -428,8 +434,8 @@ func TestGuardNotReadyWithoutAPIServer(t *testing.T) {
 	a := StartAgent(t, &Opts{Node: node, Sim: "h200x1"})
 	waitReady(t, a)
 	down := make(chan struct{})
-	go func() { kubetest.RestartAPIServer(t, 15*time.Second); close(down) }()
-	WaitFor(t, 15*time.Second, "/readyz 503 during the outage", func() bool { return grReadyz(a) == http.StatusServiceUnavailable })
+	go func() { kubetest.RestartAPIServer(t, 25*time.Second); close(down) }()
+	WaitFor(t, 25*time.Second, "/readyz 503 during the outage", func() bool { return grReadyz(a) == http.StatusServiceUnavailable })
 	<-down
 	WaitFor(t, 30*time.Second, "/readyz 200 after the outage", func() bool { return grReadyz(a) == http.StatusOK })
 }
