@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,7 +48,13 @@ func (k *Kube) Preflight(ctx context.Context, node *corev1.Node, taint bool) err
 		if err != nil {
 			return fmt.Errorf("reading node %s: %w", k.Node, err)
 		}
-		n.Spec.Taints = append(n.Spec.Taints, drain.Taint())
+		// A taint already there (a change resumed after a reboot keeps it)
+		// is not added twice: the update alone still proves the right.
+		if !slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+			return t.Key == drain.TaintKey && t.Effect == drain.TaintEffect
+		}) {
+			n.Spec.Taints = append(n.Spec.Taints, drain.Taint())
+		}
 		if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{FieldManager: "mig-agent", DryRun: dry}); err != nil {
 			return fmt.Errorf("tainting node %s %s: %w", k.Node, drain.TaintKey, err)
 		}
