@@ -47,6 +47,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 	if err != nil {
 		return fail("reading the GPUs through NVML: "+err.Error(), true, ReasonFailed)
 	}
+	if d.fileErr != nil {
+		return fail(d.fileErr.Error(), true, ReasonInvalid)
+	}
 	spec, source, err := Lookup(d.File, desired, n.GPUs)
 	if err != nil {
 		return fail(err.Error(), false, ReasonInvalid)
@@ -101,6 +104,7 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 			return outRebooting
 		}
 	}
+	d.sameNode(ctx, node, ch)
 	if ch.Phase == PhasePending {
 		// Later phases keep what the change set out to do: a resumed plan
 		// holds only what is left of it.
@@ -111,11 +115,19 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 		ch.GPUsChanged, ch.GPUsUntouched = []int{}, allIndices(plan)
 		return d.success(ctx, node, ch, plan, n, nil, "config already applied; nothing changed", ReasonUnchanged)
 	}
+	// Nothing is disrupted that cannot be recorded: the rights to write the
+	// state, the record, the taint and Events are proven first.
+	if err := d.preflight(ctx, node); err != nil {
+		return fail(err.Error(), true, ReasonPreflight)
+	}
 	if ch.Phase == PhasePending {
 		// The GPUs are no longer known to hold the handled config: whatever
 		// the label says next, even that config again, is acted on.
 		j.Change, j.Handled = ch, ""
-		d.saveJournal()
+		if err := d.mustJournal(); err != nil {
+			j.Change = nil
+			return fail(err.Error(), true, ReasonJournal)
+		}
 		d.setState(ctx, StatePending)
 		d.event(ctx, node, corev1.EventTypeNormal, ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched", desired, ch.GPUsChanged, ch.GPUsUntouched))
 	}
@@ -161,7 +173,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 		ch.StalePlugins = pods
 	}
 	ch.Phase = PhaseApplying
-	d.saveJournal()
+	if err := d.mustJournal(); err != nil {
+		return fail(err.Error(), true, ReasonJournal)
+	}
 	var release func() error
 	if d.Inhibit != nil {
 		if r, err := d.Inhibit(ctx, "applying MIG geometry "+desired); err == nil {
@@ -172,7 +186,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 	}
 	opts := ApplyOptions{Step: func(gpu int, what string) error {
 		ch.Step = fmt.Sprintf("GPU %d: %s", gpu, what)
-		d.saveJournal()
+		if err := d.mustJournal(); err != nil {
+			return err
+		}
 		_ = d.notify().Status("%s", ch.Step)
 		d.Log.Info("applying", "gpu", gpu, "step", what)
 		return nil
@@ -211,13 +227,15 @@ func allIndices(p *geometry.Plan) []int {
 // drain taints the node, pauses operands and evicts the affected pods.
 func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *Node, plan *geometry.Plan) (outcome, bool) {
 	ch.Phase = PhaseDraining
-	d.saveJournal()
 	fail := func(reason string) (outcome, bool) {
 		if ctx.Err() != nil {
 			d.Log.Info("shutting down mid-change; the journal resumes it at the next start", "config", ch.Config)
 			return outParked, false
 		}
 		return d.failure(ctx, node, ch, reason, true, ReasonFailed), false
+	}
+	if err := d.mustJournal(); err != nil {
+		return d.failure(ctx, node, ch, err.Error(), true, ReasonJournal), false
 	}
 	if d.S.Taint && !ch.TaintAdded {
 		err := d.retryAPI(ctx, func() error { _, err := d.Disrupt.Taint(ctx); return err })
@@ -287,7 +305,14 @@ func appendNew(s []string, more ...string) []string {
 
 // rebootFor handles a mode change that waits for a reboot: once, never twice.
 func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, applied *Applied) outcome {
-	if ch.Rebooted {
+	spent, sameBoot, how := d.rebootSpent(node, ch.Config)
+	if ch.Rebooted || (spent && !sameBoot) {
+		// Whatever happened in between (a failure, a restart, a lost
+		// journal): one reboot per requested change.
+		if !ch.Rebooted {
+			d.Log.Warn("a reboot was already made for this change; not rebooting again", "config", ch.Config, "from", how)
+		}
+		ch.Rebooted = true
 		d.Metrics.SetRebootGuardTripped(true)
 		return d.failure(ctx, node, ch, fmt.Sprintf("MIG mode change on GPUs %v is still pending after the reboot made for it; not rebooting again", applied.RebootGPUs), false, ReasonRebootFailed)
 	}
@@ -298,8 +323,25 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		why = "no GPU reset: " + noResetReason(applied.RebootGPUs, applied.NoReset)
 		d.Log.Info("MIG mode change needs a reboot", "gpus", applied.RebootGPUs, "why", why)
 	}
+	ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
+	if spent {
+		// Asked for on this boot already (the journal says so): wait for it.
+		ch.RebootRequested = true
+		d.saveJournal()
+		d.Log.Info("waiting for the reboot requested for this change", "config", ch.Config)
+		d.setState(ctx, StateRebooting)
+		_ = d.notify().Status("waiting for reboot")
+		return outRebooting
+	}
+	// The mark is journaled before the reboot is asked for: a journal that
+	// cannot be written means no reboot (it could not be remembered).
+	d.Journal.State.RebootFor = &RebootMark{Config: ch.Config, BootID: ch.RebootBootID, At: d.Clock.Now().UTC()}
+	if err := d.mustJournal(); err != nil {
+		d.Journal.State.RebootFor = nil
+		return d.failure(ctx, node, ch, "not rebooting: "+err.Error(), true, ReasonRebootFailed)
+	}
 	if d.S.RebootMethod == RebootNone {
-		ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
+		d.Journal.State.RebootFor.Requested = true
 		d.saveJournal()
 		d.holdSlotForReboot(ctx)
 		rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.Node)
@@ -308,8 +350,6 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		_ = d.notify().Status("waiting for reboot")
 		return outRebooting
 	}
-	ch.Phase, ch.RebootBootID = PhaseRebooting, d.BootID()
-	d.saveJournal()
 	d.holdSlotForReboot(ctx)
 	rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.Node)
 	d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
@@ -323,6 +363,7 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		return d.failure(ctx, node, ch, "requesting the reboot failed: "+err.Error(), false, ReasonRebootFailed)
 	}
 	ch.RebootRequested = true
+	d.Journal.State.RebootFor.Requested = true
 	d.Journal.State.Reboots++ // counted once it was asked for: see Run
 	d.saveJournal()
 	if d.S.RebootMethod == RebootSim {
@@ -440,6 +481,7 @@ func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, pla
 	d.drifted = false
 	j := &d.Journal.State
 	j.Change, j.Applied, j.AppliedHash, j.Handled = nil, ch.Config, plan.Hash, ch.Config
+	j.RebootFor = nil // the change is done: its reboot mark with it
 	d.failing, d.attempts = "", 0
 	d.saveJournal()
 	d.Log.Info("mig config applied", "config", ch.Config, "gpusChanged", ch.GPUsChanged, "evicted", len(ch.Evicted))

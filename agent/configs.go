@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
@@ -24,14 +23,7 @@ func LoadConfigFile(path string) (*ConfigFile, error) {
 	if path == "" {
 		return nil, nil
 	}
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
-	}
-	if st.Size() > geometry.MaxConfigBytes {
-		return nil, fmt.Errorf("config file %s: %d bytes, more than the %d allowed", path, st.Size(), geometry.MaxConfigBytes)
-	}
-	data, err := os.ReadFile(path)
+	data, err := ReadUserFile(path, geometry.MaxConfigBytes)
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
 	}

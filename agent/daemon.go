@@ -61,6 +61,12 @@ type Daemon struct {
 	drifted  bool
 	// published is the generated config text last written to the ConfigMap.
 	published string
+	// journalErr is the error of the last journal write (nil: it worked).
+	journalErr atomic.Pointer[error]
+	// apiDown: the API server did not answer the Node watch (apihealth.go).
+	apiDown atomic.Bool
+	// fileErr is why the config file did not read at the last pass (reload.go).
+	fileErr error
 
 	mu         sync.Mutex
 	cancelPass context.CancelFunc // stops the reconcile pass in progress
@@ -91,7 +97,7 @@ func (d *Daemon) Ready() error {
 	if d.nvmlDown.Load() {
 		return errors.New("not ready: NVML cannot be opened (retrying)")
 	}
-	return nil
+	return d.degraded()
 }
 
 // openNVML opens an NVML session for one pass (End closes it: an idle
@@ -184,7 +190,12 @@ func metricGPUs(n *Node) []metrics.GPU {
 func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry bool) outcome {
 	desired, by, at := d.desired(node)
 	d.Metrics.SetDesiredConfig(desired)
+	d.reloadFile()
 	j := &d.Journal.State
+	if d.forgetReboot(desired) {
+		// A new value of the label is a new change: it may reboot once.
+		d.saveJournal()
+	}
 	// A label set to "" is a request too: it fails with a reason (attempt).
 	labelled := false
 	if node != nil && d.Kube != nil {
@@ -311,9 +322,11 @@ func (d *Daemon) restore(ctx context.Context, ch *Change) {
 }
 
 func (d *Daemon) saveJournal() {
-	if err := d.Journal.Save(); err != nil {
-		d.Log.Error("writing the journal failed", "err", err)
+	err := d.Journal.Save()
+	if err != nil {
+		d.Log.Error("writing the journal failed", "path", d.Journal.Path(), "err", err)
 	}
+	d.setJournalErr(err)
 	d.crashHook()
 }
 
@@ -378,7 +391,7 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 // record builds the audit record of the change, with the geometry of n (the
 // GPUs as just read; nil reads them now).
 func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Node) ChangeRecord {
-	rec := ChangeRecord{Result: result, Reason: reason, FinishedAt: now.UTC(), AgentVersion: d.Version,
+	rec := ChangeRecord{Result: result, Reason: capReason(reason), FinishedAt: now.UTC(), AgentVersion: d.Version,
 		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
 	if drv, err := d.GPU.DriverVersion(); err == nil {
 		rec.DriverVersion = drv
@@ -421,17 +434,7 @@ func (d *Daemon) emit(ctx context.Context, node *corev1.Node, state string, rec 
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	err := d.retryAPI(ctx, func() error {
-		fresh, err := d.Kube.GetNode(ctx)
-		if err != nil {
-			return err
-		}
-		node = fresh
-		return d.Kube.Record(ctx, fresh, rec, state)
-	})
-	if err != nil {
-		d.Log.Error("writing the change record failed", "err", err)
-	}
+	node = d.writeRecord(ctx, node, rec, state)
 	if err := d.Kube.Event(ctx, node, evType, reason, msg); err != nil {
 		d.Log.Warn("posting an event failed", "reason", reason, "err", err)
 	}

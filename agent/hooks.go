@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"os/exec"
 	"slices"
 	"sort"
@@ -51,7 +50,7 @@ func LoadHooks(path string) (Hooks, error) {
 	if path == "" {
 		return nil, nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := ReadUserFile(path, MaxUserFile)
 	if err != nil {
 		return nil, fmt.Errorf("hooks file: %w", err)
 	}

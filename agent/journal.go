@@ -51,6 +51,9 @@ type Change struct {
 	// StalePlugins: the device plugin pods ("namespace/name/uid") that read
 	// the GPUs before they changed, restarted once the change is done.
 	StalePlugins []string `json:"stalePlugins,omitempty"`
+	// NodeUID is the UID of the Node object the change started on: a Node
+	// created again under the same name is another object (nodeuid.go).
+	NodeUID string `json:"nodeUid,omitempty"`
 }
 
 // JournalState is everything the journal file holds.
@@ -66,7 +69,14 @@ type JournalState struct {
 	// survives the reboots themselves, so that migagent_reboots_total does
 	// too: a counter held only in memory would show a reboot to no scrape.
 	Reboots int `json:"reboots,omitempty"`
+	// RebootFor marks the reboot asked for the current request: never a
+	// second one for it (rebootguard.go).
+	RebootFor *RebootMark `json:"rebootFor,omitempty"`
 }
+
+// ErrCorruptJournal: the journal file cannot be parsed. It is bad input
+// (exit 2), not a failure to retry: a restart finds it as corrupt.
+var ErrCorruptJournal = errors.New("corrupt journal")
 
 // Journal is the on-disk journal in --state-dir. Writes are atomic
 // (temporary file, fsync, rename), so a crash leaves the old or the new
@@ -90,10 +100,13 @@ func OpenJournal(dir string) (*Journal, error) {
 		return nil, fmt.Errorf("reading journal: %w", err)
 	}
 	if err := json.Unmarshal(data, &j.State); err != nil {
-		return nil, fmt.Errorf("journal %s is corrupt (%v); move it away to start afresh", j.path, err)
+		return nil, fmt.Errorf("%w: %s (%v); move it away to start afresh", ErrCorruptJournal, j.path, err)
 	}
 	return j, nil
 }
+
+// Path is the journal file.
+func (j *Journal) Path() string { return j.path }
 
 // Save writes the journal atomically.
 func (j *Journal) Save() error {

@@ -44,6 +44,7 @@ const (
 	// ReasonDevicePluginRestarted: the device plugin pods that read the old
 	// geometry were restarted after a change.
 	ReasonDevicePluginRestarted = "MigDevicePluginRestarted"
+	ReasonJournal               = "MigJournalUnwritable"
 )
 
 // GetNode reads the agent's Node.
@@ -65,9 +66,13 @@ func (k *Kube) Record(ctx context.Context, node *corev1.Node, rec ChangeRecord, 
 		return err
 	}
 	var hist []json.RawMessage
+	aside := ""
 	if node != nil {
 		if raw := node.Annotations[AnnotationHistory]; raw != "" {
-			_ = json.Unmarshal([]byte(raw), &hist) // a corrupt history restarts
+			if err := json.Unmarshal([]byte(raw), &hist); err != nil {
+				// Not ours to drop: kept aside, and a new history starts.
+				hist, aside = nil, text.Truncate(raw, HistoryMaxBytes)
+			}
 		}
 	}
 	hist = append([]json.RawMessage{last}, hist...)
@@ -82,8 +87,12 @@ func (k *Kube) Record(ctx context.Context, node *corev1.Node, rec ChangeRecord, 
 		}
 		hist = hist[:len(hist)-1]
 	}
+	annotations := map[string]any{AnnotationLastChange: string(last), AnnotationHistory: string(histJSON)}
+	if aside != "" {
+		annotations[AnnotationHistoryUnparsable] = aside
+	}
 	patch := map[string]any{"metadata": map[string]any{
-		"annotations": map[string]any{AnnotationLastChange: string(last), AnnotationHistory: string(histJSON)},
+		"annotations": annotations,
 		"labels":      map[string]any{LabelState: state},
 	}}
 	return k.patchNode(ctx, patch)

@@ -25,6 +25,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for range d.Journal.State.Reboots {
 		d.Metrics.IncReboots()
 	}
+	if err := d.Journal.Probe(); err != nil {
+		d.Log.Error("the journal cannot be written; no change will be made until it can", "path", d.Journal.Path(), "err", err)
+		d.setJournalErr(err)
+	}
 	if d.openNVML() {
 		if n, err := d.discover(); err != nil {
 			d.Log.Error("NVML is not answering; staying up, degraded", "err", err)
@@ -51,6 +55,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	lister := inf.Lister()
 	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { poke() },
+		// The Node is gone: a change still draining stops where it safely
+		// can; the journal keeps it for the Node created again (nodeuid.go).
+		DeleteFunc: func(any) { d.supersede() },
 		UpdateFunc: func(oldObj, newObj any) {
 			o, n := oldObj.(*corev1.Node), newObj.(*corev1.Node)
 			if o.Labels[LabelConfig] != n.Labels[LabelConfig] {
@@ -69,6 +76,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// Returning (a simulated reboot, a parked change) must stop the informer
 	// before Shutdown waits for it, or the process never exits.
 	ctx, cancel := context.WithCancel(ctx)
+	if err := d.watchAPIHealth(ctx, inf.Informer()); err != nil {
+		cancel()
+		return err
+	}
 	factory.Start(ctx.Done())
 	defer func() {
 		cancel()
@@ -217,6 +228,7 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) outcome {
 	if j.Change != nil || j.Applied == "" || j.Applied != j.Handled {
 		return outSuccess
 	}
+	d.reloadFile()
 	n, err := d.discover()
 	if err != nil {
 		d.Log.Warn("drift check: NVML is not answering", "err", err)

@@ -93,6 +93,9 @@ type Opts struct {
 	Namespace  string // default: mig-agent-e2e (created)
 	Kubeconfig string // default: the admin kubeconfig
 	Extra      []string
+	// Wrapper, when set, is a command line the binary and its arguments
+	// are appended to (e.g. unshare, to run it in a mount namespace).
+	Wrapper []string
 }
 
 func freePort(t testing.TB) int {
@@ -148,13 +151,19 @@ func StartAgent(t testing.TB, o *Opts) *Agent {
 		"--drift-interval", "1s", "--eviction-retry-delay", "1s", "--resource-wait-timeout", "0",
 		"--pod-resources-socket", filepath.Join(t.TempDir(), "no-kubelet.sock")}
 	args = append(args, o.Extra...)
-	return startProcess(t, args, fmt.Sprintf("http://127.0.0.1:%d", port))
+	return startWrapped(t, o.Wrapper, args, fmt.Sprintf("http://127.0.0.1:%d", port))
 }
 
 // StartCommand runs the binary with args in the background.
 func startProcess(t testing.TB, args []string, metrics string) *Agent {
+	return startWrapped(t, nil, args, metrics)
+}
+
+// startWrapped is startProcess with the binary run through wrapper.
+func startWrapped(t testing.TB, wrapper, args []string, metrics string) *Agent {
 	a := &Agent{t: t, Args: args, log: &syncBuffer{}, done: make(chan struct{}), Metrics: metrics}
-	a.cmd = exec.Command(binary(), args...)
+	argv := append(append(append([]string{}, wrapper...), binary()), args...)
+	a.cmd = exec.Command(argv[0], argv[1:]...)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	a.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
 	if err := a.cmd.Start(); err != nil {

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -63,7 +66,15 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 	if err != nil {
 		return badInput(err)
 	}
+	unlock, err := agent.LockStateDir(s.StateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	journal, err := agent.OpenJournal(s.StateDir)
+	if errors.Is(err, agent.ErrCorruptJournal) {
+		return badInput(err)
+	}
 	if err != nil {
 		return err
 	}
@@ -75,14 +86,21 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 	}
 	var srv *http.Server
 	if s.MetricsAddress != "" {
+		// Listening before anything else: a taken port fails the start
+		// rather than leaving an agent that no probe can see.
+		l, err := net.Listen("tcp", s.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics address: %w", err)
+		}
 		srv = metrics.NewServer(s.MetricsAddress, m, d.Ready)
 		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics server failed", "address", s.MetricsAddress, "err", err)
 			}
 		}()
 		defer srv.Close()
 	}
+	go logHangups(ctx, log)
 	go notifier.RunWatchdog(ctx, func() bool { return true })
 
 	// NVML is opened per pass (the daemon retries with backoff and is not
@@ -169,6 +187,23 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 		return nil
 	}
 	return err
+}
+
+// logHangups logs SIGHUP instead of dying of it (its default action): the
+// settings are read at start, the config file at every pass, so there is
+// nothing to reload.
+func logHangups(ctx context.Context, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			log.Info("SIGHUP received: nothing to reload (settings are read at start, the config file at every pass)")
+		}
+	}
 }
 
 // bootID identifies this boot of the machine.

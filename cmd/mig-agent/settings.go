@@ -98,7 +98,7 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 	}
 	file := v.GetString("settings")
 	if file != "" {
-		data, err := os.ReadFile(file)
+		data, err := agent.ReadUserFile(file, agent.MaxUserFile)
 		if err != nil {
 			return nil, badInput(fmt.Errorf("reading settings file: %w", err))
 		}
