@@ -21,9 +21,10 @@
 #         Run the cached operator with ARGS (its own flags), KUBECONFIG and
 #         OPERATOR_NAMESPACE from the environment. The operator reads its
 #         assets from the fixed path /opt/gpu-operator
-#         (controllers/state_manager.go, ClusterPolicyController.init), so it
-#         runs in a private mount namespace (unshare) where the cached
-#         opt/ is bind-mounted on /opt; nothing on the host is written.
+#         (controllers/state_manager.go, ClusterPolicyController.init) and
+#         the host's os-release from /host-etc/os-release, so it runs in a
+#         private mount namespace (unshare) that shows it the files of its
+#         pod (see ROOT_SETUP); nothing on the host is written.
 #         exec's the operator: its pid is this script's pid.
 #
 # Environment (all optional):
@@ -66,7 +67,7 @@ build() {
 	complete && return 0
 	local src=$CACHE_ROOT/src/$VERSION json moddir goline t0=$SECONDS
 	mkdir -p "$src" "$DIR/bin"
-	log "building the GPU Operator $RELEASE ($MODULE@$VERSION; first time only, ~6 min on 2 cores from a cold cache)"
+	log "building the GPU Operator $RELEASE ($MODULE@$VERSION; first time only: about 8 minutes of CPU from a cold Go build cache)"
 	# A go.mod here keeps the go command from using a module in a parent dir.
 	[[ -f $src/go.mod ]] || printf 'module gpu-operator-test-scratch\n' >"$src/go.mod"
 	json=$(cd "$src" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "$MODULE@$VERSION") ||
@@ -107,18 +108,48 @@ EOF
 	exec 9>&-
 }
 
+# The operator's pod, as its Helm chart deploys it
+# (deployments/gpu-operator/templates/operator.yaml), sees its image's
+# /opt/gpu-operator and the host's /etc/os-release at /host-etc/os-release
+# (the driver state reads it: controllers/object_controls.go). ROOT_SETUP
+# builds that view in a private mount namespace: a tmpfs root holding every
+# top-level directory of the host bind-mounted (symlinks copied), the cached
+# opt/ on /opt, /etc/os-release on /host-etc/os-release; then chroot into it.
+# Nothing on the host is written but the empty mount point under the cache.
+# shellcheck disable=SC2016 # expanded by the inner shell
+ROOT_SETUP='set -e
+root=$1 opt=$2
+shift 2
+mount -t tmpfs gpu-operator-root "$root"
+for d in /* /.[!.]*; do
+	[ -e "$d" ] || [ -L "$d" ] || continue
+	case $d in /opt | /host-etc) continue ;; esac
+	if [ -L "$d" ]; then
+		ln -s "$(readlink "$d")" "$root$d"
+	elif [ -d "$d" ]; then
+		mkdir "$root$d"
+		mount --rbind "$d" "$root$d"
+	fi
+done
+mkdir "$root/opt" "$root/host-etc"
+mount --bind "$opt" "$root/opt"
+: >"$root/host-etc/os-release"
+mount --bind /etc/os-release "$root/host-etc/os-release"
+exec chroot "$root" "$@"'
+
 run() {
 	complete || die "no GPU Operator in $DIR: run '$SELF build' first"
 	[[ -n ${OPERATOR_NAMESPACE:-} ]] || die "OPERATOR_NAMESPACE is not set (the operator exits without it)"
 	command -v unshare >/dev/null || die "unshare (util-linux) is required: the operator reads its assets from /opt/gpu-operator"
-	local inner='mount --bind "$1" /opt && shift && exec "$@"'
+	[[ -f /etc/os-release ]] || die "no /etc/os-release on this host (the operator reads the host's, as /host-etc/os-release)"
+	mkdir -p "$DIR/root"
 	# As root a mount namespace is enough; otherwise (or where root lacks
 	# CAP_SYS_ADMIN, e.g. in a container) a user namespace maps us to root in it.
 	if unshare --mount true 2>/dev/null; then
-		exec unshare --mount --propagation private sh -c "$inner" sh "$DIR/opt" "$DIR/bin/gpu-operator" "$@"
+		exec unshare --mount --propagation private sh -c "$ROOT_SETUP" sh "$DIR/root" "$DIR/opt" "$DIR/bin/gpu-operator" "$@"
 	fi
 	if unshare --user --map-root-user --mount true 2>/dev/null; then
-		exec unshare --user --map-root-user --mount --propagation private sh -c "$inner" sh "$DIR/opt" "$DIR/bin/gpu-operator" "$@"
+		exec unshare --user --map-root-user --mount --propagation private sh -c "$ROOT_SETUP" sh "$DIR/root" "$DIR/opt" "$DIR/bin/gpu-operator" "$@"
 	fi
 	die "cannot create a mount namespace (unshare --mount and unshare --user --mount both refused): the operator reads its assets from the fixed path /opt/gpu-operator"
 }
