@@ -21,10 +21,12 @@ build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/mig-agent ./cmd/mig-agent
 
 # Every test: units, fuzz targets briefly, and the integration and scenario
-# tests on a real kube-apiserver + etcd (built once, cached in ~/.cache) and a
-# real dbus-daemon.
+# tests on a real kube-apiserver + etcd (built once, cached in ~/.cache), a
+# real dbus-daemon and the GPU Operator's own controller (built once from its
+# Go module, cached in ~/.cache/gpu-operator-test).
 test: build
 	bash hack/ensure-dbus.sh
+	bash hack/gpu-operator.sh build
 	$(GO) test -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
 	cd packaging/monitoring && $(GO) test -count=1 ./...

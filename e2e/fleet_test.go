@@ -324,8 +324,8 @@ func TestFleetRequestedBy(t *testing.T) {
 	}
 }
 
-// Another MIG manager on the node: the GPU Operator's MIG manager (its pod,
-// or its deploy label) or the NVIDIA DRA driver with MIG devices → failed,
+// Another MIG manager on the node: the GPU Operator's MIG manager (its pod)
+// or the NVIDIA DRA driver with MIG devices → failed,
 // naming it, nothing touched; --allow-other-mig-manager proceeds with a
 // warning.
 func TestFleetOtherManager(t *testing.T) {
@@ -337,30 +337,37 @@ func TestFleetOtherManager(t *testing.T) {
 		a := flStart(t, o)
 		return node, a, o
 	}
-	t.Run("operator pod", func(t *testing.T) {
-		node, _, o := start(t, nil)
+	// operatorPod runs a pod of the GPU Operator's MIG manager on node.
+	operatorPod := func(t *testing.T, node string) string {
 		ns := kubetest.NewName(t, "gpu-operator")
 		kubetest.CreateNamespace(t, ns)
 		k := kubetest.StartKubelet(t, c, node)
 		pod := k.CreatePod(t, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mig-manager-x7k2p", Labels: map[string]string{"app": "nvidia-mig-manager"}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nvidia-mig-manager-x7k2p", Labels: map[string]string{"app": agent.OperatorMigManagerApp}},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.12.1"}}},
 		})
 		if pod.Status.Phase != corev1.PodRunning {
 			t.Fatalf("pod phase %s", pod.Status.Phase)
 		}
+		return ns + "/" + pod.Name
+	}
+	t.Run("operator pod", func(t *testing.T) {
+		node, _, o := start(t, nil)
+		pod := operatorPod(t, node)
 		before := flReadSim(t, o.SimState)
 		SelectConfig(t, c, node, "all-balanced")
-		flExpectFailed(t, c, node, "all-balanced", o.SimState, before, "pod "+ns+"/mig-manager-x7k2p", "another MIG manager")
+		flExpectFailed(t, c, node, "all-balanced", o.SimState, before, "pod "+pod, "another MIG manager")
 		if evs := flEvents(t, c, node, agent.ReasonManagerConflict); len(evs) == 0 {
 			t.Errorf("no %s event", agent.ReasonManagerConflict)
 		}
 	})
-	t.Run("deploy label", func(t *testing.T) {
-		node, _, o := start(t, map[string]string{agent.LabelDeployMigManager: "true"})
-		before := flReadSim(t, o.SimState)
+	// The GPU Operator labels every MIG-capable node so, whether or not its
+	// MIG manager is enabled: the label alone is no conflict
+	// (e2e/gpuoperator_test.go shows it with the operator's own controller).
+	t.Run("deploy label alone", func(t *testing.T) {
+		node, _, _ := start(t, map[string]string{agent.LabelDeployMigManager: "true"})
 		SelectConfig(t, c, node, "all-balanced")
-		flExpectFailed(t, c, node, "all-balanced", o.SimState, before, agent.LabelDeployMigManager+"=true")
+		WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
 	})
 	t.Run("deploy label false", func(t *testing.T) {
 		node, _, _ := start(t, map[string]string{agent.LabelDeployMigManager: "false"})
@@ -369,6 +376,7 @@ func TestFleetOtherManager(t *testing.T) {
 	})
 	t.Run("allowed", func(t *testing.T) {
 		node, a, _ := start(t, map[string]string{agent.LabelDeployMigManager: "true"}, "--allow-other-mig-manager")
+		operatorPod(t, node)
 		SelectConfig(t, c, node, "all-balanced")
 		WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
 		flWaitLog(t, a, "another MIG manager is at work on this node; acting anyway", 5*time.Second)

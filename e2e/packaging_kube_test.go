@@ -611,6 +611,41 @@ func pkgRunAgent(t *testing.T, in *pkgInstall, config string) {
 	admin := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
 	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/gpu.present": "true", drain.Operands()[0].Label: "true"})
+	a, settings := pkgStartAgent(t, in, node, "--nvml", "sim:h200x1")
+
+	want := config
+	if config == "" {
+		want, _ = settings["default-config"].(string)
+		if want == "" {
+			t.Fatal("no config to select and no default-config in the settings")
+		}
+	} else {
+		SelectConfig(t, admin, node, config)
+	}
+	rec := WaitState(t, admin, node, agent.StateSuccess, want, changeTimeout)
+	if len(rec.GPUsChanged) != 1 {
+		t.Errorf("record: %+v", rec)
+	}
+	if strings.Contains(strings.ToLower(a.Log()), "forbidden") {
+		t.Errorf("the agent was refused something:\n%s", a.Log())
+	}
+	n := GetNode(t, admin, node)
+	if n.Labels[drain.Operands()[0].Label] != "true" || len(n.Spec.Taints) > 1 {
+		t.Errorf("after the change: labels %v, taints %v", n.Labels, n.Spec.Taints)
+	}
+	if _, err := admin.CoreV1().ConfigMaps(in.namespace).Get(context.Background(), node+"-mig-config", metav1.GetOptions{}); err != nil {
+		t.Errorf("the agent's ConfigMap: %v", err)
+	}
+	if p, _ := settings["pause-gpu-operator"].(bool); p && !strings.Contains(a.Log(), "operands paused") {
+		t.Errorf("pause-gpu-operator is set, but the agent paused no operand:\n%s", a.Log())
+	}
+}
+
+// pkgStartAgent starts the real binary for node as the DaemonSet would
+// (see pkgRunAgent), flags in extra appended last, waits until its probes
+// answer and returns it with the install's settings.
+func pkgStartAgent(t *testing.T, in *pkgInstall, node string, extra ...string) (*Agent, map[string]any) {
+	t.Helper()
 	token := pkgBoundToken(t, in, node)
 
 	dir := t.TempDir()
@@ -676,10 +711,11 @@ func pkgRunAgent(t *testing.T, in *pkgInstall, config string) {
 		t.Fatalf("the DaemonSet's args do not start with run: %v", args)
 	}
 	port := freePort(t)
-	args = append(args, "--kubeconfig", kubeconfig, "--nvml", "sim:h200x1", "--sim-state", filepath.Join(dir, "sim.json"),
+	args = append(args, "--kubeconfig", kubeconfig, "--sim-state", filepath.Join(dir, "sim.json"),
 		"--state-dir", filepath.Join(dir, "state"), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port),
 		"--pod-resources-socket", filepath.Join(dir, "no-kubelet.sock"), "--reboot-method", "none",
 		"--resource-wait-timeout", "0", "--drift-interval", "1s")
+	args = append(args, extra...)
 	a := startProcess(t, args, fmt.Sprintf("http://127.0.0.1:%d", port))
 
 	// The probes of the DaemonSet answer.
@@ -695,30 +731,5 @@ func pkgRunAgent(t *testing.T, in *pkgInstall, config string) {
 		})
 	}
 
-	want := config
-	if config == "" {
-		want, _ = settings["default-config"].(string)
-		if want == "" {
-			t.Fatal("no config to select and no default-config in the settings")
-		}
-	} else {
-		SelectConfig(t, admin, node, config)
-	}
-	rec := WaitState(t, admin, node, agent.StateSuccess, want, changeTimeout)
-	if len(rec.GPUsChanged) != 1 {
-		t.Errorf("record: %+v", rec)
-	}
-	if strings.Contains(strings.ToLower(a.Log()), "forbidden") {
-		t.Errorf("the agent was refused something:\n%s", a.Log())
-	}
-	n := GetNode(t, admin, node)
-	if n.Labels[drain.Operands()[0].Label] != "true" || len(n.Spec.Taints) > 1 {
-		t.Errorf("after the change: labels %v, taints %v", n.Labels, n.Spec.Taints)
-	}
-	if _, err := admin.CoreV1().ConfigMaps(in.namespace).Get(context.Background(), node+"-mig-config", metav1.GetOptions{}); err != nil {
-		t.Errorf("the agent's ConfigMap: %v", err)
-	}
-	if p, _ := settings["pause-gpu-operator"].(bool); p && !strings.Contains(a.Log(), "operands paused") {
-		t.Errorf("pause-gpu-operator is set, but the agent paused no operand:\n%s", a.Log())
-	}
+	return a, settings
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -170,8 +171,14 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 		}
 		d.Kube = &agent.Kube{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{}, Component: "mig-agent"}
 		d.Disrupt = &agent.KubeDisruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
+		// The GPU Operator's ClusterPolicy is a custom resource: read it
+		// through the dynamic client (no operator types in the agent).
+		dyn, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
 		d.OtherManager = func(ctx context.Context, node *corev1.Node) (string, error) {
-			return agent.OtherManager(ctx, client, node)
+			return agent.OtherManager(ctx, client, dyn, node)
 		}
 		if s.MaxConcurrent > 0 {
 			slots := &agent.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
