@@ -137,6 +137,9 @@ mig-configs:
 
 // ffShape is the geometry of one GPU without identities: MIG mode and the
 // GPU instances (profile id, placement, compute profile ids), sorted.
+// ffMode is the MIG mode part of ffShape ("mig=current/pending").
+func ffMode(g flSimGPU) string { return strings.Fields(ffShape(g))[0] }
+
 func ffShape(g flSimGPU) string {
 	var parts []string
 	for _, gi := range g.Instances {
@@ -297,18 +300,33 @@ func TestFaultMatrix(t *testing.T) {
 							t.Errorf("%s: exit %d (want 1, or 3 for a reset): %s", fault, code, stderr)
 							continue
 						}
-						// A failure stops the apply at that GPU; a mode change
-						// that waits for a reboot does not stop the others.
+						// apply works as nvidia-mig-parted's does: first the
+						// MIG mode of every GPU, then the MIG devices of every
+						// GPU (pkg/mig/config ApplyMigConfigWithHooks order:
+						// pre-apply-mode, mode, pre-apply-config, config). A
+						// failure stops the apply at that GPU of that step;
+						// a mode change that waits for a reboot (exit 3)
+						// ends it after the mode step: instances made before
+						// a reboot would not survive it.
+						modeStep := o.op == nvmlx.OpSetMigMode || o.op == nvmlx.OpResetGpu
 						mid := flReadSim(t, state)
 						for i := range mid.GPUs {
+							unchanged := !changed[i] || code == 1 && modeStep && i > gpu
 							switch {
-							case !changed[i] || i > gpu && code == 1:
+							case unchanged:
 								if !reflect.DeepEqual(mid.GPUs[i], before.GPUs[i]) {
 									t.Errorf("%s: GPU %d, not reached, changed:\nbefore %s\nafter  %s", fault, i, ffShape(before.GPUs[i]), ffShape(mid.GPUs[i]))
 								}
-							case i != gpu:
+							case i == gpu:
+							case code == 1 && !modeStep && i < gpu:
 								if ffShape(mid.GPUs[i]) != ffShape(ref.GPUs[i]) {
 									t.Errorf("%s: GPU %d, done before the fault, is not as planned: %s, want %s", fault, i, ffShape(mid.GPUs[i]), ffShape(ref.GPUs[i]))
+								}
+							default:
+								// The mode step reached this GPU; its devices
+								// come in the second step.
+								if ffMode(mid.GPUs[i]) != ffMode(ref.GPUs[i]) {
+									t.Errorf("%s: GPU %d, mode step done before the fault, is not as planned: %s, want %s", fault, i, ffShape(mid.GPUs[i]), ffShape(ref.GPUs[i]))
 								}
 							}
 						}
