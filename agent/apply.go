@@ -204,8 +204,6 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 	return res, nil
 }
 
-func displayName(in geometry.Instance) string { return in.Name() }
-
 // Doomed is a compute instance a plan destroys inside a GPU instance it keeps.
 type Doomed struct {
 	GI nvmlx.GPUInstance
