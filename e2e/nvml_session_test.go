@@ -11,10 +11,11 @@ import (
 
 	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/nvmlx"
 )
 
-// nsSessions reads the NVML session counts and the driver flag of a
-// simulator state file.
+// nsState is the NVML session counts (kept beside a simulator state file)
+// and the driver flag (in it).
 type nsState struct {
 	Inits     int  `json:"nvmlInits"`
 	Shutdowns int  `json:"nvmlShutdowns"`
@@ -30,6 +31,11 @@ func nsRead(t testing.TB, path string) nsState {
 	var s nsState
 	if err := json.Unmarshal(raw, &s); err != nil {
 		t.Fatal(err)
+	}
+	if raw, err := os.ReadFile(nvmlx.SessionsPath(path)); err == nil {
+		if err := json.Unmarshal(raw, &s); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return s
 }

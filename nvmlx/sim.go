@@ -219,5 +219,6 @@ func (s *Sim) BootCount() int {
 func (s *Sim) Sessions() (inits, shutdowns int) {
 	s.lib.lock()
 	defer s.lib.unlock()
-	return s.lib.st.NVMLInits, s.lib.st.NVMLShutdowns
+	c := readSessions(s.lib.path, s.lib.sessions)
+	return c.Inits, c.Shutdowns
 }

@@ -21,10 +21,6 @@ const simStateVersion = 1
 type simState struct {
 	Version   int `json:"version"`
 	BootCount int `json:"bootCount"`
-	// NVMLInits and NVMLShutdowns count nvmlInit and nvmlShutdown calls of
-	// every process on this state: equal when no NVML session is open.
-	NVMLInits     int `json:"nvmlInits,omitempty"`
-	NVMLShutdowns int `json:"nvmlShutdowns,omitempty"`
 	// DriverUnloaded simulates the nvidia kernel module unloaded (a driver
 	// upgrade in progress): nvmlInit fails with DRIVER_NOT_LOADED.
 	DriverUnloaded bool     `json:"driverUnloaded,omitempty"`
@@ -260,4 +256,57 @@ func SimReboot(statePath string) error {
 	}
 	st.reboot()
 	return writeSimState(statePath, &st)
+}
+
+// simSessions counts the nvmlInit and nvmlShutdown calls of every process
+// on one state: equal when no NVML session is open. They live beside the
+// state file (SessionsPath), not in it: opening NVML changes no hardware,
+// so a read-only session must not rewrite the GPUs' state.
+type simSessions struct {
+	Inits     int `json:"nvmlInits"`
+	Shutdowns int `json:"nvmlShutdowns"`
+}
+
+// SessionsPath is the file beside a --sim-state file that counts NVML
+// sessions ({"nvmlInits": N, "nvmlShutdowns": M}).
+func SessionsPath(statePath string) string { return statePath + ".sessions" }
+
+// countSession adds one Init (init) or one Shutdown to the counts beside
+// path; the caller holds the state's lock.
+func countSession(path string, mem *simSessions, init bool) error {
+	c := *mem
+	if path != "" {
+		if raw, err := os.ReadFile(SessionsPath(path)); err == nil {
+			_ = json.Unmarshal(raw, &c)
+		}
+	}
+	if init {
+		c.Inits++
+	} else {
+		c.Shutdowns++
+	}
+	if path != "" {
+		data, _ := json.Marshal(c)
+		tmp := SessionsPath(path) + ".tmp"
+		if err := os.WriteFile(tmp, data, 0o644); err != nil {
+			return fmt.Errorf("write NVML session counts: %w", err)
+		}
+		if err := os.Rename(tmp, SessionsPath(path)); err != nil {
+			return fmt.Errorf("write NVML session counts: %w", err)
+		}
+	}
+	*mem = c
+	return nil
+}
+
+// readSessions returns the counts beside path (mem without a file).
+func readSessions(path string, mem simSessions) simSessions {
+	if path == "" {
+		return mem
+	}
+	var c simSessions
+	if raw, err := os.ReadFile(SessionsPath(path)); err == nil {
+		_ = json.Unmarshal(raw, &c)
+	}
+	return c
 }

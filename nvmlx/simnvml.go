@@ -40,6 +40,8 @@ type simLib struct {
 	stamp   fileStamp // the state file as this process last read or wrote it
 	dirLock *os.File  // held between lock and unlock
 	refs    int       // nvmlInit reference count in this process
+	// sessions counts Init and Shutdown without a state file.
+	sessions simSessions
 }
 
 // simImplemented lists the NVML functions the simulator implements (go-nvml
@@ -187,8 +189,8 @@ func (l *simLib) gpu(st *simState, i int) (*simGPU, *profiles.Model) {
 // --- library -----------------------------------------------------------------
 
 // Init counts a reference (nvml.h nvmlInit_v2: "... reference counted") and
-// the session in the state file, so a test sees how many sessions were
-// opened and closed across processes. With the driver unloaded (the state's
+// the session beside the state file (SessionsPath), so a test sees how many
+// sessions were opened and closed across processes. With the driver unloaded (the state's
 // driverUnloaded) it fails with DRIVER_NOT_LOADED.
 func (l *simLib) Init() nvml.Return {
 	l.lock()
@@ -196,10 +198,8 @@ func (l *simLib) Init() nvml.Return {
 	if l.st.DriverUnloaded {
 		return nvml.ERROR_DRIVER_NOT_LOADED // nvml.h nvmlInit_v2
 	}
-	next := l.st.clone()
-	next.NVMLInits++
-	if err := l.commit(next); err != nil {
-		l.log.Error("simulator state not written", "op", "Init", "err", err)
+	if err := countSession(l.path, &l.sessions, true); err != nil {
+		l.log.Error("simulator session count not written", "op", "Init", "err", err)
 		return nvml.ERROR_UNKNOWN
 	}
 	l.refs++
@@ -214,10 +214,8 @@ func (l *simLib) Shutdown() nvml.Return {
 	if !l.up() {
 		return nvml.ERROR_UNINITIALIZED
 	}
-	next := l.st.clone()
-	next.NVMLShutdowns++
-	if err := l.commit(next); err != nil {
-		l.log.Error("simulator state not written", "op", "Shutdown", "err", err)
+	if err := countSession(l.path, &l.sessions, false); err != nil {
+		l.log.Error("simulator session count not written", "op", "Shutdown", "err", err)
 		return nvml.ERROR_UNKNOWN
 	}
 	l.refs--
