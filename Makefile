@@ -20,14 +20,15 @@ all: build
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/mig-agent ./cmd/mig-agent
 
-# Every test: units, fuzz targets briefly, and the integration and scenario
+# Every test (packages one at a time: -p 1 keeps the scenario tests, which
+# run real servers and the GPU Operator, from competing for 2 cores): units, fuzz targets briefly, and the integration and scenario
 # tests on a real kube-apiserver + etcd (built once, cached in ~/.cache), a
 # real dbus-daemon and the GPU Operator's own controller (built once from its
 # Go module, cached in ~/.cache/gpu-operator-test).
 test: build
 	bash hack/ensure-dbus.sh
 	bash hack/gpu-operator.sh build
-	$(GO) test -count=1 -timeout 40m ./...
+	$(GO) test -count=1 -p 1 -timeout 40m ./...
 	$(MAKE) fuzz
 	cd packaging/monitoring && $(GO) test -count=1 ./...
 	cd packaging/test && $(GO) test -count=1 ./...

@@ -359,7 +359,7 @@ func TestGPUOperator(t *testing.T) {
 	// stay pending and the ClusterPolicy notReady: the operator reconciles
 	// every 5s (ClusterPolicyReconciler.Reconcile requeues while a state is
 	// not ready), going over the node's labels each time.
-	op.waitReconciles(t, node, 2, 30*time.Second)
+	op.waitReconciles(t, node, 2, 90*time.Second)
 
 	// The install of packaging/kubernetes, as docs/install.md has it.
 	in := pkgDescribe(t, pkgPlain(t))
@@ -405,7 +405,7 @@ func TestGPUOperator(t *testing.T) {
 		WaitFor(t, changeTimeout, "the operands paused", func() bool {
 			return GetNode(t, c, node).Labels[drain.Operands()[0].Label] == drain.PausedValue
 		})
-		op.waitReconciles(t, node, 2, 30*time.Second)
+		op.waitReconciles(t, node, 2, 90*time.Second)
 		for _, o := range drain.Operands()[:4] {
 			if v := GetNode(t, c, node).Labels[o.Label]; v != drain.PausedValue {
 				t.Errorf("after two passes of the operator over the paused node, %s = %q", o.Label, v)
@@ -426,7 +426,7 @@ func TestGPUOperator(t *testing.T) {
 			t.Errorf("the agent paused no operand:\n%s", a.Log())
 		}
 		// Two more passes of the operator over the node after the restore.
-		op.waitReconciles(t, node, 2, 30*time.Second)
+		op.waitReconciles(t, node, 2, 90*time.Second)
 		l := GetNode(t, c, node).Labels
 		for _, o := range drain.Operands() {
 			want, ok := "true", true
