@@ -92,20 +92,14 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 		return len(nodeEvents(t, c, node, agent.ReasonDevicePluginRestarted)) == 1
 	})
 
-	// A config already applied restarts nothing.
+	// Back to whole GPUs: restarted once more.
 	SelectConfig(t, c, node, "all-disabled")
 	WaitState(t, c, node, agent.StateSuccess, "all-disabled", 90*time.Second)
 	if got := allocatable(t, c, node); !sameCounts(got, map[string]int64{"nvidia.com/gpu": 2, "nvidia.com/mig-1g.18gb": 0}) {
 		t.Errorf("allocatable after disabling = %v", got)
 	}
-	starts := dp.Starts()
-	SetLabel(t, c, node, agent.LabelConfig, "", "")
-	SelectConfig(t, c, node, "all-disabled")
-	WaitFor(t, 30*time.Second, "a record of the unchanged request", func() bool {
-		return len(History(t, GetNode(t, c, node))) >= 3
-	})
-	if dp.Starts() != starts {
-		t.Errorf("an unchanged config restarted the device plugin")
+	if dp.Starts() != 3 {
+		t.Errorf("device plugin started %d times after two changes, want 3", dp.Starts())
 	}
 }
 
