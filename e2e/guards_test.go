@@ -25,6 +25,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
@@ -187,6 +188,55 @@ func TestGuardOneAgentPerStateDir(t *testing.T) {
 		t.Errorf("%d records for one label change, want 1", n)
 	}
 	grAlive(t, a, "the first agent")
+}
+
+// Item 3, Kubernetes mode: a second agent for the same node with another
+// state dir (a DaemonSet beside a systemd unit) exits 1 naming the agent
+// that holds the node; once the first stops (it releases the node Lease),
+// the second starts at once; a restart of the same agent (same state dir)
+// is never refused.
+func TestGuardOneAgentPerNode(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, nil)
+	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
+	a := StartAgent(t, o)
+	waitReady(t, a)
+	other := *o
+	other.StateDir = filepath.Join(t.TempDir(), "other-state")
+	b := StartAgent(t, &other)
+	code, exited := b.Wait(10 * time.Second)
+	if !exited || code != 1 {
+		t.Fatalf("the second agent: exited %v, code %d, want exit 1\n%s", exited, code, b.Log())
+	}
+	if !strings.Contains(b.Log(), "another mig-agent is running") || !strings.Contains(b.Log(), o.StateDir) {
+		t.Errorf("the second agent's message does not say why:\n%s", b.Log())
+	}
+	SelectConfig(t, c, node, "all-1g.18gb")
+	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	if n := len(History(t, GetNode(t, c, node))); n != 1 {
+		t.Errorf("%d records for one label change, want 1", n)
+	}
+	grAlive(t, a, "the first agent")
+
+	// The same agent killed and started again takes its Lease back at once.
+	a.Kill()
+	a = StartAgent(t, o)
+	waitReady(t, a)
+	grAlive(t, a, "the first agent, restarted after kill -9")
+	if code := a.Stop(); code != 0 {
+		t.Fatalf("SIGTERM: exit code %d", code)
+	}
+	l, err := c.CoordinationV1().Leases(o.Namespace).Get(context.Background(), agent.NodeLeaseName(node), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "" {
+		t.Errorf("node Lease still held by %q after SIGTERM", h)
+	}
+	b = StartAgent(t, &other)
+	waitReady(t, b)
+	grAlive(t, b, "the second agent, after the first stopped")
 }
 
 // grRole binds a ServiceAccount of ns to rules on the cluster and returns a

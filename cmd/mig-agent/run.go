@@ -58,7 +58,7 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", path)
 }
 
-func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
+func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err error) {
 	file, err := loadFile(s.ConfigFile)
 	if err != nil {
 		return err
@@ -186,6 +186,38 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) error {
 			d.Slots = slots.Acquire
 			d.SlotReboot = slots.ExtendForReboot
 		}
+	}
+	if d.Kube != nil {
+		// One agent per node across state dirs too (the lock above covers
+		// one state dir): the node Lease, renewed while the agent runs.
+		ident, ierr := agent.NodeLeaseIdentity(s.StateDir)
+		if ierr != nil {
+			return ierr
+		}
+		host, _ := os.Hostname()
+		nl := &agent.NodeLease{Client: d.Kube.Client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
+			Holder: fmt.Sprintf("host %s, pid %d, state dir %s, mig-agent %s", host, os.Getpid(), s.StateDir, version),
+			Clock:  clock.RealClock{}, Log: log}
+		if terr := nl.Take(ctx); terr != nil {
+			return terr
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		lost := make(chan error, 1)
+		go func() {
+			kerr := nl.Keep(ctx)
+			if kerr != nil {
+				log.Error("another agent holds this node; stopping", "err", kerr)
+				cancel()
+			}
+			lost <- kerr
+		}()
+		defer func() {
+			cancel()
+			if lerr := <-lost; lerr != nil && err == nil {
+				err = lerr
+			}
+		}()
 	}
 	err = d.Run(ctx)
 	_ = notifier.Stopping()
