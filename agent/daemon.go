@@ -59,6 +59,8 @@ type Daemon struct {
 	attempts int
 	retryAt  time.Time
 	drifted  bool
+	// stateDecided: migagent_state shows a state (showState); before, all 0.
+	stateDecided bool
 	// published is the generated config text last written to the ConfigMap.
 	published string
 	// journalErr is the error of the last journal write (nil: it worked).
@@ -427,7 +429,7 @@ func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Nod
 // (standalone: the log only). API errors are retried briefly, then logged:
 // the journal keeps what matters.
 func (d *Daemon) emit(ctx context.Context, node *corev1.Node, state string, rec ChangeRecord, evType, reason, msg string) {
-	d.Metrics.SetState(state)
+	d.showState(state)
 	if d.Kube == nil {
 		d.Log.Info("change record", "config", rec.Config, "result", rec.Result, "reason", rec.Reason,
 			"gpusChanged", rec.GPUsChanged, "reboot", rec.Reboot, "configHash", rec.ConfigHash)
@@ -442,7 +444,7 @@ func (d *Daemon) emit(ctx context.Context, node *corev1.Node, state string, rec 
 
 // setState sets the state label, retrying through API outages.
 func (d *Daemon) setState(ctx context.Context, state string) {
-	d.Metrics.SetState(state)
+	d.showState(state)
 	if d.Kube == nil {
 		return
 	}
@@ -450,6 +452,27 @@ func (d *Daemon) setState(ctx context.Context, state string) {
 	// the next start sets the state again.
 	if err := d.retryAPI(ctx, func() error { return d.Kube.SetState(ctx, state) }); err != nil && ctx.Err() == nil {
 		d.Log.Error("setting the state label failed", "state", state, "err", err)
+	}
+}
+
+// showState sets migagent_state: the state is decided from now on.
+func (d *Daemon) showState(state string) {
+	d.stateDecided = true
+	d.Metrics.SetState(state)
+}
+
+// settleState decides migagent_state after a pass that set none (there
+// was nothing to do): the state the Node shows or, standalone, success once
+// the selected config is handled. Until a state is decided all four are 0:
+// a gauge that said success before the agent looked would count the node
+// among the converged ones.
+func (d *Daemon) settleState(node *corev1.Node) {
+	switch {
+	case d.stateDecided:
+	case node != nil && node.Labels[LabelState] != "":
+		d.showState(node.Labels[LabelState])
+	case d.Kube == nil && d.Journal.State.Handled != "" && d.failing == "":
+		d.showState(StateSuccess)
 	}
 }
 

@@ -18,7 +18,6 @@ import (
 // ctx ends. It returns nil on shutdown and ErrExitAfterReboot after a
 // simulated reboot.
 func (d *Daemon) Run(ctx context.Context) error {
-	d.Metrics.SetState(StateSuccess)
 	if j := d.Journal.State; j.Applied != "" {
 		d.Metrics.SetAppliedConfig(j.Applied, j.AppliedHash)
 	}
@@ -116,6 +115,9 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 		d.setSupersede(cancel)
 		defer func() { d.setSupersede(nil); cancel() }()
 		oc := d.reconcile(pctx, n, start, isRetry)
+		if oc == outSuccess {
+			d.settleState(n)
+		}
 		if oc == outParked && ctx.Err() == nil {
 			d.Log.Info("a newer desired config supersedes the change in progress")
 			return outSuccess // the trigger that cancelled it is pending

@@ -489,3 +489,34 @@ func TestGuardNotReadyWithoutAPIServer(t *testing.T) {
 	<-down
 	WaitFor(t, 30*time.Second, "/readyz 200 after the outage", func() bool { return grReadyz(a) == http.StatusOK })
 }
+
+// Item 9: migagent_state shows no state before the agent has decided one:
+// on a node nobody has labelled, all four are 0 (a gauge that said success
+// would count the node among the converged ones); a restart on a node
+// whose label says success shows success after the first pass.
+func TestGuardStateUndecidedUntilDecided(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, nil)
+	o := &Opts{Node: node, Sim: "h200x1"}
+	a := StartAgent(t, o)
+	waitReady(t, a)
+	time.Sleep(1500 * time.Millisecond) // a pass and a drift check
+	states := []string{agent.StatePending, agent.StateRebooting, agent.StateSuccess, agent.StateFailed}
+	text := a.Scrape(t)
+	for _, s := range states {
+		if v := metricValue(t, text, "migagent_state", map[string]string{"state": s}); v != 0 {
+			t.Errorf("unlabelled node: migagent_state{state=%q} = %v, want 0", s, v)
+		}
+	}
+	SelectConfig(t, c, node, "all-1g.18gb")
+	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	if code := a.Stop(); code != 0 {
+		t.Fatalf("SIGTERM: exit %d", code)
+	}
+	a = StartAgent(t, o)
+	waitReady(t, a)
+	WaitFor(t, 10*time.Second, "migagent_state success after the restart", func() bool {
+		return metricValue(t, a.Scrape(t), "migagent_state", map[string]string{"state": agent.StateSuccess}) == 1
+	})
+}
