@@ -229,7 +229,10 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 	ch.Phase = PhaseDraining
 	fail := func(reason string) (outcome, bool) {
 		if ctx.Err() != nil {
-			d.Log.Info("shutting down mid-change; the journal resumes it at the next start", "config", ch.Config)
+			// A newer label (the pass logs it) or the process ending.
+			if !errors.Is(context.Cause(ctx), errSuperseded) {
+				d.Log.Info("shutting down mid-change; the journal resumes it at the next start", "config", ch.Config)
+			}
 			return outParked, false
 		}
 		return d.failure(ctx, node, ch, reason, true, ReasonFailed), false

@@ -276,6 +276,11 @@ func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 	// The trail shows the request that never finished, and why. The state
 	// label is left to the request that follows.
 	rec := d.record(ch, StateFailed, "abandoned: "+why, d.Clock.Now(), nil)
+	if !nvmlStarted(ch.Phase) {
+		// Planned, never applied: no GPU was changed.
+		rec.GPUsChanged, rec.GPUsUntouched = []int{}, append(append([]int{}, ch.GPUsUntouched...), ch.GPUsChanged...)
+		slices.Sort(rec.GPUsUntouched)
+	}
 	ctx = context.WithoutCancel(ctx)
 	err := d.retryAPI(ctx, func() error {
 		node, err := d.Kube.GetNode(ctx)
@@ -291,6 +296,12 @@ func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 	if err != nil {
 		d.Log.Error("writing the change record failed", "err", err)
 	}
+}
+
+// nvmlStarted reports whether a change in phase may have touched a GPU:
+// before applying, only the taint, operands and pods were.
+func nvmlStarted(phase string) bool {
+	return phase != PhasePending && phase != PhaseDraining && phase != ""
 }
 
 // restore starts stopped units, restores operand labels and removes the

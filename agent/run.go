@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -111,9 +112,9 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 		defer d.GPU.End()
 		start := !started
 		started = true
-		pctx, cancel := context.WithCancel(ctx)
-		d.setSupersede(cancel)
-		defer func() { d.setSupersede(nil); cancel() }()
+		pctx, cancel := context.WithCancelCause(ctx)
+		d.setSupersede(func() { cancel(errSuperseded) })
+		defer func() { d.setSupersede(nil); cancel(nil) }()
 		oc := d.reconcile(pctx, n, start, isRetry)
 		if oc == outSuccess {
 			d.settleState(n)
@@ -169,6 +170,9 @@ func (d *Daemon) setSupersede(cancel context.CancelFunc) {
 	d.cancelPass = cancel
 	d.mu.Unlock()
 }
+
+// errSuperseded is the cause of a pass stopped by supersede.
+var errSuperseded = errors.New("a newer desired config supersedes the change in progress")
 
 // supersede stops the pass in progress, if any, where it can stop safely
 // (waiting for evictions or for a rollout slot); NVML steps run to the end.

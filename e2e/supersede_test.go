@@ -18,7 +18,7 @@ import (
 func TestNewerLabelSupersedesADrainingChange(t *testing.T) {
 	c := kubetest.Client(t)
 	o, ns := disGuardedNode(t, "--drain-timeout", "2m")
-	StartAgent(t, o)
+	a := StartAgent(t, o)
 	SelectConfig(t, c, o.Node, "all-disabled")
 	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
 
@@ -45,7 +45,15 @@ func TestNewerLabelSupersedesADrainingChange(t *testing.T) {
 	for _, r := range History(t, n) {
 		if r.Config == "gpu1-mig" && r.Result == agent.StateFailed && strings.Contains(r.Reason, "abandoned") {
 			abandoned = true
+			// It stopped while draining: no NVML step ran, so no GPU
+			// was changed (the plan would have changed GPU 1).
+			if len(r.GPUsChanged) != 0 || !slices.Contains(r.GPUsUntouched, 1) {
+				t.Errorf("abandoned record: changed %v untouched %v, want no GPU changed", r.GPUsChanged, r.GPUsUntouched)
+			}
 		}
+	}
+	if strings.Contains(a.Log(), "shutting down") {
+		t.Errorf("the agent logged a shutdown when a newer label stopped the change:\n%s", a.Log())
 	}
 	if !abandoned {
 		t.Errorf("no record of the abandoned request in %+v", History(t, n))
