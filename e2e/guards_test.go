@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -519,4 +520,84 @@ func TestGuardStateUndecidedUntilDecided(t *testing.T) {
 	WaitFor(t, 10*time.Second, "migagent_state success after the restart", func() bool {
 		return metricValue(t, a.Scrape(t), "migagent_state", map[string]string{"state": agent.StateSuccess}) == 1
 	})
+}
+
+// Item 9: a blocked eviction's retry delay (40 s here) holds neither a
+// newer label nor SIGTERM: the newer label is acted on at once, and
+// SIGTERM ends the agent at once (exit 0, the journal keeps the change).
+func TestGuardEvictionRetryDelayHoldsNothing(t *testing.T) {
+	c := kubetest.Client(t)
+	o, _ := disGuardedNode(t, "--drain-timeout", "5m", "--eviction-retry-delay", "40s")
+	a := StartAgent(t, o)
+	SelectConfig(t, c, o.Node, "all-disabled")
+	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+
+	refused := func() bool { return strings.Contains(a.Log(), "eviction refused; retrying") }
+	SelectConfig(t, c, o.Node, "gpu1-mig")
+	WaitFor(t, 20*time.Second, "the eviction refused by the budget", refused)
+	start := time.Now()
+	SelectConfig(t, c, o.Node, "all-disabled")
+	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+	if took := time.Since(start); took >= 40*time.Second {
+		t.Errorf("the newer label waited out the eviction retry delay: %s", took)
+	}
+
+	SelectConfig(t, c, o.Node, "gpu1-mig")
+	WaitFor(t, 20*time.Second, "the eviction refused again", func() bool {
+		return strings.Count(a.Log(), "eviction refused; retrying") >= 2
+	})
+	start = time.Now()
+	if code := a.Stop(); code != 0 {
+		t.Fatalf("SIGTERM in the eviction retry delay: exit %d", code)
+	}
+	if took := time.Since(start); took >= 40*time.Second {
+		t.Errorf("SIGTERM waited out the eviction retry delay: %s", took)
+	}
+	t.Logf("SIGTERM in the retry delay: exited after %s", time.Since(start).Round(time.Millisecond))
+}
+
+// Item 7: the Node deleted and created again mid-change (same name, new
+// UID, as a node replacement or a re-registration does) is a new object:
+// the change goes through its disruption again on it — state pending and
+// the taint — before any GPU is touched, then converges.
+func TestGuardRecreatedNodeMidChange(t *testing.T) {
+	c := kubetest.Client(t)
+	ctx := context.Background()
+	o, ns := disGuardedNode(t, "--drain-timeout", "5m")
+	StartAgent(t, o)
+	SelectConfig(t, c, o.Node, "all-disabled")
+	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+	SelectConfig(t, c, o.Node, "gpu1-mig")
+	WaitFor(t, 20*time.Second, "the change draining (node tainted)", func() bool { return disTainted(GetNode(t, c, o.Node)) })
+
+	old := GetNode(t, c, o.Node)
+	if err := c.CoreV1().Nodes().Delete(ctx, o.Node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	WaitFor(t, 10*time.Second, "the Node gone", func() bool {
+		_, err := c.CoreV1().Nodes().Get(ctx, o.Node, metav1.GetOptions{})
+		return err != nil
+	})
+	// The new Node carries the node pool's labels (the operands' and the
+	// requested config), nothing of the change: no taint, no state.
+	labels := map[string]string{agent.LabelConfig: "gpu1-mig"}
+	for k, v := range disOperandLabels {
+		labels[k] = v
+	}
+	kubetest.CreateNode(t, o.Node, labels)
+	WaitFor(t, 20*time.Second, "the new Node tainted and pending", func() bool {
+		n := GetNode(t, c, o.Node)
+		return n.UID != old.UID && disTainted(n) && n.Labels[agent.LabelState] == agent.StatePending
+	})
+	for _, g := range disProfiles(t, o.Sim, o.SimState) {
+		if g.MigMode.Current || len(g.Instances) > 0 {
+			t.Errorf("GPU %d changed before the new Node showed the change: %+v", g.Index, g)
+		}
+	}
+	disSetPDB(t, c, ns, "db", 1)
+	rec := WaitState(t, c, o.Node, agent.StateSuccess, "gpu1-mig", 40*time.Second)
+	if !slices.Equal(rec.GPUsChanged, []int{1}) {
+		t.Errorf("record on the new Node: changed %v, want [1]", rec.GPUsChanged)
+	}
+	assertNoTaint(t, c, o.Node)
 }
