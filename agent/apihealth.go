@@ -3,8 +3,6 @@ package agent
 import (
 	"context"
 	"time"
-
-	"k8s.io/client-go/tools/cache"
 )
 
 // apiProbeInterval is how often the API server's /readyz is asked while it
@@ -12,26 +10,12 @@ import (
 // renews its node Lease, and cheaper: /readyz touches no object.
 const apiProbeInterval = 10 * time.Second
 
-// watchAPIHealth makes /readyz false while the API server is unreachable.
-// Two signs: the Node watch reporting a failed list or watch, and a probe
-// of the API server's own /readyz. The probe is needed because the
-// reflector retries a refused watch connection quietly, reporting nothing,
-// so a watch can be dead for minutes without a word.
-func (d *Daemon) watchAPIHealth(ctx context.Context, inf cache.SharedIndexInformer) error {
-	err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		cache.DefaultWatchErrorHandler(ctx, r, err)
-		if ctx.Err() == nil {
-			d.setAPIDown(true, err)
-		}
-	})
-	if err != nil {
-		return err
-	}
-	go d.probeAPI(ctx)
-	return nil
-}
-
-// probeAPI asks the API server's /readyz until ctx ends.
+// probeAPI asks the API server's /readyz until ctx ends. The API server
+// counts as unreachable (/readyz of the agent false) on two signs: the Node
+// watch reporting a failed list or watch (WatchHandlers.Error), and this
+// probe, needed because the reflector retries a refused watch connection
+// quietly, reporting nothing, so a watch can be dead for minutes without a
+// word.
 func (d *Daemon) probeAPI(ctx context.Context) {
 	for {
 		wait := apiProbeInterval
@@ -44,7 +28,7 @@ func (d *Daemon) probeAPI(ctx context.Context) {
 		case <-d.Clock.After(wait):
 		}
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := d.Kube.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(pctx)
+		err := d.Cluster.Probe(pctx)
 		cancel()
 		if ctx.Err() != nil {
 			return

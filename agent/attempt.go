@@ -194,9 +194,10 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 		return nil
 	}}
 	var applied *Applied
-	if d.Hooks != nil && d.Kube == nil {
-		// Standalone: the hooks file runs around the change as
-		// nvidia-mig-parted apply runs it; a failing hook fails the change.
+	if d.Hooks != nil {
+		// Standalone (only there are hooks set): the hooks file runs around
+		// the change as nvidia-mig-parted apply runs it; a failing hook
+		// fails the change.
 		env := HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: desired, HooksFile: d.S.HooksFile}
 		a := NewPlanApplier(d.GPU, d.File, desired, opts, n, plan)
 		err = ApplyWithHooks(ctx, d.Log, d.Hooks, env, false, a)

@@ -23,10 +23,11 @@ import (
 // Daemon is `mig-agent run`: it converges the node to the desired config
 // and holds it. Build it with its dependencies and call Run.
 type Daemon struct {
-	S       *Settings
-	Log     *slog.Logger
-	GPU     nvmlx.GPU
-	Kube    *Kube     // nil in standalone mode
+	S   *Settings
+	Log *slog.Logger
+	GPU nvmlx.GPU
+	// Cluster is the Kubernetes side (Kube), or Standalone.
+	Cluster Cluster
 	Disrupt Disruptor // nil in standalone mode
 	Reboot  Rebooter
 	Units   HostUnits // nil when no host GPU clients are configured
@@ -147,21 +148,6 @@ func (d *Daemon) notify() Notifier {
 	return d.Notify
 }
 
-// desired returns the desired config for the node and who asked for it.
-func (d *Daemon) desired(node *corev1.Node) (name, by string, at *time.Time) {
-	if d.Kube == nil {
-		return d.S.SelectedConfig, "standalone", nil
-	}
-	if v, ok := node.Labels[LabelConfig]; ok {
-		by, at = RequestedBy(node)
-		return v, by, at
-	}
-	if d.S.DefaultConfig != "" {
-		return d.S.DefaultConfig, "default-config", nil
-	}
-	return "", "", nil
-}
-
 // discover reads the GPUs and refreshes the GPU metrics.
 func (d *Daemon) discover() (*Node, error) {
 	n, err := Discover(d.GPU)
@@ -190,7 +176,8 @@ func metricGPUs(n *Node) []metrics.GPU {
 // reconcile decides what to do for the node as it is now. start is true
 // for the first pass after the process started.
 func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry bool) outcome {
-	desired, by, at := d.desired(node)
+	req := d.Cluster.Desired(node)
+	desired := req.Config
 	d.Metrics.SetDesiredConfig(desired)
 	d.reloadFile()
 	j := &d.Journal.State
@@ -199,11 +186,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 		d.saveJournal()
 	}
 	// A label set to "" is a request too: it fails with a reason (attempt).
-	labelled := false
-	if node != nil && d.Kube != nil {
-		_, labelled = node.Labels[LabelConfig]
-	}
-	if desired == "" && !labelled {
+	if !req.Asked {
 		if j.Change != nil {
 			d.abandon(ctx, j.Change, "the desired config label was removed")
 		}
@@ -243,7 +226,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 	case desired == d.failing && !retry && d.Clock.Now().Before(d.retryAt):
 		return outRetry
 	}
-	return d.attempt(ctx, node, desired, by, at)
+	return d.attempt(ctx, node, desired, req.By, req.At)
 }
 
 func (d *Daemon) plan(n *Node, name string) (*geometry.Plan, error) {
@@ -270,9 +253,6 @@ func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 	d.restore(ctx, ch)
 	d.Journal.State.Change, d.Journal.State.Handled = nil, ""
 	d.saveJournal()
-	if d.Kube == nil {
-		return
-	}
 	// The trail shows the request that never finished, and why. The state
 	// label is left to the request that follows.
 	rec := d.record(ch, StateFailed, "abandoned: "+why, d.Clock.Now(), nil)
@@ -283,15 +263,15 @@ func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 	}
 	ctx = context.WithoutCancel(ctx)
 	err := d.retryAPI(ctx, func() error {
-		node, err := d.Kube.GetNode(ctx)
+		node, err := d.Cluster.GetNode(ctx)
 		if err != nil {
 			return err
 		}
-		state := node.Labels[LabelState]
-		if state == "" {
-			state = StatePending
+		state := StatePending
+		if node != nil && node.Labels[LabelState] != "" {
+			state = node.Labels[LabelState]
 		}
-		return d.Kube.Record(ctx, node, rec, state)
+		return d.Cluster.Record(ctx, node, rec, state)
 	})
 	if err != nil {
 		d.Log.Error("writing the change record failed", "err", err)
@@ -441,14 +421,9 @@ func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Nod
 // the journal keeps what matters.
 func (d *Daemon) emit(ctx context.Context, node *corev1.Node, state string, rec ChangeRecord, evType, reason, msg string) {
 	d.showState(state)
-	if d.Kube == nil {
-		d.Log.Info("change record", "config", rec.Config, "result", rec.Result, "reason", rec.Reason,
-			"gpusChanged", rec.GPUsChanged, "reboot", rec.Reboot, "configHash", rec.ConfigHash)
-		return
-	}
 	ctx = context.WithoutCancel(ctx)
 	node = d.writeRecord(ctx, node, rec, state)
-	if err := d.Kube.Event(ctx, node, evType, reason, msg); err != nil {
+	if err := d.Cluster.Event(ctx, node, evType, reason, msg); err != nil {
 		d.Log.Warn("posting an event failed", "reason", reason, "err", err)
 	}
 }
@@ -456,12 +431,9 @@ func (d *Daemon) emit(ctx context.Context, node *corev1.Node, state string, rec 
 // setState sets the state label, retrying through API outages.
 func (d *Daemon) setState(ctx context.Context, state string) {
 	d.showState(state)
-	if d.Kube == nil {
-		return
-	}
 	// Shutdown ends the retries at once: the journal holds the change, and
 	// the next start sets the state again.
-	if err := d.retryAPI(ctx, func() error { return d.Kube.SetState(ctx, state) }); err != nil && ctx.Err() == nil {
+	if err := d.retryAPI(ctx, func() error { return d.Cluster.SetState(ctx, state) }); err != nil && ctx.Err() == nil {
 		d.Log.Error("setting the state label failed", "state", state, "err", err)
 	}
 }
@@ -482,16 +454,13 @@ func (d *Daemon) settleState(node *corev1.Node) {
 	case d.stateDecided:
 	case node != nil && node.Labels[LabelState] != "":
 		d.showState(node.Labels[LabelState])
-	case d.Kube == nil && d.Journal.State.Handled != "" && d.failing == "":
+	case node == nil && d.Journal.State.Handled != "" && d.failing == "": // standalone: no Node
 		d.showState(StateSuccess)
 	}
 }
 
 func (d *Daemon) event(ctx context.Context, node *corev1.Node, evType, reason, msg string) {
-	if d.Kube == nil {
-		return
-	}
-	if err := d.Kube.Event(context.WithoutCancel(ctx), node, evType, reason, msg); err != nil {
+	if err := d.Cluster.Event(context.WithoutCancel(ctx), node, evType, reason, msg); err != nil {
 		d.Log.Warn("posting an event failed", "reason", reason, "err", err)
 	}
 }

@@ -11,14 +11,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/internal/text"
 )
 
-// Kube is the agent's view of its own Node and namespace.
+// Kube is the Cluster over client-go: the agent's view of its own Node and
+// namespace.
 type Kube struct {
 	Client    kubernetes.Interface
 	Node      string
@@ -26,6 +30,85 @@ type Kube struct {
 	Clock     clock.Clock
 	// Component is the Event source.
 	Component string
+	// DefaultConfig is the config of a Node with no desired-config label
+	// (--default-config; empty: none).
+	DefaultConfig string
+}
+
+var _ Cluster = (*Kube)(nil)
+
+// Desired implements Cluster: the Node's label, else the default config.
+func (k *Kube) Desired(node *corev1.Node) Request {
+	if v, ok := node.Labels[LabelConfig]; ok {
+		by, at := RequestedBy(node)
+		return Request{Config: v, By: by, At: at, Asked: true}
+	}
+	if k.DefaultConfig != "" {
+		return Request{Config: k.DefaultConfig, By: "default-config", Asked: true}
+	}
+	return Request{}
+}
+
+// Watch implements Cluster with an informer on the one Node.
+func (k *Kube) Watch(ctx context.Context, h WatchHandlers) (*NodeWatch, error) {
+	factory := informers.NewSharedInformerFactoryWithOptions(k.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", k.Node).String()
+		}))
+	inf := factory.Core().V1().Nodes()
+	lister := inf.Lister()
+	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { h.Changed() },
+		// The Node is gone: a change still draining stops where it safely
+		// can; the journal keeps it for the Node created again (nodeuid.go).
+		DeleteFunc: func(any) { h.Stale() },
+		UpdateFunc: func(oldObj, newObj any) {
+			o, n := oldObj.(*corev1.Node), newObj.(*corev1.Node)
+			if o.Labels[LabelConfig] != n.Labels[LabelConfig] {
+				// Never keep acting on a stale value: a change still
+				// draining for the old one stops.
+				h.Stale()
+			}
+			if o.Labels[LabelConfig] != n.Labels[LabelConfig] || o.Labels[LabelStrategy] != n.Labels[LabelStrategy] {
+				h.Changed()
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The reflector retries a failed list or watch quietly: the handler
+	// hears of each failure (apihealth.go).
+	err = inf.Informer().SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+		if ctx.Err() == nil {
+			h.Error(err)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Stop must end the informer before Shutdown waits for it, or the
+	// process never exits.
+	ctx, cancel := context.WithCancel(ctx)
+	factory.Start(ctx.Done())
+	return &NodeWatch{
+		Node: func() (*corev1.Node, bool) {
+			n, err := lister.Get(k.Node)
+			return n, err == nil
+		},
+		Sync: func(ctx context.Context) bool { return cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) },
+		Stop: func() {
+			cancel()
+			factory.Shutdown()
+		},
+	}, nil
+}
+
+// Probe implements Cluster: the API server's /readyz.
+func (k *Kube) Probe(ctx context.Context) error {
+	_, err := k.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	return err
 }
 
 // Event reasons (stable; documented in docs/observability.md).

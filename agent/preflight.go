@@ -74,12 +74,13 @@ func (k *Kube) Preflight(ctx context.Context, node *corev1.Node, taint bool) err
 	return nil
 }
 
-// preflight runs Kube.Preflight through API outages; nil in standalone mode.
+// preflight runs Cluster.Preflight through API outages; nil with no Node
+// (standalone).
 func (d *Daemon) preflight(ctx context.Context, node *corev1.Node) error {
-	if d.Kube == nil || node == nil {
+	if node == nil {
 		return nil
 	}
-	err := d.retryAPI(ctx, func() error { return d.Kube.Preflight(ctx, node, d.S.Taint) })
+	err := d.retryAPI(ctx, func() error { return d.Cluster.Preflight(ctx, node, d.S.Taint) })
 	if err != nil {
 		return fmt.Errorf("preflight: the agent may not write what the change must record, so nothing is changed: %w", err)
 	}

@@ -47,6 +47,9 @@ func capReason(reason string) string {
 // historyParses says whether the Node's history annotation is absent or a
 // JSON array (what Kube.Record can extend).
 func historyParses(node *corev1.Node) bool {
+	if node == nil {
+		return true // standalone: no Node, no history
+	}
 	raw, ok := node.Annotations[AnnotationHistory]
 	if !ok || raw == "" {
 		return true
@@ -63,7 +66,7 @@ func historyParses(node *corev1.Node) bool {
 func (d *Daemon) writeRecord(ctx context.Context, node *corev1.Node, rec ChangeRecord, state string) *corev1.Node {
 	write := func(r ChangeRecord) error {
 		return d.retryAPI(ctx, func() error {
-			fresh, err := d.Kube.GetNode(ctx)
+			fresh, err := d.Cluster.GetNode(ctx)
 			if err != nil {
 				return err
 			}
@@ -74,7 +77,7 @@ func (d *Daemon) writeRecord(ctx context.Context, node *corev1.Node, rec ChangeR
 				d.event(ctx, fresh, corev1.EventTypeWarning, ReasonHistoryUnparsable,
 					fmt.Sprintf("the %s annotation was not valid JSON; it is kept in %s and a new history starts", AnnotationHistory, AnnotationHistoryUnparsable))
 			}
-			return d.Kube.Record(ctx, fresh, r, state)
+			return d.Cluster.Record(ctx, fresh, r, state)
 		})
 	}
 	err := write(rec)
@@ -93,7 +96,7 @@ func (d *Daemon) writeRecord(ctx context.Context, node *corev1.Node, rec ChangeR
 		d.Log.Error("writing the shortened change record failed", "err", err2)
 	}
 	// At least the state: a Node must not keep showing an old result.
-	if err2 := d.retryAPI(ctx, func() error { return d.Kube.SetState(ctx, state) }); err2 != nil {
+	if err2 := d.retryAPI(ctx, func() error { return d.Cluster.SetState(ctx, state) }); err2 != nil {
 		d.Log.Error("setting the state label failed", "state", state, "err", err2)
 	}
 	d.event(ctx, node, corev1.EventTypeWarning, ReasonRecordFailed, fmt.Sprintf("the %s record of config %q could not be written: %v", rec.Result, rec.Config, err))

@@ -7,10 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/migagent/mig-agent/geometry"
 )
@@ -32,13 +28,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.openNVML() {
 		if n, err := d.discover(); err != nil {
 			d.Log.Error("NVML is not answering; staying up, degraded", "err", err)
-		} else if d.Kube != nil {
+		} else {
 			d.publish(ctx, n)
 		}
 		d.GPU.End()
-	}
-	if d.Kube == nil {
-		return d.runStandalone(ctx)
 	}
 	trigger := make(chan struct{}, 1)
 	poke := func() {
@@ -47,85 +40,54 @@ func (d *Daemon) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(d.Kube.Client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", d.Kube.Node).String()
-		}))
-	inf := factory.Core().V1().Nodes()
-	lister := inf.Lister()
-	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { poke() },
-		// The Node is gone: a change still draining stops where it safely
-		// can; the journal keeps it for the Node created again (nodeuid.go).
-		DeleteFunc: func(any) { d.supersede() },
-		UpdateFunc: func(oldObj, newObj any) {
-			o, n := oldObj.(*corev1.Node), newObj.(*corev1.Node)
-			if o.Labels[LabelConfig] != n.Labels[LabelConfig] {
-				// Never keep acting on a stale value: a change still
-				// draining for the old one stops.
-				d.supersede()
-			}
-			if o.Labels[LabelConfig] != n.Labels[LabelConfig] || o.Labels[LabelStrategy] != n.Labels[LabelStrategy] {
-				poke()
-			}
-		},
-	})
+	w, err := d.Cluster.Watch(ctx, WatchHandlers{Changed: poke, Stale: d.supersede,
+		Error: func(err error) { d.setAPIDown(true, err) }})
 	if err != nil {
 		return err
 	}
-	// Returning (a simulated reboot, a parked change) must stop the informer
-	// before Shutdown waits for it, or the process never exits.
-	ctx, cancel := context.WithCancel(ctx)
-	if err := d.watchAPIHealth(ctx, inf.Informer()); err != nil {
-		cancel()
-		return err
+	defer w.Stop()
+	ready := func() {
+		d.ready.Store(true)
+		_ = d.notify().Ready()
 	}
-	factory.Start(ctx.Done())
-	defer func() {
-		cancel()
-		factory.Shutdown()
-	}()
-	d.Log.Info("watching node", "node", d.Kube.Node)
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+	if w.Sync == nil {
+		// Nothing to watch (standalone): READY=1 is sent only once the
+		// geometry is applied (or the first attempt failed, with the reason
+		// in STATUS), so that units ordered after this one, the kubelet and
+		// its device plugin, start on the right geometry.
+		return d.loop(ctx, nil, w.Node, ready)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go d.probeAPI(ctx)
+	if !w.Sync(ctx) {
 		return nil
 	}
-	d.ready.Store(true)
-	_ = d.notify().Ready()
-	d.event(ctx, d.node(lister), corev1.EventTypeNormal, "MigAgentStarted", fmt.Sprintf("mig-agent %s started", d.Version))
-	return d.loop(ctx, trigger, func() *corev1.Node { return d.node(lister) }, nil)
+	ready()
+	node, _ := w.Node()
+	d.event(ctx, node, corev1.EventTypeNormal, "MigAgentStarted", fmt.Sprintf("mig-agent %s started", d.Version))
+	return d.loop(ctx, trigger, w.Node, nil)
 }
 
 // loop reconciles at start, on every trigger (the desired label changed),
 // when a retry is due and on every drift tick, until ctx ends or an
 // outcome ends the process. afterFirst runs once the first pass is done.
-func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() *corev1.Node, afterFirst func()) error {
+func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() (*corev1.Node, bool), afterFirst func()) error {
 	drift := d.ticker(d.S.DriftInterval)
 	var retry, reopen <-chan time.Time
 	started := false // the first pass that saw our Node (it may appear later)
-	pass := func(n *corev1.Node, isRetry bool) outcome {
-		if d.Kube != nil && n == nil {
+	pass := func(isRetry bool) outcome {
+		n, seen := node()
+		if !seen {
 			return outSuccess // our Node is not in the cache (yet)
 		}
-		if !d.openNVML() {
-			return outNVMLDown
-		}
-		defer d.GPU.End()
-		start := !started
-		started = true
-		pctx, cancel := context.WithCancelCause(ctx)
-		d.setSupersede(func() { cancel(errSuperseded) })
-		defer func() { d.setSupersede(nil); cancel(nil) }()
-		oc := d.reconcile(pctx, n, start, isRetry)
-		if oc == outSuccess {
-			d.settleState(n)
-		}
-		if oc == outParked && ctx.Err() == nil {
-			d.Log.Info("a newer desired config supersedes the change in progress")
-			return outSuccess // the trigger that cancelled it is pending
+		oc := d.pass(ctx, n, !started, isRetry)
+		if oc != outNVMLDown {
+			started = true
 		}
 		return oc
 	}
-	oc := pass(node(), false)
+	oc := pass(false)
 	if afterFirst != nil && oc != outRebooted && oc != outParked {
 		afterFirst()
 	}
@@ -144,24 +106,47 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 		case <-ctx.Done():
 			return nil
 		case <-trigger:
-			if oc = pass(node(), false); oc != outRetry {
+			if oc = pass(false); oc != outRetry {
 				retry = nil // a new request supersedes the pending retry
 			}
 		case <-retry:
 			retry = nil
-			oc = pass(node(), true)
+			oc = pass(true)
 		case <-reopen:
 			reopen = nil
-			oc = pass(node(), false)
+			oc = pass(false)
 		case <-drift:
 			if !d.openNVML() {
 				oc = outNVMLDown
 				break
 			}
-			oc = d.checkDrift(ctx, node())
+			n, seen := node()
+			oc = d.checkDrift(ctx, n, seen)
 			d.GPU.End()
 		}
 	}
+}
+
+// pass is one reconcile pass over the Node as seen (nil standalone), in its
+// own NVML session; start is true for the first pass of the process. A
+// newer desired config cancels it (supersede).
+func (d *Daemon) pass(ctx context.Context, n *corev1.Node, start, retry bool) outcome {
+	if !d.openNVML() {
+		return outNVMLDown
+	}
+	defer d.GPU.End()
+	pctx, cancel := context.WithCancelCause(ctx)
+	d.setSupersede(func() { cancel(errSuperseded) })
+	defer func() { d.setSupersede(nil); cancel(nil) }()
+	oc := d.reconcile(pctx, n, start, retry)
+	if oc == outSuccess {
+		d.settleState(n)
+	}
+	if oc == outParked && ctx.Err() == nil {
+		d.Log.Info("a newer desired config supersedes the change in progress")
+		return outSuccess // the trigger that cancelled it is pending
+	}
+	return oc
 }
 
 // setSupersede registers how to stop the pass in progress (nil: none).
@@ -184,16 +169,6 @@ func (d *Daemon) supersede() {
 	d.mu.Unlock()
 }
 
-func (d *Daemon) node(l interface {
-	Get(string) (*corev1.Node, error)
-}) *corev1.Node {
-	n, err := l.Get(d.Kube.Node)
-	if err != nil {
-		return nil
-	}
-	return n
-}
-
 func (d *Daemon) ticker(every time.Duration) <-chan time.Time {
 	if every <= 0 {
 		return nil
@@ -213,11 +188,11 @@ func (d *Daemon) publish(ctx context.Context, n *Node) {
 		return
 	}
 	err = d.retryAPI(ctx, func() error {
-		node, err := d.Kube.GetNode(ctx)
+		node, err := d.Cluster.GetNode(ctx)
 		if err != nil {
 			return err
 		}
-		return d.Kube.PublishConfigs(ctx, node, string(cfg))
+		return d.Cluster.PublishConfigs(ctx, node, string(cfg))
 	})
 	if err != nil {
 		d.Log.Error("publishing the generated configs failed", "err", err)
@@ -227,9 +202,10 @@ func (d *Daemon) publish(ctx context.Context, n *Node) {
 }
 
 // checkDrift compares the GPUs with the applied config and, with
-// --reapply-on-drift, re-applies it; it returns that attempt's outcome
-// (outSuccess when there was nothing to do), for the caller's retry timer.
-func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) outcome {
+// --reapply-on-drift, re-applies it once the Node was seen; it returns that
+// attempt's outcome (outSuccess when there was nothing to do), for the
+// caller's retry timer.
+func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node, seen bool) outcome {
 	j := d.Journal.State
 	if j.Change != nil || j.Applied == "" || j.Applied != j.Handled {
 		return outSuccess
@@ -240,9 +216,7 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) outcome {
 		d.Log.Warn("drift check: NVML is not answering", "err", err)
 		return outSuccess
 	}
-	if d.Kube != nil {
-		d.publish(ctx, n)
-	}
+	d.publish(ctx, n)
 	plan, err := d.plan(n, j.Applied)
 	if err != nil {
 		return outSuccess
@@ -258,20 +232,9 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node) outcome {
 	d.drifted = drift
 	if drift && d.S.ReapplyOnDrift {
 		d.Journal.State.Handled = ""
-		if node != nil || d.Kube == nil {
+		if seen {
 			return d.reconcile(ctx, node, false, true)
 		}
 	}
 	return outSuccess
-}
-
-// runStandalone applies the selected config and holds it. READY=1 is sent
-// only once the geometry is applied (or the first attempt failed, with the
-// reason in STATUS): units ordered after this one, the kubelet and its
-// device plugin, start on the right geometry.
-func (d *Daemon) runStandalone(ctx context.Context) error {
-	return d.loop(ctx, nil, func() *corev1.Node { return nil }, func() {
-		d.ready.Store(true)
-		_ = d.notify().Ready()
-	})
 }

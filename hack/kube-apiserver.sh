@@ -10,6 +10,8 @@
 # Usage:
 #   kube-apiserver.sh build [--with-controller-manager]
 #         Build (or reuse cached) binaries. Prints their paths, one per line.
+#   kube-apiserver.sh cached
+#         Exit 0 when kube-apiserver and etcd are built (start will not build).
 #   kube-apiserver.sh start [-k|--kubeconfig FILE] [-d|--dir DIR] [--owner-pid PID]
 #                            [--with-controller-manager[=CONTROLLERS]]
 #         Start etcd + kube-apiserver on 127.0.0.1 (random free ports) in a fresh
@@ -437,6 +439,9 @@ EOF
 cmd=${1:-}
 [[ -n $cmd ]] && shift
 case $cmd in
+cached)
+	[[ -x ${KUBE_TEST_APISERVER_BIN:-$(kube_bin_dir)/kube-apiserver} && -x ${KUBE_TEST_ETCD_BIN:-$(etcd_bin_dir)/etcd} ]]
+	;;
 build)
 	kcm=""
 	[[ ${1:-} == --with-controller-manager ]] && kcm=1

@@ -83,7 +83,13 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 	notifier := systemd.NewNotifier(log)
 	d := &agent.Daemon{
 		S: s, Log: log, Notify: notifier, Metrics: m, Journal: journal, File: file,
-		Clock: clock.RealClock{}, Version: version, BootID: bootID, Hooks: hooks,
+		Clock: clock.RealClock{}, Version: version, BootID: bootID,
+		Cluster: &agent.Standalone{Config: s.SelectedConfig, Log: log},
+	}
+	if s.Standalone {
+		// The hooks run around standalone changes only, as around
+		// nvidia-mig-parted apply; the hooks file is checked either way.
+		d.Hooks = hooks
 	}
 	var srv *http.Server
 	if s.MetricsAddress != "" {
@@ -155,6 +161,7 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 		}
 	}
 
+	var client kubernetes.Interface // nil standalone
 	if !s.Standalone {
 		cfg, err := kubeConfig(s.Kubeconfig)
 		if err != nil {
@@ -165,11 +172,12 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 		// ~20 calls of one change into seconds of waiting; the API server's
 		// priority and fairness protects it. The kubelet uses the same.
 		cfg.QPS, cfg.Burst = 50, 100
-		client, err := kubernetes.NewForConfig(cfg)
+		client, err = kubernetes.NewForConfig(cfg)
 		if err != nil {
 			return err
 		}
-		d.Kube = &agent.Kube{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{}, Component: "mig-agent"}
+		d.Cluster = &agent.Kube{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
+			Component: "mig-agent", DefaultConfig: s.DefaultConfig}
 		d.Disrupt = &agent.KubeDisruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
 		// The GPU Operator's ClusterPolicy is a custom resource: read it
 		// through the dynamic client (no operator types in the agent).
@@ -187,7 +195,7 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 			d.SlotReboot = slots.ExtendForReboot
 		}
 	}
-	if d.Kube != nil {
+	if client != nil {
 		// One agent per node across state dirs too (the lock above covers
 		// one state dir): the node Lease, renewed while the agent runs.
 		ident, ierr := agent.NodeLeaseIdentity(s.StateDir)
@@ -195,7 +203,7 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 			return ierr
 		}
 		host, _ := os.Hostname()
-		nl := &agent.NodeLease{Client: d.Kube.Client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
+		nl := &agent.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
 			Holder: fmt.Sprintf("host %s, pid %d, state dir %s, mig-agent %s", host, os.Getpid(), s.StateDir, version),
 			Clock:  clock.RealClock{}, Log: log}
 		if terr := nl.Take(ctx); terr != nil {

@@ -31,6 +31,19 @@ import (
 // PodContainer is the name of the one container of pods made by RunPod.
 const PodContainer = "main"
 
+// TB is what the kubelet stand-in needs of its caller: *testing.T and
+// *testing.B have it, and so can a program that runs the stand-in outside a
+// test (hack/demo).
+type TB interface {
+	Helper()
+	Cleanup(func())
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+}
+
+var _ TB = testing.TB(nil)
+
 // Kubelet plays the kubelet of one node in tests:
 //   - it serves the kubelet PodResources v1 gRPC API (List, Get,
 //     GetAllocatableResources) on a unix socket, reporting what Assign and
@@ -41,7 +54,7 @@ const PodContainer = "main"
 //   - it sets pod status (MarkRunning) and node allocatable (SetAllocatable)
 //     when asked.
 type Kubelet struct {
-	t      testing.TB
+	t      TB
 	client kubernetes.Interface
 	node   string
 	socket string
@@ -59,7 +72,7 @@ type Kubelet struct {
 var _ podresourcesv1.PodResourcesListerServer = (*Kubelet)(nil)
 
 // StartKubelet starts playing the kubelet of node until the test ends.
-func StartKubelet(t testing.TB, client kubernetes.Interface, node string) *Kubelet {
+func StartKubelet(t TB, client kubernetes.Interface, node string) *Kubelet {
 	t.Helper()
 	// A short directory: unix socket paths are limited to 108 bytes, and
 	// t.TempDir() grows with the test's name.
@@ -155,7 +168,7 @@ func (k *Kubelet) ListCalls() int {
 // limits), owned by owner when given, marks it Running and Ready, and
 // registers devices (resource → device ids) in PodResources. The pod is
 // force-deleted when the test ends.
-func (k *Kubelet) RunPod(t testing.TB, ns, name string, resources map[string]string, devices map[string][]string,
+func (k *Kubelet) RunPod(t TB, ns, name string, resources map[string]string, devices map[string][]string,
 	owner *metav1.OwnerReference) *corev1.Pod {
 	t.Helper()
 	rl := corev1.ResourceList{}
@@ -188,7 +201,7 @@ func (k *Kubelet) RunPod(t testing.TB, ns, name string, resources map[string]str
 // CreatePod creates pod bound to the node (spec.nodeName is set), registers
 // its containers in PodResources (with no devices; see Assign), and marks it
 // Running and Ready. The pod is force-deleted when the test ends.
-func (k *Kubelet) CreatePod(t testing.TB, pod *corev1.Pod) *corev1.Pod {
+func (k *Kubelet) CreatePod(t TB, pod *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	pod = pod.DeepCopy()
 	pod.Spec.NodeName = k.node
@@ -225,7 +238,7 @@ func (k *Kubelet) CreatePod(t testing.TB, pod *corev1.Pod) *corev1.Pod {
 // MarkRunning sets pod's status to Running with every container ready, as the
 // kubelet does once the containers started. The API server applies
 // PodDisruptionBudgets only to such pods.
-func (k *Kubelet) MarkRunning(t testing.TB, pod *corev1.Pod) *corev1.Pod {
+func (k *Kubelet) MarkRunning(t TB, pod *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	var out *corev1.Pod
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
