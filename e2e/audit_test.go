@@ -142,7 +142,7 @@ func TestAuditRequester(t *testing.T) {
 	// API server's informers have them.
 	probe := kubetest.NewName(t, "probe")
 	kubetest.CreateNode(t, probe, scope)
-	i := 0
+	i, start := 0, time.Now()
 	WaitFor(t, policyTimeout, "the policy "+requester+" to stamp", func() bool {
 		i++
 		if err := auditPatch(bob.c, probe, "", false, auditLabel(fmt.Sprintf("probe-%d", i))); err != nil {
@@ -151,9 +151,11 @@ func TestAuditRequester(t *testing.T) {
 		s, ok := auditStamp(t, admin, probe)
 		return ok && s.Config == fmt.Sprintf("probe-%d", i)
 	})
+	t.Logf("policy %s stamps %s after the test started waiting", requester, time.Since(start).Round(time.Millisecond))
 	WaitFor(t, policyTimeout, "the policy "+records+" to be enforced", func() bool {
 		return deniedBy(auditPatch(bob.c, probe, "", false, auditAnnotation("migagent.io/probe", time.Now().Format("150405.000"))), records, "")
 	})
+	t.Logf("policy %s enforced %s after the test started waiting", records, time.Since(start).Round(time.Millisecond))
 
 	// The stamp is the request's own: user, field manager, label value.
 	if err := auditPatch(bob.c, probe, "kubectl-label", false, auditLabel("probe-bob")); err != nil {
@@ -232,10 +234,12 @@ func TestAuditRequester(t *testing.T) {
 		{alice, "all-disabled", ""},
 	}
 	for _, st := range steps {
+		begin := time.Now()
 		if err := auditPatch(st.u.c, node, st.fieldManager, false, auditLabel(st.config)); err != nil {
 			t.Fatalf("%s sets %s: %v", st.u.name, st.config, err)
 		}
 		rec := WaitState(t, admin, node, agent.StateSuccess, st.config, changeTimeout)
+		t.Logf("%s by %s: success after %s", st.config, st.u.name, time.Since(begin).Round(time.Millisecond))
 		if rec.RequestedBy != st.u.name || rec.RequestedVia != st.fieldManager || rec.RequestedAt == nil {
 			t.Errorf("%s set by %s (fieldManager %q): record says requestedBy %q requestedVia %q at %v",
 				st.config, st.u.name, st.fieldManager, rec.RequestedBy, rec.RequestedVia, rec.RequestedAt)
