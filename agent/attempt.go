@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -15,12 +14,12 @@ import (
 
 // attempt runs (or resumes) the change to config desired, step by step,
 // journaling each step before it starts.
-func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by string, at *time.Time) outcome {
+func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string, req Request) outcome {
 	j := &d.Journal.State
 	ch := j.Change
 	now := d.Clock.Now()
 	if ch == nil {
-		ch = &Change{Config: desired, PreviousConfig: j.Applied, RequestedBy: by, RequestedAt: at, StartedAt: now, Phase: PhasePending}
+		ch = &Change{Config: desired, PreviousConfig: j.Applied, RequestedBy: req.By, RequestedVia: req.Via, RequestedAt: req.At, StartedAt: now, Phase: PhasePending}
 	} else {
 		ch.Attempt++
 		d.Log.Info("resuming change", "config", ch.Config, "phase", ch.Phase, "step", ch.Step)

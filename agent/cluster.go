@@ -41,7 +41,9 @@ type Cluster interface {
 type Request struct {
 	Config string
 	By     string
-	At     *time.Time
+	// Via is the field manager of the write that asked, where known.
+	Via string
+	At  *time.Time
 	// Asked is false when nothing is asked (no label, no default); a label
 	// set to "" asks, and fails with a reason.
 	Asked bool

@@ -226,7 +226,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 	case desired == d.failing && !retry && d.Clock.Now().Before(d.retryAt):
 		return outRetry
 	}
-	return d.attempt(ctx, node, desired, req.By, req.At)
+	return d.attempt(ctx, node, desired, req)
 }
 
 func (d *Daemon) plan(n *Node, name string) (*geometry.Plan, error) {
@@ -392,7 +392,7 @@ func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Nod
 	if ch != nil {
 		rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
 		rec.ConfigHash, rec.ConfigSource = ch.Hash, ch.Source
-		rec.RequestedBy, rec.RequestedAt = ch.RequestedBy, ch.RequestedAt
+		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
 		rec.Reboot = ch.Rebooted || result == StateRebooting
 		rec.AffectedBy = ch.AffectedBy
 		if ch.GPUsChanged != nil {

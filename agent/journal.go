@@ -29,6 +29,7 @@ type Change struct {
 	Source         string     `json:"source"`
 	PreviousConfig string     `json:"previousConfig"`
 	RequestedBy    string     `json:"requestedBy"`
+	RequestedVia   string     `json:"requestedVia,omitempty"`
 	RequestedAt    *time.Time `json:"requestedAt,omitempty"`
 	StartedAt      time.Time  `json:"startedAt"`
 	Phase          string     `json:"phase"`

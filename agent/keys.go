@@ -64,8 +64,11 @@ type ChangeRecord struct {
 	ConfigHash     string    `json:"configHash"`
 	// ConfigSource is "generated", or the config file and its digest:
 	// "/etc/mig-agent/config.yaml@sha256:<hex>".
-	ConfigSource       string     `json:"configSource"`
+	ConfigSource string `json:"configSource"`
+	// RequestedBy is who asked (Requester.By); RequestedVia the field
+	// manager of that write, where known; RequestedAt when.
 	RequestedBy        string     `json:"requestedBy"`
+	RequestedVia       string     `json:"requestedVia,omitempty"`
 	RequestedAt        *time.Time `json:"requestedAt,omitempty"`
 	ResourcesConverged *bool      `json:"resourcesConverged,omitempty"`
 	// AffectedBy says how affected pods were found: "pod-resources", or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"time"
@@ -33,6 +34,12 @@ type Kube struct {
 	// DefaultConfig is the config of a Node with no desired-config label
 	// (--default-config; empty: none).
 	DefaultConfig string
+	// Log receives the record lines (the agent's own trail) and what the
+	// requester stamp told; nil: discarded.
+	Log *slog.Logger
+
+	// seen is the request last seen, and when (requester.go).
+	seen requestSeen
 }
 
 var _ Cluster = (*Kube)(nil)
@@ -40,11 +47,11 @@ var _ Cluster = (*Kube)(nil)
 // Desired implements Cluster: the Node's label, else the default config.
 func (k *Kube) Desired(node *corev1.Node) Request {
 	if v, ok := node.Labels[LabelConfig]; ok {
-		by, at := RequestedBy(node)
-		return Request{Config: v, By: by, At: at, Asked: true}
+		r := k.requester(node, v)
+		return Request{Config: v, By: r.By, Via: r.Via, At: r.At, Asked: true}
 	}
 	if k.DefaultConfig != "" {
-		return Request{Config: k.DefaultConfig, By: "default-config", Asked: true}
+		return Request{Config: k.DefaultConfig, By: RequesterDefaultConfig, Asked: true}
 	}
 	return Request{}
 }
@@ -143,10 +150,29 @@ func (k *Kube) SetState(ctx context.Context, state string) error {
 // Record writes a change record as the last change and at the head of the
 // history (bounded to HistoryMaxRecords and HistoryMaxBytes), together with
 // the state label, in one patch.
+// Once written, the record is logged whole (the agent's own trail of every
+// record), and each record that the history bound dropped leaves a log line
+// and an Event (retire.go): a record leaves the Node, never the trail.
 func (k *Kube) Record(ctx context.Context, node *corev1.Node, rec ChangeRecord, state string) error {
-	last, err := json.Marshal(rec)
+	dropped, err := k.RecordRetiring(ctx, node, rec, state)
 	if err != nil {
 		return err
+	}
+	raw, _ := json.Marshal(rec)
+	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
+		"requestedVia", rec.RequestedVia, "record", string(raw))
+	for _, old := range dropped {
+		k.retire(ctx, node, old)
+	}
+	return nil
+}
+
+// RecordRetiring is Record, returning the records that the history bound
+// dropped from the history (oldest last) when the write succeeded.
+func (k *Kube) RecordRetiring(ctx context.Context, node *corev1.Node, rec ChangeRecord, state string) ([]json.RawMessage, error) {
+	last, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
 	}
 	var hist []json.RawMessage
 	aside := ""
@@ -159,8 +185,9 @@ func (k *Kube) Record(ctx context.Context, node *corev1.Node, rec ChangeRecord, 
 		}
 	}
 	hist = append([]json.RawMessage{last}, hist...)
+	var dropped []json.RawMessage
 	if len(hist) > HistoryMaxRecords {
-		hist = hist[:HistoryMaxRecords]
+		hist, dropped = hist[:HistoryMaxRecords], hist[HistoryMaxRecords:]
 	}
 	var histJSON []byte
 	for {
@@ -168,6 +195,7 @@ func (k *Kube) Record(ctx context.Context, node *corev1.Node, rec ChangeRecord, 
 		if len(histJSON) <= HistoryMaxBytes || len(hist) == 1 {
 			break
 		}
+		dropped = append([]json.RawMessage{hist[len(hist)-1]}, dropped...)
 		hist = hist[:len(hist)-1]
 	}
 	annotations := map[string]any{AnnotationLastChange: string(last), AnnotationHistory: string(histJSON)}
@@ -178,7 +206,10 @@ func (k *Kube) Record(ctx context.Context, node *corev1.Node, rec ChangeRecord, 
 		"annotations": annotations,
 		"labels":      map[string]any{LabelState: state},
 	}}
-	return k.patchNode(ctx, patch)
+	if err := k.patchNode(ctx, patch); err != nil {
+		return nil, err
+	}
+	return dropped, nil
 }
 
 func (k *Kube) patchNode(ctx context.Context, patch map[string]any) error {

@@ -4,15 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -152,5 +156,98 @@ func TestSlotExpires(t *testing.T) {
 	clk.Step(31 * time.Second)
 	if ok, err := other.try(ctx, SlotLeaseName(0)); !ok || err != nil {
 		t.Fatalf("expired slot not taken: %v %v", ok, err)
+	}
+}
+
+// Every record written is in the history or was returned as dropped, once
+// and in order; Record leaves a log line and an Event for each dropped.
+func TestRecordRetiring(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	// The API server names generateName objects; the fake does not.
+	seq := 0
+	c.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
+		seq++
+		ev.Name = fmt.Sprintf("%s%d", ev.GenerateName, seq)
+		return false, nil, nil
+	})
+	var logs strings.Builder
+	k := &Kube{Client: c, Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0)), Component: "mig-agent",
+		Log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	var dropped []string
+	for i := range 40 {
+		n, _ := k.GetNode(ctx)
+		// Some large records: the byte bound drops some before the count does.
+		reason := ""
+		if i%7 == 0 {
+			reason = strings.Repeat("x", 1000)
+		}
+		rec := ChangeRecord{Config: fmt.Sprintf("c%d", i), Result: StateSuccess, Reason: reason, RequestedBy: "alice", RequestedVia: "kubectl-label"}
+		got, err := k.RecordRetiring(ctx, n, rec, StateSuccess)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := len(got) - 1; j >= 0; j-- { // oldest last: append oldest first
+			var r ChangeRecord
+			if err := json.Unmarshal(got[j], &r); err != nil {
+				t.Fatal(err)
+			}
+			dropped = append(dropped, r.Config)
+		}
+	}
+	n, _ := k.GetNode(ctx)
+	var hist []ChangeRecord
+	if err := json.Unmarshal([]byte(n.Annotations[AnnotationHistory]), &hist); err != nil {
+		t.Fatal(err)
+	}
+	all := slices.Clone(dropped)
+	for i := len(hist) - 1; i >= 0; i-- {
+		all = append(all, hist[i].Config)
+	}
+	var want []string
+	for i := range 40 {
+		want = append(want, fmt.Sprintf("c%d", i))
+	}
+	if !slices.Equal(all, want) {
+		t.Fatalf("dropped %v + history %d records: %v, want every record once, in order", dropped, len(hist), all)
+	}
+
+	// Record's trace of the records it drops.
+	n, _ = k.GetNode(ctx)
+	var hist0 []json.RawMessage
+	_ = json.Unmarshal([]byte(n.Annotations[AnnotationHistory]), &hist0)
+	logs.Reset()
+	if err := k.Record(ctx, n, ChangeRecord{Config: "c40", Result: StateSuccess, Reason: strings.Repeat("y", 1000)}, StateSuccess); err != nil {
+		t.Fatal(err)
+	}
+	n, _ = k.GetNode(ctx)
+	var hist1 []json.RawMessage
+	_ = json.Unmarshal([]byte(n.Annotations[AnnotationHistory]), &hist1)
+	last := hist0[len(hist1)-1:] // what no longer fits, oldest last
+	if len(last) == 0 {
+		t.Fatal("a full history dropped nothing")
+	}
+	evs, _ := c.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+	var retired []corev1.Event
+	for _, ev := range evs.Items {
+		if ev.Reason == ReasonRecordRetired {
+			retired = append(retired, ev)
+		}
+	}
+	var r ChangeRecord
+	_ = json.Unmarshal(last[len(last)-1], &r)
+	if len(retired) != len(last) || !strings.Contains(retired[len(retired)-1].Message, fmt.Sprintf("%q", r.Config)) ||
+		!strings.Contains(retired[len(retired)-1].Message, "requested by alice via kubectl-label") {
+		t.Errorf("Events %+v, want one %s per dropped record naming it", retired, ReasonRecordRetired)
+	}
+	if got := strings.Count(logs.String(), "dropped from the history"); got != len(last) {
+		t.Errorf("%d log lines for %d dropped records:\n%s", got, len(last), logs.String())
+	}
+	if !strings.Contains(logs.String(), `"msg":"change record","config":"c40"`) {
+		t.Errorf("the written record is not logged:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), `\"config\":\"`+r.Config+`\"`) {
+		t.Errorf("the log does not hold the whole record %s:\n%s", r.Config, logs.String())
 	}
 }

@@ -35,6 +35,9 @@ type Status struct {
 	State string `json:"state"`
 	// Strategy is the label nvidia.com/mig.strategy; empty when unset.
 	Strategy string `json:"strategy,omitempty"`
+	// Requester is who asked for Desired, as the agent would record it (the
+	// requester stamp, else managedFields); nil when Desired is unset.
+	Requester *StatusRequester `json:"requester,omitempty"`
 	// GPUs is the per-GPU geometry of the last-change record, or of the
 	// newest history record that has one when the last change has none
 	// (see GeometryAt and Notes). Sorted by index.
@@ -49,6 +52,18 @@ type Status struct {
 	History []ChangeRecord `json:"history"`
 	// Notes says what could not be read and why, for a person.
 	Notes []string `json:"notes,omitempty"`
+}
+
+// StatusRequester is who set the desired label, and how that is known.
+type StatusRequester struct {
+	// By, Via and At as in Requester (At: managedFields only).
+	By  string     `json:"by"`
+	Via string     `json:"via,omitempty"`
+	At  *time.Time `json:"at,omitempty"`
+	// Source is "admission" (the user the API server authenticated),
+	// "managed-fields" (a field manager: a name the client chose) or ""
+	// (unknown).
+	Source string `json:"source,omitempty"`
 }
 
 // AppliedConfig is the config of the newest successful change.
@@ -92,6 +107,13 @@ func StatusFromNode(node *corev1.Node) (*Status, error) {
 	}
 	if s.State == "" {
 		s.note("label %s is not set: the agent has not acted on this node yet", LabelState)
+	}
+	if _, ok := labels[LabelConfig]; ok {
+		r := RequesterOf(node, s.Desired)
+		s.Requester = &StatusRequester{By: r.By, Via: r.Via, At: r.At, Source: r.Source}
+		if r.Ignored != "" {
+			s.note("annotation %s is not used: %s", AnnotationRequestedBy, r.Ignored)
+		}
 	}
 
 	if raw, ok := ann[AnnotationLastChange]; !ok {
@@ -245,6 +267,20 @@ func (s *Status) WriteText(w io.Writer) error {
 	if s.Strategy != "" {
 		p("Strategy:  %s\n", clean(s.Strategy))
 	}
+	if r := s.Requester; r != nil {
+		how := map[string]string{
+			RequesterFromAdmission:     "authenticated by the API server",
+			RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
+		}[r.Source]
+		if how == "" {
+			how = "neither the requester stamp nor managedFields name who set the label"
+		}
+		at := ""
+		if r.At != nil {
+			at = " at " + formatTime(*r.At)
+		}
+		p("Requested: %s%s (%s)\n", requester(r.By, r.Via), at, how)
+	}
 
 	p("\nGPU geometry")
 	if s.GeometryAt != nil {
@@ -293,7 +329,7 @@ func (s *Status) WriteText(w io.Writer) error {
 		if r.ResourcesConverged != nil {
 			row("Resources advertised", yesNo(*r.ResourcesConverged))
 		}
-		req := orDash(r.RequestedBy)
+		req := requester(r.RequestedBy, r.RequestedVia)
 		if r.RequestedAt != nil {
 			req += " at " + formatTime(*r.RequestedAt)
 		}
@@ -314,7 +350,7 @@ func (s *Status) WriteText(w io.Writer) error {
 		for _, r := range s.History {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(r.FinishedAt), orDash(r.Config),
 				orDash(r.Result), formatInts(r.GPUsChanged), podList(r.EvictedPods, 2),
-				orDash(r.RequestedBy), orDash(r.Reason))
+				requester(r.RequestedBy, r.RequestedVia), orDash(r.Reason))
 		}
 		_ = tw.Flush()
 	}
@@ -374,6 +410,15 @@ func shortDigests(s string) string {
 		b.WriteString(s[j:min(k, j+keep)])
 		s = s[k:]
 	}
+}
+
+// requester is "by via manager", or by alone where the field manager is
+// unknown or the same name.
+func requester(by, via string) string {
+	if via == "" || via == by {
+		return orDash(by)
+	}
+	return orDash(by) + " via " + clean(via)
 }
 
 func orDash(s string) string {

@@ -58,8 +58,11 @@ func TestStatusGolden(t *testing.T) {
 		history    int
 		lastChange bool
 		notes      []string // substrings, in order
+		// requester is "by/source" of Status.Requester, "" for none.
+		requester string
 	}{
-		{golden: "status", node: "node.json", applied: "all-balanced", gpus: 8, history: 4, lastChange: true},
+		{golden: "status", node: "node.json", applied: "all-balanced", gpus: 8, history: 4, lastChange: true,
+			requester: "alice@example.com/" + RequesterFromAdmission},
 		{golden: "status-bad", node: "node-bad.json", applied: "all-balanced", gpus: 2, history: 2,
 			notes: []string{
 				"migagent.io/last-change is not a valid change record: unexpected end of JSON input",
@@ -67,7 +70,8 @@ func TestStatusGolden(t *testing.T) {
 				"entry 2 is not a valid change record: no config",
 				"GPU geometry is from the history record finished 2026-03-01T12:05:44Z",
 				`"x" is not a GPU index`,
-			}},
+			},
+			requester: RequesterUnknown + "/"},
 		{golden: "status-empty", node: "node-empty.json", notes: []string{
 			"label nvidia.com/mig.config is not set",
 			"label nvidia.com/mig.config.state is not set",
@@ -75,7 +79,9 @@ func TestStatusGolden(t *testing.T) {
 			"migagent.io/history is missing",
 		}},
 		{golden: "status-pending", node: "node-pending.json", lastChange: true,
-			notes: []string{"migagent.io/history is not a JSON array"}},
+			notes: []string{`migagent.io/requested-by is not used: the stamp is for config "all-1g.18gb", an earlier request`,
+				"migagent.io/history is not a JSON array"},
+			requester: RequesterUnknown + "/"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.golden, func(t *testing.T) {
@@ -89,6 +95,13 @@ func TestStatusGolden(t *testing.T) {
 			if len(s.GPUs) != tt.gpus || len(s.History) != tt.history || (s.LastChange != nil) != tt.lastChange {
 				t.Errorf("gpus %d history %d lastChange %v, want %d %d %v",
 					len(s.GPUs), len(s.History), s.LastChange != nil, tt.gpus, tt.history, tt.lastChange)
+			}
+			if got := ""; s.Requester != nil {
+				if got = s.Requester.By + "/" + s.Requester.Source; got != tt.requester {
+					t.Errorf("requester %s, want %s", got, tt.requester)
+				}
+			} else if tt.requester != "" {
+				t.Errorf("no requester, want %s", tt.requester)
 			}
 			if len(s.Notes) != len(tt.notes) {
 				t.Errorf("notes %q, want %d like %q", s.Notes, len(tt.notes), tt.notes)

@@ -92,7 +92,7 @@ func pkgDecode(t *testing.T, path string) []*unstructured.Unstructured {
 // orders them: what others refer to first).
 var pkgKindOrder = []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "Role",
 	"ClusterRoleBinding", "RoleBinding", "ConfigMap", "Service", "DaemonSet",
-	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
 
 func pkgKindRank(kind string) int {
 	if i := slices.Index(pkgKindOrder, kind); i >= 0 {
@@ -116,7 +116,7 @@ func pkgApply(t *testing.T, objs []*unstructured.Unstructured, dryRun bool) {
 		t.Fatal(err)
 	}
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
-	sorted := slices.Clone(objs)
+	sorted := pkgScopeAudit(objs)
 	sort.SliceStable(sorted, func(i, j int) bool { return pkgKindRank(sorted[i].GetKind()) < pkgKindRank(sorted[j].GetKind()) })
 	opts := metav1.PatchOptions{FieldManager: "e2e-packaging", Force: ptr.To(true)}
 	if dryRun {
@@ -152,6 +152,41 @@ func pkgApply(t *testing.T, objs []*unstructured.Unstructured, dryRun bool) {
 	}
 }
 
+// pkgAuditScope is the Node label that the audit policies' bindings
+// select in these tests (pkgScopeAudit).
+const pkgAuditScope = "e2e.migagent.io/audit-scope"
+
+// pkgScopeAudit returns objs with the bindings of the audit policies
+// (*-records, *-requester) narrowed to the Nodes labelled pkgAuditScope=
+// the install's namespace. The API server is shared by every test of the
+// package, and most run the agent as the admin: bound cluster-wide, the
+// records policy would refuse their agents, and the requester policy would
+// change what their records name. The policies themselves are as shipped.
+func pkgScopeAudit(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+	scope := "none"
+	for _, o := range objs {
+		if o.GetKind() == "ServiceAccount" {
+			scope = o.GetNamespace()
+		}
+	}
+	out := make([]*unstructured.Unstructured, len(objs))
+	for i, o := range objs {
+		out[i] = o
+		policy, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
+		if !strings.HasSuffix(o.GetKind(), "AdmissionPolicyBinding") ||
+			!(strings.HasSuffix(policy, "-records") || strings.HasSuffix(policy, "-requester")) {
+			continue
+		}
+		o = o.DeepCopy()
+		if err := unstructured.SetNestedStringMap(o.Object, map[string]string{pkgAuditScope: scope},
+			"spec", "matchResources", "objectSelector", "matchLabels"); err != nil {
+			panic(err)
+		}
+		out[i] = o
+	}
+	return out
+}
+
 func pkgFind(objs []*unstructured.Unstructured, kind string) []*unstructured.Unstructured {
 	var out []*unstructured.Unstructured
 	for _, o := range objs {
@@ -171,17 +206,33 @@ func pkgOne(t *testing.T, objs []*unstructured.Unstructured, kind string) *unstr
 	return f[0]
 }
 
+// pkgNamed returns the one object of kind whose name ends with suffix.
+func pkgNamed(t *testing.T, objs []*unstructured.Unstructured, kind, suffix string) *unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	for _, o := range pkgFind(objs, kind) {
+		if strings.HasSuffix(o.GetName(), suffix) {
+			out = append(out, o)
+		}
+	}
+	if len(out) != 1 {
+		t.Fatalf("want one %s named *%s, have %d", kind, suffix, len(out))
+	}
+	return out[0]
+}
+
 // pkgDescribe fills in who the agent of objs is.
 func pkgDescribe(t *testing.T, objs []*unstructured.Unstructured) *pkgInstall {
 	t.Helper()
 	in := &pkgInstall{objs: objs, daemonSet: pkgOne(t, objs, "DaemonSet")}
 	in.namespace = in.daemonSet.GetNamespace()
 	in.sa, _, _ = unstructured.NestedString(in.daemonSet.Object, "spec", "template", "spec", "serviceAccountName")
-	in.policy = pkgOne(t, objs, "ValidatingAdmissionPolicy").GetName()
-	if b := pkgOne(t, objs, "ValidatingAdmissionPolicyBinding"); b.Object["spec"].(map[string]any)["policyName"] != in.policy {
+	vap := pkgNamed(t, objs, "ValidatingAdmissionPolicy", "-node-scope")
+	in.policy = vap.GetName()
+	if b := pkgNamed(t, objs, "ValidatingAdmissionPolicyBinding", "-node-scope"); b.Object["spec"].(map[string]any)["policyName"] != in.policy {
 		t.Fatalf("the binding %s does not bind the policy %s", b.GetName(), in.policy)
 	}
-	vars, _, _ := unstructured.NestedSlice(pkgOne(t, objs, "ValidatingAdmissionPolicy").Object, "spec", "variables")
+	vars, _, _ := unstructured.NestedSlice(vap.Object, "spec", "variables")
 	for _, v := range vars {
 		if m := v.(map[string]any); m["name"] == "pauseGpuOperator" {
 			in.pauseGpuOperator = m["expression"] == "true"

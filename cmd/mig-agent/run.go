@@ -177,7 +177,7 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 			return err
 		}
 		d.Cluster = &agent.Kube{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
-			Component: "mig-agent", DefaultConfig: s.DefaultConfig}
+			Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
 		d.Disrupt = &agent.KubeDisruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
 		// The GPU Operator's ClusterPolicy is a custom resource: read it
 		// through the dynamic client (no operator types in the agent).

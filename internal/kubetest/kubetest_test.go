@@ -221,3 +221,25 @@ func TestRestartAPIServer(t *testing.T) {
 	evict(t, c, pod)
 	waitGone(t, c, pod, 15*time.Second)
 }
+
+// The server serves the admission policy APIs the project ships, without a
+// feature gate or --runtime-config: ValidatingAdmissionPolicy and
+// MutatingAdmissionPolicy in admissionregistration.k8s.io/v1 (the latter GA
+// and on by default since Kubernetes 1.36).
+func TestServesAdmissionPolicies(t *testing.T) {
+	c := kubetest.Client(t)
+	res, err := c.Discovery().ServerResourcesForGroupVersion("admissionregistration.k8s.io/v1")
+	if err != nil {
+		t.Fatalf("discovery of admissionregistration.k8s.io/v1: %v", err)
+	}
+	var names []string
+	for _, r := range res.APIResources {
+		names = append(names, r.Name)
+	}
+	for _, want := range []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings",
+		"mutatingadmissionpolicies", "mutatingadmissionpolicybindings"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("admissionregistration.k8s.io/v1 does not serve %s (serves %v)", want, names)
+		}
+	}
+}

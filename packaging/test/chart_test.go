@@ -406,7 +406,7 @@ func TestFullOptions(t *testing.T) {
 	if get(cm, "data", "config.yaml") == nil {
 		t.Error("migConfig is not in the ConfigMap")
 	}
-	vap := one(t, objs, "ValidatingAdmissionPolicy")
+	vap := named(t, objs, "ValidatingAdmissionPolicy", "-node-scope")
 	if got := get(vap, "spec", "matchConditions", 0, "expression"); got != "request.userInfo.username == 'system:serviceaccount:gpu-system:gpu-mig-agent'" {
 		t.Errorf("policy matches %v", got)
 	}
@@ -415,7 +415,7 @@ func TestFullOptions(t *testing.T) {
 			t.Errorf("pauseGpuOperator variable %v with pauseGpuOperator: true", get(v, "expression"))
 		}
 	}
-	if b := one(t, objs, "ValidatingAdmissionPolicyBinding"); get(b, "spec", "policyName") != get(vap, "metadata", "name") {
+	if b := named(t, objs, "ValidatingAdmissionPolicyBinding", "-node-scope"); get(b, "spec", "policyName") != get(vap, "metadata", "name") {
 		t.Errorf("binding names policy %v, the policy is %v", get(b, "spec", "policyName"), get(vap, "metadata", "name"))
 	}
 	for _, kind := range []string{"Service", "ServiceMonitor", "PodMonitor"} {

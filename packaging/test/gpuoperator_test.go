@@ -162,7 +162,7 @@ func TestGPUOperatorValues(t *testing.T) {
 		t.Errorf("D-Bus mounted with reboot method none: %v", vol)
 	}
 	// The policy lets the agent pause the operands.
-	vap := one(t, objs, "ValidatingAdmissionPolicy")
+	vap := named(t, objs, "ValidatingAdmissionPolicy", "-node-scope")
 	for _, v := range asList(get(vap, "spec", "variables")) {
 		if get(v, "name") == "pauseGpuOperator" && get(v, "expression") != "true" {
 			t.Errorf("the policy's pauseGpuOperator is %v with pauseGpuOperator: true", get(v, "expression"))

@@ -105,7 +105,7 @@ agent's ServiceAccount is the release's. Takes (list $ "files/NAME").
 {{- $_ := set $s "namespace" $root.Release.Namespace }}
 {{- end }}
 {{- end }}
-{{- if eq $obj.kind "ValidatingAdmissionPolicyBinding" }}
+{{- if or (eq $obj.kind "ValidatingAdmissionPolicyBinding") (eq $obj.kind "MutatingAdmissionPolicyBinding") }}
 {{- $_ := set $obj.spec "policyName" (regexReplaceAll "^mig-agent" $obj.spec.policyName $full) }}
 {{- end }}
 {{- if eq $obj.kind "ValidatingAdmissionPolicy" }}
@@ -117,6 +117,9 @@ agent's ServiceAccount is the release's. Takes (list $ "files/NAME").
 {{- range $v := $obj.spec.variables }}
 {{- if eq $v.name "pauseGpuOperator" }}
 {{- $_ := set $v "expression" (ternary "true" "false" (eq (toString $root.Values.pauseGpuOperator) "true")) }}
+{{- end }}
+{{- if eq $v.name "agentUser" }}
+{{- $_ := set $v "expression" (printf "'system:serviceaccount:%s:%s'" $root.Release.Namespace $sa) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -138,6 +141,15 @@ gpuOperator.deployLabel the GPU Operator's deploy label of its MIG manager.
 {{- if $sel }}
 {{- toYaml $sel }}
 {{- end }}
+{{- end }}
+
+{{/*
+mig-agent.requesterPolicy is "true" when the MutatingAdmissionPolicy is
+rendered: requesterPolicy.enabled on Kubernetes 1.36 or later
+(MutatingAdmissionPolicy admissionregistration.k8s.io/v1).
+*/}}
+{{- define "mig-agent.requesterPolicy" -}}
+{{- if and .Values.requesterPolicy.enabled (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
 {{- end }}
 
 {{/* Values that cannot go together, and what the cluster cannot serve. */}}
