@@ -308,7 +308,7 @@ func createInstance(g nvmlx.GPU, gpu int, cat *profiles.Catalogue, in geometry.I
 }
 
 func readMode(g nvmlx.GPU, gpu int) (nvmlx.MigMode, error) {
-	devs, err := g.Devices()
+	devs, _, err := nvmlx.SplitUnusable(g.Devices())
 	if err != nil {
 		return nvmlx.MigMode{}, err
 	}
