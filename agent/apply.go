@@ -192,7 +192,7 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 			if err != nil {
 				return fail(what, err)
 			}
-			if _, err := g.CreateComputeInstance(gp.Index, gi.ID, cp.ID); err != nil {
+			if _, err := g.CreateComputeInstance(gp.Index, gi.ID, cp.Index); err != nil {
 				return fail(what, err)
 			}
 			pe.Created++
@@ -288,7 +288,7 @@ func createInstance(g nvmlx.GPU, gpu int, cat *profiles.Catalogue, in geometry.I
 		return err
 	}
 	for _, cp := range cps {
-		if _, err := g.CreateComputeInstance(gpu, giID, cp.ID); err != nil {
+		if _, err := g.CreateComputeInstance(gpu, giID, cp.Index); err != nil {
 			// Leave no GPU instance without its compute instances: undo it
 			// (best effort; a leftover is destroyed by the next plan).
 			if insts, lerr := g.Instances(gpu); lerr == nil {

@@ -88,9 +88,10 @@ type GPU interface {
 	// CreateGPUInstance creates a GPU instance of profile id at placement
 	// and returns its GI id.
 	CreateGPUInstance(gpu, profileID int, at profiles.Placement) (int, error)
-	// CreateComputeInstance creates a compute instance of ciProfileID in GPU
-	// instance gi and returns it.
-	CreateComputeInstance(gpu, gi, ciProfileID int) (ComputeInstance, error)
+	// CreateComputeInstance creates a compute instance of the compute
+	// profile at ciProfileIndex (NVML_COMPUTE_INSTANCE_PROFILE_*, portable)
+	// in GPU instance gi and returns it, with the profile id NVML gave.
+	CreateComputeInstance(gpu, gi, ciProfileIndex int) (ComputeInstance, error)
 	// DestroyComputeInstance destroys compute instance ci of GPU instance gi.
 	DestroyComputeInstance(gpu, gi, ci int) error
 	// DestroyGPUInstance destroys GPU instance gi (its compute instances first

@@ -786,3 +786,43 @@ func TestRealClosed(t *testing.T) {
 		t.Errorf("DriverVersion after Close: %q", v)
 	}
 }
+
+// Compute profile ids are NVML's: the backend creates by the index, reads
+// the profile's info (its id) from the GPU instance and passes that on,
+// and reports the id NVML gave. The fake's ids differ from their indices
+// (nvml.h promises no equality), so a backend that assumed index == id
+// would ask for a profile the GPU instance does not offer.
+func TestRealComputeProfileIDsFromNVML(t *testing.T) {
+	f := newFakeNVML("h200")
+	fg := f.gpus[0]
+	fg.ciIDBase = 100
+	g := newTestReal(t, f)
+	if _, err := g.SetMigMode(0, true); err != nil {
+		t.Fatal(err)
+	}
+	gi3, err := g.CreateGPUInstance(0, 9, profiles.Placement{Start: 4, Size: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := g.CreateComputeInstance(0, gi3, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE)
+	if err != nil {
+		t.Fatalf("create 1c by index: %v", err)
+	}
+	if ci.ProfileID != 100 || ci.Profile != "1c.3g.71gb" {
+		t.Errorf("compute instance %+v, want NVML's id 100 and 1c.3g.71gb", ci)
+	}
+	var gi *fakeGI
+	for _, x := range fg.gis {
+		if int(x.info.Id) == gi3 {
+			gi = x
+		}
+	}
+	if calls := gi.gi.CreateComputeInstanceCalls(); len(calls) != 1 || calls[0].ComputeInstanceProfileInfo.Id != 100 {
+		t.Errorf("NVML was asked for compute profile ids %+v, want [100]", calls)
+	}
+	gis, err := g.Instances(0)
+	if err != nil || len(gis) != 1 || len(gis[0].ComputeInstances) != 1 || gis[0].ComputeInstances[0].ProfileID != 100 ||
+		gis[0].ComputeInstances[0].Profile != "1c.3g.71gb" {
+		t.Fatalf("Instances %+v (%v)", gis, err)
+	}
+}
