@@ -141,7 +141,11 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 				if err := step(gp.Index, "resetting the GPU"); err != nil {
 					return res, err
 				}
-				if err := g.ResetGPU(gp.Index); err != nil {
+				if err := g.ResetGPU(gp.Index); errors.Is(err, nvmlx.ErrNVMLNotBack) {
+					// The reset may have worked: nothing to judge (and no
+					// reboot to ask for) until NVML answers again.
+					return fail("resetting the GPU", err)
+				} else if err != nil {
 					why = err.Error()
 				} else {
 					res.Reset = append(res.Reset, gp.Index)

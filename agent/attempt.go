@@ -223,6 +223,16 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired, by str
 	switch {
 	case errors.Is(err, ErrRebootRequired):
 		return d.rebootFor(ctx, node, ch, applied)
+	case errors.Is(err, nvmlx.ErrNVMLNotBack):
+		// NVML did not come back after a GPU reset: failed for now, not
+		// ready, and NVML is opened again with its own backoff; the retry
+		// reads the GPUs as the reset left them.
+		oc := fail("applying: "+err.Error(), true, ReasonFailed)
+		if oc == outRetry {
+			d.nvmlLost(err)
+			return outNVMLDown
+		}
+		return oc
 	case err != nil:
 		return fail("applying: "+err.Error(), true, ReasonFailed)
 	}

@@ -131,6 +131,16 @@ func (d *Daemon) openNVML() bool {
 	return false
 }
 
+// nvmlLost marks NVML as not open (it did not come back after a GPU
+// reset): not ready and migagent_nvml_up 0 until a Begin succeeds again.
+func (d *Daemon) nvmlLost(err error) {
+	d.nvmlFail = max(d.nvmlFail, 1)
+	d.nvmlDown.Store(true)
+	d.Metrics.SetNVMLUp(false)
+	d.Log.Error("NVML is not back after a GPU reset; not ready, opening it again with backoff", "err", err)
+	_ = d.notify().Status("NVML not back after a GPU reset: %v", err)
+}
+
 // nvmlBackoff is the wait before the next attempt to open NVML: 1s
 // doubling to 2 minutes, each drawn within ±20% so that the agents of a
 // cluster whose driver came back together do not retry in step.

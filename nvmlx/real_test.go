@@ -625,12 +625,19 @@ func TestRealResetGPU(t *testing.T) {
 		if err := g.ResetGPU(0); err != nil {
 			t.Fatalf("ResetGPU: %v", err)
 		}
-		if len(slept) != 2 || slept[1] != 2*slept[0] {
-			t.Errorf("waits %v, want two, doubling", slept)
+		// 250 ms doubling, each drawn within +50% (internal/backoff's jitter).
+		if len(slept) != 2 || slept[0] < 250*time.Millisecond || slept[0] >= 375*time.Millisecond ||
+			slept[1] < 500*time.Millisecond || slept[1] >= 750*time.Millisecond {
+			t.Errorf("waits %v, want two: 250 ms then 500 ms, jittered", slept)
 		}
-		fails = 100
-		if err := g.ResetGPU(0); err == nil || !strings.Contains(err.Error(), "the next call tries again") {
-			t.Fatalf("ResetGPU with NVML not coming back: %v", err)
+		fails, slept = 100, nil
+		before := f.inits
+		err := g.ResetGPU(0)
+		if !errors.Is(err, ErrNVMLNotBack) || !strings.Contains(err.Error(), "the next call tries again") {
+			t.Fatalf("ResetGPU with NVML not coming back: %v, want ErrNVMLNotBack", err)
+		}
+		if tries := f.inits - before; tries != 5 || len(slept) != 4 {
+			t.Errorf("%d tries with %d waits, want 5 tries and 4 waits", tries, len(slept))
 		}
 		fails = 0
 		if _, err := g.Devices(); err != nil {
