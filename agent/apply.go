@@ -141,7 +141,11 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 				if err := step(gp.Index, "resetting the GPU"); err != nil {
 					return res, err
 				}
-				if err := g.ResetGPU(gp.Index); err != nil {
+				if err := g.ResetGPU(gp.Index); errors.Is(err, nvmlx.ErrNVMLNotBack) {
+					// The reset may have worked: nothing to judge (and no
+					// reboot to ask for) until NVML answers again.
+					return fail("resetting the GPU", err)
+				} else if err != nil {
 					why = err.Error()
 				} else {
 					res.Reset = append(res.Reset, gp.Index)
@@ -192,7 +196,7 @@ func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (Ap
 			if err != nil {
 				return fail(what, err)
 			}
-			if _, err := g.CreateComputeInstance(gp.Index, gi.ID, cp.ID); err != nil {
+			if _, err := g.CreateComputeInstance(gp.Index, gi.ID, cp.Index); err != nil {
 				return fail(what, err)
 			}
 			pe.Created++
@@ -288,7 +292,7 @@ func createInstance(g nvmlx.GPU, gpu int, cat *profiles.Catalogue, in geometry.I
 		return err
 	}
 	for _, cp := range cps {
-		if _, err := g.CreateComputeInstance(gpu, giID, cp.ID); err != nil {
+		if _, err := g.CreateComputeInstance(gpu, giID, cp.Index); err != nil {
 			// Leave no GPU instance without its compute instances: undo it
 			// (best effort; a leftover is destroyed by the next plan).
 			if insts, lerr := g.Instances(gpu); lerr == nil {
@@ -308,7 +312,7 @@ func createInstance(g nvmlx.GPU, gpu int, cat *profiles.Catalogue, in geometry.I
 }
 
 func readMode(g nvmlx.GPU, gpu int) (nvmlx.MigMode, error) {
-	devs, err := g.Devices()
+	devs, _, err := nvmlx.SplitUnusable(g.Devices())
 	if err != nil {
 		return nvmlx.MigMode{}, err
 	}

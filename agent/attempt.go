@@ -10,6 +10,7 @@ import (
 
 	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/nvmlx"
 )
 
 // attempt runs (or resumes) the change to config desired, step by step,
@@ -54,8 +55,16 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string,
 		return fail(err.Error(), false, ReasonInvalid)
 	}
 	ch.Source = source
+	d.noteUnusable(ctx, node, n)
+	// GPUs NVML cannot open are left alone; a config naming them fails
+	// with that reason, after the other GPUs got it (retried: a permission
+	// or a lost GPU may come back).
+	named := UnusableNamed(spec, desired, n.Unusable)
 	reqs, _, err := spec.Resolve(desired, n.GPUs)
 	if err != nil {
+		if len(named) > 0 && errors.Is(err, geometry.ErrNoMatchingGPU) {
+			return fail(unusableReason(desired, named, false), true, ReasonGPUUnusable)
+		}
 		return fail(err.Error(), false, ReasonInvalid)
 	}
 	plan, err := geometry.BuildPlan(spec, desired, n.GPUs)
@@ -112,6 +121,9 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string,
 	if !planChanges(plan) && ch.Phase == PhasePending {
 		// Already applied: success without touching a GPU or a pod.
 		ch.GPUsChanged, ch.GPUsUntouched = []int{}, allIndices(plan)
+		if len(named) > 0 {
+			return d.partial(ctx, node, ch, plan, named)
+		}
 		return d.success(ctx, node, ch, plan, n, nil, "config already applied; nothing changed", ReasonUnchanged)
 	}
 	// Nothing is disrupted that cannot be recorded: the rights to write the
@@ -210,10 +222,31 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string,
 	switch {
 	case errors.Is(err, ErrRebootRequired):
 		return d.rebootFor(ctx, node, ch, applied)
+	case errors.Is(err, nvmlx.ErrNVMLNotBack):
+		// NVML did not come back after a GPU reset: failed for now, not
+		// ready, and NVML is opened again with its own backoff; the retry
+		// reads the GPUs as the reset left them.
+		oc := fail("applying: "+err.Error(), true, ReasonFailed)
+		if oc == outRetry {
+			d.nvmlLost(err)
+			return outNVMLDown
+		}
+		return oc
 	case err != nil:
 		return fail("applying: "+err.Error(), true, ReasonFailed)
 	}
-	return d.finish(ctx, node, ch, plan, applied)
+	return d.finish(ctx, node, ch, plan, applied, named)
+}
+
+// partial ends a change whose GPUs hold the config, except those named
+// that NVML cannot open: the change is done (journal, applied config), and
+// its result is a failure with that reason, retried with backoff.
+func (d *Daemon) partial(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, named []nvmlx.UnusableGPU) outcome {
+	j := &d.Journal.State
+	j.Change, j.Applied, j.AppliedHash = nil, ch.Config, plan.Hash
+	j.RebootFor = nil // the change is done: its reboot mark with it
+	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
+	return d.failure(ctx, node, ch, unusableReason(ch.Config, named, true), true, ReasonGPUUnusable)
 }
 
 func allIndices(p *geometry.Plan) []int {
@@ -400,7 +433,7 @@ func (d *Daemon) holdSlotForReboot(ctx context.Context) {
 
 // finish restores, refreshes the device plugin, waits for resources, and
 // records success.
-func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, applied *Applied) outcome {
+func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, applied *Applied, named []nvmlx.UnusableGPU) outcome {
 	ch.Phase = PhaseRestoring
 	d.saveJournal()
 	d.restore(ctx, ch)
@@ -411,6 +444,9 @@ func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan
 			return outParked
 		}
 		return d.failure(ctx, node, ch, failed, true, ReasonResourcesTimeout)
+	}
+	if len(named) > 0 {
+		return d.partial(ctx, node, ch, plan, named)
 	}
 	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
 	return d.success(ctx, node, ch, plan, applied.Node, converged, msg, ReasonApplied)

@@ -70,6 +70,8 @@ type Daemon struct {
 	apiDown atomic.Bool
 	// fileErr is why the config file did not read at the last pass (reload.go).
 	fileErr error
+	// unusableSeen is the set of unusable GPUs last reported (noteUnusable).
+	unusableSeen string
 
 	mu         sync.Mutex
 	cancelPass context.CancelFunc // stops the reconcile pass in progress
@@ -129,6 +131,16 @@ func (d *Daemon) openNVML() bool {
 	return false
 }
 
+// nvmlLost marks NVML as not open (it did not come back after a GPU
+// reset): not ready and migagent_nvml_up 0 until a Begin succeeds again.
+func (d *Daemon) nvmlLost(err error) {
+	d.nvmlFail = max(d.nvmlFail, 1)
+	d.nvmlDown.Store(true)
+	d.Metrics.SetNVMLUp(false)
+	d.Log.Error("NVML is not back after a GPU reset; not ready, opening it again with backoff", "err", err)
+	_ = d.notify().Status("NVML not back after a GPU reset: %v", err)
+}
+
 // nvmlBackoff is the wait before the next attempt to open NVML: 1s
 // doubling to 2 minutes, each drawn within ±20% so that the agents of a
 // cluster whose driver came back together do not retry in step.
@@ -157,7 +169,31 @@ func (d *Daemon) discover() (*Node, error) {
 		return nil, err
 	}
 	d.Metrics.SetGPUs(metricGPUs(n))
+	d.Metrics.SetUnusableGPUs(metricUnusable(n))
 	return n, nil
+}
+
+func metricUnusable(n *Node) []metrics.UnusableGPU {
+	out := make([]metrics.UnusableGPU, 0, len(n.Unusable))
+	for _, u := range n.Unusable {
+		out = append(out, metrics.UnusableGPU{Index: u.Index, Error: u.Return})
+	}
+	return out
+}
+
+// noteUnusable logs and posts a Warning Event when the set of GPUs NVML
+// cannot open changes (once per change, not at every pass).
+func (d *Daemon) noteUnusable(ctx context.Context, node *corev1.Node, n *Node) {
+	key := fmt.Sprint(metricUnusable(n))
+	if key == d.unusableSeen {
+		return
+	}
+	d.unusableSeen = key
+	for _, u := range n.Unusable {
+		d.Log.Warn("GPU cannot be opened through NVML; leaving it alone", "gpu", u.Index, "return", u.Return, "err", u.Reason)
+		d.event(ctx, node, corev1.EventTypeWarning, ReasonGPUUnusable,
+			fmt.Sprintf("GPU %d cannot be opened through NVML (%s): mig-agent leaves it alone, and a config that names it fails", u.Index, u.Reason))
+	}
 }
 
 func metricGPUs(n *Node) []metrics.GPU {
@@ -409,9 +445,11 @@ func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Nod
 		n, _ = d.discover() // refreshes the GPU metrics too
 	} else {
 		d.Metrics.SetGPUs(metricGPUs(n))
+		d.Metrics.SetUnusableGPUs(metricUnusable(n))
 	}
 	if n != nil {
 		rec.Geometry = n.GeometryOf()
+		rec.GPUsUnusable = n.Unusable
 	}
 	return rec
 }

@@ -68,6 +68,7 @@ type Metrics interface {
 	SetDesiredConfig(name string)
 	SetAppliedConfig(name, hash string)
 	SetGPUs(gpus []metrics.GPU)
+	SetUnusableGPUs(gpus []metrics.UnusableGPU)
 	ObserveReconfiguration(result string, d time.Duration)
 	AddEvictedPods(n int)
 	IncReboots()

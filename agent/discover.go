@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/nvmlx"
@@ -16,12 +19,17 @@ type Node struct {
 	Instances [][]nvmlx.GPUInstance // by position in Devices
 	GPUs      []geometry.GPU        // by position in Devices
 	Driver    string
+	// Unusable are the GPUs NVML counts but cannot open (NO_PERMISSION, a
+	// lost GPU): they are not in Devices, nothing is asked of them, and a
+	// config that names them fails with that reason (UnusableNamed).
+	Unusable []nvmlx.UnusableGPU
 }
 
 // Discover reads every GPU, its MIG mode and its instances. It is the one
-// place that turns nvmlx state into planner input.
+// place that turns nvmlx state into planner input. GPUs NVML cannot open
+// are listed in Unusable, not an error.
 func Discover(g nvmlx.GPU) (*Node, error) {
-	devs, err := g.Devices()
+	devs, unusable, err := nvmlx.SplitUnusable(g.Devices())
 	if err != nil {
 		return nil, fmt.Errorf("discovering GPUs: %w", err)
 	}
@@ -29,7 +37,7 @@ func Discover(g nvmlx.GPU) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the driver version: %w", err)
 	}
-	n := &Node{Devices: devs, Driver: drv, Instances: make([][]nvmlx.GPUInstance, len(devs)), GPUs: make([]geometry.GPU, len(devs))}
+	n := &Node{Devices: devs, Driver: drv, Unusable: unusable, Instances: make([][]nvmlx.GPUInstance, len(devs)), GPUs: make([]geometry.GPU, len(devs))}
 	for i, d := range devs {
 		var insts []nvmlx.GPUInstance
 		if d.MigCapable && d.MigMode.Current {
@@ -94,7 +102,49 @@ func (n *Node) GeometryOf() map[string][]string {
 			out[key] = list
 		}
 	}
+	for _, u := range n.Unusable {
+		out[fmt.Sprint(u.Index)] = []string{"unusable:" + u.Return}
+	}
 	return out
+}
+
+// UnusableNamed lists the GPUs of unusable that config name of spec names:
+// by index, or by "devices: all" (also with a device-filter: the PCI id of
+// a GPU NVML cannot open is unknown, so it may match).
+func UnusableNamed(spec *geometry.Spec, name string, unusable []nvmlx.UnusableGPU) []nvmlx.UnusableGPU {
+	if spec == nil || len(unusable) == 0 {
+		return nil
+	}
+	var out []nvmlx.UnusableGPU
+	for _, u := range unusable {
+		for _, e := range spec.Configs[name] {
+			if e.Devices.All || slices.Contains(e.Devices.Indices, u.Index) {
+				out = append(out, u)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// UnusableError is the error of a one-shot apply of config name, which
+// names GPUs NVML cannot open (the other GPUs got the config).
+func UnusableError(name string, named []nvmlx.UnusableGPU) error {
+	return errors.New(unusableReason(name, named, true))
+}
+
+// unusableReason is the failure reason of config name, which names GPUs
+// NVML cannot open; others says whether the other GPUs hold the config.
+func unusableReason(name string, named []nvmlx.UnusableGPU, others bool) string {
+	parts := make([]string, len(named))
+	for k, u := range named {
+		parts[k] = fmt.Sprintf("GPU %d (%s)", u.Index, u.Reason)
+	}
+	msg := fmt.Sprintf("config %q names GPUs that NVML cannot open, left alone: %s", name, strings.Join(parts, "; "))
+	if others {
+		msg += "; the other GPUs hold the config"
+	}
+	return msg
 }
 
 // MIGDevices maps each MIG device UUID on the node to its GPU UUID and the

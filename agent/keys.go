@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/metrics"
+	"github.com/migagent/mig-agent/nvmlx"
 )
 
 // Node labels and annotations of the Kubernetes protocol (docs/reference.md#labels-and-annotations-on-the-node).
@@ -76,6 +77,8 @@ type ChangeRecord struct {
 	AffectedBy string `json:"affectedBy,omitempty"`
 	// Geometry is the per-GPU geometry after the change ("0": ["3g.71gb@0", ...]).
 	Geometry map[string][]string `json:"geometry,omitempty"`
+	// GPUsUnusable are the GPUs NVML counts but could not open, left alone.
+	GPUsUnusable []nvmlx.UnusableGPU `json:"gpusUnusable,omitempty"`
 }
 
 // ConfigSourceGenerated marks a config generated from discovery.

@@ -131,6 +131,9 @@ const (
 	ReasonDrift            = "MigGeometryDrift"
 	ReasonResourcesTimeout = "MigResourcesTimeout"
 	ReasonManagerConflict  = "MigManagerConflict"
+	// ReasonGPUUnusable: a GPU NVML counts but cannot open (Warning,
+	// posted when the set of such GPUs changes).
+	ReasonGPUUnusable = "MigGPUUnusable"
 	// ReasonDevicePluginRestarted: the device plugin pods that read the old
 	// geometry were restarted after a change.
 	ReasonDevicePluginRestarted = "MigDevicePluginRestarted"

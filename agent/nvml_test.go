@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -70,5 +71,50 @@ func TestNVMLBackoff(t *testing.T) {
 	}
 	if len(seen) < 100 {
 		t.Errorf("only %d distinct waits: no jitter", len(seen))
+	}
+}
+
+// A config names a GPU NVML cannot open when an entry lists its index or
+// says devices: all (also under a device-filter: the model of a GPU that
+// cannot be opened is unknown); Discover lists such a GPU in Unusable, not
+// in Devices.
+func TestUnusableNamed(t *testing.T) {
+	f := parseSpec(t, `version: v1
+mig-configs:
+  all:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {}
+  others:
+    - devices: [0, 2]
+      mig-enabled: false
+  one:
+    - devices: [1]
+      mig-enabled: true
+      mig-devices: {}
+  filtered:
+    - device-filter: ["0x233510DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {}
+`)
+	s := newSim(t, "h200x3", nvmlx.SimOptions{})
+	if err := s.SetHandleError(1, "ERROR_NO_PERMISSION"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Discover(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n.Devices) != 2 || len(n.Unusable) != 1 || n.Unusable[0].Index != 1 || n.Unusable[0].Return != "ERROR_NO_PERMISSION" {
+		t.Fatalf("devices %d, unusable %+v", len(n.Devices), n.Unusable)
+	}
+	for name, want := range map[string]bool{"all": true, "others": false, "one": true, "filtered": true} {
+		if got := len(UnusableNamed(f.Spec, name, n.Unusable)) == 1; got != want {
+			t.Errorf("config %s names GPU 1: %v, want %v", name, got, want)
+		}
+	}
+	if msg := unusableReason("one", n.Unusable, false); !strings.Contains(msg, "GPU 1") || !strings.Contains(msg, "ERROR_NO_PERMISSION") {
+		t.Errorf("reason %q", msg)
 	}
 }

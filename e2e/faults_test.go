@@ -63,9 +63,9 @@ func (r *ffRecorder) CreateGPUInstance(gpu, profileID int, at profiles.Placement
 	return r.GPU.CreateGPUInstance(gpu, profileID, at)
 }
 
-func (r *ffRecorder) CreateComputeInstance(gpu, gi, ciProfileID int) (nvmlx.ComputeInstance, error) {
+func (r *ffRecorder) CreateComputeInstance(gpu, gi, ciProfileIndex int) (nvmlx.ComputeInstance, error) {
 	r.add(gpu, nvmlx.OpCreateComputeInstance)
-	return r.GPU.CreateComputeInstance(gpu, gi, ciProfileID)
+	return r.GPU.CreateComputeInstance(gpu, gi, ciProfileIndex)
 }
 
 func (r *ffRecorder) DestroyComputeInstance(gpu, gi, ci int) error {

@@ -63,6 +63,13 @@ type GPU struct {
 	Instances map[string]int
 }
 
+// UnusableGPU is a GPU NVML counts but cannot open: the agent leaves it alone.
+type UnusableGPU struct {
+	Index int
+	// Error is NVML's return code name ("ERROR_NO_PERMISSION").
+	Error string
+}
+
 // Metrics holds every mig-agent metric on its own registry. The zero value
 // is not usable; call New. All methods are safe for concurrent use.
 type Metrics struct {
@@ -221,6 +228,16 @@ func (m *Metrics) SetGPUs(gpus []GPU) {
 	m.snap.update(func(s *snapshot) { s.gpus = list })
 }
 
+// SetUnusableGPUs replaces migagent_gpu_unusable: one series, value 1, per
+// GPU NVML counts but cannot open, labelled with its index and NVML's error.
+// An empty list removes every series.
+func (m *Metrics) SetUnusableGPUs(gpus []UnusableGPU) {
+	list := slices.Clone(gpus)
+	slices.SortFunc(list, func(a, b UnusableGPU) int { return cmp.Compare(a.Index, b.Index) })
+	list = slices.CompactFunc(list, func(a, b UnusableGPU) bool { return a.Index == b.Index })
+	m.snap.update(func(s *snapshot) { s.unusable = list })
+}
+
 // ObserveReconfiguration counts one finished reconfiguration in
 // migagent_reconfigurations_total{result} and observes its duration in
 // migagent_reconfiguration_duration_seconds. result is success or failed;
@@ -307,12 +324,13 @@ type snapshot struct {
 	appliedConfig    string
 	appliedHash      string
 	gpus             []GPU
+	unusable         []UnusableGPU
 	lastFailure      string
 	collectorFailing map[string]bool
 
 	stateDesc, desiredDesc, appliedDesc                        *prometheus.Desc
 	gpuInfoDesc, migEnabledDesc, modePendingDesc, instanceDesc *prometheus.Desc
-	lastFailureDesc, collectorFailingDesc                      *prometheus.Desc
+	unusableDesc, lastFailureDesc, collectorFailingDesc        *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*snapshot)(nil)
@@ -342,6 +360,9 @@ func newSnapshot() *snapshot {
 		instanceDesc: prometheus.NewDesc(name("gpu_instances"),
 			"GPU instances on the GPU, by profile; only for GPUs in MIG mode.",
 			[]string{"gpu", "UUID", "profile"}, nil),
+		unusableDesc: prometheus.NewDesc(name("gpu_unusable"),
+			"Always 1; one series per GPU NVML counts but cannot open (error is NVML's answer, e.g. ERROR_NO_PERMISSION). The agent leaves such a GPU alone, and a config that names it fails.",
+			[]string{"gpu", "error"}, nil),
 		lastFailureDesc: prometheus.NewDesc(name("last_failure_info"),
 			"Always 1; reason is the reason of the latest failure. Absent when the latest reconfiguration succeeded.",
 			[]string{"reason"}, nil),
@@ -361,7 +382,7 @@ func (s *snapshot) update(f func(*snapshot)) {
 func (s *snapshot) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{s.stateDesc, s.desiredDesc, s.appliedDesc,
 		s.gpuInfoDesc, s.migEnabledDesc, s.modePendingDesc, s.instanceDesc,
-		s.lastFailureDesc, s.collectorFailingDesc} {
+		s.unusableDesc, s.lastFailureDesc, s.collectorFailingDesc} {
 		ch <- d
 	}
 }
@@ -400,6 +421,9 @@ func (s *snapshot) Collect(ch chan<- prometheus.Metric) {
 		for profile, n := range g.Instances {
 			gauge(s.instanceDesc, float64(n), idx, g.UUID, profile)
 		}
+	}
+	for _, u := range s.unusable {
+		gauge(s.unusableDesc, 1, strconv.Itoa(u.Index), u.Error)
 	}
 	if s.lastFailure != "" {
 		gauge(s.lastFailureDesc, 1, s.lastFailure)

@@ -52,6 +52,8 @@ func TestGolden(t *testing.T) {
 	m.SetDesiredConfig("all-balanced") // replaces all-1g.18gb
 	m.SetGPUs([]GPU{{Index: 2, UUID: "GPU-gone", Model: "NVIDIA H200"}})
 	m.SetGPUs(twoGPUs()) // GPU 2 vanished
+	m.SetUnusableGPUs([]UnusableGPU{{Index: 3, Error: "ERROR_GPU_IS_LOST"}})
+	m.SetUnusableGPUs([]UnusableGPU{{Index: 2, Error: "ERROR_NO_PERMISSION"}}) // replaces GPU 3
 	m.AddEvictedPods(3)
 	m.AddEvictedPods(-1) // ignored
 	m.ObserveReconfiguration(ResultFailed, 3*time.Minute)
@@ -323,6 +325,23 @@ func TestSeriesRemoval(t *testing.T) {
 			name:   "gpus: empty list removes everything",
 			do:     func(m *Metrics) { m.SetGPUs(twoGPUs()); m.SetGPUs(nil) },
 			metric: "migagent_gpu_info",
+		},
+		{
+			name: "unusable: replaced as a whole, one series per GPU",
+			do: func(m *Metrics) {
+				m.SetUnusableGPUs([]UnusableGPU{{Index: 1, Error: "ERROR_GPU_IS_LOST"}})
+				m.SetUnusableGPUs([]UnusableGPU{{Index: 5, Error: "ERROR_NO_PERMISSION"}, {Index: 2, Error: "ERROR_NO_PERMISSION"}, {Index: 2, Error: "ERROR_UNKNOWN"}})
+			},
+			metric: "migagent_gpu_unusable",
+			want:   []string{`{error="ERROR_NO_PERMISSION",gpu="2"} 1`, `{error="ERROR_NO_PERMISSION",gpu="5"} 1`},
+		},
+		{
+			name: "unusable: empty list removes",
+			do: func(m *Metrics) {
+				m.SetUnusableGPUs([]UnusableGPU{{Index: 1, Error: "ERROR_NO_PERMISSION"}})
+				m.SetUnusableGPUs(nil)
+			},
+			metric: "migagent_gpu_unusable",
 		},
 		{
 			name:   "last failure: only the latest reason",

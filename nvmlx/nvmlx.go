@@ -7,6 +7,7 @@ package nvmlx
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -69,7 +70,11 @@ type Process struct {
 // one thing it names). GPUs are addressed by NVML index. GPU instances are
 // addressed by their driver id as Instances reports it.
 type GPU interface {
-	// Devices discovers every GPU with its MIG catalogue and mode.
+	// Devices discovers every GPU with its MIG catalogue and mode. A GPU
+	// NVML counts but the agent cannot read (its handle answers
+	// NO_PERMISSION, the GPU is lost, ...) is left out of the list, and the
+	// error is then an *UnusableError naming it: the devices returned
+	// beside that error are the others, complete (see SplitUnusable).
 	Devices() ([]Device, error)
 	// DriverVersion is the NVIDIA driver version ("580.159.04", "sim").
 	DriverVersion() (string, error)
@@ -83,9 +88,10 @@ type GPU interface {
 	// CreateGPUInstance creates a GPU instance of profile id at placement
 	// and returns its GI id.
 	CreateGPUInstance(gpu, profileID int, at profiles.Placement) (int, error)
-	// CreateComputeInstance creates a compute instance of ciProfileID in GPU
-	// instance gi and returns it.
-	CreateComputeInstance(gpu, gi, ciProfileID int) (ComputeInstance, error)
+	// CreateComputeInstance creates a compute instance of the compute
+	// profile at ciProfileIndex (NVML_COMPUTE_INSTANCE_PROFILE_*, portable)
+	// in GPU instance gi and returns it, with the profile id NVML gave.
+	CreateComputeInstance(gpu, gi, ciProfileIndex int) (ComputeInstance, error)
 	// DestroyComputeInstance destroys compute instance ci of GPU instance gi.
 	DestroyComputeInstance(gpu, gi, ci int) error
 	// DestroyGPUInstance destroys GPU instance gi (its compute instances first
@@ -107,6 +113,55 @@ type GPU interface {
 	End()
 	// Close releases NVML.
 	Close() error
+}
+
+// UnusableGPU is a GPU NVML counts but the agent cannot read: it is left
+// alone (nothing is asked of it) and reported.
+type UnusableGPU struct {
+	Index int `json:"index"`
+	// Return is NVML's return code name ("ERROR_NO_PERMISSION"), or
+	// "ERROR_UNKNOWN" for a failure that is not NVML's.
+	Return string `json:"error"`
+	// Reason is the whole error: which call failed.
+	Reason string `json:"reason"`
+	// Err is the error itself (not serialized).
+	Err error `json:"-"`
+}
+
+// UnusableError is Devices' error when some GPUs could not be read; the
+// devices returned with it are the readable ones.
+type UnusableError struct {
+	GPUs []UnusableGPU
+}
+
+func (e *UnusableError) Error() string {
+	parts := make([]string, len(e.GPUs))
+	for k, u := range e.GPUs {
+		parts[k] = fmt.Sprintf("GPU %d: %s", u.Index, u.Reason)
+	}
+	return "GPUs NVML cannot open: " + strings.Join(parts, "; ")
+}
+
+// Unwrap gives each GPU's error, so errors.Is sees NVML's return codes.
+func (e *UnusableError) Unwrap() []error {
+	out := make([]error, 0, len(e.GPUs))
+	for _, u := range e.GPUs {
+		if u.Err != nil {
+			out = append(out, u.Err)
+		}
+	}
+	return out
+}
+
+// SplitUnusable takes Devices' results apart: the readable devices, the
+// unusable GPUs, and the error that remains (nil when the only trouble was
+// unusable GPUs).
+func SplitUnusable(devs []Device, err error) ([]Device, []UnusableGPU, error) {
+	var ue *UnusableError
+	if errors.As(err, &ue) {
+		return devs, ue.GPUs, nil
+	}
+	return devs, nil, err
 }
 
 // Error is an NVML failure: the operation and NVML's return code name

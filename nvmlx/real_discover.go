@@ -1,6 +1,7 @@
 package nvmlx
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -35,14 +36,48 @@ func (g *realGPU) Devices() ([]Device, error) {
 		return nil, realError("DeviceGetCount", -1, ret)
 	}
 	out := make([]Device, 0, n)
+	var unusable []UnusableGPU
 	for i := range n {
 		d, err := g.discover(i)
-		if err != nil {
+		if err == nil {
+			out = append(out, d)
+			continue
+		}
+		// NVML itself gone is no fault of this GPU: the whole call fails.
+		if realWholeNVML(err) {
 			return nil, fmt.Errorf("discover GPU %d: %w", i, err)
 		}
-		out = append(out, d)
+		// nvml.h nvmlDeviceGetCount_v2: "the count can contain devices that
+		// are not accessible" (NO_PERMISSION); a lost or broken GPU is left
+		// alone the same way, and the others go on.
+		delete(g.handles, i)
+		u := UnusableGPU{Index: i, Return: "ERROR_UNKNOWN", Reason: err.Error(), Err: err}
+		var ne *Error
+		if errors.As(err, &ne) {
+			u.Return = ne.Return
+		}
+		if g.firstTime("unusable/"+u.Return, i) {
+			g.log.Warn("GPU cannot be read through NVML; leaving it alone", "gpu", i, "return", u.Return, "err", err)
+		}
+		unusable = append(unusable, u)
+	}
+	if len(unusable) > 0 {
+		return out, &UnusableError{GPUs: unusable}
 	}
 	return out, nil
+}
+
+// realWholeNVML reports whether err means NVML as a whole cannot answer
+// (not initialized, the driver unloaded, the library gone), as opposed to
+// one GPU failing.
+func realWholeNVML(err error) bool {
+	for _, r := range []string{"ERROR_UNINITIALIZED", "ERROR_DRIVER_NOT_LOADED", "ERROR_LIBRARY_NOT_FOUND",
+		"ERROR_LIB_RM_VERSION_MISMATCH"} {
+		if errors.Is(err, &Error{Return: r}) {
+			return true
+		}
+	}
+	return false
 }
 
 // discover reads one GPU. Callers hold g.mu.

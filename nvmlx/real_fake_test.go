@@ -43,6 +43,10 @@ type fakeGPU struct {
 	fail map[string]nvml.Return
 	// setMig replaces SetMigMode: (activation, ret) and the mode after.
 	setMig func(mode int) (nvml.Return, nvml.Return)
+	// ciIDBase is added to every compute profile id the fake reports and
+	// takes: nvml.h promises no id equal to its index, so a backend that
+	// assumes one fails here.
+	ciIDBase uint32
 }
 
 type fakeGI struct {
@@ -288,7 +292,7 @@ func (g *fakeGPU) addGI(p profiles.Profile, pl nvml.GpuInstancePlacement) *fakeG
 		}
 		for _, cp := range p.ComputeProfiles {
 			if cp.Index == idx {
-				return nvml.ComputeInstanceProfileInfo{Id: uint32(cp.ID), SliceCount: uint32(cp.Slices), InstanceCount: uint32(cp.MaxCount)}, nvml.SUCCESS
+				return nvml.ComputeInstanceProfileInfo{Id: uint32(cp.ID) + g.ciIDBase, SliceCount: uint32(cp.Slices), InstanceCount: uint32(cp.MaxCount)}, nvml.SUCCESS
 			}
 		}
 		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
@@ -296,6 +300,11 @@ func (g *fakeGPU) addGI(p profiles.Profile, pl nvml.GpuInstancePlacement) *fakeG
 	gi.CreateComputeInstanceFunc = func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
 		if ret, ok := g.take("CreateComputeInstance"); ok {
 			return nil, ret
+		}
+		// nvml.h nvmlGpuInstanceCreateComputeInstance: NOT_SUPPORTED for a
+		// profile the GPU instance does not offer.
+		if !slices.ContainsFunc(p.ComputeProfiles, func(cp profiles.ComputeProfile) bool { return uint32(cp.ID)+g.ciIDBase == info.Id }) {
+			return nil, nvml.ERROR_NOT_SUPPORTED
 		}
 		return fgi.addCI(info).ci, nvml.SUCCESS
 	}

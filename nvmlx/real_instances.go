@@ -285,8 +285,12 @@ func (g *realGPU) CreateGPUInstance(i, profileID int, at profiles.Placement) (in
 }
 
 // CreateComputeInstance creates a compute instance of the compute profile
-// with NVML id ciProfileID inside GPU instance giID.
-func (g *realGPU) CreateComputeInstance(i, giID, ciProfileID int) (ComputeInstance, error) {
+// at index ciProfileIndex inside GPU instance giID. The profile's info (its
+// id above all, which is what the driver creates by) is read from NVML
+// through the GPU instance: the id is NVML's to give (nvml.h
+// nvmlComputeInstanceProfileInfo_t.id, "unique profile ID within the GPU
+// instance"), not assumed equal to the index.
+func (g *realGPU) CreateComputeInstance(i, giID, ciProfileIndex int) (ComputeInstance, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	const op = "CreateComputeInstance"
@@ -307,25 +311,16 @@ func (g *realGPU) CreateComputeInstance(i, giID, ciProfileID int) (ComputeInstan
 	if ret != nvml.SUCCESS {
 		return ComputeInstance{}, realError("GpuInstance.GetInfo", i, ret)
 	}
-	var cpi *nvml.ComputeInstanceProfileInfo
-	for idx := range nvml.COMPUTE_INSTANCE_PROFILE_COUNT {
-		info, ret := gi.GetComputeInstanceProfileInfo(idx, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-		switch ret {
-		case nvml.SUCCESS:
-		case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_INVALID_ARGUMENT:
-			continue
-		default:
-			return ComputeInstance{}, realError("GetComputeInstanceProfileInfo", i, ret)
-		}
-		if int(info.Id) == ciProfileID {
-			cpi = &info
-			break
-		}
+	info, ret := gi.GetComputeInstanceProfileInfo(ciProfileIndex, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	switch ret {
+	case nvml.SUCCESS:
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_INVALID_ARGUMENT:
+		return ComputeInstance{}, fmt.Errorf("GPU instance %d offers no compute instance profile at index %d (NVML: %s): %w",
+			giID, ciProfileIndex, realReturnName(ret), realError("GetComputeInstanceProfileInfo", i, nvml.ERROR_NOT_FOUND))
+	default:
+		return ComputeInstance{}, realError("GetComputeInstanceProfileInfo", i, ret)
 	}
-	if cpi == nil {
-		return ComputeInstance{}, fmt.Errorf("GPU instance %d offers no compute instance profile with id %d: %w",
-			giID, ciProfileID, realError("GetComputeInstanceProfileInfo", i, nvml.ERROR_NOT_FOUND))
-	}
+	cpi := &info
 	ci, ret := gi.CreateComputeInstance(cpi)
 	if ret != nvml.SUCCESS {
 		return ComputeInstance{}, fmt.Errorf("in GPU instance %d: %w", giID, realError(op, i, ret))

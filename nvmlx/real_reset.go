@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/migagent/mig-agent/internal/backoff"
 )
 
 // realResetTimeout bounds one `nvidia-smi -r`.
@@ -176,20 +179,26 @@ func realSMIReturn(err error, out []byte) nvml.Return {
 	return nvml.ERROR_UNKNOWN
 }
 
-// realReinitTries and realReinitWait: how often and how patiently NVML is
-// initialized again after a reset (the driver may take a moment to bring
-// the GPU back).
-const (
-	realReinitTries = 5
-	realReinitWait  = 500 * time.Millisecond
-)
+// realReinit is how patiently NVML is initialized again after a reset
+// (the driver may take a moment to bring the GPU back): 5 tries, 250 ms
+// doubling between them, each wait jittered (internal/backoff's factor).
+func realReinit() wait.Backoff {
+	return wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: backoff.Jitter, Steps: 5}
+}
+
+// ErrNVMLNotBack: NVML could not be initialized again after a GPU reset.
+// The reset itself may well have happened; nothing can be read until NVML
+// answers, so the caller neither judges the reset nor reboots for it: it
+// waits for NVML (Begin retries the initialization) and reads again.
+var ErrNVMLNotBack = errors.New("NVML not back after the GPU reset")
 
 // ResetGPU resets GPU i so a pending MIG mode takes effect: `nvidia-smi -r
 // -i BUSID` while the driver is bound (NVIDIA's way: it checks for clients
 // first), the sysfs reset only when no driver is bound. NVML is shut down
 // around the reset, since an open NVML session counts as a client, and
-// initialized again afterwards with a backoff; if that keeps failing the
-// next call tries again.
+// initialized again afterwards with a jittered backoff; when that keeps
+// failing the error wraps ErrNVMLNotBack, and the next call or Begin
+// initializes NVML again.
 func (g *realGPU) ResetGPU(i int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -226,19 +235,21 @@ func (g *realGPU) ResetGPU(i int) error {
 		}
 	}
 	var initErr error
-	wait := realReinitWait
-	for try := 1; try <= realReinitTries; try++ {
+	b := realReinit()
+	for try := 1; ; try++ {
 		if initErr = g.init(); initErr == nil {
 			break
 		}
-		g.log.Warn("NVML not back after the reset; retrying", "gpu", i, "try", try, "err", initErr)
-		if try < realReinitTries {
-			g.cfg.sleep(wait)
-			wait *= 2
+		if b.Steps <= 1 {
+			g.log.Error("NVML not back after the reset; giving up for now (the next call tries again)", "gpu", i, "tries", try, "err", initErr)
+			break
 		}
+		wait := b.Step()
+		g.log.Warn("NVML not back after the reset; retrying", "gpu", i, "try", try, "wait", wait, "err", initErr)
+		g.cfg.sleep(wait)
 	}
 	if initErr != nil {
-		return errors.Join(resetErr, fmt.Errorf("re-initialize NVML after the reset (the next call tries again): %w", initErr))
+		return errors.Join(resetErr, fmt.Errorf("%w: re-initializing it failed (the next call tries again): %w", ErrNVMLNotBack, initErr))
 	}
 	return resetErr
 }

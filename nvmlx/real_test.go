@@ -625,12 +625,19 @@ func TestRealResetGPU(t *testing.T) {
 		if err := g.ResetGPU(0); err != nil {
 			t.Fatalf("ResetGPU: %v", err)
 		}
-		if len(slept) != 2 || slept[1] != 2*slept[0] {
-			t.Errorf("waits %v, want two, doubling", slept)
+		// 250 ms doubling, each drawn within +50% (internal/backoff's jitter).
+		if len(slept) != 2 || slept[0] < 250*time.Millisecond || slept[0] >= 375*time.Millisecond ||
+			slept[1] < 500*time.Millisecond || slept[1] >= 750*time.Millisecond {
+			t.Errorf("waits %v, want two: 250 ms then 500 ms, jittered", slept)
 		}
-		fails = 100
-		if err := g.ResetGPU(0); err == nil || !strings.Contains(err.Error(), "the next call tries again") {
-			t.Fatalf("ResetGPU with NVML not coming back: %v", err)
+		fails, slept = 100, nil
+		before := f.inits
+		err := g.ResetGPU(0)
+		if !errors.Is(err, ErrNVMLNotBack) || !strings.Contains(err.Error(), "the next call tries again") {
+			t.Fatalf("ResetGPU with NVML not coming back: %v, want ErrNVMLNotBack", err)
+		}
+		if tries := f.inits - before; tries != 5 || len(slept) != 4 {
+			t.Errorf("%d tries with %d waits, want 5 tries and 4 waits", tries, len(slept))
 		}
 		fails = 0
 		if _, err := g.Devices(); err != nil {
@@ -784,5 +791,45 @@ func TestRealClosed(t *testing.T) {
 	wantNVMLError(t, err, "DeviceGetCount", "ERROR_UNINITIALIZED")
 	if v, err := g.DriverVersion(); err == nil {
 		t.Errorf("DriverVersion after Close: %q", v)
+	}
+}
+
+// Compute profile ids are NVML's: the backend creates by the index, reads
+// the profile's info (its id) from the GPU instance and passes that on,
+// and reports the id NVML gave. The fake's ids differ from their indices
+// (nvml.h promises no equality), so a backend that assumed index == id
+// would ask for a profile the GPU instance does not offer.
+func TestRealComputeProfileIDsFromNVML(t *testing.T) {
+	f := newFakeNVML("h200")
+	fg := f.gpus[0]
+	fg.ciIDBase = 100
+	g := newTestReal(t, f)
+	if _, err := g.SetMigMode(0, true); err != nil {
+		t.Fatal(err)
+	}
+	gi3, err := g.CreateGPUInstance(0, 9, profiles.Placement{Start: 4, Size: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := g.CreateComputeInstance(0, gi3, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE)
+	if err != nil {
+		t.Fatalf("create 1c by index: %v", err)
+	}
+	if ci.ProfileID != 100 || ci.Profile != "1c.3g.71gb" {
+		t.Errorf("compute instance %+v, want NVML's id 100 and 1c.3g.71gb", ci)
+	}
+	var gi *fakeGI
+	for _, x := range fg.gis {
+		if int(x.info.Id) == gi3 {
+			gi = x
+		}
+	}
+	if calls := gi.gi.CreateComputeInstanceCalls(); len(calls) != 1 || calls[0].ComputeInstanceProfileInfo.Id != 100 {
+		t.Errorf("NVML was asked for compute profile ids %+v, want [100]", calls)
+	}
+	gis, err := g.Instances(0)
+	if err != nil || len(gis) != 1 || len(gis[0].ComputeInstances) != 1 || gis[0].ComputeInstances[0].ProfileID != 100 ||
+		gis[0].ComputeInstances[0].Profile != "1c.3g.71gb" {
+		t.Fatalf("Instances %+v (%v)", gis, err)
 	}
 }

@@ -43,7 +43,7 @@ type SimOptions struct {
 // Writes are atomic. Methods are safe for concurrent use.
 //
 // GPU returns the backend, so a Sim is an nvmlx.GPU; AddProcess,
-// RemoveProcess, Mutations, BootCount and Sessions are the test hooks.
+// RemoveProcess, SetHandleError, Mutations, BootCount and Sessions are the test hooks.
 type Sim struct {
 	*realGPU
 	lib *simLib
@@ -176,6 +176,26 @@ func (s *Sim) AddProcess(gpu int, p Process) error {
 		return fmt.Errorf("sim: process %d already on GPU %d", p.PID, gpu)
 	}
 	g.Processes = append(g.Processes, p)
+	return l.commit(next)
+}
+
+// SetHandleError makes every handle lookup of a GPU answer ret
+// ("ERROR_NO_PERMISSION": a GPU this process may not open, as with a
+// device node it has no access to), persisted; "" makes it openable again.
+// nvmlDeviceGetCount still counts it (nvml.h nvmlDeviceGetCount_v2).
+func (s *Sim) SetHandleError(gpu int, ret string) error {
+	if ret != "" && simReturnByName(ret) == nvml.ERROR_UNKNOWN && ret != "ERROR_UNKNOWN" {
+		return fmt.Errorf("sim: %q is no NVML return name", ret)
+	}
+	l := s.lib
+	l.lock()
+	defer l.unlock()
+	next := l.st.clone()
+	g, _ := l.gpu(&next, gpu)
+	if g == nil {
+		return fmt.Errorf("sim: no GPU %d", gpu)
+	}
+	g.HandleError = ret
 	return l.commit(next)
 }
 

@@ -38,12 +38,15 @@ const (
 	OpComputeInstanceDestroy         = "ComputeInstance.Destroy"
 	OpSetMigMode                     = "SetMigMode"
 	OpResetGpu                       = "ResetGpu"
+	// OpInit is nvmlInit (go-nvml's Init): a fault there is NVML failing
+	// to open, as after a reset before the driver has the GPU back.
+	OpInit = "Init"
 )
 
 // faultOps lists the operations --sim-faults accepts.
 func faultOps() []string {
 	return []string{OpCreateGpuInstance, OpCreateGpuInstanceWithPlacement, OpCreateComputeInstance,
-		OpGpuInstanceDestroy, OpComputeInstanceDestroy, OpSetMigMode, OpResetGpu}
+		OpGpuInstanceDestroy, OpComputeInstanceDestroy, OpSetMigMode, OpResetGpu, OpInit}
 }
 
 // isNVMLErrorName reports whether s is an NVML error return name as go-nvml

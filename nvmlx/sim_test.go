@@ -763,3 +763,38 @@ func TestOpen(t *testing.T) {
 		}
 	}
 }
+
+// A GPU whose handle answers NO_PERMISSION (nvml.h nvmlDeviceGetCount_v2
+// counts it anyway) is reported, not fatal: Devices returns the others
+// whole, and the error names the GPU and NVML's answer.
+func TestDevicesLeavesUnopenableGPUs(t *testing.T) {
+	s := newSim(t, "h200x3", SimOptions{})
+	if err := s.SetHandleError(1, "ERROR_NO_PERMISSION"); err != nil {
+		t.Fatal(err)
+	}
+	devs, err := s.Devices()
+	var ue *UnusableError
+	if !errors.As(err, &ue) || len(ue.GPUs) != 1 || ue.GPUs[0].Index != 1 || ue.GPUs[0].Return != "ERROR_NO_PERMISSION" {
+		t.Fatalf("error %v, want an UnusableError for GPU 1 with ERROR_NO_PERMISSION", err)
+	}
+	if len(devs) != 2 || devs[0].Index != 0 || devs[1].Index != 2 || len(devs[1].Catalogue.Profiles) == 0 {
+		t.Fatalf("devices %+v, want GPUs 0 and 2 with their catalogues", devs)
+	}
+	got, unusable, err := SplitUnusable(s.Devices())
+	if err != nil || len(got) != 2 || len(unusable) != 1 {
+		t.Fatalf("SplitUnusable: %d devices, %v unusable, %v", len(got), unusable, err)
+	}
+	// NVML itself gone is still an error of the whole call.
+	if _, _, err := SplitUnusable(nil, ErrInUse); err == nil {
+		t.Fatal("SplitUnusable dropped an error that is not about unusable GPUs")
+	}
+	if err := s.SetHandleError(1, ""); err != nil {
+		t.Fatal(err)
+	}
+	if devs, err := s.Devices(); err != nil || len(devs) != 3 {
+		t.Fatalf("after the permission came back: %d devices, %v", len(devs), err)
+	}
+	if err := s.SetHandleError(0, "ERROR_BOGUS"); err == nil {
+		t.Fatal("SetHandleError took a name NVML has no return for")
+	}
+}

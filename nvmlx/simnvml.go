@@ -191,10 +191,14 @@ func (l *simLib) gpu(st *simState, i int) (*simGPU, *profiles.Model) {
 // Init counts a reference (nvml.h nvmlInit_v2: "... reference counted") and
 // the session beside the state file (SessionsPath), so a test sees how many
 // sessions were opened and closed across processes. With the driver unloaded (the state's
-// driverUnloaded) it fails with DRIVER_NOT_LOADED.
+// driverUnloaded) it fails with DRIVER_NOT_LOADED; a --sim-faults Init:N
+// fault fails that call.
 func (l *simLib) Init() nvml.Return {
 	l.lock()
 	defer l.unlock()
+	if ret := l.fault(-1, OpInit); ret != nvml.SUCCESS {
+		return ret // --sim-faults Init:N: no reference taken
+	}
 	if l.st.DriverUnloaded {
 		return nvml.ERROR_DRIVER_NOT_LOADED // nvml.h nvmlInit_v2
 	}

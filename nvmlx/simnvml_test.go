@@ -219,7 +219,7 @@ func TestSimRules(t *testing.T) {
 				_, ret := simCreate(d, simInfo(t, d, 8), 2, 2)
 				return result{ret: ret}
 			}, nvml.ERROR_INSUFFICIENT_RESOURCES, nil},
-		{"GI ids by placement", "MIG user guide A100 examples; dra-driver issue 933; issue's A30/H100 outputs", "h200x1", SimOptions{},
+		{"GI ids by placement", "MIG user guide A100 examples; dra-driver issue 933; issue's A30/H100 outputs (quarter ids beyond the one example and half ids on 4-slice GPUs unverified)", "h200x1", SimOptions{},
 			func(t *testing.T, l *simLib) result {
 				d := simDev(t, l, 0)
 				simMig(t, d, true)
@@ -266,7 +266,7 @@ func TestSimRules(t *testing.T) {
 				info, _ := gi.GetInfo()
 				return result{ret, info.Id}
 			}, nvml.SUCCESS, uint32(3)},
-		{"compute profile ids are NVML's indices", "MIG user guide -lcip example (1c.3g 0, 2c.3g 1, 3g 2)", "h200x1", SimOptions{},
+		{"compute profile ids are NVML's indices", "MIG user guide -lcip example (1c.3g 0, 2c.3g 1, 3g 2); no capture shows an id other than its index, nvml.h promises only uniqueness within the GPU instance (the backend reads it: TestRealComputeProfileIDsFromNVML)", "h200x1", SimOptions{},
 			func(t *testing.T, l *simLib) result {
 				d := simDev(t, l, 0)
 				simMig(t, d, true)
@@ -373,6 +373,76 @@ func TestSimRules(t *testing.T) {
 				_, ret := l.DeviceGetHandleByIndex(1)
 				return result{ret, n}
 			}, nvml.ERROR_NO_PERMISSION, 2},
+		{"driver unloaded: Init DRIVER_NOT_LOADED", "nvml.h nvmlInit_v2 (NVML_ERROR_DRIVER_NOT_LOADED)", "h200x1", SimOptions{},
+			func(t *testing.T, l *simLib) result {
+				l.Shutdown()
+				next := l.st.clone()
+				next.DriverUnloaded = true
+				if err := l.commit(next); err != nil {
+					t.Fatal(err)
+				}
+				ret := l.Init()
+				return result{ret, l.refs}
+			}, nvml.ERROR_DRIVER_NOT_LOADED, 0},
+		{"counts: one 1g.18gb+me per GPU", "fixtures/h200-nvml-probe.json (profile index 7: instance count 1, 7 placements)", "h200x1", SimOptions{},
+			func(t *testing.T, l *simLib) result {
+				d := simDev(t, l, 0)
+				simMig(t, d, true)
+				if _, ret := simCreate(d, simInfo(t, d, 7), 0, 1); ret != nvml.SUCCESS {
+					t.Fatalf("first +me: %s", realReturnName(ret))
+				}
+				_, ret := simCreate(d, simInfo(t, d, 7), 3, 1)
+				return result{ret: ret}
+			}, nvml.ERROR_INSUFFICIENT_RESOURCES, nil},
+		{"GPU instance by id with MIG disabled", "nvml.h nvmlDeviceGetGpuInstanceById: NOT_SUPPORTED when MIG is not enabled", "h200x1", SimOptions{},
+			func(t *testing.T, l *simLib) result {
+				_, ret := simDev(t, l, 0).GetGpuInstanceById(0)
+				return result{ret: ret}
+			}, nvml.ERROR_NOT_SUPPORTED, nil},
+		{"no MIG devices with MIG disabled", "MIG facts §5 (H200 measured: GetMaxMigDeviceCount 0)", "h200x1", SimOptions{},
+			func(t *testing.T, l *simLib) result {
+				n, ret := simDev(t, l, 0).GetMaxMigDeviceCount()
+				return result{ret, n}
+			}, nvml.SUCCESS, 0},
+		{"reset refused while a process runs", "MIG facts §4.3 (nvidia-smi -r lists the clients that block it); nvml.h nvmlDeviceSetMigMode (IN_USE: idle the device)", "a100-40gbx1", SimOptions{},
+			func(t *testing.T, l *simLib) result {
+				simMig(t, simDev(t, l, 0), true)
+				if err := (&Sim{lib: l}).AddProcess(0, Process{PID: 7, GIID: -1}); err != nil {
+					t.Fatal(err)
+				}
+				l.Shutdown()
+				out, err := l.smiReset("00000000:10:00.0")
+				cur := l.st.GPUs[0].MigCurrent
+				return result{realSMIReturn(err, out), cur}
+			}, nvml.ERROR_IN_USE, false},
+		{"reboot: pending becomes current, instances and processes gone", "MIG facts §4.2 (instances never survive a reboot; k8s-device-plugin issue 343); the simulator's `sim reboot` contract. Unverified: Hopper's MIG mode after a VM reset (gpu-admin-tools issue 2 says it is gone) is not modelled", "h100-80gbx1", SimOptions{},
+			func(t *testing.T, l *simLib) result {
+				d := simDev(t, l, 0)
+				simMig(t, d, true)
+				simCreate(d, simInfo(t, d, 4), 0, 8)
+				if err := (&Sim{lib: l}).AddProcess(0, Process{PID: 7, GIID: -1}); err != nil {
+					t.Fatal(err)
+				}
+				next := l.st.clone()
+				next.reboot()
+				if err := l.commit(next); err != nil {
+					t.Fatal(err)
+				}
+				g := l.st.GPUs[0]
+				return result{nvml.SUCCESS, [3]any{g.MigCurrent, len(g.Instances), len(g.Processes)}}
+			}, nvml.SUCCESS, [3]any{true, 0, 0}},
+		{"device by unknown UUID", "nvml.h nvmlDeviceGetHandleByUUID: NOT_FOUND", "h200x1", SimOptions{},
+			func(t *testing.T, l *simLib) result {
+				_, ret := l.DeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000")
+				return result{ret: ret}
+			}, nvml.ERROR_NOT_FOUND, nil},
+		{"Init fault: no reference taken", "--sim-faults Init:N (the simulator's injection, not a hardware rule)", "h200x1", SimOptions{Faults: "Init:2=ERROR_UNKNOWN"},
+			func(t *testing.T, l *simLib) result {
+				l.Shutdown()
+				ret := l.Init()
+				_, after := l.DeviceGetCount()
+				return result{ret, realReturnName(after)}
+			}, nvml.ERROR_UNKNOWN, "ERROR_UNINITIALIZED"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.rule, func(t *testing.T) {

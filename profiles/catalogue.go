@@ -56,11 +56,15 @@ func (p Placement) String() string { return fmt.Sprintf("%d:%d", p.Start, p.Size
 // ComputeProfile is a compute instance profile offered inside a GPU
 // instance profile.
 type ComputeProfile struct {
-	Name     string `json:"name"`  // "1c.3g.40gb"; equal to the GI name for the full CI
-	Index    int    `json:"index"` // NVML compute instance profile index
-	ID       int    `json:"id"`
-	Slices   int    `json:"slices"`
-	MaxCount int    `json:"maxCount"` // per GPU instance
+	Name  string `json:"name"`  // "1c.3g.40gb"; equal to the GI name for the full CI
+	Index int    `json:"index"` // NVML compute instance profile index: what mig-agent creates by
+	// ID is NVML's info.id. NVML lists compute profiles only through an
+	// existing GPU instance, so discovery cannot read it beforehand: the
+	// catalogue's is the one public captures show (equal to the index),
+	// and creation reads the real one from NVML, never this field.
+	ID       int `json:"id"`
+	Slices   int `json:"slices"`
+	MaxCount int `json:"maxCount"` // per GPU instance
 }
 
 // Profile is one GPU instance profile as a GPU offers it.

@@ -362,6 +362,13 @@ func applyCmd() *cobra.Command {
 				}
 				res := a.Result
 				fmt.Fprintf(out, "applied %q: GPUs changed %v, untouched %v\n", name, res.Changed, res.Untouched)
+				// GPUs NVML cannot open were left alone: a config that
+				// names them is not applied, whatever the others hold.
+				if spec, _, err := agent.Lookup(f, name, n.GPUs); err == nil {
+					if named := agent.UnusableNamed(spec, name, n.Unusable); len(named) > 0 {
+						return agent.UnusableError(name, named)
+					}
+				}
 				return nil
 			})
 		},
