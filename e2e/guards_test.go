@@ -356,12 +356,13 @@ func TestGuardOversizeReason(t *testing.T) {
 	if h := History(t, n); len(h) != 1 || h[0].Config != "nope" {
 		t.Errorf("history after the unparsable one: %d records", len(h))
 	}
-	if len(nodeEvents(t, c, node, agent.ReasonHistoryUnparsable)) == 0 {
-		t.Error("no Event about the unparsable history")
-	}
-	if len(nodeEvents(t, c, node, agent.ReasonInvalid)) == 0 {
-		t.Error("no Event about the failure")
-	}
+	// The Events follow the record (the state label is written with it).
+	WaitFor(t, 10*time.Second, "an Event about the unparsable history", func() bool {
+		return len(nodeEvents(t, c, node, agent.ReasonHistoryUnparsable)) > 0
+	})
+	WaitFor(t, 10*time.Second, "an Event about the failure", func() bool {
+		return len(nodeEvents(t, c, node, agent.ReasonInvalid)) > 0
+	})
 }
 
 // grRun runs the binary with args to its end or until timeout (then kills
