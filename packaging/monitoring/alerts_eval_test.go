@@ -136,6 +136,10 @@ load 1m
 			time.Minute, []string{"MigAgentRebootGuardTripped"}},
 		{"nvml down", "load 1m\n  migagent_nvml_up{instance=\"n1\"} 0+0x40\n",
 			5 * time.Minute, []string{"MigAgentNVMLUnavailable"}},
+		{"gpu unusable", "load 1m\n  migagent_gpu_unusable{instance=\"n1\",gpu=\"1\",error=\"ERROR_NO_PERMISSION\"} 1+0x40\n",
+			10 * time.Minute, []string{"MigAgentGPUUnusable"}},
+		{"gpu unusable for a moment", "load 1m\n  migagent_gpu_unusable{instance=\"n1\",gpu=\"1\",error=\"ERROR_GPU_IS_LOST\"} 1+0x5\n",
+			10 * time.Minute, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,13 +152,17 @@ load 1m
 }
 
 // TestAlertsOnGolden evaluates the rules on the agent's golden /metrics
-// text (a node whose second change failed): only MigAgentFailed fires, and
-// its description carries the reason from migagent_last_failure_info.
+// text (a node whose second change failed, with GPU 2 unopenable):
+// MigAgentFailed and MigAgentGPUUnusable fire, and the failure's
+// description carries the reason from migagent_last_failure_info.
 func TestAlertsOnGolden(t *testing.T) {
 	groups, _ := loadRules(t)
 	firing := evalAlerts(t, groups, goldenSeries(t, "gpu-node-1"), 10*time.Minute)
-	if got := firingNames(firing); !slices.Equal(got, []string{"MigAgentFailed"}) {
-		t.Fatalf("firing %v, want [MigAgentFailed]", got)
+	if got := firingNames(firing); !slices.Equal(got, []string{"MigAgentFailed", "MigAgentGPUUnusable"}) {
+		t.Fatalf("firing %v, want [MigAgentFailed MigAgentGPUUnusable]", got)
+	}
+	if s := firing["MigAgentGPUUnusable"].Annotations.Get("summary"); !strings.Contains(s, "GPU 2 on gpu-node-1") {
+		t.Errorf("unusable GPU summary %q", s)
 	}
 	a := firing["MigAgentFailed"]
 	desc := a.Annotations.Get("description")

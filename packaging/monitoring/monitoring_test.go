@@ -204,6 +204,7 @@ func TestAlerts(t *testing.T) {
 		"MigAgentGeometryDrift":      {0, `migagent_geometry_drift`},
 		"MigAgentRebootGuardTripped": {0, `migagent_reboot_guard_tripped`},
 		"MigAgentNVMLUnavailable":    {0, `migagent_nvml_up`},
+		"MigAgentGPUUnusable":        {5 * time.Minute, `migagent_gpu_unusable`},
 	}
 	seen := map[string]bool{}
 	for _, group := range plain.Groups {
