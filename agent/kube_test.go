@@ -113,14 +113,14 @@ func TestSlots(t *testing.T) {
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	slot := func(holder string) *Slots {
-		return &Slots{Client: c, Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: time.Second}
+		return &Slots{Client: c, Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: 200 * time.Millisecond}
 	}
-	relA, err := slot("a").Acquire(ctx)
+	relA, err := acquireStepping(t, clk, slot("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := slot("b")
-	if _, err := b.Acquire(ctx); err != nil {
+	if _, err := acquireStepping(t, clk, b); err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan error, 1)
@@ -143,6 +143,8 @@ func TestSlots(t *testing.T) {
 		return false
 	}
 	waitLog("the third holder's watch", func() bool { return watching() && clk.HasWaiters() })
+	time.Sleep(20 * time.Millisecond)
+	clk.Step(200 * time.Millisecond) // its first try's spread: it finds every slot taken
 	time.Sleep(50 * time.Millisecond)
 	before := len(c.Actions())
 	// A renewal by b is a Lease change that frees nothing: c looks at its
@@ -153,7 +155,7 @@ func TestSlots(t *testing.T) {
 		}
 	}
 	renewal := len(c.Actions()) - before
-	for range 8 { // short of the holders' renewals (every 10 s)
+	for range 6 { // short of the holders' renewals (every 10 s)
 		clk.Step(time.Second) // spreads and retries due, slots still held
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -174,7 +176,7 @@ func TestSlots(t *testing.T) {
 			}
 			return
 		case <-time.After(20 * time.Millisecond):
-			clk.Step(100 * time.Millisecond) // the spread after the release
+			clk.Step(50 * time.Millisecond) // the spread after the release
 		}
 	}
 	t.Fatal("third holder did not get the released slot")
@@ -312,19 +314,42 @@ func TestSlotExpiresWhileQueued(t *testing.T) {
 			t.Fatal("the queued holder never waited")
 		}
 	}
-	clk.Step(29 * time.Second)
-	select {
-	case err := <-got:
-		t.Fatalf("took a live slot (err %v)", err)
-	case <-time.After(50 * time.Millisecond):
-	}
-	clk.Step(2 * time.Second)
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
+	clk.Step(29 * time.Second) // past the first try's spread; the Lease lives on
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !clk.Now().After(time.Unix(1030, 0)) {
+				t.Fatalf("took a live slot at %v; it expires at %v", clk.Now(), time.Unix(1030, 0))
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+			clk.Step(100 * time.Millisecond)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("expired slot not taken by the queued holder")
 	}
+	t.Fatal("expired slot not taken by the queued holder")
+}
+
+// acquireStepping takes a slot, moving the fake clock past the spread of
+// the first try.
+func acquireStepping(t *testing.T, clk *clocktesting.FakeClock, s *Slots) (func(), error) {
+	t.Helper()
+	type res struct {
+		release func()
+		err     error
+	}
+	got := make(chan res, 1)
+	go func() { r, err := s.Acquire(context.Background()); got <- res{r, err} }()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		select {
+		case r := <-got:
+			return r.release, r.err
+		case <-time.After(10 * time.Millisecond):
+			clk.Step(50 * time.Millisecond)
+		}
+	}
+	t.Fatal("no slot taken")
+	return nil, nil
 }

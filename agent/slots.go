@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -86,11 +87,22 @@ func (s *Slots) Acquire(ctx context.Context) (func(), error) {
 	}
 	retries := backoff.API()
 	logged := false
+	// A pool-wide change starts every queued node at once: the first try
+	// is spread too.
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.Clock.After(rand.N(spread)):
+	}
+	exists := map[string]bool{} // created by another while absent from the cache
 	for {
 		free, next := s.scan(store)
 		trouble := false // an error or a lost race: look again after a jittered wait
-		for _, c := range free {
-			ok, err := s.take(ctx, c.name, c.lease)
+		// One try a round: a node that lost a race waits for the winner's
+		// write to reach its cache instead of trying every other slot.
+		if len(free) > 0 {
+			c := free[0]
+			ok, err := s.take(ctx, c.name, c.lease, exists[c.name])
 			switch {
 			case ok:
 				s.Log.Info("took rollout slot", "lease", c.name)
@@ -98,6 +110,9 @@ func (s *Slots) Acquire(ctx context.Context) (func(), error) {
 				s.held, s.keep = c.name, false
 				s.mu.Unlock()
 				return s.hold(ctx, c.name), nil
+			case errors.Is(err, errSlotExists):
+				exists[c.name] = true
+				trouble = true
 			case err != nil:
 				s.Log.Debug("rollout slot", "lease", c.name, "err", err)
 				trouble = true
@@ -197,16 +212,24 @@ func (s *Slots) scan(store cache.Store) ([]candidate, time.Time) {
 	return free, next
 }
 
+// errSlotExists: the slot Lease the cache does not show exists.
+var errSlotExists = errors.New("rollout slot exists")
+
 // take tries slot name as the cache shows it (nil: absent): an update on
 // its resourceVersion or a create. (false, nil) when another node was first.
-func (s *Slots) take(ctx context.Context, name string, cached *coordinationv1.Lease) (bool, error) {
+// A create that finds the Lease there returns errSlotExists: taken a moment
+// ago (its write is on its way to the cache), or, when it happens again
+// (read), a slot Lease from before LabelRolloutSlot that the watch does not
+// see: then it is read, and taken if free (which labels it).
+func (s *Slots) take(ctx context.Context, name string, cached *coordinationv1.Lease, read bool) (bool, error) {
 	leases := s.Client.CoordinationV1().Leases(s.Namespace)
 	if cached == nil {
+		if read {
+			return s.try(ctx, name)
+		}
 		_, err := leases.Create(ctx, s.claim(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.Namespace}}), metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			// Taken a moment ago, or a slot Lease from before the label
-			// (the watch does not see it): read it and decide.
-			return s.try(ctx, name)
+			return false, errSlotExists
 		}
 		return err == nil, ignoreConflict(err)
 	}
