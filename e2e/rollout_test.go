@@ -73,7 +73,9 @@ func roIdentity(t *testing.T, c kubernetes.Interface) string {
 	if _, err := c.FlowcontrolV1().FlowSchemas().Create(ctx, fs, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("creating the FlowSchema: %v", err)
 	}
-	t.Cleanup(func() { _ = c.FlowcontrolV1().FlowSchemas().Delete(context.Background(), roFlowSchema, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = c.FlowcontrolV1().FlowSchemas().Delete(context.Background(), roFlowSchema, metav1.DeleteOptions{})
+	})
 	return rbacKubeconfig(t, token)
 }
 
