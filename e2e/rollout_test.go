@@ -183,11 +183,9 @@ func TestFleetRolloutBounded(t *testing.T) {
 		node := kubetest.NewName(t, fmt.Sprintf("fleet%02d", i))
 		kubetest.CreateNode(t, node, nil)
 		nodes = append(nodes, node)
-		as = append(as, StartAgent(t, &Opts{Node: node, Sim: "h200x2", Namespace: ns, Kubeconfig: kubeconfig,
+		// Ready: its node watch is up.
+		as = append(as, flStart(t, &Opts{Node: node, Sim: "h200x2", Namespace: ns, Kubeconfig: kubeconfig,
 			Extra: []string{"--max-concurrent", strconv.Itoa(slots), "--lease-duration", "15s"}}))
-	}
-	for i, a := range as {
-		WaitFor(t, 60*time.Second, "agent "+nodes[i]+" watching its node", func() bool { return strings.Contains(a.Log(), "watching node") })
 	}
 	for _, n := range nodes {
 		SelectConfig(t, c, n, "all-balanced")
