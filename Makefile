@@ -13,7 +13,7 @@ export CGO_ENABLED := 1
 FUZZTIME  ?= 10s
 STATICCHECK ?= v0.8.2
 
-.PHONY: all build test unit fuzz check bench demo package clean
+.PHONY: all build test unit fuzz check bench fleet-bench demo package clean
 
 all: build
 
@@ -43,10 +43,24 @@ check:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK) ./...
 	cd packaging/monitoring && $(GO) vet ./...
 	cd packaging/test && $(GO) vet ./...
+	cd hack/fleetplot && $(GO) vet ./...
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./geometry ./profiles
 	$(GO) run ./hack/bench
+	@echo "fleet figures (K agents on one API server, --max-concurrent N): make fleet-bench (docs/fleet.md)"
+
+# The fleet bench: FLEET_K simulated nodes (each a real mig-agent process on
+# sim:h200x8) on one real kube-apiserver, a pool-wide label change, for each
+# --max-concurrent in FLEET_N. Fails when a node never converges or more than
+# N nodes are disrupted at once. Merged into bench-results.json ("fleet");
+# the plot is drawn by hack/fleetplot, a module of its own.
+FLEET_K ?= 10,20
+FLEET_N ?= 1,10,50
+FLEET_BENCH_ARGS ?=
+fleet-bench: build
+	$(GO) run ./hack/bench -fleet -fleet-k $(FLEET_K) -fleet-n $(FLEET_N) $(FLEET_BENCH_ARGS)
+	cd hack/fleetplot && $(GO) run . -i ../../bench-results.json -o ../../docs/fleet-bench.png
 
 demo: build
 	bash hack/demo.sh

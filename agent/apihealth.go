@@ -2,13 +2,19 @@ package agent
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 )
 
-// apiProbeInterval is how often the API server's /readyz is asked while it
-// answers (while it does not, every second). As often as the kubelet
-// renews its node Lease, and cheaper: /readyz touches no object.
+// apiProbeInterval is how often the API server is probed while it answers
+// (while it does not, every second), jittered.
 const apiProbeInterval = 10 * time.Second
+
+// reachable is what a Cluster may offer besides Probe: whether the API
+// server accepts connections at all, without sending it a request.
+type reachable interface {
+	Reachable(ctx context.Context) error
+}
 
 // probeAPI asks the API server's /readyz until ctx ends. The API server
 // counts as unreachable (/readyz of the agent false) on two signs: the Node
@@ -16,24 +22,38 @@ const apiProbeInterval = 10 * time.Second
 // probe, needed because the reflector retries a refused watch connection
 // quietly, reporting nothing, so a watch can be dead for minutes without a
 // word.
+//
+// While the server answers, the probe is Reachable where the Cluster has it
+// (a TCP connect: a refused connection is exactly the case the reflector
+// keeps quiet about, and a connect is no request, so an idle fleet sends the
+// API server nothing); once it is down, Probe (its /readyz) every second
+// until it says ok.
 func (d *Daemon) probeAPI(ctx context.Context) {
 	for {
+		down := d.apiDown.Load()
 		wait := apiProbeInterval
-		if d.apiDown.Load() {
+		if down {
 			wait = time.Second
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-d.Clock.After(wait):
+		case <-d.Clock.After(wait - wait/4 + rand.N(wait/2)):
 		}
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		err := d.Cluster.Probe(pctx)
+		var err error
+		if r, ok := d.Cluster.(reachable); ok && !down {
+			err = r.Reachable(pctx)
+		} else {
+			err = d.Cluster.Probe(pctx)
+		}
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		d.setAPIDown(err != nil, err)
+		if down || err != nil {
+			d.setAPIDown(err != nil, err)
+		}
 	}
 }
 

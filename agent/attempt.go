@@ -154,6 +154,10 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string,
 		}
 		defer release()
 	}
+	if ch.DisruptedAt == nil {
+		at := d.Clock.Now().UTC()
+		ch.DisruptedAt = &at
+	}
 	if d.Disrupt != nil && (ch.Phase == PhasePending || ch.Phase == PhaseDraining) {
 		if oc, ok := d.drain(ctx, node, ch, n, plan); !ok {
 			return oc

@@ -430,7 +430,7 @@ func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Nod
 		rec.ConfigHash, rec.ConfigSource = ch.Hash, ch.Source
 		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
 		rec.Reboot = ch.Rebooted || result == StateRebooting
-		rec.AffectedBy = ch.AffectedBy
+		rec.AffectedBy, rec.DisruptedAt = ch.AffectedBy, ch.DisruptedAt
 		if ch.GPUsChanged != nil {
 			rec.GPUsChanged = ch.GPUsChanged
 		}

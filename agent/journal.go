@@ -32,13 +32,15 @@ type Change struct {
 	RequestedVia   string     `json:"requestedVia,omitempty"`
 	RequestedAt    *time.Time `json:"requestedAt,omitempty"`
 	StartedAt      time.Time  `json:"startedAt"`
-	Phase          string     `json:"phase"`
-	Step           string     `json:"step,omitempty"` // the NVML step last started
-	GPUsChanged    []int      `json:"gpusChanged"`
-	GPUsUntouched  []int      `json:"gpusUntouched"`
-	Evicted        []string   `json:"evicted,omitempty"`
-	AffectedBy     string     `json:"affectedBy,omitempty"`
-	TaintAdded     bool       `json:"taintAdded,omitempty"`
+	// DisruptedAt: the rollout slot was taken and the disruption began.
+	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
+	Phase         string     `json:"phase"`
+	Step          string     `json:"step,omitempty"` // the NVML step last started
+	GPUsChanged   []int      `json:"gpusChanged"`
+	GPUsUntouched []int      `json:"gpusUntouched"`
+	Evicted       []string   `json:"evicted,omitempty"`
+	AffectedBy    string     `json:"affectedBy,omitempty"`
+	TaintAdded    bool       `json:"taintAdded,omitempty"`
 	// Operands holds the GPU Operator labels' values before the pause.
 	Operands     json.RawMessage `json:"operands,omitempty"`
 	StoppedUnits []string        `json:"stoppedUnits,omitempty"`

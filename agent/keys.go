@@ -56,13 +56,17 @@ type ChangeRecord struct {
 	Reason         string    `json:"reason,omitempty"`
 	StartedAt      time.Time `json:"startedAt"`
 	FinishedAt     time.Time `json:"finishedAt"`
-	GPUsChanged    []int     `json:"gpusChanged"`
-	GPUsUntouched  []int     `json:"gpusUntouched"`
-	EvictedPods    []string  `json:"evictedPods"`
-	Reboot         bool      `json:"reboot"`
-	AgentVersion   string    `json:"agentVersion"`
-	DriverVersion  string    `json:"driverVersion"`
-	ConfigHash     string    `json:"configHash"`
+	// DisruptedAt is when the change began to disrupt the node: after it
+	// took its rollout slot (--max-concurrent), before the first taint or
+	// eviction. Absent for a change that disrupted nothing.
+	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
+	GPUsChanged   []int      `json:"gpusChanged"`
+	GPUsUntouched []int      `json:"gpusUntouched"`
+	EvictedPods   []string   `json:"evictedPods"`
+	Reboot        bool       `json:"reboot"`
+	AgentVersion  string     `json:"agentVersion"`
+	DriverVersion string     `json:"driverVersion"`
+	ConfigHash    string     `json:"configHash"`
 	// ConfigSource is "generated", or the config file and its digest:
 	// "/etc/mig-agent/config.yaml@sha256:<hex>".
 	ConfigSource string `json:"configSource"`

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
+	"reflect"
 	"sort"
 	"strings"
 	"time"
@@ -116,6 +118,29 @@ func (k *Kube) Watch(ctx context.Context, h WatchHandlers) (*NodeWatch, error) {
 func (k *Kube) Probe(ctx context.Context) error {
 	_, err := k.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 	return err
+}
+
+// Reachable reports whether the API server accepts a TCP connection (no
+// request is sent): the probe of an agent whose API server answers.
+func (k *Kube) Reachable(ctx context.Context) error {
+	rc := k.Client.Discovery().RESTClient()
+	if rc == nil || reflect.ValueOf(rc).IsNil() {
+		return nil // a fake client: nothing to reach
+	}
+	u := rc.Get().URL()
+	addr := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		addr = net.JoinHostPort(u.Hostname(), port)
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("connecting to the API server at %s: %w", addr, err)
+	}
+	return conn.Close()
 }
 
 // Event reasons (stable; documented in docs/observability.md).

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/migagent/mig-agent/internal/backoff"
@@ -22,9 +24,6 @@ const (
 	ResourceGPU       = corev1.ResourceName("nvidia.com/gpu")
 	ResourceMIGPrefix = "nvidia.com/mig-"
 )
-
-// allocatablePoll is how often WaitAllocatable reads the Node (jittered).
-const allocatablePoll = 500 * time.Millisecond
 
 var (
 	// ErrUnknownStrategy: not none, single or mixed.
@@ -121,44 +120,131 @@ func AdvertisesGPU(node *corev1.Node) bool {
 // false and an error wrapping ErrResourcesTimeout that names what is
 // missing; other errors (ctx cancelled, node unreadable throughout) come
 // with false too. A timeout <= 0 checks once.
+//
+// The wait is driven by a watch of that one Node (a list and a watch,
+// selected by its name), not by reading it again and again: while the
+// kubelet publishes nothing new, it sends the API server nothing. A watch the
+// server ends (an outage, its timeout, a resourceVersion too old) is
+// followed by a list and a new watch, after a jittered backoff where the
+// server did not answer.
 func WaitAllocatable(ctx context.Context, client kubernetes.Interface, node string,
 	want map[corev1.ResourceName]int64, timeout time.Duration) (bool, error) {
 	if node == "" {
 		return false, fmt.Errorf("wait for allocatable: %w", ErrNoNode)
 	}
-	deadline := time.Now().Add(timeout)
-	var missing []string
-	var lastErr error
-	first := true
+	w := &allocatableWait{want: want, first: true}
+	nodes := client.CoreV1().Nodes()
+	sel := fields.OneTermEqualSelector("metadata.name", node).String()
+	list := func(ctx context.Context) (*corev1.NodeList, error) {
+		l, err := nodes.List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err == nil && len(l.Items) == 0 {
+			err = apierrors.NewNotFound(corev1.Resource("nodes"), node)
+		}
+		return l, err
+	}
+	if timeout <= 0 {
+		l, err := list(ctx)
+		if err != nil {
+			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
+		}
+		if w.done(&l.Items[0]) {
+			return true, nil
+		}
+		return false, fmt.Errorf("%w on node %s within %s: %s", ErrResourcesTimeout, node, timeout, strings.Join(w.missing, ", "))
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	retries := backoff.API()
 	for {
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		err := w.listAndWatch(wctx, list, func(rv string) (watch.Interface, error) {
+			return nodes.Watch(wctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: rv, AllowWatchBookmarks: true})
+		})
 		switch {
+		case err == nil && w.ok:
+			return true, nil
 		case backoff.Permanent(err):
 			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
-		case err != nil:
-			lastErr = err // the API server is briefly away; keep trying
-		case first && !AdvertisesGPU(n):
-			return true, nil
-		default:
-			first = false
-			lastErr = nil
-			missing = missingResources(n.Status.Allocatable, want)
-			if len(missing) == 0 {
-				return true, nil
-			}
+		case err != nil && wctx.Err() == nil:
+			w.lastErr = err // the API server is briefly away; keep trying
 		}
 		if ctx.Err() != nil {
 			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, ctx.Err())
 		}
-		if !time.Now().Before(deadline) {
-			if lastErr != nil && missing == nil {
-				return false, fmt.Errorf("%w on node %s within %s: %w", ErrResourcesTimeout, node, timeout, lastErr)
+		if wctx.Err() != nil {
+			if w.lastErr != nil && w.missing == nil {
+				return false, fmt.Errorf("%w on node %s within %s: %w", ErrResourcesTimeout, node, timeout, w.lastErr)
 			}
-			return false, fmt.Errorf("%w on node %s within %s: %s", ErrResourcesTimeout, node, timeout, strings.Join(missing, ", "))
+			return false, fmt.Errorf("%w on node %s within %s: %s", ErrResourcesTimeout, node, timeout, strings.Join(w.missing, ", "))
+		}
+		if err == nil {
+			retries = backoff.API() // the watch ended normally: list again at once
+			continue
 		}
 		select {
+		case <-wctx.Done():
+		case <-time.After(retries.Step()):
+		}
+	}
+}
+
+// allocatableWait is the state of one WaitAllocatable.
+type allocatableWait struct {
+	want    map[corev1.ResourceName]int64
+	first   bool // no read of the Node yet
+	ok      bool
+	missing []string
+	lastErr error
+}
+
+// done checks one read of the Node.
+func (w *allocatableWait) done(n *corev1.Node) bool {
+	if w.first && !AdvertisesGPU(n) {
+		w.ok = true
+		return true
+	}
+	w.first, w.lastErr = false, nil
+	w.missing = missingResources(n.Status.Allocatable, w.want)
+	w.ok = len(w.missing) == 0
+	return w.ok
+}
+
+// listAndWatch lists the Node and follows its watch until the wait is done
+// (nil, w.ok), the watch ends (nil) or a call fails (its error).
+func (w *allocatableWait) listAndWatch(ctx context.Context, list func(context.Context) (*corev1.NodeList, error),
+	watchFrom func(rv string) (watch.Interface, error)) error {
+	l, err := list(ctx)
+	if err != nil {
+		return err
+	}
+	if w.done(&l.Items[0]) {
+		return nil
+	}
+	wt, err := watchFrom(l.ResourceVersion)
+	if err != nil {
+		return err
+	}
+	defer wt.Stop()
+	for {
+		select {
 		case <-ctx.Done():
-		case <-time.After(min(wait.Jitter(allocatablePoll, backoff.Jitter), time.Until(deadline))):
+			return nil
+		case ev, open := <-wt.ResultChan():
+			if !open {
+				return nil
+			}
+			switch ev.Type {
+			case watch.Added, watch.Modified:
+				if n, isNode := ev.Object.(*corev1.Node); isNode && w.done(n) {
+					return nil
+				}
+			case watch.Deleted:
+				return apierrors.NewNotFound(corev1.Resource("nodes"), l.Items[0].Name)
+			case watch.Error:
+				if err := apierrors.FromObject(ev.Object); !apierrors.IsGone(err) && !apierrors.IsResourceExpired(err) {
+					return err
+				}
+				return nil // too old a resourceVersion: list again
+			}
 		}
 	}
 }

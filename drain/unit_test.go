@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -8,10 +9,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/profiles"
@@ -210,5 +213,52 @@ func TestRefuse(t *testing.T) {
 				t.Errorf("%s: %q does not say %q", tc.name, err, s)
 			}
 		}
+	}
+}
+
+// The allocatable wait follows a watch of the Node: one list, one watch, no
+// reads while the kubelet publishes nothing new; the update that shows the
+// resources ends it.
+func TestWaitAllocatableWatches(t *testing.T) {
+	mig := corev1.ResourceName("nvidia.com/mig-1g.18gb")
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{
+		Allocatable: corev1.ResourceList{ResourceGPU: resource.MustParse("1"), mig: resource.MustParse("0")}}}
+	c := fake.NewClientset(n)
+	done := make(chan error, 1)
+	go func() {
+		ok, err := WaitAllocatable(context.Background(), c, "n1", map[corev1.ResourceName]int64{mig: 7}, 30*time.Second)
+		if err == nil && !ok {
+			err = errors.New("not ok")
+		}
+		done <- err
+	}()
+	verbs := func() []string {
+		var out []string
+		for _, a := range c.Actions() {
+			out = append(out, a.GetVerb())
+		}
+		return out
+	}
+	for deadline := time.Now().Add(5 * time.Second); !slices.Contains(verbs(), "watch"); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no watch; requests %v", verbs())
+		}
+	}
+	time.Sleep(1200 * time.Millisecond) // a poll would have read the Node twice by now
+	if got := verbs(); !slices.Equal(got, []string{"list", "watch"}) {
+		t.Fatalf("requests while nothing changed: %v, want [list watch]", got)
+	}
+	n = n.DeepCopy()
+	n.Status.Allocatable = corev1.ResourceList{ResourceGPU: resource.MustParse("0"), mig: resource.MustParse("7")}
+	if _, err := c.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the update that shows the resources did not end the wait")
 	}
 }

@@ -23,7 +23,8 @@ import (
 
 // ccHolders returns the nodes holding an unexpired rollout slot Lease.
 func ccHolders(ctx context.Context, c kubernetes.Interface, ns string) (map[string]bool, error) {
-	list, err := c.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
+	// The slot Leases only (the agents' node Leases live beside them).
+	list, err := c.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: agent.LabelRolloutSlot + "=true"})
 	if err != nil {
 		return nil, err
 	}

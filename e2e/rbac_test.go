@@ -248,6 +248,8 @@ func TestRBAC(t *testing.T) {
 		{verb: "create", resource: "configmaps", namespace: rbacNamespace},
 		{verb: "update", resource: "configmaps", namespace: rbacNamespace},
 		{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
+		{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
+		{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
 		{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
 		{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
 	}

@@ -63,6 +63,12 @@ type options struct {
 	pause              time.Duration
 	idle               time.Duration
 	strict             bool
+	fleet              bool
+	fleetK, fleetN     string
+	fleetIdle          time.Duration
+	fleetOutage        time.Duration
+	fleetOutageAll     bool
+	fleetStride        time.Duration
 }
 
 func main() {
@@ -74,7 +80,21 @@ func main() {
 	flag.DurationVar(&o.pause, "pause", time.Second, "pause between timed label changes, so that each is timed alone (back to back, the agent's client-side rate limit of 50 requests/s, burst 100, is reached after about 15 changes)")
 	flag.DurationVar(&o.idle, "idle", 5*time.Minute, "how long the idle agent's API requests are counted")
 	flag.BoolVar(&o.strict, "strict", false, "exit 1 when a target is missed")
+	flag.BoolVar(&o.fleet, "fleet", false, "run the fleet bench instead (make fleet-bench): K agents on one API server, a pool-wide change, per --max-concurrent N; its figures go to the \"fleet\" key of the results file")
+	flag.StringVar(&o.fleetK, "fleet-k", "10,20", "fleet bench: numbers of nodes K, comma-separated")
+	flag.StringVar(&o.fleetN, "fleet-n", "1,10,50", "fleet bench: values of --max-concurrent N, comma-separated")
+	flag.DurationVar(&o.fleetIdle, "fleet-idle", 15*time.Second, "fleet bench: how long the idle fleet's requests are counted after each rollout")
+	flag.DurationVar(&o.fleetOutage, "fleet-outage", 30*time.Second, "fleet bench: API server outage after the last N of each K (0: none)")
+	flag.BoolVar(&o.fleetOutageAll, "fleet-outage-every-run", false, "fleet bench: an outage after every run, not only after the last N of each K")
+	flag.DurationVar(&o.fleetStride, "fleet-start-stride", 50*time.Millisecond, "fleet bench: pause between agent starts")
 	flag.Parse()
+	if o.fleet {
+		if err := fleetMain(context.Background(), o, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "fleet-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(context.Background(), o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -142,11 +162,8 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	r.Targets["rssMiB<50"] = r.RSSMiB < 50
 	r.Targets["idleApiRequestsPerMin<1"] = r.IdleAPIRequestsPerMin < 1
 
-	data, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(o.out, append(data, '\n'), 0o644); err != nil {
+	// Merged into the file: the fleet bench's section stays.
+	if err := writeMerged(o.out, r); err != nil {
 		return err
 	}
 	printTable(w, r)
@@ -222,4 +239,65 @@ func machine() string {
 		n = strings.Count(string(data), "processor\t:")
 	}
 	return cpu + ", " + strconv.Itoa(n) + " CPUs"
+}
+
+// fleetMain runs the fleet bench (make fleet-bench).
+func fleetMain(ctx context.Context, o options, w io.Writer) error {
+	agentBin, err := filepath.Abs(o.agent)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(agentBin); err != nil {
+		return fmt.Errorf("the agent binary: %w (run make build)", err)
+	}
+	fo := fleetOptions{idle: o.fleetIdle, outage: o.fleetOutage, outageAll: o.fleetOutageAll, config: "all-balanced",
+		leaseDur: time.Minute, startStride: o.fleetStride}
+	if fo.ks, err = parseInts(o.fleetK); err != nil {
+		return err
+	}
+	if fo.ns, err = parseInts(o.fleetN); err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "mig-agent-fleet-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	fmt.Fprintln(os.Stderr, "fleet-bench: starting kube-apiserver")
+	api, err := startAPIServer(ctx, o.script)
+	if err != nil {
+		return err
+	}
+	defer api.stop()
+	res, err := runFleet(ctx, api, agentBin, work, fo)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	if err := mergeResults(o.out, map[string]json.RawMessage{"fleet": data}); err != nil {
+		return err
+	}
+	printFleet(w, res)
+	fmt.Fprintf(w, "\nresults written to %s (key \"fleet\")\n", o.out)
+	if len(res.Failures) > 0 {
+		return fmt.Errorf("%d runs failed: %s", len(res.Failures), strings.Join(res.Failures, "; "))
+	}
+	return nil
+}
+
+// writeMerged writes v's fields into the JSON object in path, keeping the
+// keys v does not have.
+func writeMerged(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	fields := map[string]json.RawMessage{}
+	if err := json.Unmarshal(data, &fields); err != nil {
+		return err
+	}
+	return mergeResults(path, fields)
 }

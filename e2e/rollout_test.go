@@ -1,0 +1,248 @@
+package e2e
+
+// A fleet on one API server (issue 17): twenty agents, --max-concurrent 3,
+// a pool-wide change. Never more than three nodes between the start of
+// their disruption and success (from the records), and the queued agents
+// send the API server nothing while the slot Leases change without freeing
+// a slot (counted by the API server itself, per identity).
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/internal/kubetest"
+)
+
+const (
+	roSA         = "mig-agent-fleet"
+	roFlowSchema = "mig-agent-fleet-e2e"
+)
+
+// roIdentity installs packaging/kubernetes/rbac.yaml for a ServiceAccount of
+// the fleet's own and a FlowSchema that matches only that identity, so the
+// API server counts the fleet's requests apart from everyone else's
+// (apiserver_flowcontrol_dispatched_requests_total{flow_schema=...}); it
+// returns a kubeconfig for that identity.
+func roIdentity(t *testing.T, c kubernetes.Interface) string {
+	t.Helper()
+	ctx := context.Background()
+	ensureNamespace(t, rbacNamespace)
+	objs := rbacLoad(t)
+	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: roSA, Namespace: rbacNamespace}}
+	for _, b := range objs.clusterRoleBindings {
+		b.Name, b.Subjects = b.Name+"-fleet", subject
+	}
+	for _, b := range objs.roleBindings {
+		b.Name, b.Subjects = b.Name+"-fleet", subject
+	}
+	rbacApply(t, c, objs)
+	token := kubetest.ServiceAccountToken(t, rbacNamespace, roSA, nil)
+
+	// Precedence 2, as the built-in "probes" schema, and a name that sorts
+	// before it (ties go by name): health checks of this identity count too.
+	fs := &flowcontrolv1.FlowSchema{
+		ObjectMeta: metav1.ObjectMeta{Name: roFlowSchema},
+		Spec: flowcontrolv1.FlowSchemaSpec{
+			PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: "workload-low"},
+			MatchingPrecedence:         2,
+			DistinguisherMethod:        &flowcontrolv1.FlowDistinguisherMethod{Type: flowcontrolv1.FlowDistinguisherMethodByUserType},
+			Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
+				Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindServiceAccount,
+					ServiceAccount: &flowcontrolv1.ServiceAccountSubject{Namespace: rbacNamespace, Name: roSA}}},
+				ResourceRules: []flowcontrolv1.ResourcePolicyRule{{Verbs: []string{"*"}, APIGroups: []string{"*"},
+					Resources: []string{"*"}, ClusterScope: true, Namespaces: []string{"*"}}},
+				NonResourceRules: []flowcontrolv1.NonResourcePolicyRule{{Verbs: []string{"*"}, NonResourceURLs: []string{"*"}}},
+			}},
+		},
+	}
+	if _, err := c.FlowcontrolV1().FlowSchemas().Create(ctx, fs, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating the FlowSchema: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = c.FlowcontrolV1().FlowSchemas().Delete(context.Background(), roFlowSchema, metav1.DeleteOptions{})
+	})
+	return rbacKubeconfig(t, token)
+}
+
+// roServerMetrics reads the API server's /metrics with the admin client
+// and returns the sum of each metric's samples whose labels hold every one
+// of match (name → sum).
+func roServerMetrics(t *testing.T, c kubernetes.Interface, name string, match ...string) float64 {
+	t.Helper()
+	raw, err := c.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("reading the API server's metrics: %v", err)
+	}
+	sum := 0.0
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		ok := true
+		for _, m := range match {
+			ok = ok && strings.Contains(line, m)
+		}
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// roFleetRequests is how many requests the API server dispatched for the
+// fleet's identity so far.
+func roFleetRequests(t *testing.T, c kubernetes.Interface) float64 {
+	return roServerMetrics(t, c, "apiserver_flowcontrol_dispatched_requests_total", `flow_schema="`+roFlowSchema+`"`)
+}
+
+// roHoldSlot creates or takes slot i for holder, for an hour.
+func roHoldSlot(t *testing.T, c kubernetes.Interface, ns string, i int, holder string) {
+	t.Helper()
+	ctx := context.Background()
+	leases := c.CoordinationV1().Leases(ns)
+	now := metav1.NewMicroTime(time.Now())
+	spec := coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](3600), AcquireTime: &now, RenewTime: &now}
+	l, err := leases.Get(ctx, agent.SlotLeaseName(i), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: agent.SlotLeaseName(i),
+			Labels: map[string]string{agent.LabelManagedBy: "mig-agent", agent.LabelRolloutSlot: "true"}}, Spec: spec}, metav1.CreateOptions{})
+	} else if err == nil {
+		l.Spec = spec
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		t.Fatalf("holding slot %d for %s: %v", i, holder, err)
+	}
+}
+
+// roMaxOverlap is the largest number of records whose [disruptedAt,
+// finishedAt] intervals overlap at one instant.
+func roMaxOverlap(recs []agent.ChangeRecord) int {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for _, r := range recs {
+		edges = append(edges, edge{*r.DisruptedAt, +1}, edge{r.FinishedAt, -1})
+	}
+	sort.Slice(edges, func(a, b int) bool {
+		if edges[a].at.Equal(edges[b].at) {
+			return edges[a].delta < edges[b].delta // an end before a start at the same instant
+		}
+		return edges[a].at.Before(edges[b].at)
+	})
+	cur, most := 0, 0
+	for _, e := range edges {
+		cur += e.delta
+		most = max(most, cur)
+	}
+	return most
+}
+
+func TestFleetRolloutBounded(t *testing.T) {
+	const agents, slots = 20, 3
+	c := kubetest.Client(t)
+	kubeconfig := roIdentity(t, c)
+	ns := rbacNamespace
+
+	// A maintenance window holds every slot: the fleet queues.
+	for i := range slots {
+		roHoldSlot(t, c, ns, i, "maintenance")
+	}
+	t.Cleanup(func() {
+		for i := range slots {
+			_ = c.CoordinationV1().Leases(ns).Delete(context.Background(), agent.SlotLeaseName(i), metav1.DeleteOptions{})
+		}
+	})
+	var nodes []string
+	var as []*Agent
+	for i := range agents {
+		node := kubetest.NewName(t, fmt.Sprintf("fleet%02d", i))
+		kubetest.CreateNode(t, node, nil)
+		nodes = append(nodes, node)
+		// Ready: its node watch is up.
+		as = append(as, flStart(t, &Opts{Node: node, Sim: "h200x2", Namespace: ns, Kubeconfig: kubeconfig,
+			Extra: []string{"--max-concurrent", strconv.Itoa(slots), "--lease-duration", "15s"}}))
+	}
+	for _, n := range nodes {
+		SelectConfig(t, c, n, "all-balanced")
+	}
+	for i, a := range as {
+		WaitFor(t, 60*time.Second, "agent "+nodes[i]+" queued", func() bool {
+			return strings.Contains(a.Log(), "all rollout slots taken; waiting")
+		})
+	}
+	// Queued: every agent has listed and watches the slot Leases. Over
+	// ten seconds, one of them changes (renewed: still held); none frees.
+	// The fleet sends nothing.
+	time.Sleep(time.Second)
+	leasesBefore := roServerMetrics(t, c, "apiserver_request_total", `resource="leases"`)
+	before := roFleetRequests(t, c)
+	if before == 0 {
+		t.Fatal("the API server counted no request of the fleet's identity: the FlowSchema does not match it")
+	}
+	time.Sleep(5 * time.Second)
+	roHoldSlot(t, c, ns, 1, "maintenance")
+	time.Sleep(5 * time.Second)
+	idle := roFleetRequests(t, c) - before
+	leasesIdle := roServerMetrics(t, c, "apiserver_request_total", `resource="leases"`) - leasesBefore
+	t.Logf("FLEET %d agents queued for 10 s, one slot Lease renewed by its holder: %v requests from the fleet (lease requests at the server from everyone: %v, the test's own GET and PUT included)",
+		agents, idle, leasesIdle)
+	if idle != 0 {
+		t.Errorf("the queued agents sent %v requests while no slot was freed; want 0", idle)
+	}
+
+	// The window ends: every slot freed at once.
+	start := time.Now()
+	startReq := roFleetRequests(t, c)
+	for i := range slots {
+		roHoldSlot(t, c, ns, i, "")
+	}
+	var recs []agent.ChangeRecord
+	for _, n := range nodes {
+		recs = append(recs, WaitState(t, c, n, agent.StateSuccess, "all-balanced", 3*time.Minute))
+	}
+	took := time.Since(start)
+	rollReq := roFleetRequests(t, c) - startReq
+	conflicts := roServerMetrics(t, c, "apiserver_request_total", `resource="leases"`, `code="409"`)
+	for i, r := range recs {
+		if r.DisruptedAt == nil || r.DisruptedAt.Before(r.StartedAt) || r.FinishedAt.Before(*r.DisruptedAt) {
+			t.Fatalf("node %s: record without a sound disruptedAt: started %v disrupted %v finished %v", nodes[i], r.StartedAt, r.DisruptedAt, r.FinishedAt)
+		}
+		if r.DisruptedAt.Before(start) {
+			t.Errorf("node %s began its disruption at %v, before the slots were freed at %v", nodes[i], r.DisruptedAt, start)
+		}
+	}
+	most := roMaxOverlap(recs)
+	t.Logf("FLEET %d agents, --max-concurrent %d: all success %s after the slots were freed; at most %d nodes between disruption and success; %v requests from the fleet (%.1f per node); %v lease conflicts at the server",
+		agents, slots, took.Round(time.Millisecond), most, rollReq, rollReq/agents, conflicts)
+	if most > slots {
+		t.Errorf("%d nodes were between disruption and success at once; --max-concurrent is %d", most, slots)
+	}
+	if most < 2 {
+		t.Errorf("at most %d node disrupted at a time: the queue never filled the slots, the bound was not exercised", most)
+	}
+}

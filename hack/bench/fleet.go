@@ -1,0 +1,555 @@
+package main
+
+// The fleet bench (`make fleet-bench`): K simulated nodes on one real API
+// server, each a real `mig-agent run` process on sim:h200x8 with its own
+// state, a pool-wide label change applied to all K at once, for each
+// --max-concurrent N. See docs/fleet.md ("Sizing a rollout").
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/migagent/mig-agent/agent"
+)
+
+// fleetResults is the "fleet" section of bench-results.json.
+type fleetResults struct {
+	Date    string     `json:"date"`
+	Commit  string     `json:"commit"`
+	Machine string     `json:"machine"`
+	Config  string     `json:"config"` // the pool-wide change: all-disabled → this
+	Runs    []fleetRun `json:"runs"`
+	// ServerBaselinePerSec is the API server's request rate with no agent
+	// at all (its own lease renewals and the like), included in every rate.
+	ServerBaselinePerSec float64  `json:"serverBaselinePerSec"`
+	Failures             []string `json:"failures,omitempty"`
+}
+
+// fleetRun is one (K, N) rollout.
+type fleetRun struct {
+	Nodes         int `json:"nodes"`
+	MaxConcurrent int `json:"maxConcurrent"`
+	// RolloutSeconds: from the label patches to the last node's success.
+	RolloutSeconds float64 `json:"rolloutSeconds"`
+	Converged      int     `json:"converged"`
+	// MaxDisrupted: the most records ever overlapping between disruptedAt
+	// and finishedAt (<= MaxConcurrent, or the run fails).
+	MaxDisrupted int `json:"maxDisrupted"`
+	// DisruptionMsMedian: per node, disruptedAt → finishedAt (the time a
+	// node holds its slot: the per-node apply time on the simulator).
+	DisruptionMsMedian float64 `json:"disruptionMsMedian"`
+	// Requests at the API server (apiserver_request_total, the bench's own
+	// requests subtracted; the server's own included, see ServerBaselinePerSec).
+	RolloutRequests       float64 `json:"rolloutRequests"`
+	RolloutRequestsPerSec float64 `json:"rolloutRequestsPerSec"`
+	LeaseConflicts        float64 `json:"leaseConflicts"`
+	IdleRequestsPerSec    float64 `json:"idleRequestsPerSec"`
+	IdleWindowSeconds     float64 `json:"idleWindowSeconds"`
+	// After an API server outage of OutageSeconds (run only where set):
+	// requests in the first 10 s once /readyz said ok.
+	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
+	RequestsFirst10sAfter  *float64 `json:"requestsFirst10sAfterOutage,omitempty"`
+	AgentsReadyAfterOutage int      `json:"agentsReadyAfterOutage,omitempty"`
+	// Agent memory: RssAnon of every agent, summed, after the rollout.
+	AgentRSSAnonMiBSum  float64 `json:"agentRssAnonMiBSum"`
+	AgentRSSAnonMiBMean float64 `json:"agentRssAnonMiBMean"`
+	StartSeconds        float64 `json:"startSeconds"` // all K agents up
+}
+
+type fleetOptions struct {
+	ks, ns      []int
+	idle        time.Duration
+	outage      time.Duration
+	outageAll   bool // an outage after every run, not only the last N of each K
+	config      string
+	leaseDur    time.Duration
+	startStride time.Duration
+}
+
+// countingTransport counts the bench's own requests, so that they are
+// taken out of the server's figures.
+type countingTransport struct {
+	rt http.RoundTripper
+	n  *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.rt.RoundTrip(r)
+}
+
+type fleetBench struct {
+	api      *apiServer
+	client   kubernetes.Interface // counted
+	own      atomic.Int64
+	agentBin string
+	work     string
+	o        fleetOptions
+}
+
+// serverRequests is the server's request total since it started, every
+// verb and resource, minus nothing.
+func (f *fleetBench) serverRequests(ctx context.Context) (total, leaseConflicts float64, err error) {
+	raw, err := f.client.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		m := requestLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		v, err := strconv.ParseFloat(m[2], 64)
+		if err != nil {
+			continue
+		}
+		total += v
+		if strings.Contains(m[1], `resource="leases"`) && strings.Contains(m[1], `code="409"`) {
+			leaseConflicts += v
+		}
+	}
+	return total, leaseConflicts, nil
+}
+
+// window counts the server's requests over fn, the bench's own taken out.
+func (f *fleetBench) window(ctx context.Context, fn func() error) (reqs, conflicts float64, took time.Duration, err error) {
+	t0, c0, err := f.serverRequests(ctx)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	own0 := f.own.Load()
+	start := time.Now()
+	if err := fn(); err != nil {
+		return 0, 0, 0, err
+	}
+	took = time.Since(start)
+	own := f.own.Load() - own0 // the scrape that follows is counted by the server after it answers
+	t1, c1, err := f.serverRequests(ctx)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return t1 - t0 - float64(own), c1 - c0, took, nil
+}
+
+func runFleet(ctx context.Context, api *apiServer, agentBin, work string, o fleetOptions) (*fleetResults, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", api.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	f := &fleetBench{api: api, agentBin: agentBin, work: work, o: o}
+	cfg.QPS, cfg.Burst = 500, 1000
+	cfg.UserAgent = "mig-agent-fleet-bench"
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt: rt, n: &f.own} })
+	if f.client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, err
+	}
+	res := &fleetResults{Date: time.Now().UTC().Format(time.RFC3339), Commit: gitCommit(), Machine: machine(), Config: o.config}
+	base, _, took, err := f.window(ctx, func() error { time.Sleep(10 * time.Second); return nil })
+	if err != nil {
+		return nil, err
+	}
+	res.ServerBaselinePerSec = base / took.Seconds()
+	fmt.Fprintf(os.Stderr, "fleet-bench: server baseline %.2f requests/s\n", res.ServerBaselinePerSec)
+	for _, k := range o.ks {
+		for i, n := range o.ns {
+			outage := o.outage > 0 && (o.outageAll || i == len(o.ns)-1)
+			run, err := f.run(ctx, k, n, outage)
+			if run != nil {
+				res.Runs = append(res.Runs, *run)
+			}
+			if err != nil {
+				res.Failures = append(res.Failures, fmt.Sprintf("K=%d N=%d: %v", k, n, err))
+				fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d FAILED: %v\n", k, n, err)
+			}
+		}
+	}
+	return res, nil
+}
+
+// run rolls all-disabled → o.config out over k fresh nodes with
+// --max-concurrent n.
+func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun, error) {
+	c := f.client
+	ns := fmt.Sprintf("fleet-k%d-n%d", k, n)
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: starting %d agents\n", k, n, k)
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	names := make([]string, k)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%03d", ns, i)
+	}
+	if err := parallel(16, names, func(node string) error {
+		_, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
+			Labels: map[string]string{"bench.migagent.io/run": ns}}}, metav1.CreateOptions{})
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("creating nodes: %w", err)
+	}
+	dir := filepath.Join(f.work, ns)
+	var procs []*proc
+	defer func() {
+		var wg sync.WaitGroup
+		for _, p := range procs {
+			wg.Add(1)
+			go func() { defer wg.Done(); p.stop() }()
+		}
+		wg.Wait()
+		_ = os.RemoveAll(dir)
+	}()
+	start := time.Now()
+	for _, node := range names {
+		args := []string{"run", "--node-name", node, "--kubeconfig", f.api.kubeconfig, "--namespace", ns,
+			"--nvml", "sim:h200x8", "--sim-state", filepath.Join(dir, node, "sim.json"), "--state-dir", filepath.Join(dir, node, "state"),
+			"--metrics-address", "", "--reboot-method", "none", "--pod-resources-socket", filepath.Join(dir, "no-kubelet.sock"),
+			"--max-concurrent", strconv.Itoa(n), "--lease-duration", f.o.leaseDur.String(), "--log-level", "warn"}
+		p, err := startProc(f.agentBin, args...)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, p)
+		time.Sleep(f.o.startStride)
+	}
+	if err := f.waitStarted(ctx, names, procs, 60*time.Second+time.Duration(k)*300*time.Millisecond); err != nil {
+		return nil, err
+	}
+	r := &fleetRun{Nodes: k, MaxConcurrent: n, StartSeconds: time.Since(start).Seconds()}
+	time.Sleep(3 * time.Second) // the start's writes settle
+
+	// The node watch of the bench: one list and one watch.
+	factory := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector = labels.SelectorFromSet(labels.Set{"bench.migagent.io/run": ns}).String()
+	}))
+	inf := factory.Core().V1().Nodes().Informer()
+	done := make(chan struct{}, 1)
+	poke := func(any) {
+		select {
+		case done <- struct{}{}:
+		default:
+		}
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }})
+	stop := make(chan struct{})
+	factory.Start(stop)
+	defer func() { close(stop); factory.Shutdown() }()
+	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+	records := func() ([]agent.ChangeRecord, int) {
+		var recs []agent.ChangeRecord
+		for _, obj := range inf.GetStore().List() {
+			node := obj.(*corev1.Node)
+			var rec agent.ChangeRecord
+			if node.Labels[agent.LabelState] == agent.StateSuccess &&
+				json.Unmarshal([]byte(node.Annotations[agent.AnnotationLastChange]), &rec) == nil &&
+				rec.Config == f.o.config && rec.Result == agent.StateSuccess {
+				recs = append(recs, rec)
+			}
+		}
+		return recs, len(recs)
+	}
+
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: labelling every node %s\n", k, n, f.o.config)
+	limit := 2*time.Minute + time.Duration(k/n+1)*10*time.Second
+	var recs []agent.ChangeRecord
+	reqs, conflicts, took, err := f.window(ctx, func() error {
+		if err := parallel(32, names, func(node string) error { return f.label(ctx, node) }); err != nil {
+			return err
+		}
+		deadline := time.After(limit)
+		for {
+			if recs, r.Converged = records(); r.Converged == k {
+				return nil
+			}
+			select {
+			case <-done:
+			case <-deadline:
+				return fmt.Errorf("%d of %d nodes never reported success within %s", k-r.Converged, k, limit)
+			}
+		}
+	})
+	if err != nil {
+		return r, err
+	}
+	r.RolloutSeconds, r.RolloutRequests, r.LeaseConflicts = took.Seconds(), reqs, conflicts
+	r.RolloutRequestsPerSec = reqs / took.Seconds()
+	var spans []float64
+	for _, rec := range recs {
+		if rec.DisruptedAt == nil {
+			return r, fmt.Errorf("a record without disruptedAt: %+v", rec)
+		}
+		spans = append(spans, float64(rec.FinishedAt.Sub(*rec.DisruptedAt).Microseconds())/1000)
+	}
+	r.MaxDisrupted, r.DisruptionMsMedian = maxOverlap(recs), median(spans)
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: all success in %.1fs, at most %d disrupted, %.0f requests (%.1f/s), %.0f lease conflicts\n",
+		k, n, r.RolloutSeconds, r.MaxDisrupted, reqs, r.RolloutRequestsPerSec, conflicts)
+
+	for _, p := range procs {
+		_, anon, _, err := p.rss()
+		if err != nil {
+			return r, fmt.Errorf("agent memory: %w", err)
+		}
+		r.AgentRSSAnonMiBSum += anon
+	}
+	r.AgentRSSAnonMiBMean = r.AgentRSSAnonMiBSum / float64(k)
+
+	idle, _, took, err := f.window(ctx, func() error { time.Sleep(f.o.idle); return nil })
+	if err != nil {
+		return r, err
+	}
+	r.IdleRequestsPerSec, r.IdleWindowSeconds = idle/took.Seconds(), took.Seconds()
+
+	if outage {
+		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: API server down for %s\n", k, n, f.o.outage)
+		if err := f.restartAPIServer(f.o.outage); err != nil {
+			return r, err
+		}
+		after, _, _, err := f.window(ctx, func() error { time.Sleep(10 * time.Second); return nil })
+		if err != nil {
+			return r, err
+		}
+		r.OutageSeconds, r.RequestsFirst10sAfter = f.o.outage.Seconds(), &after
+		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: %.0f requests in the first 10 s after the outage\n", k, n, after)
+	}
+	if r.MaxDisrupted > n {
+		return r, fmt.Errorf("%d nodes between disruption and success at once; --max-concurrent is %d", r.MaxDisrupted, n)
+	}
+	for _, p := range procs {
+		select {
+		case <-p.done:
+			return r, fmt.Errorf("an agent exited:\n%s", p.output())
+		default:
+		}
+	}
+	return r, nil
+}
+
+func (f *fleetBench) label(ctx context.Context, node string) error {
+	patch, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{"name": node, "labels": map[string]any{agent.LabelConfig: f.o.config}}})
+	_, err := f.client.CoreV1().Nodes().Patch(ctx, node, "application/apply-patch+yaml", patch,
+		metav1.PatchOptions{FieldManager: "pool-admin", Force: ptrTrue()})
+	return err
+}
+
+func ptrTrue() *bool { t := true; return &t }
+
+// waitStarted waits for every node's MigAgentStarted Event (one list of
+// those Events a second).
+func (f *fleetBench) waitStarted(ctx context.Context, names []string, procs []*proc, timeout time.Duration) error {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		evs, err := f.client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("reason", "MigAgentStarted").String()})
+		if err == nil {
+			for _, e := range evs.Items {
+				delete(want, e.InvolvedObject.Name)
+			}
+			if len(want) == 0 {
+				return nil
+			}
+		}
+		for _, p := range procs {
+			select {
+			case <-p.done:
+				return fmt.Errorf("an agent exited at start:\n%s", p.output())
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d agents not started within %s", len(want), timeout)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// restartAPIServer stops kube-apiserver (etcd keeps running), waits down,
+// starts it with the same command line and waits for /readyz, as
+// internal/kubetest's RestartAPIServer does for the tests.
+func (f *fleetBench) restartAPIServer(down time.Duration) error {
+	raw, err := os.ReadFile(filepath.Join(f.api.dir, "kube-apiserver.pid"))
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return err
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return err
+	}
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			deadline = time.Now().Add(10 * time.Second)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(down)
+	logf, err := os.OpenFile(filepath.Join(f.api.dir, "kube-apiserver.log"), os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	_ = os.WriteFile(filepath.Join(f.api.dir, "kube-apiserver.pid"), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
+	go func() { _ = cmd.Wait() }()
+	ready := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(ready) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		body, err := f.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		cancel()
+		if err == nil && string(body) == "ok" {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return errors.New("kube-apiserver not ready after the restart")
+}
+
+// maxOverlap is the largest number of records whose [disruptedAt,
+// finishedAt] overlap at one instant.
+func maxOverlap(recs []agent.ChangeRecord) int {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for _, r := range recs {
+		edges = append(edges, edge{*r.DisruptedAt, +1}, edge{r.FinishedAt, -1})
+	}
+	sort.Slice(edges, func(a, b int) bool {
+		if edges[a].at.Equal(edges[b].at) {
+			return edges[a].delta < edges[b].delta
+		}
+		return edges[a].at.Before(edges[b].at)
+	})
+	cur, most := 0, 0
+	for _, e := range edges {
+		cur += e.delta
+		most = max(most, cur)
+	}
+	return most
+}
+
+// parallel runs fn over items with at most workers at once; the first
+// error wins.
+func parallel(workers int, items []string, fn func(string) error) error {
+	ch := make(chan string)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range ch {
+				if err := fn(it); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = fmt.Errorf("%s: %w", it, err)
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for _, it := range items {
+		ch <- it
+	}
+	close(ch)
+	wg.Wait()
+	return first
+}
+
+// printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
+func printFleet(w io.Writer, r *fleetResults) {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| per node ms\t| req/s rollout\t| req/s idle\t| 409s\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	for _, x := range r.Runs {
+		after := "—"
+		if x.RequestsFirst10sAfter != nil {
+			after = fmt.Sprintf("%.0f (after %.0f s down)", *x.RequestsFirst10sAfter, x.OutageSeconds)
+		}
+		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.1f\t| %.2f\t| %.0f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
+			x.MaxDisrupted, x.DisruptionMsMedian, x.RolloutRequestsPerSec, x.IdleRequestsPerSec, x.LeaseConflicts, after, x.AgentRSSAnonMiBSum)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nserver baseline (no agents): %.2f requests/s\n", r.ServerBaselinePerSec)
+	for _, f := range r.Failures {
+		fmt.Fprintln(w, "FAILED:", f)
+	}
+}
+
+// mergeResults writes the keys of sections into the JSON object in path,
+// keeping every other key: `make bench` and `make fleet-bench` each own
+// theirs in one bench-results.json.
+func mergeResults(path string, sections map[string]json.RawMessage) error {
+	doc := map[string]json.RawMessage{}
+	if raw, err := os.ReadFile(path); err == nil {
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+	} else if !os.IsNotExist(err) {
+		return err
+	}
+	for k, v := range sections {
+		doc[k] = v
+	}
+	out, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(out, '\n'), 0o644)
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q: want positive integers, comma-separated", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
