@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"syscall"
 	"time"
@@ -47,11 +48,15 @@ type NodeLease struct {
 	Log              *slog.Logger
 
 	held, forbidden bool // set by Take, read by Keep (same goroutine order)
+	// last is the Lease as the last write returned it: a renewal updates it
+	// without reading it first (one request), and reads only on a conflict.
+	last *coordinationv1.Lease
 }
 
 // NodeLeaseDuration is how long an unrenewed node Lease keeps another
-// agent out. The holder renews it every third of that: about one request
-// per node every 3 minutes 20 seconds while idle (the kubelet renews its own
+// agent out. The holder renews it every 2.5 to 3.3 minutes (a random quarter
+// to third of that): one request per node each time while idle, about 0.35
+// a minute (the kubelet renews its own
 // node Lease every 10 seconds).
 const NodeLeaseDuration = 10 * time.Minute
 
@@ -119,20 +124,42 @@ func (l *NodeLease) Take(ctx context.Context) error {
 	return nil
 }
 
+// renew writes the Lease as last held, renewed: one request. Any failure
+// (a conflict: someone else wrote it) falls back to try, which reads it.
+func (l *NodeLease) renew(ctx context.Context) error {
+	if l.last == nil || ptr.Deref(l.last.Spec.HolderIdentity, "") != l.Identity {
+		return l.try(ctx)
+	}
+	cur := l.last.DeepCopy()
+	now := metav1.NewMicroTime(l.Clock.Now())
+	cur.Spec.RenewTime = &now
+	got, err := l.Client.CoordinationV1().Leases(l.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
+	if err != nil {
+		l.last = nil
+		return l.try(ctx)
+	}
+	l.last = got
+	return nil
+}
+
 func (l *NodeLease) try(ctx context.Context) error {
 	leases := l.Client.CoordinationV1().Leases(l.Namespace)
 	name := NodeLeaseName(l.Node)
 	now := metav1.NewMicroTime(l.Clock.Now())
 	secs := int32(l.duration() / time.Second)
+	l.last = nil
 	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = leases.Create(ctx, &coordinationv1.Lease{
+		l.last, err = leases.Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: l.Namespace,
 				Labels:      map[string]string{LabelLease: "node", LabelNode: l.Node},
 				Annotations: map[string]string{AnnotationLeaseHolder: l.Holder}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(l.Identity), LeaseDurationSeconds: &secs,
 				AcquireTime: &now, RenewTime: &now},
 		}, metav1.CreateOptions{})
+		if err != nil {
+			l.last = nil
+		}
 		if apierrors.IsAlreadyExists(err) {
 			return apierrors.NewConflict(coordinationv1.Resource("leases"), name, err) // lost a race: read again
 		}
@@ -157,7 +184,10 @@ func (l *NodeLease) try(ctx context.Context) error {
 	}
 	cur.Annotations[AnnotationLeaseHolder] = l.Holder
 	cur.Spec.HolderIdentity, cur.Spec.LeaseDurationSeconds, cur.Spec.RenewTime = ptr.To(l.Identity), &secs, &now
-	_, err = leases.Update(ctx, cur, metav1.UpdateOptions{})
+	got, err := leases.Update(ctx, cur, metav1.UpdateOptions{})
+	if err == nil {
+		l.last = got
+	}
 	return err
 }
 
@@ -168,7 +198,8 @@ func leaseEnd(l *coordinationv1.Lease) (time.Time, bool) {
 	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second), true
 }
 
-// Keep renews the Lease every third of its duration until ctx ends, then
+// Keep renews the Lease every quarter to third of its duration (at random)
+// until ctx ends, then
 // releases it; until Take or a retry has taken it, it tries every
 // nodeLeaseRetry (jittered). It returns an error wrapping ErrAnotherAgent if
 // another agent holds it (ours expired while the API server was away, or
@@ -180,7 +211,10 @@ func (l *NodeLease) Keep(ctx context.Context) error {
 	}
 	defer l.release(context.WithoutCancel(ctx))
 	for {
-		every := l.duration() / 3
+		// Between a quarter and a third of the duration, at random: agents
+		// started together (a pool, a DaemonSet rollout) do not renew in step.
+		d := l.duration()
+		every := d/4 + rand.N(d/3-d/4+1)
 		if !l.held {
 			every = wait.Jitter(nodeLeaseRetry, backoff.Jitter)
 		}
@@ -189,7 +223,7 @@ func (l *NodeLease) Keep(ctx context.Context) error {
 			return nil
 		case <-l.Clock.After(every):
 		}
-		err := l.try(ctx)
+		err := l.renew(ctx)
 		switch {
 		case err == nil:
 			l.held = true

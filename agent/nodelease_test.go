@@ -72,13 +72,23 @@ func TestNodeLeaseKeep(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
+	c.ClearActions()
 	go func() { done <- a.Keep(ctx) }()
-	for range 3 { // renewals at every third of the duration keep b out
+	for range 3 { // renewals at a quarter to a third of the duration keep b out
 		for !clk.HasWaiters() {
 			time.Sleep(time.Millisecond)
 		}
 		clk.Step(10 * time.Second)
 		time.Sleep(20 * time.Millisecond)
+	}
+	// Each renewal is one request: an update of the Lease as last written.
+	for _, act := range c.Actions() {
+		if act.GetVerb() != "update" {
+			t.Errorf("a renewal sent %s %s, want updates only", act.GetVerb(), act.GetResource().Resource)
+		}
+	}
+	if n := len(c.Actions()); n != 3 {
+		t.Errorf("%d requests for 3 renewals", n)
 	}
 	b := &NodeLease{Client: c, Namespace: "ns", Node: "n", Identity: "b", Duration: 30 * time.Second, Clock: clk, Log: discard()}
 	if err := b.Take(context.Background()); !errors.Is(err, ErrAnotherAgent) {
