@@ -523,9 +523,9 @@ func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, pla
 	d.emit(ctx, node, StateSuccess, rec, corev1.EventTypeNormal, reason, msg)
 	d.drifted = false
 	j := &d.Journal.State
-	j.Change, j.Applied, j.AppliedHash, j.Handled = nil, ch.Config, plan.Hash, ch.Config
+	j.Change = nil
+	j.Succeeded(ch.Config, plan.Hash)
 	j.RebootFor = nil // the change is done: its reboot mark with it
-	d.failing, d.attempts = "", 0
 	d.saveJournal()
 	d.Log.Info("mig config applied", "config", ch.Config, "gpusChanged", ch.GPUsChanged, "evicted", len(ch.Evicted))
 	_ = d.notify().Status("config %s applied", ch.Config)

@@ -490,7 +490,7 @@ func TestCoreBackoff(t *testing.T) {
 		if rec := c.cluster.last(); len(c.cluster.records) != records+1 || rec.Result != StateFailed || rec.Config != "all-1g.18gb" {
 			t.Fatalf("try %d: record %+v", i+1, rec)
 		}
-		wait := c.d.retryAt.Sub(c.clock.Now())
+		wait := c.d.Journal.State.RetryAt.Sub(c.clock.Now())
 		waits = append(waits, wait)
 		base := min(5*time.Second<<i, maxWait)
 		if wait < base || wait > base+base/5+time.Second/2 {
@@ -517,8 +517,8 @@ func TestCoreBackoff(t *testing.T) {
 		t.Fatalf("retry after the cause went: outcome %v, record %+v", oc, c.cluster.last())
 	}
 	wantSuccess(t, c, "all-1g.18gb")
-	if c.d.failing != "" || c.d.attempts != 0 {
-		t.Errorf("backoff kept after success: failing %q, attempts %d", c.d.failing, c.d.attempts)
+	if p := c.d.Journal.State.Progress; p.Failing != "" || p.Attempts != 0 || !p.RetryAt.IsZero() {
+		t.Errorf("backoff kept after success: %+v", p)
 	}
 }
 

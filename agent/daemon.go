@@ -56,9 +56,6 @@ type Daemon struct {
 	ready    atomic.Bool
 	nvmlDown atomic.Bool // the last attempt to open NVML failed
 	nvmlFail int         // consecutive failures to open NVML
-	failing  string
-	attempts int
-	retryAt  time.Time
 	drifted  bool
 	// stateDecided: migagent_state shows a state (showState); before, all 0.
 	stateDecided bool
@@ -229,7 +226,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 		// The label is gone: its next value is a new request, acted on at
 		// once (no backoff of an earlier failure), also when it names the
 		// config that is applied (a record follows).
-		d.failing, d.attempts = "", 0
+		j.ClearBackoff()
 		if j.Handled != "" {
 			j.Handled = ""
 			d.saveJournal()
@@ -239,16 +236,16 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 	if j.Change != nil && j.Change.Config != desired {
 		d.abandon(ctx, j.Change, fmt.Sprintf("the desired config changed to %q", desired))
 	}
-	if d.failing != desired {
-		d.failing, d.attempts = "", 0
+	if j.Failing != desired {
+		j.ClearBackoff()
 	}
 	switch {
-	case j.Change != nil && desired == d.failing && !retry && d.Clock.Now().Before(d.retryAt):
+	case j.Change != nil && !retry && j.Waiting(desired, d.Clock.Now()):
 		// a change kept in the journal after a failure waits for its backoff
 		return outRetry
 	case j.Change != nil:
 		// resume the journaled change
-	case desired == j.Handled && d.failing == "" && desired != "":
+	case desired == j.Handled && j.Failing == "" && desired != "":
 		if !start {
 			return outSuccess
 		}
@@ -259,7 +256,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 				return outSuccess
 			}
 		}
-	case desired == d.failing && !retry && d.Clock.Now().Before(d.retryAt):
+	case !retry && j.Waiting(desired, d.Clock.Now()):
 		return outRetry
 	}
 	return d.attempt(ctx, node, desired, req)
@@ -402,17 +399,13 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 		d.Journal.State.Change = nil
 	}
 	if !retryable {
-		d.Journal.State.Handled = rec.Config
-		d.failing = ""
+		d.Journal.State.GaveUp(rec.Config)
 		d.saveJournal()
 		_ = d.notify().Status("failed: %s", reason)
 		return outFailed
 	}
 	d.saveJournal()
-	d.failing = rec.Config
-	d.attempts++
-	wait := d.backoff(d.attempts)
-	d.retryAt = now.Add(wait)
+	wait := d.Journal.State.Retry(rec.Config, now, d.backoff)
 	_ = d.notify().Status("failed, retrying in %s: %s", wait, reason)
 	return outRetry
 }
@@ -492,7 +485,7 @@ func (d *Daemon) settleState(node *corev1.Node) {
 	case d.stateDecided:
 	case node != nil && node.Labels[LabelState] != "":
 		d.showState(node.Labels[LabelState])
-	case node == nil && d.Journal.State.Handled != "" && d.failing == "": // standalone: no Node
+	case node == nil && d.Journal.State.Handled != "" && d.Journal.State.Failing == "": // standalone: no Node
 		d.showState(StateSuccess)
 	}
 }

@@ -63,11 +63,7 @@ type Change struct {
 type JournalState struct {
 	// Change is the change in progress, nil when none.
 	Change *Change `json:"change,omitempty"`
-	// Applied is the config last applied with success and its hash.
-	Applied     string `json:"applied,omitempty"`
-	AppliedHash string `json:"appliedHash,omitempty"`
-	// Handled is the desired label value last acted on to the end.
-	Handled string `json:"handled,omitempty"`
+	Progress
 	// Reboots counts the reboots the agent requested on this machine. It
 	// survives the reboots themselves, so that migagent_reboots_total does
 	// too: a counter held only in memory would show a reboot to no scrape.
@@ -75,6 +71,56 @@ type JournalState struct {
 	// RebootFor marks the reboot asked for the current request: never a
 	// second one for it (rebootguard.go).
 	RebootFor *RebootMark `json:"rebootFor,omitempty"`
+}
+
+// Progress is where the agent stands with the desired config, in one
+// place: what the GPUs hold (Applied), the request last acted on to the end
+// (Handled), and the backoff of a request that keeps failing (Failing,
+// Attempts, RetryAt). The backoff is held in memory only: a restart
+// retries at once.
+type Progress struct {
+	// Applied is the config last applied with success and its hash.
+	Applied     string `json:"applied,omitempty"`
+	AppliedHash string `json:"appliedHash,omitempty"`
+	// Handled is the desired label value last acted on to the end.
+	Handled string `json:"handled,omitempty"`
+	// Failing is the config whose change failed and waits for its retry
+	// at RetryAt; Attempts counts its failures in a row.
+	Failing  string    `json:"-"`
+	Attempts int       `json:"-"`
+	RetryAt  time.Time `json:"-"`
+}
+
+// Succeeded: config (hash) is applied and handled; no backoff.
+func (p *Progress) Succeeded(config, hash string) {
+	*p = Progress{Applied: config, AppliedHash: hash, Handled: config}
+}
+
+// GaveUp: the change to config failed for good; it is handled (not retried
+// until the request changes).
+func (p *Progress) GaveUp(config string) {
+	p.Handled, p.Failing, p.Attempts, p.RetryAt = config, "", 0, time.Time{}
+}
+
+// Retry schedules the retry of the failed change to config: after
+// wait(n) for its n-th failure in a row, from now. It returns the wait.
+func (p *Progress) Retry(config string, now time.Time, wait func(n int) time.Duration) time.Duration {
+	if p.Failing != config {
+		p.Attempts = 0
+	}
+	p.Failing = config
+	p.Attempts++
+	w := wait(p.Attempts)
+	p.RetryAt = now.Add(w)
+	return w
+}
+
+// ClearBackoff forgets the backoff: the next request is acted on at once.
+func (p *Progress) ClearBackoff() { p.Failing, p.Attempts, p.RetryAt = "", 0, time.Time{} }
+
+// Waiting reports whether a change to desired waits for its retry at now.
+func (p *Progress) Waiting(desired string, now time.Time) bool {
+	return desired == p.Failing && now.Before(p.RetryAt)
 }
 
 // ErrCorruptJournal: the journal file cannot be parsed. It is bad input

@@ -98,7 +98,7 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 		case outParked:
 			return nil
 		case outRetry:
-			retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
+			retry = d.Clock.After(max(d.Journal.State.RetryAt.Sub(d.Clock.Now()), 0))
 		case outNVMLDown:
 			reopen = d.Clock.After(d.nvmlBackoff())
 		}
