@@ -341,7 +341,7 @@ func wantSuccess(t *testing.T, c *core, config string) ChangeRecord {
 // says was done.
 func TestCoreResumeAtEachPhase(t *testing.T) {
 	for _, tc := range []struct {
-		phase string
+		phase Phase
 		// gpusDone: the GPUs already hold the new config.
 		gpusDone    bool
 		wantAffect  bool
@@ -353,7 +353,7 @@ func TestCoreResumeAtEachPhase(t *testing.T) {
 		{phase: PhaseRestoring, gpusDone: true},
 		{phase: PhaseRefreshing, gpusDone: true, wantRestart: true},
 	} {
-		t.Run(tc.phase, func(t *testing.T) {
+		t.Run(string(tc.phase), func(t *testing.T) {
 			c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
 			c.applied(t, "all-balanced")
 			pods := c.runPods(t, "1g.18gb", 0, 1)

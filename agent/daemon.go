@@ -207,8 +207,10 @@ func metricGPUs(n *Node) []metrics.GPU {
 }
 
 // reconcile decides what to do for the node as it is now. start is true
-// for the first pass after the process started.
-func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry bool) outcome {
+// for the first pass after the process started; v is what the pass read
+// and planned already (nil: nothing yet), so that one pass reads the GPUs
+// once and plans once.
+func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry bool, v *view) outcome {
 	req := d.Cluster.Desired(node)
 	desired := req.Config
 	d.Metrics.SetDesiredConfig(desired)
@@ -250,24 +252,18 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 			return outSuccess
 		}
 		// At start: hold the geometry (a reboot drops every instance).
-		n, err := d.discover()
-		if err == nil {
-			if plan, err := d.plan(n, desired); err == nil && !planChanges(plan) {
-				return outSuccess
+		if v == nil {
+			if n, err := d.discover(); err == nil {
+				v, _ = d.look(n, desired)
 			}
+		}
+		if v != nil && !planChanges(v.plan) {
+			return outSuccess
 		}
 	case !retry && j.Waiting(desired, d.Clock.Now()):
 		return outRetry
 	}
-	return d.attempt(ctx, node, desired, req)
-}
-
-func (d *Daemon) plan(n *Node, name string) (*geometry.Plan, error) {
-	spec, _, err := Lookup(d.File, name, n.GPUs)
-	if err != nil {
-		return nil, err
-	}
-	return geometry.BuildPlan(spec, name, n.GPUs)
+	return d.attempt(ctx, node, req, v)
 }
 
 func planChanges(p *geometry.Plan) bool {
@@ -313,7 +309,7 @@ func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 
 // nvmlStarted reports whether a change in phase may have touched a GPU:
 // before applying, only the taint, operands and pods were.
-func nvmlStarted(phase string) bool {
+func nvmlStarted(phase Phase) bool {
 	return phase != PhasePending && phase != PhaseDraining && phase != ""
 }
 

@@ -9,17 +9,20 @@ import (
 	"time"
 )
 
-// Phases of a change, journaled before each step so a crash or a reboot at
-// any point resumes from the right place.
+// Phase is where a change stands, journaled before each step so a crash or
+// a reboot at any point resumes from the right place.
+type Phase string
+
+// The phases, in order.
 const (
-	PhasePending   = "pending"   // intent recorded, nothing touched
-	PhaseDraining  = "draining"  // taint, operand pause, evictions under way
-	PhaseApplying  = "applying"  // NVML mutations under way
-	PhaseRebooting = "rebooting" // a reboot was requested for this change
-	PhaseRestoring = "restoring" // GPUs done; restoring what was paused
+	PhasePending   Phase = "pending"   // intent recorded, nothing touched
+	PhaseDraining  Phase = "draining"  // taint, operand pause, evictions under way
+	PhaseApplying  Phase = "applying"  // NVML mutations under way
+	PhaseRebooting Phase = "rebooting" // a reboot was requested for this change
+	PhaseRestoring Phase = "restoring" // GPUs done; restoring what was paused
 	// PhaseRefreshing: GPUs done and restored; the device plugin is being
 	// restarted and the node's allocatable awaited.
-	PhaseRefreshing = "refreshing"
+	PhaseRefreshing Phase = "refreshing"
 )
 
 // Change is the journaled state of the change in progress.
@@ -34,7 +37,7 @@ type Change struct {
 	StartedAt      time.Time  `json:"startedAt"`
 	// DisruptedAt: the rollout slot was taken and the disruption began.
 	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
-	Phase         string     `json:"phase"`
+	Phase         Phase      `json:"phase"`
 	Step          string     `json:"step,omitempty"` // the NVML step last started
 	GPUsChanged   []int      `json:"gpusChanged"`
 	GPUsUntouched []int      `json:"gpusUntouched"`

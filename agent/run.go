@@ -138,7 +138,7 @@ func (d *Daemon) pass(ctx context.Context, n *corev1.Node, start, retry bool) ou
 	pctx, cancel := context.WithCancelCause(ctx)
 	d.setSupersede(func() { cancel(errSuperseded) })
 	defer func() { d.setSupersede(nil); cancel(nil) }()
-	oc := d.reconcile(pctx, n, start, retry)
+	oc := d.reconcile(pctx, n, start, retry, nil)
 	if oc == outSuccess {
 		d.settleState(n)
 	}
@@ -217,10 +217,11 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node, seen bool) o
 		return outSuccess
 	}
 	d.publish(ctx, n)
-	plan, err := d.plan(n, j.Applied)
-	if err != nil {
+	v, serr := d.look(n, j.Applied)
+	if serr != nil {
 		return outSuccess
 	}
+	plan := v.plan
 	drift := planChanges(plan)
 	d.Metrics.SetDrift(drift)
 	if drift && !d.drifted {
@@ -233,7 +234,7 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node, seen bool) o
 	if drift && d.S.ReapplyOnDrift {
 		d.Journal.State.Handled = ""
 		if seen {
-			return d.reconcile(ctx, node, false, true)
+			return d.reconcile(ctx, node, false, true, v)
 		}
 	}
 	return outSuccess
