@@ -102,6 +102,7 @@ type attempt struct {
 	v       *view    // nil until the plan step (or handed in by the pass)
 	applied *Applied // what the apply step did
 	release func()   // gives the rollout slot back (nil: none taken)
+	touched bool     // the apply step began: the GPUs may have changed
 }
 
 // attempt runs (or resumes) the change to req's config; v is what the pass
@@ -182,7 +183,11 @@ func (d *Daemon) conclude(a *attempt, err error) outcome {
 		c := *ch // not journaled: the failure must not make it so
 		ch = &c
 	}
-	oc := d.failure(a.ctx, a.node, ch, se.Reason, se.Retryable, se.Event)
+	var n *Node // the GPUs as read, unless the apply step may have changed them
+	if a.v != nil && !a.touched {
+		n = a.v.n
+	}
+	oc := d.failure(a.ctx, a.node, ch, se, n)
 	if oc == outRetry && errors.Is(se, nvmlx.ErrNVMLNotBack) {
 		// NVML did not come back after a GPU reset: failed for now, not
 		// ready, and NVML is opened again with its own backoff; the retry
@@ -390,6 +395,7 @@ func (a *attempt) noteDevicePlugins() error {
 
 func (a *attempt) apply() error {
 	d, ch := a.d, a.ch
+	a.touched = true
 	ch.Phase = PhaseApplying
 	if err := d.mustJournal(); err != nil {
 		return &StepError{Reason: err.Error(), Retryable: true, Event: ReasonJournal}

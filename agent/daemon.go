@@ -359,7 +359,10 @@ func (d *Daemon) backoff(n int) time.Duration {
 
 // failure ends an attempt: restore, record, event, metrics, and the retry
 // schedule when the cause may pass.
-func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, reason string, retryable bool, eventReason string) outcome {
+// n is the GPUs as the pass read them when it did not touch them since
+// (nil: read them now).
+func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, se *StepError, n *Node) outcome {
+	reason, retryable := se.Reason, se.Retryable
 	// A change a reboot was requested for stays in the journal through a
 	// failure that may pass, so that its retry knows the reboot: never a
 	// second one for the same change, whatever fails in between (NVML not
@@ -385,12 +388,12 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 		d.restore(ctx, ch)
 	}
 	now := d.Clock.Now()
-	rec := d.record(ch, StateFailed, reason, now, nil)
+	rec := d.record(ch, StateFailed, reason, now, n)
 	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", retryable)
 	// Metrics first: whoever sees the state label finds them current.
 	d.Metrics.ObserveReconfiguration(StateFailed, now.Sub(rec.StartedAt))
 	d.Metrics.SetLastFailure(reason)
-	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, eventReason, reason)
+	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, se.Event, reason)
 	if !keep && !refreshing {
 		d.Journal.State.Change = nil
 	}
