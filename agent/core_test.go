@@ -258,7 +258,8 @@ func (c *core) restart(t *testing.T, o nvmlx.SimOptions) {
 
 // pass runs one reconcile pass on the Node as the watch shows it.
 func (c *core) pass(start, retry bool) outcome {
-	return c.d.pass(context.Background(), c.cluster.seen(), start, retry)
+	oc, _ := c.d.pass(context.Background(), func() (*corev1.Node, bool) { return c.cluster.seen(), true }, start, retry)
+	return oc
 }
 
 // holds reports whether the GPUs hold config name.

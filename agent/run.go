@@ -77,14 +77,8 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 	var retry, reopen <-chan time.Time
 	started := false // the first pass that saw our Node (it may appear later)
 	pass := func(isRetry bool) outcome {
-		n, seen := node()
-		if !seen {
-			return outSuccess // our Node is not in the cache (yet)
-		}
-		oc := d.pass(ctx, n, !started, isRetry)
-		if oc != outNVMLDown {
-			started = true
-		}
+		oc, ran := d.pass(ctx, node, !started, isRetry)
+		started = started || ran
 		return oc
 	}
 	oc := pass(false)
@@ -127,26 +121,34 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 	}
 }
 
-// pass is one reconcile pass over the Node as seen (nil standalone), in its
-// own NVML session; start is true for the first pass of the process. A
-// newer desired config cancels it (supersede).
-func (d *Daemon) pass(ctx context.Context, n *corev1.Node, start, retry bool) outcome {
-	if !d.openNVML() {
-		return outNVMLDown
-	}
-	defer d.GPU.End()
+// pass is one reconcile pass over the Node as the watch shows it (nil
+// standalone), in its own NVML session; start is true for the first pass
+// of the process. A newer desired config cancels it (supersede). ran is
+// false when it did not get to reconcile (Node not seen, NVML down).
+func (d *Daemon) pass(ctx context.Context, node func() (*corev1.Node, bool), start, retry bool) (oc outcome, ran bool) {
+	// A newer desired config stops the pass from before the Node is read:
+	// one seen after the read cancels it (its trigger is pending), none
+	// falls between the read and the registration.
 	pctx, cancel := context.WithCancelCause(ctx)
 	d.setSupersede(func() { cancel(errSuperseded) })
 	defer func() { d.setSupersede(nil); cancel(nil) }()
-	oc := d.reconcile(pctx, n, start, retry, nil)
+	n, seen := node()
+	if !seen {
+		return outSuccess, false // our Node is not in the cache (yet)
+	}
+	if !d.openNVML() {
+		return outNVMLDown, false
+	}
+	defer d.GPU.End()
+	oc = d.reconcile(pctx, n, start, retry, nil)
 	if oc == outSuccess {
 		d.settleState(n)
 	}
 	if oc == outParked && ctx.Err() == nil {
 		d.Log.Info("a newer desired config supersedes the change in progress")
-		return outSuccess // the trigger that cancelled it is pending
+		return outSuccess, true // the trigger that cancelled it is pending
 	}
-	return oc
+	return oc, true
 }
 
 // setSupersede registers how to stop the pass in progress (nil: none).
