@@ -58,7 +58,7 @@ func (e endPass) Error() string { return fmt.Sprintf("pass ended with outcome %d
 // read once, the config looked up once and planned once.
 type view struct {
 	config string
-	n      *Node
+	n      *Inventory
 	spec   *geometry.Spec
 	source string
 	reqs   []geometry.Request
@@ -70,7 +70,7 @@ type view struct {
 }
 
 // look looks config up and plans it on the GPUs as read (n).
-func (d *Daemon) look(n *Node, config string) (*view, *StepError) {
+func (d *Daemon) look(n *Inventory, config string) (*view, *StepError) {
 	spec, source, err := Lookup(d.File, config, n.GPUs)
 	if err != nil {
 		return nil, invalid("%s", err)
@@ -183,7 +183,7 @@ func (d *Daemon) conclude(a *attempt, err error) outcome {
 		c := *ch // not journaled: the failure must not make it so
 		ch = &c
 	}
-	var n *Node // the GPUs as read, unless the apply step may have changed them
+	var n *Inventory // the GPUs as read, unless the apply step may have changed them
 	if a.v != nil && !a.touched {
 		n = a.v.n
 	}
@@ -202,7 +202,7 @@ func (a *attempt) plan() error {
 	if a.ch.Config == "" {
 		return invalid("the node label %s is set but empty: name a MIG config, or remove the label", LabelConfig)
 	}
-	var n *Node
+	var n *Inventory
 	if a.v == nil {
 		var err error
 		if n, err = a.d.discover(); err != nil {
@@ -467,7 +467,7 @@ func allIndices(p *geometry.Plan) []int {
 }
 
 // drain taints the node, pauses operands and evicts the affected pods.
-func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *Node, plan *geometry.Plan) error {
+func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *Inventory, plan *geometry.Plan) error {
 	ch.Phase = PhaseDraining
 	if err := d.mustJournal(); err != nil {
 		return &StepError{Reason: err.Error(), Retryable: true, Event: ReasonJournal, Always: true}
@@ -583,14 +583,14 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		d.Journal.State.RebootFor.Requested = true
 		d.saveJournal()
 		d.holdSlotForReboot(ctx)
-		rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.Node)
+		rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.After)
 		d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 			fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; --reboot-method none: waiting for someone to reboot the node", applied.RebootGPUs))
 		_ = d.notify().Status("waiting for reboot")
 		return endPass(outRebooting)
 	}
 	d.holdSlotForReboot(ctx)
-	rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.Node)
+	rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.After)
 	d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
 	d.Metrics.IncReboots()
@@ -640,7 +640,7 @@ func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan
 	ch.Phase = PhaseRestoring
 	d.saveJournal()
 	d.restore(ctx, ch)
-	converged, failed := d.refresh(ctx, node, ch, applied.Node)
+	converged, failed := d.refresh(ctx, node, ch, applied.After)
 	if failed != "" {
 		if ctx.Err() != nil {
 			d.Log.Info("interrupted while refreshing the device plugin; the journal keeps the change", "config", ch.Config)
@@ -652,7 +652,7 @@ func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan
 		return d.partial(ch, plan, named)
 	}
 	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
-	return endPass(d.success(ctx, node, ch, plan, applied.Node, converged, msg, ReasonApplied))
+	return endPass(d.success(ctx, node, ch, plan, applied.After, converged, msg, ReasonApplied))
 }
 
 // refresh makes the device plugin see the new MIG devices (it reads them
@@ -661,7 +661,7 @@ func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan
 // exactly the new geometry's resources. It returns whether they converged
 // (nil: not awaited) or, when they did not, the failure reason: the change
 // stays journaled, and its retry restarts the device plugin again.
-func (d *Daemon) refresh(ctx context.Context, node *corev1.Node, ch *Change, n *Node) (converged *bool, failed string) {
+func (d *Daemon) refresh(ctx context.Context, node *corev1.Node, ch *Change, n *Inventory) (converged *bool, failed string) {
 	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 {
 		return nil, ""
 	}
@@ -708,7 +708,7 @@ func (d *Daemon) refresh(ctx context.Context, node *corev1.Node, ch *Change, n *
 		"(is the device plugin running on this node?): %v", ch.Config, d.S.ResourceWaitTimeout, err)
 }
 
-func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, n *Node, converged *bool, msg, reason string) outcome {
+func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, n *Inventory, converged *bool, msg, reason string) outcome {
 	now := d.Clock.Now()
 	rec := d.record(ch, StateSuccess, "", now, n)
 	rec.ResourcesConverged = converged

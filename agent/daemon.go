@@ -158,7 +158,7 @@ func (d *Daemon) notify() Notifier {
 }
 
 // discover reads the GPUs and refreshes the GPU metrics.
-func (d *Daemon) discover() (*Node, error) {
+func (d *Daemon) discover() (*Inventory, error) {
 	n, err := Discover(d.GPU)
 	d.Metrics.SetNVMLUp(err == nil)
 	d.Metrics.SetCollectorError("nvml", err != nil)
@@ -170,7 +170,7 @@ func (d *Daemon) discover() (*Node, error) {
 	return n, nil
 }
 
-func metricUnusable(n *Node) []metrics.UnusableGPU {
+func metricUnusable(n *Inventory) []metrics.UnusableGPU {
 	out := make([]metrics.UnusableGPU, 0, len(n.Unusable))
 	for _, u := range n.Unusable {
 		out = append(out, metrics.UnusableGPU{Index: u.Index, Error: u.Return})
@@ -180,7 +180,7 @@ func metricUnusable(n *Node) []metrics.UnusableGPU {
 
 // noteUnusable logs and posts a Warning Event when the set of GPUs NVML
 // cannot open changes (once per change, not at every pass).
-func (d *Daemon) noteUnusable(ctx context.Context, node *corev1.Node, n *Node) {
+func (d *Daemon) noteUnusable(ctx context.Context, node *corev1.Node, n *Inventory) {
 	key := fmt.Sprint(metricUnusable(n))
 	if key == d.unusableSeen {
 		return
@@ -193,7 +193,7 @@ func (d *Daemon) noteUnusable(ctx context.Context, node *corev1.Node, n *Node) {
 	}
 }
 
-func metricGPUs(n *Node) []metrics.GPU {
+func metricGPUs(n *Inventory) []metrics.GPU {
 	out := make([]metrics.GPU, 0, len(n.Devices))
 	for i, dev := range n.Devices {
 		g := metrics.GPU{Index: dev.Index, UUID: dev.UUID, Model: dev.Name, PCIBusID: dev.PCIBusID,
@@ -361,7 +361,7 @@ func (d *Daemon) backoff(n int) time.Duration {
 // schedule when the cause may pass.
 // n is the GPUs as the pass read them when it did not touch them since
 // (nil: read them now).
-func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, se *StepError, n *Node) outcome {
+func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, se *StepError, n *Inventory) outcome {
 	reason, retryable := se.Reason, se.Retryable
 	// A change a reboot was requested for stays in the journal through a
 	// failure that may pass, so that its retry knows the reboot: never a
@@ -411,7 +411,7 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, se 
 
 // record builds the audit record of the change, with the geometry of n (the
 // GPUs as just read; nil reads them now).
-func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Node) ChangeRecord {
+func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Inventory) ChangeRecord {
 	rec := ChangeRecord{Result: result, Reason: capReason(reason), FinishedAt: now.UTC(), AgentVersion: d.Version,
 		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
 	if drv, err := d.GPU.DriverVersion(); err == nil {
@@ -519,7 +519,7 @@ func indices(p *geometry.Plan) (changed, untouched []int) {
 // targets lists what the plan takes away: whole GPUs that change (by GPU
 // UUID), MIG devices whose GPU instance is destroyed and MIG devices (compute
 // instances) destroyed inside a GPU instance that stays.
-func targets(n *Node, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
+func targets(n *Inventory, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 	for _, gp := range p.GPUs {
 		g, m := targetsOf(n, gp)
 		gpuUUIDs, migUUIDs = append(gpuUUIDs, g...), append(migUUIDs, m...)
@@ -528,7 +528,7 @@ func targets(n *Node, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 }
 
 // targetsOf is targets for one GPU's plan.
-func targetsOf(n *Node, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
+func targetsOf(n *Inventory, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 	if gp.Action != geometry.ActionChange {
 		return nil, nil
 	}
@@ -553,7 +553,7 @@ func targetsOf(n *Node, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 // PreviewEvictions fills each changing GPU's Evict with the pods the change
 // would evict, as the daemon would find them; it returns how they were
 // found (PodResources, or every GPU pod of the node and why).
-func PreviewEvictions(ctx context.Context, d Disruptor, n *Node, p *geometry.Plan) (string, error) {
+func PreviewEvictions(ctx context.Context, d Disruptor, n *Inventory, p *geometry.Plan) (string, error) {
 	how := ""
 	for i, gp := range p.GPUs {
 		gpus, migs := targetsOf(n, gp)
@@ -570,7 +570,7 @@ func PreviewEvictions(ctx context.Context, d Disruptor, n *Node, p *geometry.Pla
 }
 
 // strayProcesses lists NVML processes on what the plan takes away.
-func (d *Daemon) strayProcesses(n *Node, p *geometry.Plan) ([]string, error) {
+func (d *Daemon) strayProcesses(n *Inventory, p *geometry.Plan) ([]string, error) {
 	var out []string
 	for _, gp := range p.GPUs {
 		if gp.Action != geometry.ActionChange {

@@ -16,6 +16,8 @@
 //   - cluster.go: the Kubernetes side behind one interface, Cluster (Kube
 //     over client-go in kube.go, Standalone without Kubernetes); the pods a
 //     change disturbs behind Disruptor (deps.go, disrupt.go).
+//   - discover.go: Inventory, one read of this host's GPUs (not the
+//     Kubernetes Node).
 //   - core_test.go: the reconcile core on the simulator with a fake clock
 //     and fake adapters.
 package agent

@@ -50,7 +50,7 @@ type InstanceReport struct {
 }
 
 // Report builds ProfilesReport for the node, with the generated configs.
-func (n *Node) Report() (*ProfilesReport, error) {
+func (n *Inventory) Report() (*ProfilesReport, error) {
 	cfg, err := geometry.Generate(n.GPUs).Marshal()
 	if err != nil {
 		return nil, err

@@ -180,7 +180,7 @@ func (d *Daemon) ticker(every time.Duration) <-chan time.Time {
 
 // publish writes the generated configs to the node's ConfigMap, at start
 // and whenever discovery changes what they hold.
-func (d *Daemon) publish(ctx context.Context, n *Node) {
+func (d *Daemon) publish(ctx context.Context, n *Inventory) {
 	cfg, err := geometry.Generate(n.GPUs).Marshal()
 	if err != nil {
 		d.Log.Error("generating configs failed", "err", err)

@@ -17,15 +17,15 @@ type Applied struct {
 	Reset              []int
 	// NoReset says why each GPU of RebootGPUs was not reset (ApplyResult).
 	NoReset map[int]string
-	// Node is the state read back after the apply.
-	Node *Node
+	// After is the GPUs as read back after the apply.
+	After *Inventory
 }
 
 // ApplyAndVerify applies a plan, reads the GPUs back and checks that a
 // fresh plan of the same config has nothing left to do (except on GPUs
 // that wait for a reboot). The error wraps ErrRebootRequired when a mode
 // change waits for a reboot.
-func ApplyAndVerify(g nvmlx.GPU, n *Node, plan *geometry.Plan, f *ConfigFile, name string, o ApplyOptions) (*Applied, error) {
+func ApplyAndVerify(g nvmlx.GPU, n *Inventory, plan *geometry.Plan, f *ConfigFile, name string, o ApplyOptions) (*Applied, error) {
 	out := &Applied{}
 	for _, gp := range plan.GPUs {
 		if gp.Action == geometry.ActionChange {
@@ -43,7 +43,7 @@ func ApplyAndVerify(g nvmlx.GPU, n *Node, plan *geometry.Plan, f *ConfigFile, na
 	if err != nil {
 		return out, fmt.Errorf("reading back after apply: %w", err)
 	}
-	out.Node = after
+	out.After = after
 	spec, _, err := Lookup(f, name, after.GPUs)
 	if err != nil {
 		return out, err
