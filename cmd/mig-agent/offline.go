@@ -257,7 +257,7 @@ func planCmd() *cobra.Command {
 				if format == "json" {
 					return output(cmd.OutOrStdout(), "json", plan)
 				}
-				return agent.WritePlanText(cmd.OutOrStdout(), plan)
+				return writePlanText(cmd.OutOrStdout(), plan)
 			})
 		},
 	}
