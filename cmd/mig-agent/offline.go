@@ -89,7 +89,7 @@ func profilesCmd() *cobra.Command {
 				return badInput(fmt.Errorf("-o must be yaml or json"))
 			}
 			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
-				r, err := n.Report()
+				r, err := profilesReport(n)
 				if err != nil {
 					return err
 				}
