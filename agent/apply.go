@@ -67,7 +67,7 @@ func noResetReason(gpus []int, why map[int]string) string {
 // the planned placements. It stops at the first failure. A GPU whose mode
 // change stays pending is reported in RebootGPUs (its creates wait for the
 // reboot) and the error wraps ErrRebootRequired.
-func ApplyPlan(g nvmlx.GPU, node *Node, plan *geometry.Plan, o ApplyOptions) (ApplyResult, error) {
+func ApplyPlan(g nvmlx.GPU, node *Inventory, plan *geometry.Plan, o ApplyOptions) (ApplyResult, error) {
 	var res ApplyResult
 	step := o.Step
 	if step == nil {

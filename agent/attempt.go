@@ -13,106 +13,282 @@ import (
 	"github.com/migagent/mig-agent/nvmlx"
 )
 
-// attempt runs (or resumes) the change to config desired, step by step,
-// journaling each step before it starts.
-func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string, req Request) outcome {
+// A pass that acts runs the change as a checklist (attempt): named steps
+// in order, each journaled before it touches anything. A step passes
+// (nil), fails the change (a *StepError: the reason recorded, whether a
+// retry may pass it, the Event), or ends the pass without a failure (an
+// endPass: applied, waiting for a reboot, interrupted); conclude turns what
+// the checklist ended with into the pass's outcome, in one place.
+
+// StepError is why a step failed the change.
+type StepError struct {
+	// Reason is recorded, posted as the Event's message and logged.
+	Reason string
+	// Retryable: the cause may pass; the change is retried with backoff.
+	// Otherwise it waits for the next request.
+	Retryable bool
+	// Event is the Event reason (ReasonFailed, ReasonInvalid, ...).
+	Event string
+	// Always: a failure also when the pass is interrupted (a reboot
+	// decision, which must not be made again by a resumed pass).
+	Always bool
+	// Err is the cause, when an error is (errors.Is sees through).
+	Err error
+}
+
+func (e *StepError) Error() string { return e.Reason }
+func (e *StepError) Unwrap() error { return e.Err }
+
+// invalid: the request cannot be served as it is; not retried.
+func invalid(format string, a ...any) *StepError {
+	return &StepError{Reason: fmt.Sprintf(format, a...), Event: ReasonInvalid}
+}
+
+// failed: what may pass (an NVML error, an API server away); retried.
+func failed(what string, err error) *StepError {
+	return &StepError{Reason: what + ": " + err.Error(), Retryable: true, Event: ReasonFailed, Err: err}
+}
+
+// endPass ends the checklist without a failure, with this outcome.
+type endPass outcome
+
+func (e endPass) Error() string { return fmt.Sprintf("pass ended with outcome %d", int(e)) }
+
+// view is what one pass knows of the GPUs and the desired config: the GPUs
+// read once, the config looked up once and planned once.
+type view struct {
+	config string
+	n      *Inventory
+	spec   *geometry.Spec
+	source string
+	reqs   []geometry.Request
+	plan   *geometry.Plan
+	// named are the GPUs NVML cannot open that the config names: they are
+	// left alone, and the change fails with that reason once the other
+	// GPUs hold the config.
+	named []nvmlx.UnusableGPU
+}
+
+// look looks config up and plans it on the GPUs as read (n).
+func (d *Daemon) look(n *Inventory, config string) (*view, *StepError) {
+	spec, source, err := Lookup(d.File, config, n.GPUs)
+	if err != nil {
+		return nil, invalid("%s", err)
+	}
+	// GPUs NVML cannot open are left alone; a config naming them fails
+	// with that reason, after the other GPUs got it (retried: a permission
+	// or a lost GPU may come back).
+	named := UnusableNamed(spec, config, n.Unusable)
+	reqs, _, err := spec.Resolve(config, n.GPUs)
+	if err != nil {
+		if len(named) > 0 && errors.Is(err, geometry.ErrNoMatchingGPU) {
+			return nil, &StepError{Reason: unusableReason(config, named, false), Retryable: true, Event: ReasonGPUUnusable}
+		}
+		return nil, invalid("%s", err)
+	}
+	plan, err := geometry.BuildPlan(spec, config, n.GPUs)
+	if err != nil {
+		return nil, invalid("%s", err)
+	}
+	return &view{config: config, n: n, spec: spec, source: source, reqs: reqs, plan: plan, named: named}, nil
+}
+
+// attempt is one run of the checklist for the change in progress.
+type attempt struct {
+	d       *Daemon
+	ctx     context.Context
+	node    *corev1.Node // nil standalone
+	ch      *Change
+	v       *view    // nil until the plan step (or handed in by the pass)
+	applied *Applied // what the apply step did
+	release func()   // gives the rollout slot back (nil: none taken)
+	touched bool     // the apply step began: the GPUs may have changed
+}
+
+// attempt runs (or resumes) the change to req's config; v is what the pass
+// already read and planned for it (nil: read and plan now).
+func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, req Request, v *view) outcome {
 	j := &d.Journal.State
 	ch := j.Change
-	now := d.Clock.Now()
 	if ch == nil {
-		ch = &Change{Config: desired, PreviousConfig: j.Applied, RequestedBy: req.By, RequestedVia: req.Via, RequestedAt: req.At, StartedAt: now, Phase: PhasePending}
+		ch = &Change{Config: req.Config, PreviousConfig: j.Applied, RequestedBy: req.By, RequestedVia: req.Via,
+			RequestedAt: req.At, StartedAt: d.Clock.Now(), Phase: PhasePending}
 	} else {
 		ch.Attempt++
 		d.Log.Info("resuming change", "config", ch.Config, "phase", ch.Phase, "step", ch.Step)
 	}
-	fail := func(reason string, retryable bool, evReason string) outcome {
-		if ctx.Err() != nil {
-			// Shutting down (SIGTERM, perhaps the machine going down for the
-			// reboot this change asked for) or a newer desired config is no
-			// failure: the journal keeps the change; the next pass (or start)
-			// resumes it, or undoes its pause and taint for the newer one.
-			d.Log.Info("interrupted mid-change; the journal keeps it", "config", ch.Config, "phase", ch.Phase, "interrupted", reason)
-			return outParked
-		}
-		if j.Change == nil {
-			ch2 := *ch
-			return d.failure(ctx, node, &ch2, reason, retryable, evReason)
-		}
-		return d.failure(ctx, node, ch, reason, retryable, evReason)
+	if v != nil && v.config != req.Config {
+		v = nil
 	}
-	if desired == "" {
-		return fail(fmt.Sprintf("the node label %s is set but empty: name a MIG config, or remove the label", LabelConfig), false, ReasonInvalid)
+	a := &attempt{d: d, ctx: ctx, node: node, ch: ch, v: v}
+	defer func() {
+		// The slot is held until the outcome is recorded (a failure
+		// restores the node first).
+		if a.release != nil {
+			a.release()
+		}
+	}()
+	return d.conclude(a, a.run())
+}
+
+// run is the checklist.
+func (a *attempt) run() error {
+	for _, step := range []func() error{
+		a.plan,              // read the GPUs, look the config up, build the plan
+		a.checkNode,         // the MIG strategy can serve it; no other MIG manager
+		a.awaitReboot,       // a change waiting for its reboot waits on
+		a.begin,             // nothing to do, or the intent journaled and announced
+		a.takeSlot,          // a rollout slot (--max-concurrent)
+		a.drain,             // taint, pause operands, evict the affected pods
+		a.checkProcesses,    // nothing else uses what the change takes away
+		a.stopHostClients,   // host GPU clients stopped for a mode change
+		a.noteDevicePlugins, // the device plugin pods that read the old geometry
+		a.apply,             // NVML, step by step
+		a.finish,            // restore, refresh the device plugin, record success
+	} {
+		if err := step(); err != nil {
+			return err
+		}
 	}
-	n, err := d.discover()
+	return nil
+}
+
+// conclude turns what the checklist ended with into the pass's outcome:
+// the one place where a failure becomes a record, an Event and a retry.
+func (d *Daemon) conclude(a *attempt, err error) outcome {
+	var end endPass
+	if errors.As(err, &end) {
+		return outcome(end)
+	}
+	if err == nil {
+		return outSuccess // the last step ends the pass; not reached
+	}
+	var se *StepError
+	if !errors.As(err, &se) {
+		se = &StepError{Reason: err.Error(), Retryable: true, Event: ReasonFailed}
+	}
+	if a.ctx.Err() != nil && !se.Always {
+		// Shutting down (SIGTERM, perhaps the machine going down for the
+		// reboot this change asked for) or a newer desired config is no
+		// failure: the journal keeps the change; the next pass (or start)
+		// resumes it, or undoes its pause and taint for the newer one.
+		// A newer label is logged by the pass.
+		if !errors.Is(context.Cause(a.ctx), errSuperseded) {
+			d.Log.Info("interrupted mid-change; the journal keeps it", "config", a.ch.Config, "phase", a.ch.Phase, "interrupted", se.Reason)
+		}
+		return outParked
+	}
+	ch := a.ch
+	if d.Journal.State.Change == nil {
+		c := *ch // not journaled: the failure must not make it so
+		ch = &c
+	}
+	var n *Inventory // the GPUs as read, unless the apply step may have changed them
+	if a.v != nil && !a.touched {
+		n = a.v.n
+	}
+	oc := d.failure(a.ctx, a.node, ch, se, n)
+	if oc == outRetry && errors.Is(se, nvmlx.ErrNVMLNotBack) {
+		// NVML did not come back after a GPU reset: failed for now, not
+		// ready, and NVML is opened again with its own backoff; the retry
+		// reads the GPUs as the reset left them.
+		d.nvmlLost(se.Err)
+		return outNVMLDown
+	}
+	return oc
+}
+
+func (a *attempt) plan() error {
+	if a.ch.Config == "" {
+		return invalid("the node label %s is set but empty: name a MIG config, or remove the label", LabelConfig)
+	}
+	var n *Inventory
+	if a.v == nil {
+		var err error
+		if n, err = a.d.discover(); err != nil {
+			return failed("reading the GPUs through NVML", err)
+		}
+	}
+	if a.d.fileErr != nil {
+		return &StepError{Reason: a.d.fileErr.Error(), Retryable: true, Event: ReasonInvalid}
+	}
+	if a.v != nil {
+		n = a.v.n
+	}
+	a.d.noteUnusable(a.ctx, a.node, n)
+	if a.v == nil {
+		v, err := a.d.look(n, a.ch.Config)
+		if err != nil {
+			return err
+		}
+		a.v = v
+	}
+	for _, w := range a.v.plan.Warnings {
+		a.d.Log.Warn("config warning", "config", a.ch.Config, "warning", w)
+	}
+	a.ch.Source, a.ch.Hash = a.v.source, a.v.plan.Hash
+	return nil
+}
+
+func (a *attempt) checkNode() error {
+	d, node, desired := a.d, a.node, a.ch.Config
+	if node == nil {
+		return nil
+	}
+	if err := geometry.CheckStrategy(node.Labels[LabelStrategy], a.v.n.GPUs, a.v.reqs); err != nil {
+		return invalid("the node's MIG strategy %q cannot serve config %q: %v", node.Labels[LabelStrategy], desired, err)
+	}
+	if d.OtherManager == nil {
+		return nil
+	}
+	var other string
+	// An API server away for a moment is no reason to fail.
+	err := d.retryAPI(a.ctx, func() (err error) { other, err = d.OtherManager(a.ctx, node); return err })
 	if err != nil {
-		return fail("reading the GPUs through NVML: "+err.Error(), true, ReasonFailed)
+		return failed("checking for another MIG manager", err)
 	}
-	if d.fileErr != nil {
-		return fail(d.fileErr.Error(), true, ReasonInvalid)
-	}
-	spec, source, err := Lookup(d.File, desired, n.GPUs)
-	if err != nil {
-		return fail(err.Error(), false, ReasonInvalid)
-	}
-	ch.Source = source
-	d.noteUnusable(ctx, node, n)
-	// GPUs NVML cannot open are left alone; a config naming them fails
-	// with that reason, after the other GPUs got it (retried: a permission
-	// or a lost GPU may come back).
-	named := UnusableNamed(spec, desired, n.Unusable)
-	reqs, _, err := spec.Resolve(desired, n.GPUs)
-	if err != nil {
-		if len(named) > 0 && errors.Is(err, geometry.ErrNoMatchingGPU) {
-			return fail(unusableReason(desired, named, false), true, ReasonGPUUnusable)
+	if other != "" {
+		if !d.S.AllowOtherMigManager {
+			return &StepError{Reason: "another MIG manager is at work on this node: " + other + " (disable it, or set --allow-other-mig-manager)",
+				Event: ReasonManagerConflict}
 		}
-		return fail(err.Error(), false, ReasonInvalid)
+		d.Log.Warn("another MIG manager is at work on this node; acting anyway (--allow-other-mig-manager)", "other", other)
 	}
-	plan, err := geometry.BuildPlan(spec, desired, n.GPUs)
-	if err != nil {
-		return fail(err.Error(), false, ReasonInvalid)
+	return nil
+}
+
+func (a *attempt) awaitReboot() error {
+	d, ch := a.d, a.ch
+	if ch.Phase != PhaseRebooting {
+		return nil
 	}
-	for _, w := range plan.Warnings {
-		d.Log.Warn("config warning", "config", desired, "warning", w)
+	if d.BootID() != ch.RebootBootID {
+		ch.Rebooted = true
+		d.Log.Info("resuming after reboot", "config", ch.Config)
+		return nil
 	}
-	ch.Hash = plan.Hash
-	if node != nil {
-		if err := geometry.CheckStrategy(node.Labels[LabelStrategy], n.GPUs, reqs); err != nil {
-			return fail(fmt.Sprintf("the node's MIG strategy %q cannot serve config %q: %v", node.Labels[LabelStrategy], desired, err), false, ReasonInvalid)
-		}
-		if d.OtherManager != nil {
-			var other string
-			// An API server away for a moment is no reason to fail.
-			err := d.retryAPI(ctx, func() (err error) { other, err = d.OtherManager(ctx, node); return err })
-			if err != nil {
-				return fail("checking for another MIG manager: "+err.Error(), true, ReasonFailed)
-			}
-			if other != "" {
-				if !d.S.AllowOtherMigManager {
-					return fail("another MIG manager is at work on this node: "+other+" (disable it, or set --allow-other-mig-manager)", false, ReasonManagerConflict)
-				}
-				d.Log.Warn("another MIG manager is at work on this node; acting anyway (--allow-other-mig-manager)", "other", other)
-			}
-		}
+	if !planChanges(a.v.plan) {
+		return nil
 	}
-	if ch.Phase == PhaseRebooting {
-		if d.BootID() != ch.RebootBootID {
-			ch.Rebooted = true
-			d.Log.Info("resuming after reboot", "config", desired)
-		} else if planChanges(plan) {
-			if !ch.RebootRequested && d.S.RebootMethod != RebootNone {
-				// The agent stopped between journaling the reboot and asking
-				// for it: no reboot happened on this boot, so asking now is
-				// not a second one.
-				d.Log.Warn("the reboot journaled for this change was never requested; requesting it now", "config", desired)
-				return d.rebootFor(ctx, node, ch, &Applied{RebootGPUs: modeChangeGPUs(plan)})
-			}
-			d.Log.Info("waiting for the reboot requested for this change", "config", desired)
-			d.setState(ctx, StateRebooting)
-			_ = d.notify().Status("waiting for reboot")
-			return outRebooting
-		}
+	if !ch.RebootRequested && d.S.RebootMethod != RebootNone {
+		// The agent stopped between journaling the reboot and asking for
+		// it: no reboot happened on this boot, so asking now is not a
+		// second one.
+		d.Log.Warn("the reboot journaled for this change was never requested; requesting it now", "config", ch.Config)
+		return d.rebootFor(a.ctx, a.node, ch, &Applied{RebootGPUs: modeChangeGPUs(a.v.plan)})
 	}
-	d.sameNode(ctx, node, ch)
+	d.Log.Info("waiting for the reboot requested for this change", "config", ch.Config)
+	d.setState(a.ctx, StateRebooting)
+	_ = d.notify().Status("waiting for reboot")
+	return endPass(outRebooting)
+}
+
+// begin ends the pass when the GPUs hold the config already; otherwise it
+// proves the rights the change needs and journals and announces it.
+func (a *attempt) begin() error {
+	d, ch, plan := a.d, a.ch, a.v.plan
+	j := &d.Journal.State
+	d.sameNode(a.ctx, a.node, ch)
 	if ch.Phase == PhasePending {
 		// Later phases keep what the change set out to do: a resumed plan
 		// holds only what is left of it.
@@ -121,15 +297,15 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string,
 	if !planChanges(plan) && ch.Phase == PhasePending {
 		// Already applied: success without touching a GPU or a pod.
 		ch.GPUsChanged, ch.GPUsUntouched = []int{}, allIndices(plan)
-		if len(named) > 0 {
-			return d.partial(ctx, node, ch, plan, named)
+		if len(a.v.named) > 0 {
+			return d.partial(ch, plan, a.v.named)
 		}
-		return d.success(ctx, node, ch, plan, n, nil, "config already applied; nothing changed", ReasonUnchanged)
+		return endPass(d.success(a.ctx, a.node, ch, plan, a.v.n, nil, "config already applied; nothing changed", ReasonUnchanged))
 	}
 	// Nothing is disrupted that cannot be recorded: the rights to write the
 	// state, the record, the taint and Events are proven first.
-	if err := d.preflight(ctx, node); err != nil {
-		return fail(err.Error(), true, ReasonPreflight)
+	if err := d.preflight(a.ctx, a.node); err != nil {
+		return &StepError{Reason: err.Error(), Retryable: true, Event: ReasonPreflight}
 	}
 	if ch.Phase == PhasePending {
 		// The GPUs are no longer known to hold the handled config: whatever
@@ -137,63 +313,96 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string,
 		j.Change, j.Handled = ch, ""
 		if err := d.mustJournal(); err != nil {
 			j.Change = nil
-			return fail(err.Error(), true, ReasonJournal)
+			return &StepError{Reason: err.Error(), Retryable: true, Event: ReasonJournal}
 		}
-		d.setState(ctx, StatePending)
-		d.event(ctx, node, corev1.EventTypeNormal, ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched", desired, ch.GPUsChanged, ch.GPUsUntouched))
+		d.setState(a.ctx, StatePending)
+		d.event(a.ctx, a.node, corev1.EventTypeNormal, ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched", ch.Config, ch.GPUsChanged, ch.GPUsUntouched))
 	}
 	j.Change = ch
+	return nil
+}
+
+func (a *attempt) takeSlot() error {
+	d := a.d
 	if d.Slots != nil {
 		_ = d.notify().Status("waiting for a rollout slot")
-		release, err := d.Slots(ctx)
+		release, err := d.Slots(a.ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return outParked
+			if a.ctx.Err() != nil {
+				return endPass(outParked)
 			}
-			return fail("taking a rollout slot: "+err.Error(), true, ReasonFailed)
+			return failed("taking a rollout slot", err)
 		}
-		defer release()
+		a.release = release
 	}
-	if ch.DisruptedAt == nil {
+	if a.ch.DisruptedAt == nil {
+		// The slot is taken: the disruption begins.
 		at := d.Clock.Now().UTC()
-		ch.DisruptedAt = &at
+		a.ch.DisruptedAt = &at
 	}
-	if d.Disrupt != nil && (ch.Phase == PhasePending || ch.Phase == PhaseDraining) {
-		if oc, ok := d.drain(ctx, node, ch, n, plan); !ok {
-			return oc
-		}
+	return nil
+}
+
+func (a *attempt) drain() error {
+	if a.d.Disrupt == nil || (a.ch.Phase != PhasePending && a.ch.Phase != PhaseDraining) {
+		return nil
 	}
-	if strays, err := d.strayProcesses(n, plan); err != nil {
-		return fail("listing GPU processes: "+err.Error(), true, ReasonFailed)
-	} else if len(strays) > 0 {
-		return fail("processes no pod accounts for are using what the change takes away: "+strings.Join(strays, ", "), true, ReasonFailed)
+	return a.d.drain(a.ctx, a.node, a.ch, a.v.n, a.v.plan)
+}
+
+func (a *attempt) checkProcesses() error {
+	strays, err := a.d.strayProcesses(a.v.n, a.v.plan)
+	if err != nil {
+		return failed("listing GPU processes", err)
 	}
-	if modeChanges(plan) && d.Units != nil && len(d.S.HostGPUClients) > 0 && len(ch.StoppedUnits) == 0 {
-		_ = d.notify().Status("stopping host GPU clients %v", d.S.HostGPUClients)
-		stopped, err := d.Units.StopActive(ctx, d.S.HostGPUClients)
-		ch.StoppedUnits = stopped
-		d.saveJournal()
-		if err != nil {
-			return fail("stopping host GPU clients: "+err.Error(), true, ReasonFailed)
-		}
+	if len(strays) > 0 {
+		return &StepError{Reason: "processes no pod accounts for are using what the change takes away: " + strings.Join(strays, ", "),
+			Retryable: true, Event: ReasonFailed}
 	}
-	if d.Disrupt != nil && node != nil && d.S.RestartDevicePlugin && ch.Phase != PhaseApplying && ch.StalePlugins == nil {
-		// The device plugin pods running now read the old geometry: the
-		// ones still running when the change is done are restarted.
-		var pods []string
-		err := d.retryAPI(ctx, func() (err error) { pods, err = d.Disrupt.DevicePlugins(ctx); return err })
-		if err != nil {
-			return fail("listing the device plugin pods: "+err.Error(), true, ReasonFailed)
-		}
-		ch.StalePlugins = pods
+	return nil
+}
+
+func (a *attempt) stopHostClients() error {
+	d, ch := a.d, a.ch
+	if !modeChanges(a.v.plan) || d.Units == nil || len(d.S.HostGPUClients) == 0 || len(ch.StoppedUnits) > 0 {
+		return nil
 	}
+	_ = d.notify().Status("stopping host GPU clients %v", d.S.HostGPUClients)
+	stopped, err := d.Units.StopActive(a.ctx, d.S.HostGPUClients)
+	ch.StoppedUnits = stopped
+	d.saveJournal()
+	if err != nil {
+		return failed("stopping host GPU clients", err)
+	}
+	return nil
+}
+
+func (a *attempt) noteDevicePlugins() error {
+	d, ch := a.d, a.ch
+	if d.Disrupt == nil || a.node == nil || !d.S.RestartDevicePlugin || ch.Phase == PhaseApplying || ch.StalePlugins != nil {
+		return nil
+	}
+	// The device plugin pods running now read the old geometry: the ones
+	// still running when the change is done are restarted.
+	var pods []string
+	err := d.retryAPI(a.ctx, func() (err error) { pods, err = d.Disrupt.DevicePlugins(a.ctx); return err })
+	if err != nil {
+		return failed("listing the device plugin pods", err)
+	}
+	ch.StalePlugins = pods
+	return nil
+}
+
+func (a *attempt) apply() error {
+	d, ch := a.d, a.ch
+	a.touched = true
 	ch.Phase = PhaseApplying
 	if err := d.mustJournal(); err != nil {
-		return fail(err.Error(), true, ReasonJournal)
+		return &StepError{Reason: err.Error(), Retryable: true, Event: ReasonJournal}
 	}
 	var release func() error
 	if d.Inhibit != nil {
-		if r, err := d.Inhibit(ctx, "applying MIG geometry "+desired); err == nil {
+		if r, err := d.Inhibit(a.ctx, "applying MIG geometry "+ch.Config); err == nil {
 			release = r
 		} else {
 			d.Log.Warn("taking a shutdown inhibitor failed", "err", err)
@@ -209,48 +418,44 @@ func (d *Daemon) attempt(ctx context.Context, node *corev1.Node, desired string,
 		return nil
 	}}
 	var applied *Applied
+	var err error
 	if d.Hooks != nil {
 		// Standalone (only there are hooks set): the hooks file runs around
 		// the change as nvidia-mig-parted apply runs it; a failing hook
 		// fails the change.
-		env := HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: desired, HooksFile: d.S.HooksFile}
-		a := NewPlanApplier(d.GPU, d.File, desired, opts, n, plan)
-		err = ApplyWithHooks(ctx, d.Log, d.Hooks, env, false, a)
-		applied = &a.Result
+		env := HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: ch.Config, HooksFile: d.S.HooksFile}
+		pa := NewPlanApplier(d.GPU, d.File, ch.Config, opts, a.v.n, a.v.plan)
+		err = ApplyWithHooks(a.ctx, d.Log, d.Hooks, env, false, pa)
+		applied = &pa.Result
 	} else {
-		applied, err = ApplyAndVerify(d.GPU, n, plan, d.File, desired, opts)
+		applied, err = ApplyAndVerify(d.GPU, a.v.n, a.v.plan, d.File, ch.Config, opts)
 	}
 	if release != nil {
 		_ = release()
 	}
 	switch {
 	case errors.Is(err, ErrRebootRequired):
-		return d.rebootFor(ctx, node, ch, applied)
-	case errors.Is(err, nvmlx.ErrNVMLNotBack):
-		// NVML did not come back after a GPU reset: failed for now, not
-		// ready, and NVML is opened again with its own backoff; the retry
-		// reads the GPUs as the reset left them.
-		oc := fail("applying: "+err.Error(), true, ReasonFailed)
-		if oc == outRetry {
-			d.nvmlLost(err)
-			return outNVMLDown
-		}
-		return oc
+		return d.rebootFor(a.ctx, a.node, ch, applied)
 	case err != nil:
-		return fail("applying: "+err.Error(), true, ReasonFailed)
+		return failed("applying", err)
 	}
-	return d.finish(ctx, node, ch, plan, applied, named)
+	a.applied = applied
+	return nil
+}
+
+func (a *attempt) finish() error {
+	return a.d.finish(a.ctx, a.node, a.ch, a.v.plan, a.applied, a.v.named)
 }
 
 // partial ends a change whose GPUs hold the config, except those named
 // that NVML cannot open: the change is done (journal, applied config), and
 // its result is a failure with that reason, retried with backoff.
-func (d *Daemon) partial(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, named []nvmlx.UnusableGPU) outcome {
+func (d *Daemon) partial(ch *Change, plan *geometry.Plan, named []nvmlx.UnusableGPU) error {
 	j := &d.Journal.State
 	j.Change, j.Applied, j.AppliedHash = nil, ch.Config, plan.Hash
 	j.RebootFor = nil // the change is done: its reboot mark with it
 	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
-	return d.failure(ctx, node, ch, unusableReason(ch.Config, named, true), true, ReasonGPUUnusable)
+	return &StepError{Reason: unusableReason(ch.Config, named, true), Retryable: true, Event: ReasonGPUUnusable, Always: true}
 }
 
 func allIndices(p *geometry.Plan) []int {
@@ -262,25 +467,15 @@ func allIndices(p *geometry.Plan) []int {
 }
 
 // drain taints the node, pauses operands and evicts the affected pods.
-func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *Node, plan *geometry.Plan) (outcome, bool) {
+func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *Inventory, plan *geometry.Plan) error {
 	ch.Phase = PhaseDraining
-	fail := func(reason string) (outcome, bool) {
-		if ctx.Err() != nil {
-			// A newer label (the pass logs it) or the process ending.
-			if !errors.Is(context.Cause(ctx), errSuperseded) {
-				d.Log.Info("shutting down mid-change; the journal resumes it at the next start", "config", ch.Config)
-			}
-			return outParked, false
-		}
-		return d.failure(ctx, node, ch, reason, true, ReasonFailed), false
-	}
 	if err := d.mustJournal(); err != nil {
-		return d.failure(ctx, node, ch, err.Error(), true, ReasonJournal), false
+		return &StepError{Reason: err.Error(), Retryable: true, Event: ReasonJournal, Always: true}
 	}
 	if d.S.Taint && !ch.TaintAdded {
 		err := d.retryAPI(ctx, func() error { _, err := d.Disrupt.Taint(ctx); return err })
 		if err != nil {
-			return fail("tainting the node: " + err.Error())
+			return failed("tainting the node", err)
 		}
 		// The taint key is the agent's own: one already there was left by an
 		// attempt that could not lift it (a crash between tainting and the
@@ -292,13 +487,13 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 		if len(ch.Operands) == 0 {
 			saved, err := d.Disrupt.ReadOperands(ctx)
 			if err != nil {
-				return fail("reading GPU Operator operand labels: " + err.Error())
+				return failed("reading GPU Operator operand labels", err)
 			}
 			ch.Operands = saved
 			d.saveJournal() // before pausing: a crash restores from here
 		}
 		if err := d.Disrupt.PauseOperands(ctx, ch.Operands); err != nil {
-			return fail("pausing GPU Operator operands: " + err.Error())
+			return failed("pausing GPU Operator operands", err)
 		}
 	}
 	gpus, migs := targets(n, plan)
@@ -306,7 +501,7 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 	var how string
 	err := d.retryAPI(ctx, func() (err error) { pods, how, err = d.Disrupt.Affected(ctx, gpus, migs); return err })
 	if err != nil {
-		return fail("finding the pods that use the changing GPUs: " + err.Error())
+		return failed("finding the pods that use the changing GPUs", err)
 	}
 	ch.AffectedBy = how
 	if how != "" && how != drain.HowNothing { // standalone: no Kubernetes, no PodResources
@@ -321,10 +516,10 @@ func (d *Daemon) drain(ctx context.Context, node *corev1.Node, ch *Change, n *No
 		d.Metrics.AddEvictedPods(len(evicted))
 		d.saveJournal()
 		if err != nil {
-			return fail("evicting pods: " + err.Error())
+			return failed("evicting pods", err)
 		}
 	}
-	return 0, true
+	return nil
 }
 
 func appendNew(s []string, more ...string) []string {
@@ -344,7 +539,10 @@ func appendNew(s []string, more ...string) []string {
 }
 
 // rebootFor handles a mode change that waits for a reboot: once, never twice.
-func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, applied *Applied) outcome {
+// It returns the end of the pass (waiting for the reboot, or the sim
+// reboot made) or why no reboot is made, as a failure also when the pass is
+// interrupted: a resumed pass must not decide again.
+func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, applied *Applied) error {
 	spent, sameBoot, how := d.rebootSpent(node, ch.Config)
 	if ch.Rebooted || (spent && !sameBoot) {
 		// Whatever happened in between (a failure, a restart, a lost
@@ -354,7 +552,8 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		}
 		ch.Rebooted = true
 		d.Metrics.SetRebootGuardTripped(true)
-		return d.failure(ctx, node, ch, fmt.Sprintf("MIG mode change on GPUs %v is still pending after the reboot made for it; not rebooting again", applied.RebootGPUs), false, ReasonRebootFailed)
+		return &StepError{Reason: fmt.Sprintf("MIG mode change on GPUs %v is still pending after the reboot made for it; not rebooting again", applied.RebootGPUs),
+			Event: ReasonRebootFailed, Always: true}
 	}
 	// Why no GPU reset applied the mode change (empty for a reboot planned
 	// before any apply, whose GPUs were never offered a reset).
@@ -371,27 +570,27 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 		d.Log.Info("waiting for the reboot requested for this change", "config", ch.Config)
 		d.setState(ctx, StateRebooting)
 		_ = d.notify().Status("waiting for reboot")
-		return outRebooting
+		return endPass(outRebooting)
 	}
 	// The mark is journaled before the reboot is asked for: a journal that
 	// cannot be written means no reboot (it could not be remembered).
 	d.Journal.State.RebootFor = &RebootMark{Config: ch.Config, BootID: ch.RebootBootID, At: d.Clock.Now().UTC()}
 	if err := d.mustJournal(); err != nil {
 		d.Journal.State.RebootFor = nil
-		return d.failure(ctx, node, ch, "not rebooting: "+err.Error(), true, ReasonRebootFailed)
+		return &StepError{Reason: "not rebooting: " + err.Error(), Retryable: true, Event: ReasonRebootFailed, Always: true}
 	}
 	if d.S.RebootMethod == RebootNone {
 		d.Journal.State.RebootFor.Requested = true
 		d.saveJournal()
 		d.holdSlotForReboot(ctx)
-		rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.Node)
+		rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.After)
 		d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 			fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; --reboot-method none: waiting for someone to reboot the node", applied.RebootGPUs))
 		_ = d.notify().Status("waiting for reboot")
-		return outRebooting
+		return endPass(outRebooting)
 	}
 	d.holdSlotForReboot(ctx)
-	rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.Node)
+	rec := d.record(ch, StateRebooting, why, d.Clock.Now(), applied.After)
 	d.emit(ctx, node, StateRebooting, rec, corev1.EventTypeNormal, ReasonRebooting,
 		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
 	d.Metrics.IncReboots()
@@ -400,16 +599,16 @@ func (d *Daemon) rebootFor(ctx context.Context, node *corev1.Node, ch *Change, a
 	// journaled as made, and made at most once.
 	if err := d.Reboot.Reboot(context.WithoutCancel(ctx), "mig-agent: MIG mode change of config "+ch.Config); err != nil {
 		// Never retried by itself: a reboot is requested at most once.
-		return d.failure(ctx, node, ch, "requesting the reboot failed: "+err.Error(), false, ReasonRebootFailed)
+		return &StepError{Reason: "requesting the reboot failed: " + err.Error(), Event: ReasonRebootFailed, Always: true}
 	}
 	ch.RebootRequested = true
 	d.Journal.State.RebootFor.Requested = true
 	d.Journal.State.Reboots++ // counted once it was asked for: see Run
 	d.saveJournal()
 	if d.S.RebootMethod == RebootSim {
-		return outRebooted
+		return endPass(outRebooted)
 	}
-	return outRebooting
+	return endPass(outRebooting)
 }
 
 // modeChangeGPUs lists the GPUs whose MIG mode the plan changes.
@@ -436,24 +635,24 @@ func (d *Daemon) holdSlotForReboot(ctx context.Context) {
 }
 
 // finish restores, refreshes the device plugin, waits for resources, and
-// records success.
-func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, applied *Applied, named []nvmlx.UnusableGPU) outcome {
+// records success: it ends the pass.
+func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, applied *Applied, named []nvmlx.UnusableGPU) error {
 	ch.Phase = PhaseRestoring
 	d.saveJournal()
 	d.restore(ctx, ch)
-	converged, failed := d.refresh(ctx, node, ch, applied.Node)
+	converged, failed := d.refresh(ctx, node, ch, applied.After)
 	if failed != "" {
 		if ctx.Err() != nil {
 			d.Log.Info("interrupted while refreshing the device plugin; the journal keeps the change", "config", ch.Config)
-			return outParked
+			return endPass(outParked)
 		}
-		return d.failure(ctx, node, ch, failed, true, ReasonResourcesTimeout)
+		return &StepError{Reason: failed, Retryable: true, Event: ReasonResourcesTimeout}
 	}
 	if len(named) > 0 {
-		return d.partial(ctx, node, ch, plan, named)
+		return d.partial(ch, plan, named)
 	}
 	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
-	return d.success(ctx, node, ch, plan, applied.Node, converged, msg, ReasonApplied)
+	return endPass(d.success(ctx, node, ch, plan, applied.After, converged, msg, ReasonApplied))
 }
 
 // refresh makes the device plugin see the new MIG devices (it reads them
@@ -462,7 +661,7 @@ func (d *Daemon) finish(ctx context.Context, node *corev1.Node, ch *Change, plan
 // exactly the new geometry's resources. It returns whether they converged
 // (nil: not awaited) or, when they did not, the failure reason: the change
 // stays journaled, and its retry restarts the device plugin again.
-func (d *Daemon) refresh(ctx context.Context, node *corev1.Node, ch *Change, n *Node) (converged *bool, failed string) {
+func (d *Daemon) refresh(ctx context.Context, node *corev1.Node, ch *Change, n *Inventory) (converged *bool, failed string) {
 	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 {
 		return nil, ""
 	}
@@ -509,7 +708,7 @@ func (d *Daemon) refresh(ctx context.Context, node *corev1.Node, ch *Change, n *
 		"(is the device plugin running on this node?): %v", ch.Config, d.S.ResourceWaitTimeout, err)
 }
 
-func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, n *Node, converged *bool, msg, reason string) outcome {
+func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, plan *geometry.Plan, n *Inventory, converged *bool, msg, reason string) outcome {
 	now := d.Clock.Now()
 	rec := d.record(ch, StateSuccess, "", now, n)
 	rec.ResourcesConverged = converged
@@ -523,9 +722,9 @@ func (d *Daemon) success(ctx context.Context, node *corev1.Node, ch *Change, pla
 	d.emit(ctx, node, StateSuccess, rec, corev1.EventTypeNormal, reason, msg)
 	d.drifted = false
 	j := &d.Journal.State
-	j.Change, j.Applied, j.AppliedHash, j.Handled = nil, ch.Config, plan.Hash, ch.Config
+	j.Change = nil
+	j.Succeeded(ch.Config, plan.Hash)
 	j.RebootFor = nil // the change is done: its reboot mark with it
-	d.failing, d.attempts = "", 0
 	d.saveJournal()
 	d.Log.Info("mig config applied", "config", ch.Config, "gpusChanged", ch.GPUsChanged, "evicted", len(ch.Evicted))
 	_ = d.notify().Status("config %s applied", ch.Config)

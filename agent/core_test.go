@@ -258,7 +258,8 @@ func (c *core) restart(t *testing.T, o nvmlx.SimOptions) {
 
 // pass runs one reconcile pass on the Node as the watch shows it.
 func (c *core) pass(start, retry bool) outcome {
-	return c.d.pass(context.Background(), c.cluster.seen(), start, retry)
+	oc, _ := c.d.pass(context.Background(), func() (*corev1.Node, bool) { return c.cluster.seen(), true }, start, retry)
+	return oc
 }
 
 // holds reports whether the GPUs hold config name.
@@ -341,7 +342,7 @@ func wantSuccess(t *testing.T, c *core, config string) ChangeRecord {
 // says was done.
 func TestCoreResumeAtEachPhase(t *testing.T) {
 	for _, tc := range []struct {
-		phase string
+		phase Phase
 		// gpusDone: the GPUs already hold the new config.
 		gpusDone    bool
 		wantAffect  bool
@@ -353,7 +354,7 @@ func TestCoreResumeAtEachPhase(t *testing.T) {
 		{phase: PhaseRestoring, gpusDone: true},
 		{phase: PhaseRefreshing, gpusDone: true, wantRestart: true},
 	} {
-		t.Run(tc.phase, func(t *testing.T) {
+		t.Run(string(tc.phase), func(t *testing.T) {
 			c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
 			c.applied(t, "all-balanced")
 			pods := c.runPods(t, "1g.18gb", 0, 1)
@@ -490,7 +491,7 @@ func TestCoreBackoff(t *testing.T) {
 		if rec := c.cluster.last(); len(c.cluster.records) != records+1 || rec.Result != StateFailed || rec.Config != "all-1g.18gb" {
 			t.Fatalf("try %d: record %+v", i+1, rec)
 		}
-		wait := c.d.retryAt.Sub(c.clock.Now())
+		wait := c.d.Journal.State.RetryAt.Sub(c.clock.Now())
 		waits = append(waits, wait)
 		base := min(5*time.Second<<i, maxWait)
 		if wait < base || wait > base+base/5+time.Second/2 {
@@ -517,8 +518,8 @@ func TestCoreBackoff(t *testing.T) {
 		t.Fatalf("retry after the cause went: outcome %v, record %+v", oc, c.cluster.last())
 	}
 	wantSuccess(t, c, "all-1g.18gb")
-	if c.d.failing != "" || c.d.attempts != 0 {
-		t.Errorf("backoff kept after success: failing %q, attempts %d", c.d.failing, c.d.attempts)
+	if p := c.d.Journal.State.Progress; p.Failing != "" || p.Attempts != 0 || !p.RetryAt.IsZero() {
+		t.Errorf("backoff kept after success: %+v", p)
 	}
 }
 

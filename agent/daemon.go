@@ -56,9 +56,6 @@ type Daemon struct {
 	ready    atomic.Bool
 	nvmlDown atomic.Bool // the last attempt to open NVML failed
 	nvmlFail int         // consecutive failures to open NVML
-	failing  string
-	attempts int
-	retryAt  time.Time
 	drifted  bool
 	// stateDecided: migagent_state shows a state (showState); before, all 0.
 	stateDecided bool
@@ -161,7 +158,7 @@ func (d *Daemon) notify() Notifier {
 }
 
 // discover reads the GPUs and refreshes the GPU metrics.
-func (d *Daemon) discover() (*Node, error) {
+func (d *Daemon) discover() (*Inventory, error) {
 	n, err := Discover(d.GPU)
 	d.Metrics.SetNVMLUp(err == nil)
 	d.Metrics.SetCollectorError("nvml", err != nil)
@@ -173,7 +170,7 @@ func (d *Daemon) discover() (*Node, error) {
 	return n, nil
 }
 
-func metricUnusable(n *Node) []metrics.UnusableGPU {
+func metricUnusable(n *Inventory) []metrics.UnusableGPU {
 	out := make([]metrics.UnusableGPU, 0, len(n.Unusable))
 	for _, u := range n.Unusable {
 		out = append(out, metrics.UnusableGPU{Index: u.Index, Error: u.Return})
@@ -183,7 +180,7 @@ func metricUnusable(n *Node) []metrics.UnusableGPU {
 
 // noteUnusable logs and posts a Warning Event when the set of GPUs NVML
 // cannot open changes (once per change, not at every pass).
-func (d *Daemon) noteUnusable(ctx context.Context, node *corev1.Node, n *Node) {
+func (d *Daemon) noteUnusable(ctx context.Context, node *corev1.Node, n *Inventory) {
 	key := fmt.Sprint(metricUnusable(n))
 	if key == d.unusableSeen {
 		return
@@ -196,7 +193,7 @@ func (d *Daemon) noteUnusable(ctx context.Context, node *corev1.Node, n *Node) {
 	}
 }
 
-func metricGPUs(n *Node) []metrics.GPU {
+func metricGPUs(n *Inventory) []metrics.GPU {
 	out := make([]metrics.GPU, 0, len(n.Devices))
 	for i, dev := range n.Devices {
 		g := metrics.GPU{Index: dev.Index, UUID: dev.UUID, Model: dev.Name, PCIBusID: dev.PCIBusID,
@@ -210,8 +207,10 @@ func metricGPUs(n *Node) []metrics.GPU {
 }
 
 // reconcile decides what to do for the node as it is now. start is true
-// for the first pass after the process started.
-func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry bool) outcome {
+// for the first pass after the process started; v is what the pass read
+// and planned already (nil: nothing yet), so that one pass reads the GPUs
+// once and plans once.
+func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry bool, v *view) outcome {
 	req := d.Cluster.Desired(node)
 	desired := req.Config
 	d.Metrics.SetDesiredConfig(desired)
@@ -229,7 +228,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 		// The label is gone: its next value is a new request, acted on at
 		// once (no backoff of an earlier failure), also when it names the
 		// config that is applied (a record follows).
-		d.failing, d.attempts = "", 0
+		j.ClearBackoff()
 		if j.Handled != "" {
 			j.Handled = ""
 			d.saveJournal()
@@ -239,38 +238,32 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 	if j.Change != nil && j.Change.Config != desired {
 		d.abandon(ctx, j.Change, fmt.Sprintf("the desired config changed to %q", desired))
 	}
-	if d.failing != desired {
-		d.failing, d.attempts = "", 0
+	if j.Failing != desired {
+		j.ClearBackoff()
 	}
 	switch {
-	case j.Change != nil && desired == d.failing && !retry && d.Clock.Now().Before(d.retryAt):
+	case j.Change != nil && !retry && j.Waiting(desired, d.Clock.Now()):
 		// a change kept in the journal after a failure waits for its backoff
 		return outRetry
 	case j.Change != nil:
 		// resume the journaled change
-	case desired == j.Handled && d.failing == "" && desired != "":
+	case desired == j.Handled && j.Failing == "" && desired != "":
 		if !start {
 			return outSuccess
 		}
 		// At start: hold the geometry (a reboot drops every instance).
-		n, err := d.discover()
-		if err == nil {
-			if plan, err := d.plan(n, desired); err == nil && !planChanges(plan) {
-				return outSuccess
+		if v == nil {
+			if n, err := d.discover(); err == nil {
+				v, _ = d.look(n, desired)
 			}
 		}
-	case desired == d.failing && !retry && d.Clock.Now().Before(d.retryAt):
+		if v != nil && !planChanges(v.plan) {
+			return outSuccess
+		}
+	case !retry && j.Waiting(desired, d.Clock.Now()):
 		return outRetry
 	}
-	return d.attempt(ctx, node, desired, req)
-}
-
-func (d *Daemon) plan(n *Node, name string) (*geometry.Plan, error) {
-	spec, _, err := Lookup(d.File, name, n.GPUs)
-	if err != nil {
-		return nil, err
-	}
-	return geometry.BuildPlan(spec, name, n.GPUs)
+	return d.attempt(ctx, node, req, v)
 }
 
 func planChanges(p *geometry.Plan) bool {
@@ -316,7 +309,7 @@ func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
 
 // nvmlStarted reports whether a change in phase may have touched a GPU:
 // before applying, only the taint, operands and pods were.
-func nvmlStarted(phase string) bool {
+func nvmlStarted(phase Phase) bool {
 	return phase != PhasePending && phase != PhaseDraining && phase != ""
 }
 
@@ -366,7 +359,10 @@ func (d *Daemon) backoff(n int) time.Duration {
 
 // failure ends an attempt: restore, record, event, metrics, and the retry
 // schedule when the cause may pass.
-func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, reason string, retryable bool, eventReason string) outcome {
+// n is the GPUs as the pass read them when it did not touch them since
+// (nil: read them now).
+func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, se *StepError, n *Inventory) outcome {
+	reason, retryable := se.Reason, se.Retryable
 	// A change a reboot was requested for stays in the journal through a
 	// failure that may pass, so that its retry knows the reboot: never a
 	// second one for the same change, whatever fails in between (NVML not
@@ -392,34 +388,30 @@ func (d *Daemon) failure(ctx context.Context, node *corev1.Node, ch *Change, rea
 		d.restore(ctx, ch)
 	}
 	now := d.Clock.Now()
-	rec := d.record(ch, StateFailed, reason, now, nil)
+	rec := d.record(ch, StateFailed, reason, now, n)
 	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", retryable)
 	// Metrics first: whoever sees the state label finds them current.
 	d.Metrics.ObserveReconfiguration(StateFailed, now.Sub(rec.StartedAt))
 	d.Metrics.SetLastFailure(reason)
-	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, eventReason, reason)
+	d.emit(ctx, node, StateFailed, rec, corev1.EventTypeWarning, se.Event, reason)
 	if !keep && !refreshing {
 		d.Journal.State.Change = nil
 	}
 	if !retryable {
-		d.Journal.State.Handled = rec.Config
-		d.failing = ""
+		d.Journal.State.GaveUp(rec.Config)
 		d.saveJournal()
 		_ = d.notify().Status("failed: %s", reason)
 		return outFailed
 	}
 	d.saveJournal()
-	d.failing = rec.Config
-	d.attempts++
-	wait := d.backoff(d.attempts)
-	d.retryAt = now.Add(wait)
+	wait := d.Journal.State.Retry(rec.Config, now, d.backoff)
 	_ = d.notify().Status("failed, retrying in %s: %s", wait, reason)
 	return outRetry
 }
 
 // record builds the audit record of the change, with the geometry of n (the
 // GPUs as just read; nil reads them now).
-func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Node) ChangeRecord {
+func (d *Daemon) record(ch *Change, result, reason string, now time.Time, n *Inventory) ChangeRecord {
 	rec := ChangeRecord{Result: result, Reason: capReason(reason), FinishedAt: now.UTC(), AgentVersion: d.Version,
 		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
 	if drv, err := d.GPU.DriverVersion(); err == nil {
@@ -492,7 +484,7 @@ func (d *Daemon) settleState(node *corev1.Node) {
 	case d.stateDecided:
 	case node != nil && node.Labels[LabelState] != "":
 		d.showState(node.Labels[LabelState])
-	case node == nil && d.Journal.State.Handled != "" && d.failing == "": // standalone: no Node
+	case node == nil && d.Journal.State.Handled != "" && d.Journal.State.Failing == "": // standalone: no Node
 		d.showState(StateSuccess)
 	}
 }
@@ -527,7 +519,7 @@ func indices(p *geometry.Plan) (changed, untouched []int) {
 // targets lists what the plan takes away: whole GPUs that change (by GPU
 // UUID), MIG devices whose GPU instance is destroyed and MIG devices (compute
 // instances) destroyed inside a GPU instance that stays.
-func targets(n *Node, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
+func targets(n *Inventory, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 	for _, gp := range p.GPUs {
 		g, m := targetsOf(n, gp)
 		gpuUUIDs, migUUIDs = append(gpuUUIDs, g...), append(migUUIDs, m...)
@@ -536,7 +528,7 @@ func targets(n *Node, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 }
 
 // targetsOf is targets for one GPU's plan.
-func targetsOf(n *Node, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
+func targetsOf(n *Inventory, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 	if gp.Action != geometry.ActionChange {
 		return nil, nil
 	}
@@ -561,7 +553,7 @@ func targetsOf(n *Node, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 // PreviewEvictions fills each changing GPU's Evict with the pods the change
 // would evict, as the daemon would find them; it returns how they were
 // found (PodResources, or every GPU pod of the node and why).
-func PreviewEvictions(ctx context.Context, d Disruptor, n *Node, p *geometry.Plan) (string, error) {
+func PreviewEvictions(ctx context.Context, d Disruptor, n *Inventory, p *geometry.Plan) (string, error) {
 	how := ""
 	for i, gp := range p.GPUs {
 		gpus, migs := targetsOf(n, gp)
@@ -578,7 +570,7 @@ func PreviewEvictions(ctx context.Context, d Disruptor, n *Node, p *geometry.Pla
 }
 
 // strayProcesses lists NVML processes on what the plan takes away.
-func (d *Daemon) strayProcesses(n *Node, p *geometry.Plan) ([]string, error) {
+func (d *Daemon) strayProcesses(n *Inventory, p *geometry.Plan) ([]string, error) {
 	var out []string
 	for _, gp := range p.GPUs {
 		if gp.Action != geometry.ActionChange {

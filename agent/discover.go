@@ -12,9 +12,10 @@ import (
 	"github.com/migagent/mig-agent/profiles"
 )
 
-// Node is one read of the node's GPUs: what NVML reports, converted for the
-// planner, with the MIG device UUIDs of every GPU instance.
-type Node struct {
+// Inventory is one read of this host's GPUs: what NVML reports, converted
+// for the planner, with the MIG device UUIDs of every GPU instance. (The
+// Kubernetes Node is corev1.Node; an Inventory is not about it.)
+type Inventory struct {
 	Devices   []nvmlx.Device
 	Instances [][]nvmlx.GPUInstance // by position in Devices
 	GPUs      []geometry.GPU        // by position in Devices
@@ -28,7 +29,7 @@ type Node struct {
 // Discover reads every GPU, its MIG mode and its instances. It is the one
 // place that turns nvmlx state into planner input. GPUs NVML cannot open
 // are listed in Unusable, not an error.
-func Discover(g nvmlx.GPU) (*Node, error) {
+func Discover(g nvmlx.GPU) (*Inventory, error) {
 	devs, unusable, err := nvmlx.SplitUnusable(g.Devices())
 	if err != nil {
 		return nil, fmt.Errorf("discovering GPUs: %w", err)
@@ -37,7 +38,7 @@ func Discover(g nvmlx.GPU) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the driver version: %w", err)
 	}
-	n := &Node{Devices: devs, Driver: drv, Unusable: unusable, Instances: make([][]nvmlx.GPUInstance, len(devs)), GPUs: make([]geometry.GPU, len(devs))}
+	n := &Inventory{Devices: devs, Driver: drv, Unusable: unusable, Instances: make([][]nvmlx.GPUInstance, len(devs)), GPUs: make([]geometry.GPU, len(devs))}
 	for i, d := range devs {
 		var insts []nvmlx.GPUInstance
 		if d.MigCapable && d.MigMode.Current {
@@ -74,7 +75,7 @@ func toGeometry(insts []nvmlx.GPUInstance) []geometry.Instance {
 }
 
 // Device returns the device with NVML index idx.
-func (n *Node) Device(idx int) (*nvmlx.Device, []nvmlx.GPUInstance, bool) {
+func (n *Inventory) Device(idx int) (*nvmlx.Device, []nvmlx.GPUInstance, bool) {
 	for i := range n.Devices {
 		if n.Devices[i].Index == idx {
 			return &n.Devices[i], n.Instances[i], true
@@ -85,7 +86,7 @@ func (n *Node) Device(idx int) (*nvmlx.Device, []nvmlx.GPUInstance, bool) {
 
 // GeometryOf renders each GPU's instances as "profile@start" strings, keyed
 // by GPU index, for audit records and the status command.
-func (n *Node) GeometryOf() map[string][]string {
+func (n *Inventory) GeometryOf() map[string][]string {
 	out := make(map[string][]string, len(n.GPUs))
 	for _, g := range n.GPUs {
 		key := fmt.Sprint(g.Index)
@@ -149,7 +150,7 @@ func unusableReason(name string, named []nvmlx.UnusableGPU, others bool) string 
 
 // MIGDevices maps each MIG device UUID on the node to its GPU UUID and the
 // placement of its GPU instance.
-func (n *Node) MIGDevices() map[string]MIGDevice {
+func (n *Inventory) MIGDevices() map[string]MIGDevice {
 	out := map[string]MIGDevice{}
 	for i, d := range n.Devices {
 		for _, gi := range n.Instances[i] {

@@ -116,7 +116,7 @@ func (k *KubeDisruptor) WaitResources(ctx context.Context, want map[corev1.Resou
 // ExpectedResources is what the device plugin advertises for the node's
 // geometry under its MIG strategy (the node's nvidia.com/mig.strategy; empty
 // is the device plugin's default, none).
-func ExpectedResources(strategy string, n *Node) (map[corev1.ResourceName]int64, error) {
+func ExpectedResources(strategy string, n *Inventory) (map[corev1.ResourceName]int64, error) {
 	var gpus []drain.GPUGeometry
 	for i, dev := range n.Devices {
 		g := drain.GPUGeometry{MigEnabled: dev.MigCapable && dev.MigMode.Current}

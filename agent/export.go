@@ -14,7 +14,7 @@ const ExportName = "current"
 // Export renders the node's current geometry as a config file holding one
 // config, name, that `apply -c name` reproduces: GPUs with the same
 // geometry share one entry. GPUs that cannot do MIG are left out.
-func (n *Node) Export(name string) *geometry.Spec {
+func (n *Inventory) Export(name string) *geometry.Spec {
 	var entries []geometry.Entry
 	index := map[string]int{} // geometry key → entry
 	for _, g := range n.GPUs {

@@ -204,18 +204,18 @@ type PlanApplier struct {
 	File    *ConfigFile
 	Name    string
 	Options ApplyOptions
-	Node    *Node
+	GPUs    *Inventory // as read before the change
 	Plan    *geometry.Plan
 	Result  Applied
 }
 
 var _ Applier = (*PlanApplier)(nil)
 
-// NewPlanApplier starts from a plan of name on node.
-func NewPlanApplier(g nvmlx.GPU, f *ConfigFile, name string, o ApplyOptions, node *Node, plan *geometry.Plan) *PlanApplier {
-	a := &PlanApplier{GPU: g, File: f, Name: name, Options: o, Node: node, Plan: plan}
+// NewPlanApplier starts from a plan of name on gpus.
+func NewPlanApplier(g nvmlx.GPU, f *ConfigFile, name string, o ApplyOptions, gpus *Inventory, plan *geometry.Plan) *PlanApplier {
+	a := &PlanApplier{GPU: g, File: f, Name: name, Options: o, GPUs: gpus, Plan: plan}
 	a.Result.Changed, a.Result.Untouched = indices(plan)
-	a.Result.Node = node
+	a.Result.After = gpus
 	return a
 }
 
@@ -232,7 +232,7 @@ func (a *PlanApplier) refresh() error {
 	if err != nil {
 		return fmt.Errorf("re-planning: %w", err)
 	}
-	a.Node, a.Plan, a.Result.Node = n, p, n
+	a.GPUs, a.Plan, a.Result.After = n, p, n
 	return nil
 }
 
@@ -251,7 +251,7 @@ func (a *PlanApplier) ApplyMode() error {
 		gp.Create, gp.CreateCompute, gp.DestroyCompute = nil, nil, nil
 		p.GPUs = append(p.GPUs, gp)
 	}
-	res, err := ApplyPlan(a.GPU, a.Node, &p, a.Options)
+	res, err := ApplyPlan(a.GPU, a.GPUs, &p, a.Options)
 	a.Result.RebootGPUs = append(a.Result.RebootGPUs, res.RebootGPUs...)
 	a.Result.Reset = append(a.Result.Reset, res.Reset...)
 	if err != nil {
@@ -265,11 +265,11 @@ func (a *PlanApplier) ConfigApplied() (bool, error) { return !planChanges(a.Plan
 
 // ApplyConfig implements Applier.
 func (a *PlanApplier) ApplyConfig() error {
-	res, err := ApplyAndVerify(a.GPU, a.Node, a.Plan, a.File, a.Name, a.Options)
+	res, err := ApplyAndVerify(a.GPU, a.GPUs, a.Plan, a.File, a.Name, a.Options)
 	a.Result.RebootGPUs = append(a.Result.RebootGPUs, res.RebootGPUs...)
 	a.Result.Reset = append(a.Result.Reset, res.Reset...)
-	if res.Node != nil {
-		a.Result.Node = res.Node
+	if res.After != nil {
+		a.Result.After = res.After
 	}
 	return err
 }

@@ -9,17 +9,20 @@ import (
 	"time"
 )
 
-// Phases of a change, journaled before each step so a crash or a reboot at
-// any point resumes from the right place.
+// Phase is where a change stands, journaled before each step so a crash or
+// a reboot at any point resumes from the right place.
+type Phase string
+
+// The phases, in order.
 const (
-	PhasePending   = "pending"   // intent recorded, nothing touched
-	PhaseDraining  = "draining"  // taint, operand pause, evictions under way
-	PhaseApplying  = "applying"  // NVML mutations under way
-	PhaseRebooting = "rebooting" // a reboot was requested for this change
-	PhaseRestoring = "restoring" // GPUs done; restoring what was paused
+	PhasePending   Phase = "pending"   // intent recorded, nothing touched
+	PhaseDraining  Phase = "draining"  // taint, operand pause, evictions under way
+	PhaseApplying  Phase = "applying"  // NVML mutations under way
+	PhaseRebooting Phase = "rebooting" // a reboot was requested for this change
+	PhaseRestoring Phase = "restoring" // GPUs done; restoring what was paused
 	// PhaseRefreshing: GPUs done and restored; the device plugin is being
 	// restarted and the node's allocatable awaited.
-	PhaseRefreshing = "refreshing"
+	PhaseRefreshing Phase = "refreshing"
 )
 
 // Change is the journaled state of the change in progress.
@@ -34,7 +37,7 @@ type Change struct {
 	StartedAt      time.Time  `json:"startedAt"`
 	// DisruptedAt: the rollout slot was taken and the disruption began.
 	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
-	Phase         string     `json:"phase"`
+	Phase         Phase      `json:"phase"`
 	Step          string     `json:"step,omitempty"` // the NVML step last started
 	GPUsChanged   []int      `json:"gpusChanged"`
 	GPUsUntouched []int      `json:"gpusUntouched"`
@@ -63,11 +66,7 @@ type Change struct {
 type JournalState struct {
 	// Change is the change in progress, nil when none.
 	Change *Change `json:"change,omitempty"`
-	// Applied is the config last applied with success and its hash.
-	Applied     string `json:"applied,omitempty"`
-	AppliedHash string `json:"appliedHash,omitempty"`
-	// Handled is the desired label value last acted on to the end.
-	Handled string `json:"handled,omitempty"`
+	Progress
 	// Reboots counts the reboots the agent requested on this machine. It
 	// survives the reboots themselves, so that migagent_reboots_total does
 	// too: a counter held only in memory would show a reboot to no scrape.
@@ -75,6 +74,56 @@ type JournalState struct {
 	// RebootFor marks the reboot asked for the current request: never a
 	// second one for it (rebootguard.go).
 	RebootFor *RebootMark `json:"rebootFor,omitempty"`
+}
+
+// Progress is where the agent stands with the desired config, in one
+// place: what the GPUs hold (Applied), the request last acted on to the end
+// (Handled), and the backoff of a request that keeps failing (Failing,
+// Attempts, RetryAt). The backoff is held in memory only: a restart
+// retries at once.
+type Progress struct {
+	// Applied is the config last applied with success and its hash.
+	Applied     string `json:"applied,omitempty"`
+	AppliedHash string `json:"appliedHash,omitempty"`
+	// Handled is the desired label value last acted on to the end.
+	Handled string `json:"handled,omitempty"`
+	// Failing is the config whose change failed and waits for its retry
+	// at RetryAt; Attempts counts its failures in a row.
+	Failing  string    `json:"-"`
+	Attempts int       `json:"-"`
+	RetryAt  time.Time `json:"-"`
+}
+
+// Succeeded: config (hash) is applied and handled; no backoff.
+func (p *Progress) Succeeded(config, hash string) {
+	*p = Progress{Applied: config, AppliedHash: hash, Handled: config}
+}
+
+// GaveUp: the change to config failed for good; it is handled (not retried
+// until the request changes).
+func (p *Progress) GaveUp(config string) {
+	p.Handled, p.Failing, p.Attempts, p.RetryAt = config, "", 0, time.Time{}
+}
+
+// Retry schedules the retry of the failed change to config: after
+// wait(n) for its n-th failure in a row, from now. It returns the wait.
+func (p *Progress) Retry(config string, now time.Time, wait func(n int) time.Duration) time.Duration {
+	if p.Failing != config {
+		p.Attempts = 0
+	}
+	p.Failing = config
+	p.Attempts++
+	w := wait(p.Attempts)
+	p.RetryAt = now.Add(w)
+	return w
+}
+
+// ClearBackoff forgets the backoff: the next request is acted on at once.
+func (p *Progress) ClearBackoff() { p.Failing, p.Attempts, p.RetryAt = "", 0, time.Time{} }
+
+// Waiting reports whether a change to desired waits for its retry at now.
+func (p *Progress) Waiting(desired string, now time.Time) bool {
+	return desired == p.Failing && now.Before(p.RetryAt)
 }
 
 // ErrCorruptJournal: the journal file cannot be parsed. It is bad input

@@ -2,6 +2,24 @@
 // to the geometry its label names, the on-disk journal that makes every step
 // resumable, the Kubernetes adapters (node watch, labels, annotations,
 // ConfigMap, Events, Leases) and the audit records.
+//
+// Where to look:
+//   - run.go: the loop (Run, loop, pass): a pass on every trigger, retry and
+//     drift tick. daemon.go: reconcile, which decides whether a pass acts;
+//     the failure path and the records.
+//   - attempt.go: a change as a checklist of named steps (plan, checkNode,
+//     awaitReboot, begin, takeSlot, drain, checkProcesses, stopHostClients,
+//     noteDevicePlugins, apply, finish); a step fails with a StepError, and
+//     conclude turns the end of the checklist into the pass's outcome.
+//   - journal.go: the journal (Change and its Phase; Progress: applied,
+//     handled and the backoff of a failing change).
+//   - cluster.go: the Kubernetes side behind one interface, Cluster (Kube
+//     over client-go in kube.go, Standalone without Kubernetes); the pods a
+//     change disturbs behind Disruptor (deps.go, disrupt.go).
+//   - discover.go: Inventory, one read of this host's GPUs (not the
+//     Kubernetes Node).
+//   - core_test.go: the reconcile core on the simulator with a fake clock
+//     and fake adapters.
 package agent
 
 import (

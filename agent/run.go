@@ -77,14 +77,8 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 	var retry, reopen <-chan time.Time
 	started := false // the first pass that saw our Node (it may appear later)
 	pass := func(isRetry bool) outcome {
-		n, seen := node()
-		if !seen {
-			return outSuccess // our Node is not in the cache (yet)
-		}
-		oc := d.pass(ctx, n, !started, isRetry)
-		if oc != outNVMLDown {
-			started = true
-		}
+		oc, ran := d.pass(ctx, node, !started, isRetry)
+		started = started || ran
 		return oc
 	}
 	oc := pass(false)
@@ -98,7 +92,7 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 		case outParked:
 			return nil
 		case outRetry:
-			retry = d.Clock.After(max(d.retryAt.Sub(d.Clock.Now()), 0))
+			retry = d.Clock.After(max(d.Journal.State.RetryAt.Sub(d.Clock.Now()), 0))
 		case outNVMLDown:
 			reopen = d.Clock.After(d.nvmlBackoff())
 		}
@@ -127,26 +121,34 @@ func (d *Daemon) loop(ctx context.Context, trigger <-chan struct{}, node func() 
 	}
 }
 
-// pass is one reconcile pass over the Node as seen (nil standalone), in its
-// own NVML session; start is true for the first pass of the process. A
-// newer desired config cancels it (supersede).
-func (d *Daemon) pass(ctx context.Context, n *corev1.Node, start, retry bool) outcome {
-	if !d.openNVML() {
-		return outNVMLDown
-	}
-	defer d.GPU.End()
+// pass is one reconcile pass over the Node as the watch shows it (nil
+// standalone), in its own NVML session; start is true for the first pass
+// of the process. A newer desired config cancels it (supersede). ran is
+// false when it did not get to reconcile (Node not seen, NVML down).
+func (d *Daemon) pass(ctx context.Context, node func() (*corev1.Node, bool), start, retry bool) (oc outcome, ran bool) {
+	// A newer desired config stops the pass from before the Node is read:
+	// one seen after the read cancels it (its trigger is pending), none
+	// falls between the read and the registration.
 	pctx, cancel := context.WithCancelCause(ctx)
 	d.setSupersede(func() { cancel(errSuperseded) })
 	defer func() { d.setSupersede(nil); cancel(nil) }()
-	oc := d.reconcile(pctx, n, start, retry)
+	n, seen := node()
+	if !seen {
+		return outSuccess, false // our Node is not in the cache (yet)
+	}
+	if !d.openNVML() {
+		return outNVMLDown, false
+	}
+	defer d.GPU.End()
+	oc = d.reconcile(pctx, n, start, retry, nil)
 	if oc == outSuccess {
 		d.settleState(n)
 	}
 	if oc == outParked && ctx.Err() == nil {
 		d.Log.Info("a newer desired config supersedes the change in progress")
-		return outSuccess // the trigger that cancelled it is pending
+		return outSuccess, true // the trigger that cancelled it is pending
 	}
-	return oc
+	return oc, true
 }
 
 // setSupersede registers how to stop the pass in progress (nil: none).
@@ -178,7 +180,7 @@ func (d *Daemon) ticker(every time.Duration) <-chan time.Time {
 
 // publish writes the generated configs to the node's ConfigMap, at start
 // and whenever discovery changes what they hold.
-func (d *Daemon) publish(ctx context.Context, n *Node) {
+func (d *Daemon) publish(ctx context.Context, n *Inventory) {
 	cfg, err := geometry.Generate(n.GPUs).Marshal()
 	if err != nil {
 		d.Log.Error("generating configs failed", "err", err)
@@ -217,10 +219,11 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node, seen bool) o
 		return outSuccess
 	}
 	d.publish(ctx, n)
-	plan, err := d.plan(n, j.Applied)
-	if err != nil {
+	v, serr := d.look(n, j.Applied)
+	if serr != nil {
 		return outSuccess
 	}
+	plan := v.plan
 	drift := planChanges(plan)
 	d.Metrics.SetDrift(drift)
 	if drift && !d.drifted {
@@ -233,7 +236,7 @@ func (d *Daemon) checkDrift(ctx context.Context, node *corev1.Node, seen bool) o
 	if drift && d.S.ReapplyOnDrift {
 		d.Journal.State.Handled = ""
 		if seen {
-			return d.reconcile(ctx, node, false, true)
+			return d.reconcile(ctx, node, false, true, v)
 		}
 	}
 	return outSuccess

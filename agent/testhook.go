@@ -35,7 +35,7 @@ func (d *Daemon) crashHook() {
 		return
 	}
 	crashSaves++
-	where := ch.Phase + " " + ch.Step
+	where := string(ch.Phase) + " " + ch.Step
 	if n, err := strconv.Atoi(at); err == nil && n != crashSaves || err != nil && !strings.Contains(where, at) {
 		return
 	}

@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/migagent/mig-agent/geometry"
@@ -17,15 +16,15 @@ type Applied struct {
 	Reset              []int
 	// NoReset says why each GPU of RebootGPUs was not reset (ApplyResult).
 	NoReset map[int]string
-	// Node is the state read back after the apply.
-	Node *Node
+	// After is the GPUs as read back after the apply.
+	After *Inventory
 }
 
 // ApplyAndVerify applies a plan, reads the GPUs back and checks that a
 // fresh plan of the same config has nothing left to do (except on GPUs
 // that wait for a reboot). The error wraps ErrRebootRequired when a mode
 // change waits for a reboot.
-func ApplyAndVerify(g nvmlx.GPU, n *Node, plan *geometry.Plan, f *ConfigFile, name string, o ApplyOptions) (*Applied, error) {
+func ApplyAndVerify(g nvmlx.GPU, n *Inventory, plan *geometry.Plan, f *ConfigFile, name string, o ApplyOptions) (*Applied, error) {
 	out := &Applied{}
 	for _, gp := range plan.GPUs {
 		if gp.Action == geometry.ActionChange {
@@ -43,7 +42,7 @@ func ApplyAndVerify(g nvmlx.GPU, n *Node, plan *geometry.Plan, f *ConfigFile, na
 	if err != nil {
 		return out, fmt.Errorf("reading back after apply: %w", err)
 	}
-	out.Node = after
+	out.After = after
 	spec, _, err := Lookup(f, name, after.GPUs)
 	if err != nil {
 		return out, err
@@ -72,55 +71,4 @@ func contains(s []int, v int) bool {
 		}
 	}
 	return false
-}
-
-// WritePlanText prints a plan for a person.
-func WritePlanText(w io.Writer, p *geometry.Plan) error {
-	var b strings.Builder
-	fmt.Fprintf(&b, "config %s (hash %.12s)\n", p.Config, p.Hash)
-	if p.Strategy != "" {
-		fmt.Fprintf(&b, "MIG strategy %s: the config can be served\n", p.Strategy)
-	}
-	for _, wn := range p.Warnings {
-		fmt.Fprintf(&b, "warning: %s\n", wn)
-	}
-	for _, g := range p.GPUs {
-		if g.Action == geometry.ActionUntouched {
-			fmt.Fprintf(&b, "GPU %d: untouched\n", g.Index)
-			continue
-		}
-		fmt.Fprintf(&b, "GPU %d: change", g.Index)
-		if g.ModeChange != geometry.ModeNone {
-			fmt.Fprintf(&b, ", MIG mode %s", g.ModeChange)
-		}
-		if g.ResetNeeded {
-			b.WriteString(", GPU reset needed")
-		}
-		b.WriteString("\n")
-		for _, in := range g.Destroy {
-			fmt.Fprintf(&b, "  destroy %s@%d\n", in.Name(), in.Start)
-		}
-		for _, in := range g.Keep {
-			fmt.Fprintf(&b, "  keep    %s@%d\n", in.Name(), in.Start)
-		}
-		for _, in := range g.Create {
-			fmt.Fprintf(&b, "  create  %s@%d\n", in.Name(), in.Start)
-		}
-		for _, c := range g.DestroyCompute {
-			fmt.Fprintf(&b, "  destroy compute instance %s in %s@%d\n", c.Compute, c.Profile, c.Start)
-		}
-		for _, c := range g.CreateCompute {
-			fmt.Fprintf(&b, "  create  compute instance %s in %s@%d\n", c.Compute, c.Profile, c.Start)
-		}
-		for _, pod := range g.Evict {
-			fmt.Fprintf(&b, "  evict   %s\n", pod)
-		}
-	}
-	if p.RebootNeeded {
-		b.WriteString("reboot needed: a MIG mode change cannot take effect without one (GPU reset unavailable)\n")
-	} else {
-		b.WriteString("no reboot needed\n")
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }

@@ -808,7 +808,7 @@ func TestKillMidChange(t *testing.T) {
 			if json.Unmarshal(raw, &j) == nil {
 				killedIn = "finished"
 				if j.Change != nil {
-					killedIn = j.Change.Phase + " " + j.Change.Step
+					killedIn = string(j.Change.Phase) + " " + j.Change.Step
 				}
 			}
 		}

@@ -43,7 +43,7 @@ func openBackend(s *agent.Settings, log *slog.Logger, idle bool) (nvmlx.GPU, err
 }
 
 // withNode loads settings, opens the GPUs and discovers them.
-func withNode(cmd *cobra.Command, fn func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Node) error) error {
+func withNode(cmd *cobra.Command, fn func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Inventory) error) error {
 	s, err := loadSettings(cmd)
 	if err != nil {
 		return err
@@ -88,8 +88,8 @@ func profilesCmd() *cobra.Command {
 			if format != "yaml" && format != "json" {
 				return badInput(fmt.Errorf("-o must be yaml or json"))
 			}
-			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
-				r, err := n.Report()
+			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
+				r, err := profilesReport(n)
 				if err != nil {
 					return err
 				}
@@ -179,7 +179,7 @@ func validateCmd() *cobra.Command {
 				fmt.Fprintf(out, "%s: valid, %d configs: %s\n", file, len(f.Spec.Names), strings.Join(f.Spec.Names, ", "))
 				return nil
 			}
-			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -202,7 +202,7 @@ func validateCmd() *cobra.Command {
 }
 
 // buildPlan looks the config up (file, then generated) and plans it.
-func buildPlan(f *agent.ConfigFile, name string, n *agent.Node) (*geometry.Plan, string, error) {
+func buildPlan(f *agent.ConfigFile, name string, n *agent.Inventory) (*geometry.Plan, string, error) {
 	spec, source, err := agent.Lookup(f, name, n.GPUs)
 	if err != nil {
 		return nil, "", badInput(err)
@@ -237,7 +237,7 @@ func planCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -257,7 +257,7 @@ func planCmd() *cobra.Command {
 				if format == "json" {
 					return output(cmd.OutOrStdout(), "json", plan)
 				}
-				return agent.WritePlanText(cmd.OutOrStdout(), plan)
+				return writePlanText(cmd.OutOrStdout(), plan)
 			})
 		},
 	}
@@ -272,7 +272,7 @@ func planCmd() *cobra.Command {
 
 // previewEvictions fills the plan with the pods each GPU's change would
 // evict, found as the daemon finds them.
-func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, socket string, n *agent.Node, plan *geometry.Plan) error {
+func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, socket string, n *agent.Inventory, plan *geometry.Plan) error {
 	if kubeconfig == "" {
 		kubeconfig = os.Getenv("KUBECONFIG")
 	}
@@ -297,7 +297,7 @@ func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, s
 
 // checkStrategy checks config name against a MIG strategy ("" checks
 // nothing), as the daemon checks it against the node's label.
-func checkStrategy(f *agent.ConfigFile, name string, n *agent.Node, strategy string) error {
+func checkStrategy(f *agent.ConfigFile, name string, n *agent.Inventory, strategy string) error {
 	if strategy == "" {
 		return nil
 	}
@@ -345,7 +345,7 @@ func applyCmd() *cobra.Command {
 			if err != nil {
 				return badInput(err)
 			}
-			return withNode(cmd, func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Node) error {
+			return withNode(cmd, func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -405,7 +405,7 @@ func assertCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -449,7 +449,7 @@ func exportCmd() *cobra.Command {
 			if name == "" || strings.ContainsAny(name, " \t\n:") {
 				return badInput(fmt.Errorf("--config-name %q: want a config name", name))
 			}
-			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Node) error {
+			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
 				spec := n.Export(name)
 				switch format {
 				case "yaml":

@@ -51,7 +51,7 @@ func statusCmd() *cobra.Command {
 			if format == "json" {
 				return output(cmd.OutOrStdout(), "json", st)
 			}
-			return st.WriteText(cmd.OutOrStdout())
+			return writeStatusText(cmd.OutOrStdout(), st)
 		},
 	}
 	c.Flags().StringVar(&nodeName, "node", "", "node name (default $NODE_NAME)")

@@ -61,12 +61,10 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	t0 := time.Now()
-	if err := run(ctx, *bin); err != nil {
+	if err := run(ctx, *bin, time.Now()); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-	say("done in %.1fs", time.Since(t0).Seconds())
 }
 
 func say(format string, a ...any) { fmt.Printf("==> "+format+"\n", a...) }
@@ -81,7 +79,7 @@ type pod struct {
 	now                string // as seen on the API server
 }
 
-func run(ctx context.Context, bin string) (err error) {
+func run(ctx context.Context, bin string, t0 time.Time) (err error) {
 	work, err := os.MkdirTemp("", "mig-agent-demo-")
 	if err != nil {
 		return err
@@ -240,6 +238,7 @@ func run(ctx context.Context, bin string) (err error) {
 	if err := stopAgent(); err != nil {
 		return fmt.Errorf("agent exit (SIGTERM): %w", err)
 	}
+	say("done in %.1fs; stopping the API server (it takes up to 15 s to let go)", time.Since(t0).Seconds())
 	return nil
 }
 

@@ -1,6 +1,7 @@
-package agent
+package main
 
 import (
+	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -49,8 +50,9 @@ type InstanceReport struct {
 	Compute string `json:"compute,omitempty"`
 }
 
-// Report builds ProfilesReport for the node, with the generated configs.
-func (n *Node) Report() (*ProfilesReport, error) {
+// profilesReport builds ProfilesReport for the GPUs as read, with the
+// generated configs.
+func profilesReport(n *agent.Inventory) (*ProfilesReport, error) {
 	cfg, err := geometry.Generate(n.GPUs).Marshal()
 	if err != nil {
 		return nil, err

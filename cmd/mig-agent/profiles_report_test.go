@@ -1,4 +1,4 @@
-package agent
+package main
 
 import (
 	"bytes"
@@ -10,22 +10,27 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/profiles"
 )
 
-var updateProfiles = flag.Bool("update-profiles", false, "rewrite agent/testdata/profiles/*")
+var updateProfiles = flag.Bool("update-profiles", false, "rewrite testdata/profiles/*")
 
 // The `profiles` output (JSON and YAML, the generated configs included) of
 // every simulated model is pinned by a golden file.
 func TestProfilesGolden(t *testing.T) {
 	for _, m := range profiles.Models() {
 		t.Run(m.Key, func(t *testing.T) {
-			n, err := Discover(newSim(t, m.Key+"x2", nvmlx.SimOptions{}))
+			sim, err := nvmlx.NewSim(m.Key+"x2", nvmlx.SimOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := n.Report()
+			n, err := agent.Discover(sim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := profilesReport(n)
 			if err != nil {
 				t.Fatal(err)
 			}

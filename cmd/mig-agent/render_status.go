@@ -1,0 +1,256 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/migagent/mig-agent/agent"
+)
+
+// writeStatusText writes the status for a person (mig-agent status): the
+// configs and state, the per-GPU geometry, the last change in full and the
+// history as a table. Text from the annotations is printed with control
+// characters replaced.
+func writeStatusText(w io.Writer, s *agent.Status) error {
+	ew := &errWriter{w: w}
+	p := func(format string, args ...any) { fmt.Fprintf(ew, format, args...) }
+
+	p("Node:      %s\n", clean(s.Node))
+	p("Desired:   %s\n", orDash(s.Desired))
+	p("State:     %s\n", orDash(s.State))
+	if a := s.Applied; a != nil {
+		extra := []string{"at " + formatTime(a.At)}
+		if a.Hash != "" {
+			extra = append(extra, "hash "+shortDigests(clean(a.Hash)))
+		}
+		if a.Source != "" {
+			extra = append(extra, "from "+shortDigests(clean(a.Source)))
+		}
+		p("Applied:   %s (%s)\n", clean(a.Config), strings.Join(extra, ", "))
+	} else {
+		p("Applied:   - (no successful change recorded)\n")
+	}
+	if s.Strategy != "" {
+		p("Strategy:  %s\n", clean(s.Strategy))
+	}
+	if r := s.Requester; r != nil {
+		how := map[string]string{
+			agent.RequesterFromAdmission:     "authenticated by the API server",
+			agent.RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
+		}[r.Source]
+		if how == "" {
+			how = "neither the requester stamp nor managedFields name who set the label"
+		}
+		at := ""
+		if r.At != nil {
+			at = " at " + formatTime(*r.At)
+		}
+		p("Requested: %s%s (%s)\n", requester(r.By, r.Via), at, how)
+	}
+
+	p("\nGPU geometry")
+	if s.GeometryAt != nil {
+		p(" (after the change finished %s)", formatTime(*s.GeometryAt))
+	}
+	p(":\n")
+	if len(s.GPUs) == 0 {
+		p("  none recorded\n")
+	} else {
+		tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "  GPU\tPROFILES\tINSTANCES (profile@start)\n")
+		for _, g := range s.GPUs {
+			fmt.Fprintf(tw, "  %d\t%s\t%s\n", g.Index, profileSummary(g), orDash(strings.Join(g.Instances, " ")))
+		}
+		_ = tw.Flush()
+	}
+
+	p("\nLast change:\n")
+	if r := s.LastChange; r == nil {
+		p("  none recorded\n")
+	} else {
+		tw := tabwriter.NewWriter(ew, 0, 0, 1, ' ', 0)
+		row := func(k, v string) { fmt.Fprintf(tw, "  %s:\t%s\n", k, v) }
+		cfg := clean(r.Config)
+		if r.PreviousConfig != "" {
+			cfg += " (previous " + clean(r.PreviousConfig) + ")"
+		}
+		row("Config", cfg)
+		row("Result", clean(r.Result))
+		if r.Reason != "" {
+			row("Reason", clean(r.Reason))
+		}
+		row("Started", formatTime(r.StartedAt))
+		fin := formatTime(r.FinishedAt)
+		if !r.StartedAt.IsZero() && !r.FinishedAt.IsZero() {
+			fin += " (took " + formatDuration(r.FinishedAt.Sub(r.StartedAt)) + ")"
+		}
+		row("Finished", fin)
+		row("GPUs changed", formatInts(r.GPUsChanged))
+		row("GPUs untouched", formatInts(r.GPUsUntouched))
+		row("Evicted pods", orDash(strings.Join(r.EvictedPods, ", ")))
+		if r.AffectedBy != "" {
+			row("Pods found by", clean(r.AffectedBy))
+		}
+		row("Reboot", yesNo(r.Reboot))
+		if r.ResourcesConverged != nil {
+			row("Resources advertised", yesNo(*r.ResourcesConverged))
+		}
+		req := requester(r.RequestedBy, r.RequestedVia)
+		if r.RequestedAt != nil {
+			req += " at " + formatTime(*r.RequestedAt)
+		}
+		row("Requested by", req)
+		row("Config source", orDash(r.ConfigSource))
+		row("Config hash", orDash(r.ConfigHash))
+		row("Agent version", orDash(r.AgentVersion))
+		row("Driver version", orDash(r.DriverVersion))
+		_ = tw.Flush()
+	}
+
+	p("\nHistory (newest first):\n")
+	if len(s.History) == 0 {
+		p("  none recorded\n")
+	} else {
+		tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "  FINISHED\tCONFIG\tRESULT\tGPUS CHANGED\tEVICTED PODS\tREQUESTED BY\tREASON\n")
+		for _, r := range s.History {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(r.FinishedAt), orDash(r.Config),
+				orDash(r.Result), formatInts(r.GPUsChanged), podList(r.EvictedPods, 2),
+				requester(r.RequestedBy, r.RequestedVia), orDash(r.Reason))
+		}
+		_ = tw.Flush()
+	}
+
+	if len(s.Notes) > 0 {
+		p("\nNotes:\n")
+		for _, n := range s.Notes {
+			p("  - %s\n", clean(n))
+		}
+	}
+	return ew.err
+}
+
+// errWriter keeps the first write error and drops later writes.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(b []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(b)
+	e.err = err
+	return n, err
+}
+
+// clean replaces control characters (newlines, tabs, terminal escapes) so
+// that text from annotations cannot break the layout or the terminal.
+func clean(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// shortDigests cuts every "sha256:<hex>" in s to 12 hex digits, as
+// container tools print image ids; the full digests are in the last change.
+func shortDigests(s string) string {
+	const prefix, keep = "sha256:", 12
+	var b strings.Builder
+	for {
+		i := strings.Index(s, prefix)
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		j := i + len(prefix)
+		k := j
+		for k < len(s) && strings.IndexByte("0123456789abcdefABCDEF", s[k]) >= 0 {
+			k++
+		}
+		b.WriteString(s[:j])
+		b.WriteString(s[j:min(k, j+keep)])
+		s = s[k:]
+	}
+}
+
+// requester is "by via manager", or by alone where the field manager is
+// unknown or the same name.
+func requester(by, via string) string {
+	if via == "" || via == by {
+		return orDash(by)
+	}
+	return orDash(by) + " via " + clean(via)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return clean(s)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func formatDuration(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func formatInts(xs []int) string {
+	if len(xs) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.Itoa(x)
+	}
+	return strings.Join(parts, ",")
+}
+
+// podList shows at most n pod names and how many more there are.
+func podList(pods []string, n int) string {
+	if len(pods) <= n {
+		return orDash(strings.Join(pods, ","))
+	}
+	return clean(strings.Join(pods[:n], ",")) + fmt.Sprintf(" +%d more", len(pods)-n)
+}
+
+// profileSummary is "1x 3g.71gb, 2x 1g.18gb" in the order the profiles
+// first appear on the GPU.
+func profileSummary(g agent.GPUGeometry) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, in := range g.Instances {
+		p, _ := agent.SplitInstance(in)
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		parts = append(parts, fmt.Sprintf("%dx %s", g.Profiles[p], clean(p)))
+	}
+	return orDash(strings.Join(parts, ", "))
+}
