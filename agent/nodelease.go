@@ -170,7 +170,7 @@ func (l *NodeLease) try(ctx context.Context) error {
 	}
 	holder := ptr.Deref(cur.Spec.HolderIdentity, "")
 	if holder != "" && holder != l.Identity {
-		if end, ok := leaseEnd(cur); !ok || l.Clock.Now().Before(end) {
+		if end := leaseExpiry(cur); l.Clock.Now().Before(end) {
 			return fmt.Errorf("%w on node %s: Lease %s/%s is held by %s (%s) until %s unless it is renewed; one agent per node: stop the other one first",
 				ErrAnotherAgent, l.Node, l.Namespace, name, holder, cur.Annotations[AnnotationLeaseHolder], end.UTC().Format(time.RFC3339))
 		}
@@ -189,13 +189,6 @@ func (l *NodeLease) try(ctx context.Context) error {
 		l.last = got
 	}
 	return err
-}
-
-func leaseEnd(l *coordinationv1.Lease) (time.Time, bool) {
-	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return time.Time{}, false
-	}
-	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second), true
 }
 
 // Keep renews the Lease every quarter to third of its duration (at random)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"time"
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
@@ -101,4 +103,35 @@ func (d *Daemon) writeRecord(ctx context.Context, node *corev1.Node, rec ChangeR
 	}
 	d.event(ctx, node, corev1.EventTypeWarning, ReasonRecordFailed, fmt.Sprintf("the %s record of config %q could not be written: %v", rec.Result, rec.Config, err))
 	return node
+}
+
+// MaxDisrupted is the largest number of records whose disruption
+// intervals, [disruptedAt, finishedAt], overlap at one instant: how many
+// nodes were ever between taking a rollout slot and the end of their change
+// at once (the --max-concurrent bound). Records without disruptedAt (no slot
+// taken) do not count. An end and a start at the same instant do not
+// overlap.
+func MaxDisrupted(recs []ChangeRecord) int {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for _, r := range recs {
+		if r.DisruptedAt != nil {
+			edges = append(edges, edge{*r.DisruptedAt, +1}, edge{r.FinishedAt, -1})
+		}
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta // the end first
+	})
+	cur, most := 0, 0
+	for _, e := range edges {
+		cur += e.delta
+		most = max(most, cur)
+	}
+	return most
 }

@@ -205,7 +205,7 @@ func (s *Slots) scan(store cache.Store) ([]candidate, time.Time) {
 			free = append(free, candidate{name: name, lease: l})
 			continue
 		}
-		if end := s.expiry(l); next.IsZero() || end.Before(next) {
+		if end := leaseExpiry(l); next.IsZero() || end.Before(next) {
 			next = end
 		}
 	}
@@ -310,12 +310,12 @@ func ignoreConflict(err error) error {
 }
 
 func (s *Slots) expired(l *coordinationv1.Lease) bool {
-	return s.Clock.Now().After(s.expiry(l))
+	return s.Clock.Now().After(leaseExpiry(l))
 }
 
-// expiry is when l ends unless renewed (the zero time when it has no renew
-// time or duration: long expired).
-func (s *Slots) expiry(l *coordinationv1.Lease) time.Time {
+// leaseExpiry is when l ends unless renewed (the zero time when it has no
+// renew time or duration: long expired).
+func leaseExpiry(l *coordinationv1.Lease) time.Time {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return time.Time{}
 	}

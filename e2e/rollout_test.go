@@ -10,7 +10,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,31 +136,6 @@ func roHoldSlot(t *testing.T, c kubernetes.Interface, ns string, i int, holder s
 	}
 }
 
-// roMaxOverlap is the largest number of records whose [disruptedAt,
-// finishedAt] intervals overlap at one instant.
-func roMaxOverlap(recs []agent.ChangeRecord) int {
-	type edge struct {
-		at    time.Time
-		delta int
-	}
-	var edges []edge
-	for _, r := range recs {
-		edges = append(edges, edge{*r.DisruptedAt, +1}, edge{r.FinishedAt, -1})
-	}
-	sort.Slice(edges, func(a, b int) bool {
-		if edges[a].at.Equal(edges[b].at) {
-			return edges[a].delta < edges[b].delta // an end before a start at the same instant
-		}
-		return edges[a].at.Before(edges[b].at)
-	})
-	cur, most := 0, 0
-	for _, e := range edges {
-		cur += e.delta
-		most = max(most, cur)
-	}
-	return most
-}
-
 func TestFleetRolloutBounded(t *testing.T) {
 	const agents, slots = 20, 3
 	c := kubetest.Client(t)
@@ -236,7 +210,7 @@ func TestFleetRolloutBounded(t *testing.T) {
 			t.Errorf("node %s began its disruption at %v, before the slots were freed at %v", nodes[i], r.DisruptedAt, start)
 		}
 	}
-	most := roMaxOverlap(recs)
+	most := agent.MaxDisrupted(recs)
 	t.Logf("FLEET %d agents, --max-concurrent %d: all success %s after the slots were freed; at most %d nodes between disruption and success; %v requests from the fleet (%.1f per node); %v lease conflicts at the server",
 		agents, slots, took.Round(time.Millisecond), most, rollReq, rollReq/agents, conflicts)
 	if most > slots {

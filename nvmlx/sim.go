@@ -157,6 +157,25 @@ func newSimLib(spec string, o SimOptions, log *slog.Logger) (*simLib, error) {
 // instance p.CIID of GPU instance p.GIID (GI ids start at 0: the whole-GPU
 // instance), which must exist.
 func (s *Sim) AddProcess(gpu int, p Process) error {
+	return s.editGPU(gpu, func(g *simGPU) error {
+		if p.GIID >= 0 {
+			if findCI(g, p.GIID, p.CIID) == nil {
+				return fmt.Errorf("sim: no compute instance %d in GPU instance %d on GPU %d", p.CIID, p.GIID, gpu)
+			}
+		} else {
+			p.GIID, p.CIID = -1, -1
+		}
+		if slices.ContainsFunc(g.Processes, func(q Process) bool { return q.PID == p.PID }) {
+			return fmt.Errorf("sim: process %d already on GPU %d", p.PID, gpu)
+		}
+		g.Processes = append(g.Processes, p)
+		return nil
+	})
+}
+
+// editGPU runs f on GPU gpu of a copy of the state (for the test and demo
+// hooks) and, when f returns nil, writes that copy: all or nothing.
+func (s *Sim) editGPU(gpu int, f func(g *simGPU) error) error {
 	l := s.lib
 	l.lock()
 	defer l.unlock()
@@ -165,17 +184,9 @@ func (s *Sim) AddProcess(gpu int, p Process) error {
 	if g == nil {
 		return fmt.Errorf("sim: no GPU %d", gpu)
 	}
-	if p.GIID >= 0 {
-		if findCI(g, p.GIID, p.CIID) == nil {
-			return fmt.Errorf("sim: no compute instance %d in GPU instance %d on GPU %d", p.CIID, p.GIID, gpu)
-		}
-	} else {
-		p.GIID, p.CIID = -1, -1
+	if err := f(g); err != nil {
+		return err
 	}
-	if slices.ContainsFunc(g.Processes, func(q Process) bool { return q.PID == p.PID }) {
-		return fmt.Errorf("sim: process %d already on GPU %d", p.PID, gpu)
-	}
-	g.Processes = append(g.Processes, p)
 	return l.commit(next)
 }
 
@@ -187,34 +198,22 @@ func (s *Sim) SetHandleError(gpu int, ret string) error {
 	if ret != "" && simReturnByName(ret) == nvml.ERROR_UNKNOWN && ret != "ERROR_UNKNOWN" {
 		return fmt.Errorf("sim: %q is no NVML return name", ret)
 	}
-	l := s.lib
-	l.lock()
-	defer l.unlock()
-	next := l.st.clone()
-	g, _ := l.gpu(&next, gpu)
-	if g == nil {
-		return fmt.Errorf("sim: no GPU %d", gpu)
-	}
-	g.HandleError = ret
-	return l.commit(next)
+	return s.editGPU(gpu, func(g *simGPU) error {
+		g.HandleError = ret
+		return nil
+	})
 }
 
 // RemoveProcess takes process pid off a GPU (persisted).
 func (s *Sim) RemoveProcess(gpu int, pid uint32) error {
-	l := s.lib
-	l.lock()
-	defer l.unlock()
-	next := l.st.clone()
-	g, _ := l.gpu(&next, gpu)
-	if g == nil {
-		return fmt.Errorf("sim: no GPU %d", gpu)
-	}
-	n := len(g.Processes)
-	g.Processes = slices.DeleteFunc(g.Processes, func(q Process) bool { return q.PID == pid })
-	if len(g.Processes) == n {
-		return fmt.Errorf("sim: no process %d on GPU %d", pid, gpu)
-	}
-	return l.commit(next)
+	return s.editGPU(gpu, func(g *simGPU) error {
+		n := len(g.Processes)
+		g.Processes = slices.DeleteFunc(g.Processes, func(q Process) bool { return q.PID == pid })
+		if len(g.Processes) == n {
+			return fmt.Errorf("sim: no process %d on GPU %d", pid, gpu)
+		}
+		return nil
+	})
 }
 
 // Mutations counts the successful state-changing NVML calls per operation

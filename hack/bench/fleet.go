@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -302,7 +301,7 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 		}
 		spans = append(spans, float64(rec.FinishedAt.Sub(*rec.DisruptedAt).Microseconds())/1000)
 	}
-	r.MaxDisrupted, r.DisruptionMsMedian = maxOverlap(recs), median(spans)
+	r.MaxDisrupted, r.DisruptionMsMedian = agent.MaxDisrupted(recs), median(spans)
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: all success in %.1fs, at most %d disrupted, %.0f requests (%.1f/s), %.0f lease conflicts\n",
 		k, n, r.RolloutSeconds, r.MaxDisrupted, reqs, r.RolloutRequestsPerSec, conflicts)
 
@@ -440,31 +439,6 @@ func (f *fleetBench) restartAPIServer(down time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return errors.New("kube-apiserver not ready after the restart")
-}
-
-// maxOverlap is the largest number of records whose [disruptedAt,
-// finishedAt] overlap at one instant.
-func maxOverlap(recs []agent.ChangeRecord) int {
-	type edge struct {
-		at    time.Time
-		delta int
-	}
-	var edges []edge
-	for _, r := range recs {
-		edges = append(edges, edge{*r.DisruptedAt, +1}, edge{r.FinishedAt, -1})
-	}
-	sort.Slice(edges, func(a, b int) bool {
-		if edges[a].at.Equal(edges[b].at) {
-			return edges[a].delta < edges[b].delta
-		}
-		return edges[a].at.Before(edges[b].at)
-	})
-	cur, most := 0, 0
-	for _, e := range edges {
-		cur += e.delta
-		most = max(most, cur)
-	}
-	return most
 }
 
 // parallel runs fn over items with at most workers at once; the first
