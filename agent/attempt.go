@@ -69,6 +69,14 @@ type view struct {
 	named []nvmlx.UnusableGPU
 }
 
+// inventory is the pass's read of the GPUs (nil when it has none yet).
+func (v *view) inventory() *Inventory {
+	if v == nil {
+		return nil
+	}
+	return v.n
+}
+
 // look looks config up and plans it on the GPUs as read (n).
 func (d *Daemon) look(n *Inventory, config string) (*view, *StepError) {
 	spec, source, err := Lookup(d.File, config, n.GPUs)

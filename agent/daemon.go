@@ -223,7 +223,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 	// A label set to "" is a request too: it fails with a reason (attempt).
 	if !req.Asked {
 		if j.Change != nil {
-			d.abandon(ctx, j.Change, "the desired config label was removed")
+			d.abandon(ctx, j.Change, "the desired config label was removed", v.inventory())
 		}
 		// The label is gone: its next value is a new request, acted on at
 		// once (no backoff of an earlier failure), also when it names the
@@ -236,7 +236,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *corev1.Node, start, retry 
 		return outSuccess
 	}
 	if j.Change != nil && j.Change.Config != desired {
-		d.abandon(ctx, j.Change, fmt.Sprintf("the desired config changed to %q", desired))
+		d.abandon(ctx, j.Change, fmt.Sprintf("the desired config changed to %q", desired), v.inventory())
 	}
 	if j.Failing != desired {
 		j.ClearBackoff()
@@ -277,14 +277,16 @@ func planChanges(p *geometry.Plan) bool {
 
 // abandon undoes the side effects of a journaled change that will not be
 // finished (the label moved on), so nothing stays paused or tainted.
-func (d *Daemon) abandon(ctx context.Context, ch *Change, why string) {
+//
+// n is the pass's read of the GPUs for the record (nil: read them).
+func (d *Daemon) abandon(ctx context.Context, ch *Change, why string, n *Inventory) {
 	d.Log.Info("abandoning unfinished change", "config", ch.Config, "why", why)
 	d.restore(ctx, ch)
 	d.Journal.State.Change, d.Journal.State.Handled = nil, ""
 	d.saveJournal()
 	// The trail shows the request that never finished, and why. The state
 	// label is left to the request that follows.
-	rec := d.record(ch, StateFailed, "abandoned: "+why, d.Clock.Now(), nil)
+	rec := d.record(ch, StateFailed, "abandoned: "+why, d.Clock.Now(), n)
 	if !nvmlStarted(ch.Phase) {
 		// Planned, never applied: no GPU was changed.
 		rec.GPUsChanged, rec.GPUsUntouched = []int{}, append(append([]int{}, ch.GPUsUntouched...), ch.GPUsChanged...)
