@@ -21,8 +21,17 @@ func pluginReader(t testing.TB, o *Opts) func() ([]kubetest.PluginGPU, error) {
 		var out []kubetest.PluginGPU
 		for _, g := range disProfiles(t, o.Sim, o.SimState) {
 			pg := kubetest.PluginGPU{MigEnabled: g.MigMode.Current}
+			// One entry per MIG device (compute instance), named as NVML
+			// names its profile: the device plugin builds one device per MIG
+			// device handle, its resource named by that device's MIG
+			// profile (k8s-device-plugin internal/rm, buildMigDeviceMap:
+			// walkMigDevices, getMigProfile).
 			for _, in := range g.Instances {
-				pg.MIGDevices = append(pg.MIGDevices, in.Profile)
+				name := in.Profile
+				if in.Compute != "" {
+					name = in.Compute
+				}
+				pg.MIGDevices = append(pg.MIGDevices, name)
 			}
 			out = append(out, pg)
 		}

@@ -40,6 +40,9 @@ type disGPU struct {
 		Profile string `json:"profile"`
 		Start   int    `json:"start"`
 		UUID    string `json:"uuid"`
+		// Compute is the compute instance's profile when it is smaller
+		// than its GPU instance ("1c.3g.20gb"); empty when it is the whole.
+		Compute string `json:"compute"`
 	} `json:"instances"`
 }
 
