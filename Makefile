@@ -10,7 +10,12 @@ LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # symbols lazily, so the binary starts on machines with no driver): a plain
 # `go build` needs nothing more. -s -w drop the symbol table and DWARF.
 export CGO_ENABLED := 1
-FUZZTIME  ?= 10s
+# Fuzz budgets are execution counts, not durations: a duration sets a
+# deadline that Go's fuzz coordinator can see expire before it stops its
+# workers, which fails a green run under load ("context deadline
+# exceeded"); a count sets none.
+FUZZ_GEOMETRY ?= 30000x
+FUZZ_PROFILES ?= 250000x
 STATICCHECK ?= v0.8.2
 
 .PHONY: all build test unit fuzz check bench fleet-bench demo package clean
@@ -34,8 +39,8 @@ test: build
 	cd packaging/test && $(GO) test -count=1 ./...
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./geometry
-	$(GO) test -run '^$$' -fuzz '^FuzzParseName$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./profiles
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZ_GEOMETRY) -fuzzminimizetime 100x ./geometry
+	$(GO) test -run '^$$' -fuzz '^FuzzParseName$$' -fuzztime $(FUZZ_PROFILES) -fuzzminimizetime 100x ./profiles
 
 check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

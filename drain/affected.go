@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,13 +18,13 @@ import (
 // How affected pods were found (Affected.How, the change record's affectedBy).
 const (
 	// HowPodResources: from the kubelet PodResources API.
-	HowPodResources = "pod-resources"
+	HowPodResources = record.AffectedByPodResources
 	// HowAllGPUPodsPrefix starts How when PodResources could not be read and
 	// every pod of the node requesting an nvidia.com/ resource counts as
 	// affected; the reason follows.
-	HowAllGPUPodsPrefix = "all-gpu-pods: "
+	HowAllGPUPodsPrefix = record.AffectedByAllGPUPodsPrefix
 	// HowNothing: the change takes no device away, so no pod is affected.
-	HowNothing = "none"
+	HowNothing = record.AffectedByNothing
 )
 
 // Change is what a MIG change takes away, by the device ids the device

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/migagent/mig-agent/internal/apierr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -17,8 +18,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
-
-	"github.com/migagent/mig-agent/internal/backoff"
 )
 
 // PausedValue is what a paused operand's deploy label is set to, as NVIDIA's
@@ -166,7 +165,7 @@ func waitOperandsGone(ctx context.Context, client kubernetes.Interface, node str
 	var lastErr error
 	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
-		if backoff.Permanent(err) {
+		if apierr.Permanent(err) {
 			return false, fmt.Errorf("wait for operand pods to leave node %s: %w", node, err)
 		}
 		if err != nil {

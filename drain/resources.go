@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -162,7 +163,7 @@ func WaitAllocatable(ctx context.Context, client kubernetes.Interface, node stri
 		switch {
 		case err == nil && w.ok:
 			return true, nil
-		case backoff.Permanent(err):
+		case apierr.Permanent(err):
 			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
 		case err != nil && wctx.Err() == nil:
 			w.lastErr = err // the API server is briefly away; keep trying

@@ -23,8 +23,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 // auditUser is a ServiceAccount of the test that may get and patch Nodes
@@ -95,7 +96,7 @@ func auditPatch(c kubernetes.Interface, node, fieldManager string, status bool, 
 }
 
 func auditLabel(value string) map[string]any {
-	return map[string]any{"metadata": map[string]any{"labels": map[string]any{agent.LabelConfig: value}}}
+	return map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelConfig: value}}}
 }
 
 func auditAnnotation(key, value string) map[string]any {
@@ -103,13 +104,13 @@ func auditAnnotation(key, value string) map[string]any {
 }
 
 // auditStamp reads the requester stamp of node.
-func auditStamp(t *testing.T, c kubernetes.Interface, node string) (agent.RequesterStamp, bool) {
+func auditStamp(t *testing.T, c kubernetes.Interface, node string) (kube.RequesterStamp, bool) {
 	t.Helper()
-	raw, ok := GetNode(t, c, node).Annotations[agent.AnnotationRequestedBy]
+	raw, ok := GetNode(t, c, node).Annotations[record.AnnotationRequestedBy]
 	if !ok {
-		return agent.RequesterStamp{}, false
+		return kube.RequesterStamp{}, false
 	}
-	var s agent.RequesterStamp
+	var s kube.RequesterStamp
 	if err := json.Unmarshal([]byte(raw), &s); err != nil {
 		t.Fatalf("the stamp %q: %v", raw, err)
 	}
@@ -161,7 +162,7 @@ func TestAuditRequester(t *testing.T) {
 	if err := auditPatch(bob.c, probe, "kubectl-label", false, auditLabel("probe-bob")); err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := auditStamp(t, admin, probe); s != (agent.RequesterStamp{User: bob.name, Via: "kubectl-label", Config: "probe-bob"}) {
+	if s, _ := auditStamp(t, admin, probe); s != (kube.RequesterStamp{User: bob.name, Via: "kubectl-label", Config: "probe-bob"}) {
 		t.Errorf("stamp %+v, want bob's own", s)
 	}
 	// Through the status subresource (which may change labels too) as well.
@@ -174,7 +175,7 @@ func TestAuditRequester(t *testing.T) {
 	// A forged stamp sent with a label change is overwritten by the real one.
 	forged := `{"user":"system:serviceaccount:kube-system:root","via":"","config":"probe-forged"}`
 	patch := auditLabel("probe-forged")
-	patch["metadata"].(map[string]any)["annotations"] = map[string]any{agent.AnnotationRequestedBy: forged}
+	patch["metadata"].(map[string]any)["annotations"] = map[string]any{record.AnnotationRequestedBy: forged}
 	if err := auditPatch(bob.c, probe, "", false, patch); err != nil {
 		t.Errorf("a label change with a forged stamp: %v (want it admitted, with bob's stamp)", err)
 	}
@@ -192,19 +193,19 @@ func TestAuditRequester(t *testing.T) {
 		policy string
 		msg    string
 	}{
-		{"bob writes last-change", bob.c, false, auditAnnotation(agent.AnnotationLastChange, `{"config":"all-balanced","result":"success"}`),
-			records, "only the mig-agent of node " + probe + " may change its records and state (" + agent.AnnotationLastChange + "); " + bob.name + " may not"},
-		{"bob writes the history through the status", bob.c, true, auditAnnotation(agent.AnnotationHistory, "[]"),
-			records, "(" + agent.AnnotationHistory + ")"},
-		{"bob sets the state label", bob.c, false, map[string]any{"metadata": map[string]any{"labels": map[string]any{agent.LabelState: agent.StateSuccess}}},
-			records, "(" + agent.LabelState + ")"},
-		{"bob writes the stamp", bob.c, false, auditAnnotation(agent.AnnotationRequestedBy, `{"user":"`+alice.name+`","via":"","config":"probe-forged"}`),
+		{"bob writes last-change", bob.c, false, auditAnnotation(record.AnnotationLastChange, `{"config":"all-balanced","result":"success"}`),
+			records, "only the mig-agent of node " + probe + " may change its records and state (" + record.AnnotationLastChange + "); " + bob.name + " may not"},
+		{"bob writes the history through the status", bob.c, true, auditAnnotation(record.AnnotationHistory, "[]"),
+			records, "(" + record.AnnotationHistory + ")"},
+		{"bob sets the state label", bob.c, false, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: record.StateSuccess}}},
+			records, "(" + record.LabelState + ")"},
+		{"bob writes the stamp", bob.c, false, auditAnnotation(record.AnnotationRequestedBy, `{"user":"`+alice.name+`","via":"","config":"probe-forged"}`),
 			records, "migagent.io/requested-by is written only by the MutatingAdmissionPolicy of mig-agent"},
-		{"bob writes his own stamp without a label change", bob.c, false, auditAnnotation(agent.AnnotationRequestedBy, `{"user":"`+bob.name+`","via":"","config":"probe-other"}`),
+		{"bob writes his own stamp without a label change", bob.c, false, auditAnnotation(record.AnnotationRequestedBy, `{"user":"`+bob.name+`","via":"","config":"probe-other"}`),
 			records, bob.name + " may not write or remove it"},
-		{"bob removes the stamp", bob.c, false, map[string]any{"metadata": map[string]any{"annotations": map[string]any{agent.AnnotationRequestedBy: nil}}},
+		{"bob removes the stamp", bob.c, false, map[string]any{"metadata": map[string]any{"annotations": map[string]any{record.AnnotationRequestedBy: nil}}},
 			records, "may not write or remove it"},
-		{"cluster-admin writes last-change", admin, false, auditAnnotation(agent.AnnotationLastChange, "{}"),
+		{"cluster-admin writes last-change", admin, false, auditAnnotation(record.AnnotationLastChange, "{}"),
 			records, "kube-test-admin may not"},
 	}
 	for _, r := range refusals {
@@ -238,7 +239,7 @@ func TestAuditRequester(t *testing.T) {
 		if err := auditPatch(st.u.c, node, st.fieldManager, false, auditLabel(st.config)); err != nil {
 			t.Fatalf("%s sets %s: %v", st.u.name, st.config, err)
 		}
-		rec := WaitState(t, admin, node, agent.StateSuccess, st.config, changeTimeout)
+		rec := WaitState(t, admin, node, record.StateSuccess, st.config, changeTimeout)
 		t.Logf("%s by %s: success after %s", st.config, st.u.name, time.Since(begin).Round(time.Millisecond))
 		if rec.RequestedBy != st.u.name || rec.RequestedVia != st.fieldManager || rec.RequestedAt == nil {
 			t.Errorf("%s set by %s (fieldManager %q): record says requestedBy %q requestedVia %q at %v",
@@ -307,15 +308,15 @@ func TestAuditFallback(t *testing.T) {
 	if mf := labelManagers(GetNode(t, admin, registered).ManagedFields); !slices.Equal(mf, []string{"kubectl-label"}) {
 		t.Errorf("managedFields of the label after the same patch of a Node created with a label: %v, want [kubectl-label]", mf)
 	}
-	rec := WaitState(t, admin, node, agent.StateSuccess, "all-1g.18gb", changeTimeout)
-	if rec.RequestedBy != agent.RequesterUnknown || rec.RequestedVia != "" || rec.RequestedAt == nil {
+	rec := WaitState(t, admin, node, record.StateSuccess, "all-1g.18gb", changeTimeout)
+	if rec.RequestedBy != record.RequesterUnknown || rec.RequestedVia != "" || rec.RequestedAt == nil {
 		t.Errorf("a merge patch without the policy: requestedBy %q via %q at %v, want unknown, no field manager, when the agent saw it",
 			rec.RequestedBy, rec.RequestedVia, rec.RequestedAt)
 	}
 
 	// Server-side apply: the field manager, and the time the API server kept.
-	SetLabel(t, admin, node, agent.LabelConfig, "all-balanced", "gitops")
-	rec = WaitState(t, admin, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	SetLabel(t, admin, node, record.LabelConfig, "all-balanced", "gitops")
+	rec = WaitState(t, admin, node, record.StateSuccess, "all-balanced", changeTimeout)
 	if rec.RequestedBy != "gitops" || rec.RequestedVia != "gitops" || rec.RequestedAt == nil {
 		t.Errorf("server-side apply without the policy: requestedBy %q via %q at %v, want the field manager gitops",
 			rec.RequestedBy, rec.RequestedVia, rec.RequestedAt)
@@ -323,14 +324,14 @@ func TestAuditFallback(t *testing.T) {
 
 	// A stamp from an earlier value (written while no policy guards it) is
 	// not this request's.
-	if err := auditPatch(admin, node, "", false, auditAnnotation(agent.AnnotationRequestedBy,
+	if err := auditPatch(admin, node, "", false, auditAnnotation(record.AnnotationRequestedBy,
 		`{"user":"mallory","via":"kubectl-label","config":"all-balanced"}`)); err != nil {
 		t.Fatal(err)
 	}
 	if err := auditPatch(carol.c, node, "", false, auditLabel("all-disabled")); err != nil {
 		t.Fatal(err)
 	}
-	rec = WaitState(t, admin, node, agent.StateSuccess, "all-disabled", changeTimeout)
+	rec = WaitState(t, admin, node, record.StateSuccess, "all-disabled", changeTimeout)
 	if rec.RequestedBy == "mallory" {
 		t.Errorf("the stale stamp of all-balanced was attributed to the request for all-disabled: %+v", rec)
 	}
@@ -341,26 +342,26 @@ func TestAuditFallback(t *testing.T) {
 	// The history bound: every record beyond it leaves an Event and a log
 	// line. Unknown configs fail at once, each with a record.
 	before := len(History(t, GetNode(t, admin, node)))
-	extra := agent.HistoryMaxRecords + 2 - before
+	extra := record.HistoryMaxRecords + 2 - before
 	for i := range extra {
 		cfg := fmt.Sprintf("no-such-config-%d", i)
 		if err := auditPatch(carol.c, node, "", false, auditLabel(cfg)); err != nil {
 			t.Fatal(err)
 		}
-		WaitState(t, admin, node, agent.StateFailed, cfg, changeTimeout)
+		WaitState(t, admin, node, record.StateFailed, cfg, changeTimeout)
 	}
 	hist := History(t, GetNode(t, admin, node))
-	if len(hist) != agent.HistoryMaxRecords {
-		t.Fatalf("history holds %d records, want %d", len(hist), agent.HistoryMaxRecords)
+	if len(hist) != record.HistoryMaxRecords {
+		t.Fatalf("history holds %d records, want %d", len(hist), record.HistoryMaxRecords)
 	}
-	wantDropped := before + extra - agent.HistoryMaxRecords
+	wantDropped := before + extra - record.HistoryMaxRecords
 	var evs []corev1.Event
-	WaitFor(t, 10*time.Second, fmt.Sprintf("%d %s Events", wantDropped, agent.ReasonRecordRetired), func() bool {
-		evs = nodeEvents(t, admin, node, agent.ReasonRecordRetired)
+	WaitFor(t, 10*time.Second, fmt.Sprintf("%d %s Events", wantDropped, record.ReasonRecordRetired), func() bool {
+		evs = nodeEvents(t, admin, node, record.ReasonRecordRetired)
 		return len(evs) >= wantDropped
 	})
 	if len(evs) != wantDropped {
-		t.Errorf("%d %s Events, want %d", len(evs), agent.ReasonRecordRetired, wantDropped)
+		t.Errorf("%d %s Events, want %d", len(evs), record.ReasonRecordRetired, wantDropped)
 	}
 	// The oldest records left first: the merge patch's, then the apply's.
 	var msgs []string
@@ -382,7 +383,7 @@ func TestAuditFallback(t *testing.T) {
 func labelManagers(mf []metav1.ManagedFieldsEntry) []string {
 	var out []string
 	for _, e := range mf {
-		if e.FieldsV1 != nil && strings.Contains(e.FieldsV1.GetRawString(), `"f:`+agent.LabelConfig+`"`) {
+		if e.FieldsV1 != nil && strings.Contains(e.FieldsV1.GetRawString(), `"f:`+record.LabelConfig+`"`) {
 			out = append(out, e.Manager)
 		}
 	}

@@ -17,8 +17,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 const biHead = "version: v1\nmig-configs:\n  a:\n"
@@ -188,7 +188,7 @@ func TestBadInputSettingsFiles(t *testing.T) {
 func TestBadInputLabels(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, map[string]string{agent.LabelConfig: "all-1g.18gb"})
+	kubetest.CreateNode(t, node, map[string]string{record.LabelConfig: "all-1g.18gb"})
 	state := flPrepareSim(t, "h200x2", "all-1g.18gb")
 	st := flReadSim(t, state)
 	ns := kubetest.NewName(t, "work")
@@ -200,7 +200,7 @@ func TestBadInputLabels(t *testing.T) {
 	file := writeBadFitFile(t)
 	o := &Opts{Node: node, Sim: "h200x2", SimState: state, Extra: []string{"-f", file, "--pod-resources-socket", k.Socket()}}
 	a := flStart(t, o)
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 	before, _ := os.ReadFile(state)
 
 	labels := []struct{ value, want string }{
@@ -223,17 +223,17 @@ func TestBadInputLabels(t *testing.T) {
 		if l.value == "" {
 			biSetEmpty(t, node) // SetLabel treats "" as removal
 		} else {
-			SetLabel(t, c, node, agent.LabelConfig, l.value, "")
+			SetLabel(t, c, node, record.LabelConfig, l.value, "")
 		}
-		var rec agent.ChangeRecord
+		var rec record.ChangeRecord
 		WaitFor(t, 30*time.Second, fmt.Sprintf("failed record for label %q", l.value), func() bool {
 			rec = LastChange(t, GetNode(t, c, node))
 			return rec.FinishedAt.After(last) && rec.Config == l.value
 		})
 		last = rec.FinishedAt
 		n := GetNode(t, c, node)
-		if rec.Result != agent.StateFailed || n.Labels[agent.LabelState] != agent.StateFailed || !strings.Contains(rec.Reason, l.want) {
-			t.Errorf("label %q: state %s, record %s %q; want failed with %q", l.value, n.Labels[agent.LabelState], rec.Result, rec.Reason, l.want)
+		if rec.Result != record.StateFailed || n.Labels[record.LabelState] != record.StateFailed || !strings.Contains(rec.Reason, l.want) {
+			t.Errorf("label %q: state %s, record %s %q; want failed with %q", l.value, n.Labels[record.LabelState], rec.Result, rec.Reason, l.want)
 		}
 		if len(rec.EvictedPods) != 0 || len(rec.GPUsChanged) != 0 {
 			t.Errorf("label %q: record says evicted %v changed %v", l.value, rec.EvictedPods, rec.GPUsChanged)
@@ -269,7 +269,7 @@ func TestBadInputLabels(t *testing.T) {
 	}
 	// Still healthy: a good label goes through.
 	SelectConfig(t, c, node, "all-balanced")
-	WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-balanced", 60*time.Second)
 }
 
 // writeBadFitFile writes configs that parse but do not fit an H200 node.
@@ -305,7 +305,7 @@ func biSetEmpty(t *testing.T, node string) {
 	t.Helper()
 	c := kubetest.Client(t)
 	n := GetNode(t, c, node)
-	n.Labels[agent.LabelConfig] = ""
+	n.Labels[record.LabelConfig] = ""
 	if _, err := c.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{FieldManager: "e2e-test"}); err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func biSetEmpty(t *testing.T, node string) {
 func TestBadInputDaemonConfigFile(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, map[string]string{agent.LabelConfig: "a"})
+	kubetest.CreateNode(t, node, map[string]string{record.LabelConfig: "a"})
 	file := flWriteConfig(t, biEntry(`{"1g.18gb": -3}`))
 	a := StartAgent(t, &Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", file}})
 	code, ok := a.Wait(30 * time.Second)
@@ -326,7 +326,7 @@ func TestBadInputDaemonConfigFile(t *testing.T) {
 	if !strings.Contains(a.Log(), `count of "1g.18gb" is -3; want 0 to 64`) {
 		t.Errorf("log lacks the reason:\n%s", a.Log())
 	}
-	if n := GetNode(t, c, node); n.Labels[agent.LabelState] != "" {
-		t.Errorf("state label %q", n.Labels[agent.LabelState])
+	if n := GetNode(t, c, node); n.Labels[record.LabelState] != "" {
+		t.Errorf("state label %q", n.Labels[record.LabelState])
 	}
 }

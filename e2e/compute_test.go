@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 // ciDevice is one MIG device (compute instance) as `profiles -o json` lists it.
@@ -76,7 +76,7 @@ mig-configs:
 	o := &Opts{Node: node, Sim: "h200x1", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket()}}
 	StartAgent(t, o)
 	SelectConfig(t, c, node, "two")
-	WaitState(t, c, node, agent.StateSuccess, "two", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "two", 30*time.Second)
 	devs := ciDevices(t, o.Sim, o.SimState, 0)
 	if len(devs) != 3 {
 		t.Fatalf("config two gave %+v, want one 3g.71gb holding two 1c and one 3g.71gb", devs)
@@ -93,7 +93,7 @@ mig-configs:
 	}
 
 	SelectConfig(t, c, node, "three")
-	rec := WaitState(t, c, node, agent.StateSuccess, "three", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "three", 30*time.Second)
 	if len(rec.EvictedPods) != 0 {
 		t.Fatalf("adding a compute instance evicted %v", rec.EvictedPods)
 	}
@@ -110,7 +110,7 @@ mig-configs:
 	pod(added[0], "p-added")
 
 	SelectConfig(t, c, node, "two")
-	rec = WaitState(t, c, node, agent.StateSuccess, "two", 60*time.Second)
+	rec = WaitState(t, c, node, record.StateSuccess, "two", 60*time.Second)
 	if want := []string{ns + "/p-added"}; !slices.Equal(rec.EvictedPods, want) {
 		t.Errorf("evictedPods = %v, want %v", rec.EvictedPods, want)
 	}

@@ -17,14 +17,15 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 // ccHolders returns the nodes holding an unexpired rollout slot Lease.
 func ccHolders(ctx context.Context, c kubernetes.Interface, ns string) (map[string]bool, error) {
 	// The slot Leases only (the agents' node Leases live beside them).
-	list, err := c.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: agent.LabelRolloutSlot + "=true"})
+	list, err := c.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: kube.LabelRolloutSlot + "=true"})
 	if err != nil {
 		return nil, err
 	}
@@ -142,10 +143,10 @@ func TestConcurrencyAtMostTwoNodesDisrupted(t *testing.T) {
 			if !slices.Contains(names, n.Name) {
 				continue
 			}
-			switch n.Labels[agent.LabelState] {
-			case agent.StatePending:
+			switch n.Labels[record.LabelState] {
+			case record.StatePending:
 				s.pending++
-			case agent.StateSuccess:
+			case record.StateSuccess:
 				if LastChange(t, &n).Config == "all-1g.18gb" {
 					succeeded++
 				}
@@ -213,7 +214,7 @@ func cmpErr(errs ...error) error {
 }
 
 // D: a node that reboots for its change is disrupted until it is back: it
-// keeps its slot (the Lease stretched to agent.RebootHold, unrenewed), so
+// keeps its slot (the Lease stretched to kube.RebootHold, unrenewed), so
 // with --max-concurrent 1 another node waits, then goes once the first one
 // resumed after its reboot and finished.
 func TestConcurrencySlotHeldThroughReboot(t *testing.T) {
@@ -232,12 +233,12 @@ func TestConcurrencySlotHeldThroughReboot(t *testing.T) {
 	a := StartAgent(t, first)
 	b := StartAgent(t, second)
 	SelectConfig(t, c, first.Node, "all-1g.5gb")
-	WaitState(t, c, first.Node, agent.StateRebooting, "all-1g.5gb", 30*time.Second)
-	lease, err := c.CoordinationV1().Leases(ns).Get(ctx, agent.SlotLeaseName(0), metav1.GetOptions{})
+	WaitState(t, c, first.Node, record.StateRebooting, "all-1g.5gb", 30*time.Second)
+	lease, err := c.CoordinationV1().Leases(ns).Get(ctx, kube.SlotLeaseName(0), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, d := ptr.Deref(lease.Spec.HolderIdentity, ""), ptr.Deref(lease.Spec.LeaseDurationSeconds, 0); h != first.Node || d != int32(agent.RebootHold/time.Second) {
+	if h, d := ptr.Deref(lease.Spec.HolderIdentity, ""), ptr.Deref(lease.Spec.LeaseDurationSeconds, 0); h != first.Node || d != int32(kube.RebootHold/time.Second) {
 		t.Errorf("slot while rebooting: holder %q, duration %ds", h, d)
 	}
 
@@ -246,12 +247,12 @@ func TestConcurrencySlotHeldThroughReboot(t *testing.T) {
 	deadline := time.Now().Add(8 * time.Second)
 	for time.Now().Before(deadline) {
 		n := GetNode(t, c, second.Node)
-		if disTainted(n) || n.Labels[agent.LabelState] == agent.StateRebooting {
-			t.Fatalf("the second node went while the first was rebooting: state %q, tainted %v", n.Labels[agent.LabelState], disTainted(n))
+		if disTainted(n) || n.Labels[record.LabelState] == record.StateRebooting {
+			t.Fatalf("the second node went while the first was rebooting: state %q, tainted %v", n.Labels[record.LabelState], disTainted(n))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if s := GetNode(t, c, second.Node).Labels[agent.LabelState]; s != agent.StatePending {
+	if s := GetNode(t, c, second.Node).Labels[record.LabelState]; s != record.StatePending {
 		t.Errorf("second node state %q while waiting, want pending", s)
 	}
 
@@ -261,12 +262,12 @@ func TestConcurrencySlotHeldThroughReboot(t *testing.T) {
 		t.Fatalf("sim reboot: %s", errOut)
 	}
 	StartAgent(t, first)
-	rec := WaitState(t, c, first.Node, agent.StateSuccess, "all-1g.5gb", 30*time.Second)
+	rec := WaitState(t, c, first.Node, record.StateSuccess, "all-1g.5gb", 30*time.Second)
 	if !rec.Reboot {
 		t.Error("first node's record lacks reboot:true")
 	}
-	WaitState(t, c, second.Node, agent.StateRebooting, "all-1g.5gb", 30*time.Second)
-	lease, err = c.CoordinationV1().Leases(ns).Get(ctx, agent.SlotLeaseName(0), metav1.GetOptions{})
+	WaitState(t, c, second.Node, record.StateRebooting, "all-1g.5gb", 30*time.Second)
+	lease, err = c.CoordinationV1().Leases(ns).Get(ctx, kube.SlotLeaseName(0), metav1.GetOptions{})
 	if err != nil || ptr.Deref(lease.Spec.HolderIdentity, "") != second.Node {
 		t.Errorf("slot after the first node finished: %v %v", lease.Spec.HolderIdentity, err)
 	}

@@ -28,9 +28,11 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/record"
 )
 
 // changeTimeout bounds one change on sim:h200x8 (well under a second when
@@ -44,8 +46,8 @@ func TestLabelToSuccess(t *testing.T) {
 	kubetest.CreateNode(t, node, nil)
 	a := StartAgent(t, &Opts{Node: node})
 	SelectConfig(t, c, node, "all-balanced")
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
-	if len(rec.GPUsChanged) != 8 || rec.ConfigSource != agent.ConfigSourceGenerated || rec.ConfigHash == "" {
+	rec := WaitState(t, c, node, record.StateSuccess, "all-balanced", 60*time.Second)
+	if len(rec.GPUsChanged) != 8 || rec.ConfigSource != gpus.ConfigSourceGenerated || rec.ConfigHash == "" {
 		t.Fatalf("record: %+v", rec)
 	}
 	if rec.RequestedBy != "e2e-test" {
@@ -85,7 +87,7 @@ func watchNode(t testing.TB, c kubernetes.Interface, node string) *nodeWatch {
 		cancel()
 		t.Fatalf("watch node %s: %v", node, err)
 	}
-	nw := &nodeWatch{last: n.Labels[agent.LabelState], notify: make(chan struct{}, 1)}
+	nw := &nodeWatch{last: n.Labels[record.LabelState], notify: make(chan struct{}, 1)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -98,7 +100,7 @@ func watchNode(t testing.TB, c kubernetes.Interface, node string) *nodeWatch {
 				continue
 			}
 			nw.mu.Lock()
-			if s := obj.Labels[agent.LabelState]; s != nw.last {
+			if s := obj.Labels[record.LabelState]; s != nw.last {
 				nw.last = s
 				nw.changes = append(nw.changes, stateChange{State: s, At: time.Now()})
 			}
@@ -238,7 +240,7 @@ func nodeEvents(t testing.TB, c kubernetes.Interface, node, reason string) []cor
 // rawRecord reads the last-change annotation as a generic JSON object.
 func rawRecord(t testing.TB, n *corev1.Node) map[string]any {
 	t.Helper()
-	raw := n.Annotations[agent.AnnotationLastChange]
+	raw := n.Annotations[record.AnnotationLastChange]
 	var m map[string]any
 	if err := json.Unmarshal([]byte(raw), &m); err != nil {
 		t.Fatalf("last-change %q: %v", raw, err)
@@ -366,22 +368,22 @@ func TestChangeRecordFields(t *testing.T) {
 
 	start := time.Now()
 	m := w.mark()
-	SetLabel(t, c, node, agent.LabelConfig, "all-balanced", "alice-kubectl")
-	w.wait(t, m, agent.StatePending, changeTimeout)
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
-	if got := w.states(m); !slices.Equal(got, []string{agent.StatePending, agent.StateSuccess}) {
+	SetLabel(t, c, node, record.LabelConfig, "all-balanced", "alice-kubectl")
+	w.wait(t, m, record.StatePending, changeTimeout)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
+	if got := w.states(m); !slices.Equal(got, []string{record.StatePending, record.StateSuccess}) {
 		t.Errorf("state transitions %v, want [pending success]", got)
 	}
 	n := GetNode(t, c, node)
 	raw := rawRecord(t, n)
 	checkRecord(t, raw, start)
-	if rec.Result != agent.StateSuccess || rec.Reason != "" || rec.PreviousConfig != "" || rec.Reboot {
+	if rec.Result != record.StateSuccess || rec.Reason != "" || rec.PreviousConfig != "" || rec.Reboot {
 		t.Errorf("first record: result %q reason %q previous %q reboot %v", rec.Result, rec.Reason, rec.PreviousConfig, rec.Reboot)
 	}
 	if !slices.Equal(rec.GPUsChanged, []int{0, 1, 2, 3, 4, 5, 6, 7}) || len(rec.GPUsUntouched) != 0 || len(rec.EvictedPods) != 0 {
 		t.Errorf("first record: changed %v untouched %v evicted %v", rec.GPUsChanged, rec.GPUsUntouched, rec.EvictedPods)
 	}
-	if rec.ConfigSource != agent.ConfigSourceGenerated {
+	if rec.ConfigSource != gpus.ConfigSourceGenerated {
 		t.Errorf("configSource = %q, want generated (all-balanced is not in the file)", rec.ConfigSource)
 	}
 	if rec.RequestedBy != "alice-kubectl" {
@@ -395,9 +397,9 @@ func TestChangeRecordFields(t *testing.T) {
 
 	// The second config comes from the file; another manager asks for it.
 	m = w.mark()
-	SetLabel(t, c, node, agent.LabelConfig, "two-threes", "bob-gitops")
-	w.wait(t, m, agent.StatePending, changeTimeout)
-	rec = WaitState(t, c, node, agent.StateSuccess, "two-threes", changeTimeout)
+	SetLabel(t, c, node, record.LabelConfig, "two-threes", "bob-gitops")
+	w.wait(t, m, record.StatePending, changeTimeout)
+	rec = WaitState(t, c, node, record.StateSuccess, "two-threes", changeTimeout)
 	checkRecord(t, rawRecord(t, GetNode(t, c, node)), start)
 	if rec.PreviousConfig != "all-balanced" {
 		t.Errorf("previousConfig = %q, want all-balanced", rec.PreviousConfig)
@@ -424,7 +426,7 @@ func TestChangeRecordFields(t *testing.T) {
 	}
 	assertGeometry(t, o, "two-threes", file)
 	// The Event follows the record.
-	for _, reason := range []string{agent.ReasonStarted, agent.ReasonApplied} {
+	for _, reason := range []string{record.ReasonStarted, record.ReasonApplied} {
 		WaitFor(t, 10*time.Second, "two Events "+reason, func() bool { return len(nodeEvents(t, c, node, reason)) == 2 })
 	}
 }
@@ -438,25 +440,25 @@ func TestHistoryBound(t *testing.T) {
 	StartAgent(t, &Opts{Node: node})
 	configs := []string{"all-balanced", "all-1g.18gb", "all-3g.71gb", "all-disabled"}
 	var asked []string
-	for i := range agent.HistoryMaxRecords + 3 {
+	for i := range record.HistoryMaxRecords + 3 {
 		cfg := configs[i%len(configs)]
 		SelectConfig(t, c, node, cfg)
-		WaitState(t, c, node, agent.StateSuccess, cfg, changeTimeout)
+		WaitState(t, c, node, record.StateSuccess, cfg, changeTimeout)
 		asked = append(asked, cfg)
 		// The last-change record is written with the state; wait for a
 		// new one before the next change (a config can repeat).
 		WaitFor(t, changeTimeout, "history to grow", func() bool {
-			return len(History(t, GetNode(t, c, node))) >= min(i+1, agent.HistoryMaxRecords)
+			return len(History(t, GetNode(t, c, node))) >= min(i+1, record.HistoryMaxRecords)
 		})
 	}
 	n := GetNode(t, c, node)
-	raw := n.Annotations[agent.AnnotationHistory]
+	raw := n.Annotations[record.AnnotationHistory]
 	hist := History(t, n)
 	t.Logf("history: %d records, %d bytes", len(hist), len(raw))
-	if len(hist) > agent.HistoryMaxRecords || len(raw) > agent.HistoryMaxBytes {
-		t.Fatalf("history holds %d records in %d bytes, bounds are %d and %d", len(hist), len(raw), agent.HistoryMaxRecords, agent.HistoryMaxBytes)
+	if len(hist) > record.HistoryMaxRecords || len(raw) > record.HistoryMaxBytes {
+		t.Fatalf("history holds %d records in %d bytes, bounds are %d and %d", len(hist), len(raw), record.HistoryMaxRecords, record.HistoryMaxBytes)
 	}
-	if len(hist) < agent.HistoryMaxRecords/2 {
+	if len(hist) < record.HistoryMaxRecords/2 {
 		t.Errorf("history holds only %d records", len(hist))
 	}
 	slices.Reverse(asked)
@@ -500,13 +502,13 @@ func TestConfigMap(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &prof); err != nil {
 		t.Fatal(err)
 	}
-	if prof.Configs == "" || cm.Data[agent.ConfigMapKey] != prof.Configs {
-		t.Errorf("ConfigMap %s differs from `mig-agent profiles`:\n%s\n--- profiles:\n%s", agent.ConfigMapKey, cm.Data[agent.ConfigMapKey], prof.Configs)
+	if prof.Configs == "" || cm.Data[record.ConfigMapKey] != prof.Configs {
+		t.Errorf("ConfigMap %s differs from `mig-agent profiles`:\n%s\n--- profiles:\n%s", record.ConfigMapKey, cm.Data[record.ConfigMapKey], prof.Configs)
 	}
 	if len(cm.Data) != 1 {
 		t.Errorf("ConfigMap keys: %v", cm.Data)
 	}
-	if cm.Labels[agent.LabelManagedBy] != "mig-agent" || cm.Labels[agent.LabelNode] != node {
+	if cm.Labels[record.LabelManagedBy] != "mig-agent" || cm.Labels[record.LabelNode] != node {
 		t.Errorf("ConfigMap labels: %v", cm.Labels)
 	}
 	refs := cm.OwnerReferences
@@ -515,7 +517,7 @@ func TestConfigMap(t *testing.T) {
 	}
 	// Found by its labels, as the docs say.
 	list, err := c.CoreV1().ConfigMaps(o.Namespace).List(context.Background(), metav1.ListOptions{
-		LabelSelector: agent.LabelManagedBy + "=mig-agent," + agent.LabelNode + "=" + node})
+		LabelSelector: record.LabelManagedBy + "=mig-agent," + record.LabelNode + "=" + node})
 	if err != nil || len(list.Items) != 1 {
 		t.Errorf("ConfigMaps by label: %v, %v", list, err)
 	}
@@ -534,7 +536,7 @@ func TestInvalidConfigFails(t *testing.T) {
 	o := &Opts{Node: node, Extra: []string{"-f", file, "--evict-unmanaged-pods"}}
 	StartAgent(t, o)
 	SelectConfig(t, c, node, "all-balanced")
-	WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 	// A GPU pod: with no PodResources (the harness's socket does not exist)
 	// every GPU pod counts as affected by a change.
 	pod := kl.RunPod(t, ns, "gpu-pod", map[string]string{"nvidia.com/gpu": "1"}, nil, nil)
@@ -551,10 +553,10 @@ func TestInvalidConfigFails(t *testing.T) {
 			w := watchNode(t, c, node)
 			start := time.Now()
 			SelectConfig(t, c, node, tc.config)
-			rec := WaitState(t, c, node, agent.StateFailed, tc.config, 10*time.Second)
+			rec := WaitState(t, c, node, record.StateFailed, tc.config, 10*time.Second)
 			took := time.Since(start)
 			t.Logf("failed after %s: %s", took.Round(time.Millisecond), rec.Reason)
-			if got := w.states(0); slices.Contains(got, agent.StatePending) {
+			if got := w.states(0); slices.Contains(got, record.StatePending) {
 				t.Errorf("state transitions %v: pending for a config that cannot be applied", got)
 			}
 			for _, s := range tc.reason {
@@ -562,12 +564,12 @@ func TestInvalidConfigFails(t *testing.T) {
 					t.Errorf("reason %q does not say %q", rec.Reason, s)
 				}
 			}
-			if rec.Result != agent.StateFailed || rec.PreviousConfig != "all-balanced" || len(rec.GPUsChanged) != 0 || len(rec.EvictedPods) != 0 {
+			if rec.Result != record.StateFailed || rec.PreviousConfig != "all-balanced" || len(rec.GPUsChanged) != 0 || len(rec.EvictedPods) != 0 {
 				t.Errorf("record: %+v", rec)
 			}
 			// The Event follows the record.
-			WaitFor(t, 10*time.Second, "a Warning Event "+agent.ReasonInvalid+" naming "+tc.config, func() bool {
-				for _, ev := range nodeEvents(t, c, node, agent.ReasonInvalid) {
+			WaitFor(t, 10*time.Second, "a Warning Event "+record.ReasonInvalid+" naming "+tc.config, func() bool {
+				for _, ev := range nodeEvents(t, c, node, record.ReasonInvalid) {
 					if ev.Type == corev1.EventTypeWarning && strings.Contains(ev.Message, rec.Reason) && ev.InvolvedObject.UID == created.UID {
 						return true
 					}
@@ -579,11 +581,11 @@ func TestInvalidConfigFails(t *testing.T) {
 			time.Sleep(2500 * time.Millisecond)
 			assertSimUntouched(t, o.SimState, before, "a config that failed validation")
 			n := GetNode(t, c, node)
-			if n.Labels[agent.LabelState] != agent.StateFailed || len(History(t, n)) == 0 || History(t, n)[0].Config != tc.config {
-				t.Errorf("after 2.5s: state %q, history head %+v", n.Labels[agent.LabelState], History(t, n)[0])
+			if n.Labels[record.LabelState] != record.StateFailed || len(History(t, n)) == 0 || History(t, n)[0].Config != tc.config {
+				t.Errorf("after 2.5s: state %q, history head %+v", n.Labels[record.LabelState], History(t, n)[0])
 			}
 			for _, taint := range n.Spec.Taints {
-				if taint.Key == agent.TaintReconfiguring {
+				if taint.Key == record.TaintReconfiguring {
 					t.Errorf("node tainted: %+v", taint)
 				}
 			}
@@ -623,7 +625,7 @@ func TestReselectApplied(t *testing.T) {
 		WaitFor(t, changeTimeout, "a new record for "+step.config, func() bool {
 			return len(History(t, GetNode(t, c, node))) > before
 		})
-		rec := WaitState(t, c, node, agent.StateSuccess, step.config, changeTimeout)
+		rec := WaitState(t, c, node, record.StateSuccess, step.config, changeTimeout)
 		if !slices.Equal(rec.GPUsChanged, step.changed) {
 			t.Errorf("%s: gpusChanged %v, want %v", step.config, rec.GPUsChanged, step.changed)
 		}
@@ -639,7 +641,7 @@ func TestReselectApplied(t *testing.T) {
 	a = StartAgent(t, o)
 	waitReady(t, a)
 	// The same value set again (another manager): nothing to act on.
-	SetLabel(t, c, node, agent.LabelConfig, "all-balanced", "carol-kubectl")
+	SetLabel(t, c, node, record.LabelConfig, "all-balanced", "carol-kubectl")
 	time.Sleep(2 * time.Second) // two drift checks
 	assertSimUntouched(t, o.SimState, sim, "restart and the same label value again")
 	if n := len(History(t, GetNode(t, c, node))); n != records {
@@ -655,15 +657,15 @@ func TestReselectApplied(t *testing.T) {
 		WaitFor(t, changeTimeout, "a new record for "+config, func() bool {
 			return len(History(t, GetNode(t, c, node))) > before
 		})
-		rec := WaitState(t, c, node, agent.StateSuccess, config, changeTimeout)
+		rec := WaitState(t, c, node, record.StateSuccess, config, changeTimeout)
 		if len(rec.GPUsChanged) != 0 || !slices.Equal(rec.GPUsUntouched, []int{0, 1, 2, 3, 4, 5, 6, 7}) || rec.PreviousConfig != previous {
 			t.Errorf("%s: gpusChanged %v untouched %v previous %q, want none, all 8, %q", config, rec.GPUsChanged, rec.GPUsUntouched, rec.PreviousConfig, previous)
 		}
-		if got := w.states(0); slices.Contains(got, agent.StatePending) {
+		if got := w.states(0); slices.Contains(got, record.StatePending) {
 			t.Errorf("%s: state went %v for a config already applied", config, got)
 		}
-		WaitFor(t, 10*time.Second, "an Event "+agent.ReasonUnchanged, func() bool {
-			for _, ev := range nodeEvents(t, c, node, agent.ReasonUnchanged) {
+		WaitFor(t, 10*time.Second, "an Event "+record.ReasonUnchanged, func() bool {
+			for _, ev := range nodeEvents(t, c, node, record.ReasonUnchanged) {
 				if strings.Contains(ev.Message, config) || strings.Contains(ev.Message, "already applied") {
 					return true
 				}
@@ -676,7 +678,7 @@ func TestReselectApplied(t *testing.T) {
 
 	// The label removed and set again to the applied config: a new request,
 	// recorded as such, no GPU touched.
-	SetLabel(t, c, node, agent.LabelConfig, "", "")
+	SetLabel(t, c, node, record.LabelConfig, "", "")
 	checkUnchanged("balanced-copy", "balanced-copy")
 	assertGeometry(t, o, "all-balanced", "")
 }
@@ -716,8 +718,8 @@ func TestSIGTERM(t *testing.T) {
 	o := &Opts{Node: node}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-balanced")
-	WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
-	WaitFor(t, 10*time.Second, "the success Event", func() bool { return len(nodeEvents(t, c, node, agent.ReasonApplied)) == 1 })
+	WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
+	WaitFor(t, 10*time.Second, "the success Event", func() bool { return len(nodeEvents(t, c, node, record.ReasonApplied)) == 1 })
 
 	if code := a.Stop(); code != 0 {
 		t.Fatalf("SIGTERM while idle: exit code %d, want 0", code)
@@ -729,12 +731,12 @@ func TestSIGTERM(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond) // two drift checks, one reconcile
 	assertSimUntouched(t, o.SimState, sim, "a restart")
 	after := GetNode(t, c, node)
-	for _, k := range []string{agent.AnnotationLastChange, agent.AnnotationHistory} {
+	for _, k := range []string{record.AnnotationLastChange, record.AnnotationHistory} {
 		if before.Annotations[k] != after.Annotations[k] {
 			t.Errorf("a restart rewrote %s:\n%s\n→\n%s", k, before.Annotations[k], after.Annotations[k])
 		}
 	}
-	if s := after.Labels[agent.LabelState]; s != agent.StateSuccess {
+	if s := after.Labels[record.LabelState]; s != record.StateSuccess {
 		t.Errorf("state after restart: %q", s)
 	}
 	if w := warnings(t, c, node); len(w) != 0 {
@@ -748,14 +750,14 @@ func TestSIGTERM(t *testing.T) {
 	// start finishes the change.
 	w := watchNode(t, c, node)
 	SelectConfig(t, c, node, "all-1g.18gb")
-	w.wait(t, 0, agent.StatePending, changeTimeout)
+	w.wait(t, 0, record.StatePending, changeTimeout)
 	stopped := time.Now()
 	if code := a.Stop(); code != 0 {
 		t.Fatalf("SIGTERM mid-change: exit code %d, want 0", code)
 	}
 	t.Logf("SIGTERM mid-change: exited after %s", time.Since(stopped).Round(time.Millisecond))
 	StartAgent(t, o)
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", changeTimeout)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", changeTimeout)
 	if !slices.Equal(rec.GPUsChanged, []int{0, 1, 2, 3, 4, 5, 6, 7}) || rec.PreviousConfig != "all-balanced" {
 		t.Errorf("record after the interrupted change: changed %v previous %q", rec.GPUsChanged, rec.PreviousConfig)
 	}
@@ -769,7 +771,7 @@ func TestSIGTERM(t *testing.T) {
 func assertNoTaint(t testing.TB, c kubernetes.Interface, node string) {
 	t.Helper()
 	for _, taint := range GetNode(t, c, node).Spec.Taints {
-		if taint.Key == agent.TaintReconfiguring {
+		if taint.Key == record.TaintReconfiguring {
 			t.Errorf("node still tainted: %+v", taint)
 		}
 	}
@@ -799,12 +801,12 @@ func TestKillMidChange(t *testing.T) {
 	} {
 		m := w.mark()
 		SelectConfig(t, c, node, step.config)
-		w.wait(t, m, agent.StatePending, changeTimeout)
+		w.wait(t, m, record.StatePending, changeTimeout)
 		time.Sleep(step.delay)
 		a.Kill()
 		killedIn := "?"
 		if raw, err := os.ReadFile(filepath.Join(o.StateDir, "journal.json")); err == nil {
-			var j agent.JournalState
+			var j journal.State
 			if json.Unmarshal(raw, &j) == nil {
 				killedIn = "finished"
 				if j.Change != nil {
@@ -814,7 +816,7 @@ func TestKillMidChange(t *testing.T) {
 		}
 		t.Logf("%d: %s killed %s after pending, in %q", i, step.config, step.delay, killedIn)
 		a = StartAgent(t, o)
-		rec := WaitState(t, c, node, agent.StateSuccess, step.config, changeTimeout)
+		rec := WaitState(t, c, node, record.StateSuccess, step.config, changeTimeout)
 		assertGeometry(t, o, step.config, "")
 		if !slices.Equal(rec.GPUsChanged, []int{0, 1, 2, 3, 4, 5, 6, 7}) || len(rec.GPUsUntouched) != 0 {
 			t.Errorf("%d: record says GPUs %v changed, %v untouched; all 8 changed", i, rec.GPUsChanged, rec.GPUsUntouched)
@@ -826,7 +828,7 @@ func TestKillMidChange(t *testing.T) {
 		assertNoTaint(t, c, node)
 	}
 	for _, r := range History(t, GetNode(t, c, node)) {
-		if r.Result != agent.StateSuccess {
+		if r.Result != record.StateSuccess {
 			t.Errorf("history holds a %s record: %+v", r.Result, r)
 		}
 	}
@@ -844,13 +846,13 @@ func TestAPIServerRestartMidChange(t *testing.T) {
 	o := &Opts{Node: node}
 	StartAgent(t, o)
 	SelectConfig(t, c, node, "all-balanced")
-	WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 
 	start := time.Now()
-	SetLabel(t, c, node, agent.LabelConfig, "all-3g.71gb", "dave-kubectl")
+	SetLabel(t, c, node, record.LabelConfig, "all-3g.71gb", "dave-kubectl")
 	kubetest.RestartAPIServer(t, 5*time.Second)
 	c = kubetest.Client(t)
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-3g.71gb", 2*changeTimeout)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-3g.71gb", 2*changeTimeout)
 	checkRecord(t, rawRecord(t, GetNode(t, c, node)), start)
 	if rec.PreviousConfig != "all-balanced" || rec.RequestedBy != "dave-kubectl" || !slices.Equal(rec.GPUsChanged, []int{0, 1, 2, 3, 4, 5, 6, 7}) {
 		t.Errorf("record: %+v", rec)
@@ -927,7 +929,7 @@ func TestMetricsAfterChange(t *testing.T) {
 	o := &Opts{Node: node}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-balanced")
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 	text := a.Scrape(t)
 	for state, want := range map[string]float64{"success": 1, "pending": 0, "failed": 0, "rebooting": 0} {
 		if got := metricValue(t, text, "migagent_state", map[string]string{"state": state}); got != want {
@@ -1034,11 +1036,11 @@ func TestMeasureLatency(t *testing.T) {
 		m := w.mark()
 		start := time.Now()
 		SelectConfig(t, c, node, cfg)
-		pending := w.wait(t, m, agent.StatePending, changeTimeout)
-		success := w.wait(t, m, agent.StateSuccess, changeTimeout)
+		pending := w.wait(t, m, record.StatePending, changeTimeout)
+		success := w.wait(t, m, record.StateSuccess, changeTimeout)
 		toPending = append(toPending, pending.Sub(start))
 		toSuccess = append(toSuccess, success.Sub(start))
-		if rec := LastChange(t, GetNode(t, c, node)); rec.Config != cfg || rec.Result != agent.StateSuccess || len(rec.GPUsChanged) != 8 {
+		if rec := LastChange(t, GetNode(t, c, node)); rec.Config != cfg || rec.Result != record.StateSuccess || len(rec.GPUsChanged) != 8 {
 			t.Fatalf("change %d: record %+v", i, rec)
 		}
 	}
@@ -1090,21 +1092,21 @@ func TestRelabelSkipsBackoff(t *testing.T) {
 		"--retry-backoff-max", "1m"}}
 	StartAgent(t, o)
 	SelectConfig(t, c, node, "all-balanced")
-	rec := WaitState(t, c, node, agent.StateFailed, "all-balanced", changeTimeout)
+	rec := WaitState(t, c, node, record.StateFailed, "all-balanced", changeTimeout)
 	if !strings.Contains(rec.Reason, "INSUFFICIENT_RESOURCES") {
 		t.Fatalf("reason %q does not name the injected error", rec.Reason)
 	}
-	SetLabel(t, c, node, agent.LabelConfig, "", "")
+	SetLabel(t, c, node, record.LabelConfig, "", "")
 	start := time.Now()
 	SelectConfig(t, c, node, "all-balanced")
-	WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 	// The first retry would come 5 s after the failure.
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("the label set again was acted on after %s, as if it waited for the backoff", took.Round(time.Millisecond))
 	}
 	assertGeometry(t, o, "all-balanced", "")
 	hist := History(t, GetNode(t, c, node))
-	if len(hist) != 2 || hist[0].Result != agent.StateSuccess || hist[1].Result != agent.StateFailed {
+	if len(hist) != 2 || hist[0].Result != record.StateSuccess || hist[1].Result != record.StateFailed {
 		t.Errorf("history: %+v", hist)
 	}
 }
@@ -1118,7 +1120,7 @@ func TestRestartRestoresGeometry(t *testing.T) {
 	o := &Opts{Node: node}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-balanced")
-	WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 	if code := a.Stop(); code != 0 {
 		t.Fatalf("SIGTERM: exit %d", code)
 	}
@@ -1129,7 +1131,7 @@ func TestRestartRestoresGeometry(t *testing.T) {
 	before := len(History(t, GetNode(t, c, node)))
 	StartAgent(t, o)
 	WaitFor(t, changeTimeout, "a new record", func() bool { return len(History(t, GetNode(t, c, node))) > before })
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 	if !slices.Equal(rec.GPUsChanged, []int{0, 1, 2, 3, 4, 5, 6, 7}) || rec.PreviousConfig != "all-balanced" {
 		t.Errorf("record: changed %v previous %q", rec.GPUsChanged, rec.PreviousConfig)
 	}

@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 // pluginReader enumerates the simulated GPUs for the device plugin stand-in:
@@ -83,7 +83,7 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 90*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
 	want := map[string]int64{"nvidia.com/mig-1g.18gb": 14, "nvidia.com/gpu": 0}
 	if got := allocatable(t, c, node); !sameCounts(got, want) {
 		t.Errorf("allocatable at success = %v, want %v (plugin: %s)", got, want, dp)
@@ -97,13 +97,13 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	if m := a.Scrape(t); !strings.Contains(m, "migagent_resources_converged 1\n") {
 		t.Errorf("metrics lack migagent_resources_converged 1")
 	}
-	WaitFor(t, 10*time.Second, "the "+agent.ReasonDevicePluginRestarted+" Event", func() bool {
-		return len(nodeEvents(t, c, node, agent.ReasonDevicePluginRestarted)) == 1
+	WaitFor(t, 10*time.Second, "the "+record.ReasonDevicePluginRestarted+" Event", func() bool {
+		return len(nodeEvents(t, c, node, record.ReasonDevicePluginRestarted)) == 1
 	})
 
 	// Back to whole GPUs: restarted once more.
 	SelectConfig(t, c, node, "all-disabled")
-	WaitState(t, c, node, agent.StateSuccess, "all-disabled", 90*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-disabled", 90*time.Second)
 	if got := allocatable(t, c, node); !sameCounts(got, map[string]int64{"nvidia.com/gpu": 2, "nvidia.com/mig-1g.18gb": 0}) {
 		t.Errorf("allocatable after disabling = %v", got)
 	}
@@ -127,7 +127,7 @@ func TestStaleDevicePluginIsNoSuccess(t *testing.T) {
 	o.Extra = append(o.Extra, "--resource-wait-timeout", "3s", "--restart-device-plugin=false")
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
-	rec := WaitState(t, c, node, agent.StateFailed, "all-1g.18gb", 60*time.Second)
+	rec := WaitState(t, c, node, record.StateFailed, "all-1g.18gb", 60*time.Second)
 	if !strings.Contains(rec.Reason, "allocatable did not show exactly") || !strings.Contains(rec.Reason, "nvidia.com/mig-1g.18gb: have 0, want 7") {
 		t.Errorf("reason = %q", rec.Reason)
 	}
@@ -146,5 +146,5 @@ func TestStaleDevicePluginIsNoSuccess(t *testing.T) {
 	if err := c.CoreV1().Pods(ns).Delete(context.Background(), pods.Items[0].Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 90*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
 }

@@ -23,9 +23,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/dbustest"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 // disGPU is one GPU of `mig-agent profiles -o json` (the fields tests use).
@@ -109,7 +109,7 @@ func disLivePods(t testing.TB, c kubernetes.Interface, ns string) []string {
 
 // disTainted reports whether the node carries the reconfiguring taint.
 func disTainted(n *corev1.Node) bool {
-	return slices.ContainsFunc(n.Spec.Taints, func(x corev1.Taint) bool { return x.Key == agent.TaintReconfiguring })
+	return slices.ContainsFunc(n.Spec.Taints, func(x corev1.Taint) bool { return x.Key == record.TaintReconfiguring })
 }
 
 // disCreatePDB makes a budget over pods labelled app=app and writes the
@@ -194,13 +194,13 @@ func TestDisruptionOnlyTheChangedGPUsPods(t *testing.T) {
 	o, ns, kl := disEightGPUs(t, true)
 	a := StartAgent(t, o)
 	SelectConfig(t, c, o.Node, "whole")
-	rec := WaitState(t, c, o.Node, agent.StateSuccess, "whole", 30*time.Second)
+	rec := WaitState(t, c, o.Node, record.StateSuccess, "whole", 30*time.Second)
 	if len(rec.EvictedPods) != 0 || len(rec.GPUsChanged) != 0 {
 		t.Fatalf("already applied config evicted %v, changed %v", rec.EvictedPods, rec.GPUsChanged)
 	}
 	start := time.Now()
 	SelectConfig(t, c, o.Node, "gpu3-mig")
-	rec = WaitState(t, c, o.Node, agent.StateSuccess, "gpu3-mig", 60*time.Second)
+	rec = WaitState(t, c, o.Node, record.StateSuccess, "gpu3-mig", 60*time.Second)
 	took := time.Since(start)
 
 	want := []string{ns + "/gpu3-0", ns + "/gpu3-1"}
@@ -245,7 +245,7 @@ func TestDisruptionWithoutPodResourcesEvictsAllGPUPods(t *testing.T) {
 	kl.RunPod(t, ns, "cpu-only", map[string]string{"cpu": "1"}, nil, disOwner("web"))
 	StartAgent(t, o)
 	SelectConfig(t, c, o.Node, "gpu3-mig")
-	rec := WaitState(t, c, o.Node, agent.StateSuccess, "gpu3-mig", 90*time.Second)
+	rec := WaitState(t, c, o.Node, record.StateSuccess, "gpu3-mig", 90*time.Second)
 	if len(rec.EvictedPods) != 16 {
 		t.Errorf("evicted %d pods, want all 16 GPU pods: %v", len(rec.EvictedPods), rec.EvictedPods)
 	}
@@ -286,7 +286,7 @@ mig-configs:
 	o := &Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket()}}
 	StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 
 	gpus := disProfiles(t, o.Sim, o.SimState)
 	onGPU := map[int]int{}
@@ -325,7 +325,7 @@ mig-configs:
 	}
 
 	SelectConfig(t, c, node, "gpu0-mixed")
-	rec := WaitState(t, c, node, agent.StateSuccess, "gpu0-mixed", 60*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "gpu0-mixed", 60*time.Second)
 	var want []string
 	for _, d := range plan.GPUs[0].Destroy {
 		want = append(want, fmt.Sprintf("%s/g0-mig%d", ns, d.Start))
@@ -433,7 +433,7 @@ func TestDisruptionPDBBlocksThenRetrySucceeds(t *testing.T) {
 	o, ns := disGuardedNode(t, "--drain-timeout", "3s", "--retry-backoff-max", "5s")
 	StartAgent(t, o)
 	SelectConfig(t, c, o.Node, "all-disabled")
-	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+	WaitState(t, c, o.Node, record.StateSuccess, "all-disabled", 30*time.Second)
 
 	SelectConfig(t, c, o.Node, "gpu1-mig")
 	// While it drains: disTainted, device-plugin paused, dcgm (false) left alone.
@@ -442,7 +442,7 @@ func TestDisruptionPDBBlocksThenRetrySucceeds(t *testing.T) {
 		return disTainted(n) && disSameLabels(disOperands(n), map[string]string{
 			"nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change", "nvidia.com/gpu.deploy.dcgm": "false"})
 	})
-	rec := WaitState(t, c, o.Node, agent.StateFailed, "gpu1-mig", 30*time.Second)
+	rec := WaitState(t, c, o.Node, record.StateFailed, "gpu1-mig", 30*time.Second)
 	failedAt := time.Now()
 	if !strings.Contains(rec.Reason, ns+"/guarded") {
 		t.Errorf("reason does not name the pod: %q", rec.Reason)
@@ -468,7 +468,7 @@ func TestDisruptionPDBBlocksThenRetrySucceeds(t *testing.T) {
 	t.Logf("failed as expected: %s", rec.Reason)
 
 	disSetPDB(t, c, ns, "db", 1)
-	rec = WaitState(t, c, o.Node, agent.StateSuccess, "gpu1-mig", 40*time.Second)
+	rec = WaitState(t, c, o.Node, record.StateSuccess, "gpu1-mig", 40*time.Second)
 	t.Logf("succeeded by itself %s after the failure", time.Since(failedAt).Round(time.Millisecond))
 	if !slices.Equal(rec.EvictedPods, []string{ns + "/guarded"}) {
 		t.Errorf("evictedPods = %v", rec.EvictedPods)
@@ -490,7 +490,7 @@ func TestDisruptionPDBBlocksThenRetrySucceeds(t *testing.T) {
 			results = append(results, h.Result)
 		}
 	}
-	if len(results) < 2 || results[0] != agent.StateSuccess || !slices.Contains(results[1:], agent.StateFailed) {
+	if len(results) < 2 || results[0] != record.StateSuccess || !slices.Contains(results[1:], record.StateFailed) {
 		t.Errorf("history of gpu1-mig (newest first) = %v, want success after failed", results)
 	}
 }
@@ -511,8 +511,8 @@ func TestDisruptionCrashWhileDrainingResumes(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // in the eviction retry loop
 	a.Kill()
 	n := GetNode(t, c, o.Node)
-	if !disTainted(n) || n.Labels[agent.LabelState] != agent.StatePending {
-		t.Fatalf("after the kill: disTainted %v, state %q", disTainted(n), n.Labels[agent.LabelState])
+	if !disTainted(n) || n.Labels[record.LabelState] != record.StatePending {
+		t.Fatalf("after the kill: disTainted %v, state %q", disTainted(n), n.Labels[record.LabelState])
 	}
 	journal, err := os.ReadFile(filepath.Join(o.StateDir, "journal.json"))
 	if err != nil || !strings.Contains(string(journal), `"phase": "draining"`) {
@@ -520,7 +520,7 @@ func TestDisruptionCrashWhileDrainingResumes(t *testing.T) {
 	}
 	disSetPDB(t, c, ns, "db", 1)
 	a2 := StartAgent(t, o)
-	rec := WaitState(t, c, o.Node, agent.StateSuccess, "gpu1-mig", 40*time.Second)
+	rec := WaitState(t, c, o.Node, record.StateSuccess, "gpu1-mig", 40*time.Second)
 	if !slices.Equal(rec.EvictedPods, []string{ns + "/guarded"}) {
 		t.Errorf("evictedPods = %v", rec.EvictedPods)
 	}
@@ -553,7 +553,7 @@ func TestDisruptionHostGPUClientsOverDBus(t *testing.T) {
 	a := StartAgent(t, &Opts{Node: node, Sim: "a100-40gbx2",
 		Extra: []string{"--dbus-address", bus.Address, "--host-gpu-clients", "a.service,b.service"}})
 	SelectConfig(t, c, node, "all-1g.5gb")
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.5gb", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.5gb", 30*time.Second)
 	if rec.Reboot {
 		t.Errorf("reboot in the record: %+v", rec)
 	}
@@ -579,7 +579,7 @@ func TestDisruptionHostGPUClientsOverDBus(t *testing.T) {
 	}
 
 	SelectConfig(t, c, node, "all-balanced")
-	WaitState(t, c, node, agent.StateSuccess, "all-balanced", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-balanced", 30*time.Second)
 	if got := sd.JobCalls(); !slices.Equal(got, want) {
 		t.Errorf("a change without a mode change queued systemd jobs: %v", got[len(want):])
 	}

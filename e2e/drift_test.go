@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 // Someone changes the GPUs behind the agent's back (here: `mig-agent apply`
@@ -30,7 +30,7 @@ func TestDriftDetectedAndReapplied(t *testing.T) {
 			}
 			a := StartAgent(t, o)
 			SelectConfig(t, c, node, "all-balanced")
-			WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+			WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 			if v := metricValue(t, a.Scrape(t), "migagent_geometry_drift", nil); v != 0 {
 				t.Fatalf("drift %v before any drift", v)
 			}
@@ -38,7 +38,7 @@ func TestDriftDetectedAndReapplied(t *testing.T) {
 				t.Fatalf("apply behind the agent's back: exit %d: %s", code, errOut)
 			}
 			WaitFor(t, 15*time.Second, "a MigGeometryDrift Warning Event", func() bool {
-				return len(nodeEvents(t, c, node, agent.ReasonDrift)) >= 1
+				return len(nodeEvents(t, c, node, record.ReasonDrift)) >= 1
 			})
 			if !reapply {
 				WaitFor(t, 5*time.Second, "migagent_geometry_drift 1", func() bool {
@@ -51,7 +51,7 @@ func TestDriftDetectedAndReapplied(t *testing.T) {
 			}
 			WaitFor(t, 15*time.Second, "a second record putting all-balanced back", func() bool {
 				h := History(t, GetNode(t, c, node))
-				return len(h) == 2 && h[0].Result == agent.StateSuccess && len(h[0].GPUsChanged) == 2
+				return len(h) == 2 && h[0].Result == record.StateSuccess && len(h[0].GPUsChanged) == 2
 			})
 			out, _, _ := RunCLI(t, "plan", "-c", "all-balanced", "-o", "json", "--nvml", "sim:"+o.Sim, "--sim-state", o.SimState)
 			var untouched int

@@ -23,11 +23,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/profiles"
+	"github.com/migagent/mig-agent/reconcile"
+	"github.com/migagent/mig-agent/record"
 )
 
 // ffCall is one mutating NVML call: the --sim-faults operation name and
@@ -183,15 +185,15 @@ func ffReference(t *testing.T, tr ffTransition, base, fileName string) ([]ffCall
 		t.Fatal(err)
 	}
 	rec := &ffRecorder{GPU: sim}
-	n, err := agent.Discover(rec)
+	n, err := gpus.Discover(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	file, err := agent.LoadConfigFile(fileName)
+	file, err := gpus.LoadConfigFile(fileName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec, _, err := agent.Lookup(file, tr.config, n.GPUs)
+	spec, _, err := gpus.Lookup(file, tr.config, n.GPUs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func ffReference(t *testing.T, tr ffTransition, base, fileName string) ([]ffCall
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := agent.ApplyAndVerify(rec, n, plan, file, tr.config, agent.ApplyOptions{}); err != nil {
+	if _, err := gpus.ApplyAndVerify(rec, n, plan, file, tr.config, gpus.ApplyOptions{}); err != nil {
 		t.Fatalf("reference apply: %v", err)
 	}
 	muts := sim.Mutations()
@@ -438,7 +440,7 @@ func ffSetup(t *testing.T, spec, from, fileText, target string, pods []ffPod, ex
 	sc.node = kubetest.NewName(t, "node")
 	var labels map[string]string
 	if from != "" {
-		labels = map[string]string{agent.LabelConfig: from}
+		labels = map[string]string{record.LabelConfig: from}
 	}
 	kubetest.CreateNode(t, sc.node, labels)
 	sc.ns = kubetest.NewName(t, "work")
@@ -491,12 +493,12 @@ func (sc *ffScene) evicted(p ffPod) bool {
 // check verifies the end of a scene: success on target, nothing left to
 // do, untouched GPUs identical, exactly the affected pods evicted, each
 // once, and no eviction requested twice (one eviction Event per pod).
-func (sc *ffScene) check(t *testing.T) agent.ChangeRecord {
+func (sc *ffScene) check(t *testing.T) record.ChangeRecord {
 	t.Helper()
 	n := GetNode(t, sc.c, sc.node)
 	rec := LastChange(t, n)
-	if rec.Config != sc.target || rec.Result != agent.StateSuccess || n.Labels[agent.LabelState] != agent.StateSuccess {
-		t.Errorf("end: state %s, record %s %s", n.Labels[agent.LabelState], rec.Config, rec.Result)
+	if rec.Config != sc.target || rec.Result != record.StateSuccess || n.Labels[record.LabelState] != record.StateSuccess {
+		t.Errorf("end: state %s, record %s %s", n.Labels[record.LabelState], rec.Config, rec.Result)
 	}
 	for _, taint := range n.Spec.Taints {
 		if strings.HasPrefix(taint.Key, "migagent.io/") {
@@ -510,7 +512,7 @@ func (sc *ffScene) check(t *testing.T) agent.ChangeRecord {
 		}
 	}
 	finished := sc.k.Finished()
-	events := flEvents(t, sc.c, sc.node, agent.ReasonEvicting)
+	events := flEvents(t, sc.c, sc.node, record.ReasonEvicting)
 	for _, p := range sc.pods {
 		key := sc.ns + "/" + p.name
 		times := 0
@@ -561,13 +563,13 @@ func TestFaultDaemonRetry(t *testing.T) {
 			sc := ffSetup(t, tc.spec, tc.from, tc.file, tc.target, tc.pods, "--sim-faults", tc.fault)
 			flStart(t, sc.o)
 			if tc.from != "" {
-				WaitState(t, sc.c, sc.node, agent.StateSuccess, tc.from, 30*time.Second)
+				WaitState(t, sc.c, sc.node, record.StateSuccess, tc.from, 30*time.Second)
 			}
 			SelectConfig(t, sc.c, sc.node, tc.target)
-			WaitState(t, sc.c, sc.node, agent.StateSuccess, tc.target, 90*time.Second)
+			WaitState(t, sc.c, sc.node, record.StateSuccess, tc.target, 90*time.Second)
 			rec := sc.check(t)
 			hist := History(t, GetNode(t, sc.c, sc.node))
-			if len(hist) < 2 || hist[1].Config != tc.target || hist[1].Result != agent.StateFailed {
+			if len(hist) < 2 || hist[1].Config != tc.target || hist[1].Result != record.StateFailed {
 				t.Fatalf("history does not show the failed attempt before the success: %+v", hist)
 			}
 			failed := hist[1]
@@ -591,8 +593,8 @@ func TestFaultDaemonRetry(t *testing.T) {
 func ffStartCrashing(t *testing.T, sc *ffScene, n int) *Agent {
 	t.Helper()
 	if n > 0 {
-		os.Setenv(agent.EnvTestCrashAt, fmt.Sprint(n))
-		defer os.Unsetenv(agent.EnvTestCrashAt)
+		os.Setenv(reconcile.EnvTestCrashAt, fmt.Sprint(n))
+		defer os.Unsetenv(reconcile.EnvTestCrashAt)
 	}
 	return flStart(t, sc.o)
 }
@@ -608,7 +610,7 @@ func ffAwait(t *testing.T, sc *ffScene, a *Agent, timeout time.Duration) bool {
 			return true
 		}
 		rec := LastChange(t, GetNode(t, sc.c, sc.node))
-		return rec.Config == sc.target && rec.Result == agent.StateSuccess
+		return rec.Config == sc.target && rec.Result == record.StateSuccess
 	})
 	return exited
 }
@@ -625,7 +627,7 @@ func ffKilledAt(a *Agent) string {
 }
 
 // TestCrashMatrix SIGKILLs the real daemon right after each journal save
-// of a change (the crash hook, agent/testhook.go), restarts it, and checks
+// of a change (the crash hook, reconcile/testhook.go), restarts it, and checks
 // that it converges with no pod evicted twice and no second reboot: once
 // for a change with evictions, once for a change that needs a reboot (in
 // the process before the reboot and in the one after it).
@@ -638,7 +640,7 @@ func TestCrashMatrix(t *testing.T) {
 			t.Run(fmt.Sprintf("save %d", n), func(t *testing.T) {
 				sc := ffSetup(t, "h200x2", "all-1g.18gb", ffTwoGPUs, "gpu0-balanced", pods)
 				a := ffStartCrashing(t, sc, n)
-				WaitState(t, sc.c, sc.node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+				WaitState(t, sc.c, sc.node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 				SelectConfig(t, sc.c, sc.node, sc.target)
 				if !ffAwait(t, sc, a, 60*time.Second) {
 					done = true // fewer than n saves: the change finished
@@ -652,7 +654,7 @@ func TestCrashMatrix(t *testing.T) {
 				t.Logf("killed after %s", where)
 				points++
 				flStart(t, sc.o)
-				WaitState(t, sc.c, sc.node, agent.StateSuccess, sc.target, 90*time.Second)
+				WaitState(t, sc.c, sc.node, record.StateSuccess, sc.target, 90*time.Second)
 				rec := sc.check(t)
 				if want := []string{sc.ns + "/doomed-a", sc.ns + "/doomed-b"}; !sameSet(rec.EvictedPods, want) {
 					t.Errorf("record evictedPods %v, want %v", rec.EvictedPods, want)
@@ -763,14 +765,14 @@ func TestAPIServerOutage(t *testing.T) {
 	}
 	sc.k.KeepTerminating(slow) // its containers take their time to stop
 	a := flStart(t, sc.o)
-	WaitState(t, sc.c, sc.node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	WaitState(t, sc.c, sc.node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 	requested := time.Now()
 	SelectConfig(t, sc.c, sc.node, sc.target)
 	WaitFor(t, 30*time.Second, "the slow pod evicted and terminating", func() bool {
 		p, err := sc.c.CoreV1().Pods(sc.ns).Get(context.Background(), "slow", metav1.GetOptions{})
 		return err == nil && p.DeletionTimestamp != nil
 	})
-	if s := GetNode(t, sc.c, sc.node).Labels[agent.LabelState]; s != agent.StatePending {
+	if s := GetNode(t, sc.c, sc.node).Labels[record.LabelState]; s != record.StatePending {
 		t.Fatalf("state %q before the outage, want pending", s)
 	}
 	kubetest.RestartAPIServer(t, 30*time.Second)
@@ -779,7 +781,7 @@ func TestAPIServerOutage(t *testing.T) {
 	if err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	WaitState(t, sc.c, sc.node, agent.StateSuccess, sc.target, 3*time.Minute)
+	WaitState(t, sc.c, sc.node, record.StateSuccess, sc.target, 3*time.Minute)
 	n := GetNode(t, sc.c, sc.node)
 	rec := LastChange(t, n)
 	if rec.PreviousConfig != "all-1g.18gb" || rec.StartedAt.Before(requested.Add(-time.Second)) || rec.FinishedAt.Before(rec.StartedAt) ||
@@ -789,7 +791,7 @@ func TestAPIServerOutage(t *testing.T) {
 		t.Errorf("incomplete record after the outage: %+v", rec)
 	}
 	for _, h := range History(t, n) {
-		if h.Config == sc.target && h.Result != agent.StateSuccess {
+		if h.Config == sc.target && h.Result != record.StateSuccess {
 			t.Logf("the outage cost a failed attempt: %s", h.Reason)
 		}
 	}

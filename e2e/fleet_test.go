@@ -23,8 +23,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 // flSimGPU is what the tests read of one GPU in a --sim-state file.
@@ -147,9 +148,9 @@ func flEvents(t testing.TB, c kubernetes.Interface, node, reason string) []corev
 // flExpectFailed waits for state failed on config whose reason holds every
 // one of want, and checks the Warning Event and that the GPUs were not
 // touched (the sim state is still before, read before the label was set).
-func flExpectFailed(t testing.TB, c kubernetes.Interface, node, config, simState string, before flSim, want ...string) agent.ChangeRecord {
+func flExpectFailed(t testing.TB, c kubernetes.Interface, node, config, simState string, before flSim, want ...string) record.ChangeRecord {
 	t.Helper()
-	rec := WaitState(t, c, node, agent.StateFailed, config, 60*time.Second)
+	rec := WaitState(t, c, node, record.StateFailed, config, 60*time.Second)
 	for _, w := range want {
 		if !strings.Contains(rec.Reason, w) {
 			t.Errorf("reason %q lacks %q", rec.Reason, w)
@@ -205,7 +206,7 @@ mig-configs:
 	}
 
 	SelectConfig(t, c, node, "all-balanced")
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-balanced", 60*time.Second)
 	if !reflect.DeepEqual(rec.GPUsChanged, []int{0, 1, 2, 3}) || !reflect.DeepEqual(rec.GPUsUntouched, []int{4, 5, 6, 7}) {
 		t.Errorf("changed %v untouched %v; want the H100s 0-3 changed and the L40Ss 4-7 untouched", rec.GPUsChanged, rec.GPUsUntouched)
 	}
@@ -231,7 +232,7 @@ mig-configs:
 func TestFleetStrategySingle(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, map[string]string{agent.LabelStrategy: "single"})
+	kubetest.CreateNode(t, node, map[string]string{record.LabelStrategy: "single"})
 	o := &Opts{Node: node, Sim: "h100-80gbx2"}
 	flStart(t, o)
 
@@ -241,7 +242,7 @@ func TestFleetStrategySingle(t *testing.T) {
 		`strategy "single"`, "GPU 0 would hold 3 profiles (1g.10gb, 2g.20gb, 3g.40gb)")
 
 	SelectConfig(t, c, node, "all-1g.10gb")
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.10gb", 60*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.10gb", 60*time.Second)
 	if len(rec.GPUsChanged) != 2 {
 		t.Errorf("record %+v", rec)
 	}
@@ -278,22 +279,22 @@ func TestFleetDefaultConfig(t *testing.T) {
 	kubetest.CreateNode(t, node, nil)
 	flStart(t, &Opts{Node: node, Sim: "h100-80gbx2", Extra: []string{"--default-config", "all-1g.10gb"}})
 
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.10gb", 60*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.10gb", 60*time.Second)
 	if rec.RequestedBy != "default-config" || len(rec.GPUsChanged) != 2 {
 		t.Errorf("default config record: requestedBy %q changed %v", rec.RequestedBy, rec.GPUsChanged)
 	}
-	if _, ok := GetNode(t, c, node).Labels[agent.LabelConfig]; ok {
+	if _, ok := GetNode(t, c, node).Labels[record.LabelConfig]; ok {
 		t.Errorf("the agent set the desired label itself")
 	}
 
-	SetLabel(t, c, node, agent.LabelConfig, "all-balanced", "pool-admin")
-	rec = WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
+	SetLabel(t, c, node, record.LabelConfig, "all-balanced", "pool-admin")
+	rec = WaitState(t, c, node, record.StateSuccess, "all-balanced", 60*time.Second)
 	if rec.RequestedBy != "pool-admin" || rec.PreviousConfig != "all-1g.10gb" {
 		t.Errorf("label over default: requestedBy %q previous %q", rec.RequestedBy, rec.PreviousConfig)
 	}
 
-	SetLabel(t, c, node, agent.LabelConfig, "", "pool-admin")
-	rec = WaitState(t, c, node, agent.StateSuccess, "all-1g.10gb", 60*time.Second)
+	SetLabel(t, c, node, record.LabelConfig, "", "pool-admin")
+	rec = WaitState(t, c, node, record.StateSuccess, "all-1g.10gb", 60*time.Second)
 	if rec.RequestedBy != "default-config" {
 		t.Errorf("label removed: requestedBy %q", rec.RequestedBy)
 	}
@@ -311,12 +312,12 @@ func TestFleetRequestedBy(t *testing.T) {
 		{"all-disabled", "alice-kubectl"},
 	} {
 		before := len(History(t, GetNode(t, c, node)))
-		SetLabel(t, c, node, agent.LabelConfig, step.config, step.manager)
-		var rec agent.ChangeRecord
+		SetLabel(t, c, node, record.LabelConfig, step.config, step.manager)
+		var rec record.ChangeRecord
 		WaitFor(t, 60*time.Second, "a record for "+step.manager, func() bool {
 			n := GetNode(t, c, node)
 			rec = LastChange(t, n)
-			return len(History(t, n)) > before && rec.Config == step.config && rec.Result == agent.StateSuccess
+			return len(History(t, n)) > before && rec.Config == step.config && rec.Result == record.StateSuccess
 		})
 		if rec.RequestedBy != step.manager || rec.RequestedAt == nil {
 			t.Errorf("%s by %s: record says requestedBy %q at %v", step.config, step.manager, rec.RequestedBy, rec.RequestedAt)
@@ -343,7 +344,7 @@ func TestFleetOtherManager(t *testing.T) {
 		kubetest.CreateNamespace(t, ns)
 		k := kubetest.StartKubelet(t, c, node)
 		pod := k.CreatePod(t, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nvidia-mig-manager-x7k2p", Labels: map[string]string{"app": agent.OperatorMigManagerApp}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nvidia-mig-manager-x7k2p", Labels: map[string]string{"app": kube.OperatorMigManagerApp}},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.12.1"}}},
 		})
 		if pod.Status.Phase != corev1.PodRunning {
@@ -357,28 +358,28 @@ func TestFleetOtherManager(t *testing.T) {
 		before := flReadSim(t, o.SimState)
 		SelectConfig(t, c, node, "all-balanced")
 		flExpectFailed(t, c, node, "all-balanced", o.SimState, before, "pod "+pod, "another MIG manager")
-		if evs := flEvents(t, c, node, agent.ReasonManagerConflict); len(evs) == 0 {
-			t.Errorf("no %s event", agent.ReasonManagerConflict)
+		if evs := flEvents(t, c, node, record.ReasonManagerConflict); len(evs) == 0 {
+			t.Errorf("no %s event", record.ReasonManagerConflict)
 		}
 	})
 	// The GPU Operator labels every MIG-capable node so, whether or not its
 	// MIG manager is enabled: the label alone is no conflict
 	// (e2e/gpuoperator_test.go shows it with the operator's own controller).
 	t.Run("deploy label alone", func(t *testing.T) {
-		node, _, _ := start(t, map[string]string{agent.LabelDeployMigManager: "true"})
+		node, _, _ := start(t, map[string]string{kube.LabelDeployMigManager: "true"})
 		SelectConfig(t, c, node, "all-balanced")
-		WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
+		WaitState(t, c, node, record.StateSuccess, "all-balanced", 60*time.Second)
 	})
 	t.Run("deploy label false", func(t *testing.T) {
-		node, _, _ := start(t, map[string]string{agent.LabelDeployMigManager: "false"})
+		node, _, _ := start(t, map[string]string{kube.LabelDeployMigManager: "false"})
 		SelectConfig(t, c, node, "all-balanced")
-		WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
+		WaitState(t, c, node, record.StateSuccess, "all-balanced", 60*time.Second)
 	})
 	t.Run("allowed", func(t *testing.T) {
-		node, a, _ := start(t, map[string]string{agent.LabelDeployMigManager: "true"}, "--allow-other-mig-manager")
+		node, a, _ := start(t, map[string]string{kube.LabelDeployMigManager: "true"}, "--allow-other-mig-manager")
 		operatorPod(t, node)
 		SelectConfig(t, c, node, "all-balanced")
-		WaitState(t, c, node, agent.StateSuccess, "all-balanced", 60*time.Second)
+		WaitState(t, c, node, record.StateSuccess, "all-balanced", 60*time.Second)
 		flWaitLog(t, a, "another MIG manager is at work on this node; acting anyway", 5*time.Second)
 		if !strings.Contains(a.Log(), "level=WARN") {
 			t.Errorf("no warning logged")
@@ -389,7 +390,7 @@ func TestFleetOtherManager(t *testing.T) {
 		slice := &resourcev1.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{Name: node + "-gpu.nvidia.com"},
 			Spec: resourcev1.ResourceSliceSpec{
-				Driver:   agent.NVIDIADRADriver,
+				Driver:   kube.NVIDIADRADriver,
 				NodeName: ptr.To(node),
 				Pool:     resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1},
 				Devices: []resourcev1.Device{

@@ -44,9 +44,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 // gpuOpScript builds and runs the operator (relative to the module root).
@@ -292,7 +293,7 @@ func (op *gpuOperator) daemonSets(t *testing.T) []string {
 func (op *gpuOperator) setPolicyMIGManager(t *testing.T, on bool) {
 	t.Helper()
 	patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"migManager": map[string]any{"enabled": on}}})
-	if _, err := gpuOpDynamic(t).Resource(agent.ClusterPolicyResource).Patch(context.Background(), "cluster-policy",
+	if _, err := gpuOpDynamic(t).Resource(kube.ClusterPolicyResource).Patch(context.Background(), "cluster-policy",
 		types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatalf("ClusterPolicy migManager.enabled=%v: %v", on, err)
 	}
@@ -338,16 +339,16 @@ func gpuOpNode(t *testing.T, op *gpuOperator) string {
 		return true
 	})
 	// Not MIG-capable to the operator before GFD ran: no MIG manager label.
-	if v, ok := GetNode(t, c, node).Labels[agent.LabelDeployMigManager]; ok {
-		t.Errorf("before GFD's labels the operator set %s=%s", agent.LabelDeployMigManager, v)
+	if v, ok := GetNode(t, c, node).Labels[kube.LabelDeployMigManager]; ok {
+		t.Errorf("before GFD's labels the operator set %s=%s", kube.LabelDeployMigManager, v)
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": gpuOpGFDLabels}})
 	if _, err := c.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, patch,
 		metav1.PatchOptions{FieldManager: "gpu-feature-discovery"}); err != nil {
 		t.Fatal(err)
 	}
-	WaitFor(t, 60*time.Second, "the operator's "+agent.LabelDeployMigManager+"=true on "+node, func() bool {
-		return GetNode(t, c, node).Labels[agent.LabelDeployMigManager] == "true"
+	WaitFor(t, 60*time.Second, "the operator's "+kube.LabelDeployMigManager+"=true on "+node, func() bool {
+		return GetNode(t, c, node).Labels[kube.LabelDeployMigManager] == "true"
 	})
 	return node
 }
@@ -393,12 +394,12 @@ func TestGPUOperator(t *testing.T) {
 	t.Run("MIG manager off: the agent acts", func(t *testing.T) {
 		a, _ := pkgStartAgent(t, in, node, "--nvml", "sim:h200x8")
 		SelectConfig(t, c, node, "all-1g.18gb")
-		rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", changeTimeout)
+		rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", changeTimeout)
 		t.Logf("node labels the operator set: %v", gpuOpDeployLabels(GetNode(t, c, node)))
 		if len(rec.GPUsChanged) != 8 {
 			t.Errorf("record: %+v", rec)
 		}
-		if strings.Contains(a.Log(), agent.ReasonManagerConflict) || strings.Contains(strings.ToLower(a.Log()), "forbidden") {
+		if strings.Contains(a.Log(), record.ReasonManagerConflict) || strings.Contains(strings.ToLower(a.Log()), "forbidden") {
 			t.Errorf("agent log:\n%s", a.Log())
 		}
 		a.Stop()
@@ -421,7 +422,7 @@ func TestGPUOperator(t *testing.T) {
 		// it, and the test, as the kubelet, finishes that only after the
 		// operator went over the paused labels twice.
 		a, _ := pkgStartAgent(t, pin, node, "--nvml", "sim:h200x8")
-		WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", changeTimeout)
+		WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", changeTimeout)
 		dpPod := gpuOpBindOperandPod(t, c, op.namespace, node, drain.Operands()[0].App)
 
 		history := gpuOpWatchLabels(t, c, node)
@@ -446,7 +447,7 @@ func TestGPUOperator(t *testing.T) {
 			metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
-		WaitState(t, c, node, agent.StateSuccess, "all-3g.71gb", changeTimeout)
+		WaitState(t, c, node, record.StateSuccess, "all-3g.71gb", changeTimeout)
 		if !strings.Contains(a.Log(), "operands paused") {
 			t.Errorf("the agent paused no operand:\n%s", a.Log())
 		}
@@ -486,7 +487,7 @@ func TestGPUOperator(t *testing.T) {
 		})
 		a, _ := pkgStartAgent(t, in, node, "--nvml", "sim:h200x8")
 		SelectConfig(t, c, node, "all-2g.35gb")
-		rec := WaitState(t, c, node, agent.StateFailed, "all-2g.35gb", changeTimeout)
+		rec := WaitState(t, c, node, record.StateFailed, "all-2g.35gb", changeTimeout)
 		t.Logf("refused: %s", rec.Reason)
 		for _, want := range []string{"another MIG manager", "ClusterPolicy cluster-policy has spec.migManager.enabled=true"} {
 			if !strings.Contains(rec.Reason, want) {
@@ -496,9 +497,9 @@ func TestGPUOperator(t *testing.T) {
 		if len(rec.GPUsChanged) != 0 || len(rec.EvictedPods) != 0 {
 			t.Errorf("a refused change did something: %+v", rec)
 		}
-		WaitFor(t, 10*time.Second, "a "+agent.ReasonManagerConflict+" Event on the node", func() bool {
+		WaitFor(t, 10*time.Second, "a "+record.ReasonManagerConflict+" Event on the node", func() bool {
 			evs, err := c.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{
-				FieldSelector: fields.Set{"involvedObject.name": node, "reason": agent.ReasonManagerConflict}.AsSelector().String()})
+				FieldSelector: fields.Set{"involvedObject.name": node, "reason": record.ReasonManagerConflict}.AsSelector().String()})
 			return err == nil && len(evs.Items) > 0
 		})
 		a.Stop()

@@ -28,8 +28,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 // grReadyz returns the status code of the agent's /readyz (0: no answer).
@@ -71,7 +72,7 @@ func TestGuardOneRebootAcrossRestarts(t *testing.T) {
 	}
 	stillPending()
 	a2 := StartAgent(t, o)
-	WaitState(t, c, node, agent.StateFailed, "all-1g.5gb", 30*time.Second)
+	WaitState(t, c, node, record.StateFailed, "all-1g.5gb", 30*time.Second)
 	grAlive(t, a2, "the failed post-reboot check")
 	a2.Stop()
 
@@ -86,7 +87,7 @@ func TestGuardOneRebootAcrossRestarts(t *testing.T) {
 		time.Sleep(time.Second) // a reboot would come right after the record
 		grAlive(t, a, what)
 		rec := LastChange(t, GetNode(t, c, node))
-		if rec.Result != agent.StateFailed || !strings.Contains(rec.Reason, "not rebooting again") {
+		if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "not rebooting again") {
 			t.Errorf("%s: last record %s %q, want failed: not rebooting again", what, rec.Result, rec.Reason)
 		}
 		if b := rbReadSim(t, o.SimState).bootCount(); b != 1 {
@@ -131,7 +132,7 @@ func TestGuardReadOnlyStateDir(t *testing.T) {
 		`mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" "$1" && shift && exec "$@"`, "sh", o.StateDir}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
-	rec := WaitState(t, c, node, agent.StateFailed, "all-1g.18gb", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateFailed, "all-1g.18gb", 30*time.Second)
 	if !strings.Contains(rec.Reason, "journal") || !strings.Contains(rec.Reason, "cannot be written") {
 		t.Errorf("reason %q does not say the journal cannot be written", rec.Reason)
 	}
@@ -140,8 +141,8 @@ func TestGuardReadOnlyStateDir(t *testing.T) {
 			t.Errorf("GPU %d was touched: MIG %v/%v, %d instances", g.Index, g.MigMode.Current, g.MigMode.Pending, len(g.Instances))
 		}
 	}
-	WaitFor(t, 10*time.Second, "a Warning Event "+agent.ReasonJournal, func() bool {
-		return len(nodeEvents(t, c, node, agent.ReasonJournal)) > 0
+	WaitFor(t, 10*time.Second, "a Warning Event "+record.ReasonJournal, func() bool {
+		return len(nodeEvents(t, c, node, record.ReasonJournal)) > 0
 	})
 	if code := grReadyz(a); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answered %d with an unwritable journal, want 503", code)
@@ -184,7 +185,7 @@ func TestGuardOneAgentPerStateDir(t *testing.T) {
 		t.Errorf("the second agent's message does not say why:\n%s", b.Log())
 	}
 	SelectConfig(t, c, node, "all-1g.18gb")
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 	if n := len(History(t, GetNode(t, c, node))); n != 1 {
 		t.Errorf("%d records for one label change, want 1", n)
 	}
@@ -214,7 +215,7 @@ func TestGuardOneAgentPerNode(t *testing.T) {
 		t.Errorf("the second agent's message does not say why:\n%s", b.Log())
 	}
 	SelectConfig(t, c, node, "all-1g.18gb")
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 	if n := len(History(t, GetNode(t, c, node))); n != 1 {
 		t.Errorf("%d records for one label change, want 1", n)
 	}
@@ -228,7 +229,7 @@ func TestGuardOneAgentPerNode(t *testing.T) {
 	if code := a.Stop(); code != 0 {
 		t.Fatalf("SIGTERM: exit code %d", code)
 	}
-	l, err := c.CoordinationV1().Leases(o.Namespace).Get(context.Background(), agent.NodeLeaseName(node), metav1.GetOptions{})
+	l, err := c.CoordinationV1().Leases(o.Namespace).Get(context.Background(), kube.NodeLeaseName(node), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,10 +283,10 @@ func TestGuardReadOnlyToken(t *testing.T) {
 	o.Kubeconfig = kc
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
-	WaitFor(t, 30*time.Second, "a Warning Event "+agent.ReasonPreflight, func() bool {
-		return len(nodeEvents(t, c, node, agent.ReasonPreflight)) > 0
+	WaitFor(t, 30*time.Second, "a Warning Event "+record.ReasonPreflight, func() bool {
+		return len(nodeEvents(t, c, node, record.ReasonPreflight)) > 0
 	})
-	ev := nodeEvents(t, c, node, agent.ReasonPreflight)[0]
+	ev := nodeEvents(t, c, node, record.ReasonPreflight)[0]
 	if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Message, "forbidden") {
 		t.Errorf("preflight Event: %s %q", ev.Type, ev.Message)
 	}
@@ -295,10 +296,10 @@ func TestGuardReadOnlyToken(t *testing.T) {
 			t.Fatalf("GPU %d was changed though the change cannot be recorded: MIG %v, %d instances", g.Index, g.MigMode.Current, len(g.Instances))
 		}
 	}
-	if n := GetNode(t, c, node); n.Labels[agent.LabelState] != "" || n.Annotations[agent.AnnotationLastChange] != "" {
-		t.Errorf("the read-only agent wrote the Node: state %q", n.Labels[agent.LabelState])
+	if n := GetNode(t, c, node); n.Labels[record.LabelState] != "" || n.Annotations[record.AnnotationLastChange] != "" {
+		t.Errorf("the read-only agent wrote the Node: state %q", n.Labels[record.LabelState])
 	}
-	if len(nodeEvents(t, c, node, agent.ReasonStarted)) != 0 {
+	if len(nodeEvents(t, c, node, record.ReasonStarted)) != 0 {
 		t.Error("a change was started")
 	}
 	grAlive(t, a, "read-only token")
@@ -312,7 +313,7 @@ func TestGuardReadOnlyToken(t *testing.T) {
 	if _, err := c.RbacV1().ClusterRoles().Update(ctx, cr, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 }
 
 // Item 5: a failure reason longer than a Node takes (a config file of 600
@@ -334,23 +335,23 @@ func TestGuardOversizeReason(t *testing.T) {
 	o := &Opts{Node: node, Sim: "h200x1", Extra: []string{"-f", file}}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 
 	const junk = `[{"config": "truncated by hand`
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{agent.AnnotationHistory: junk}}})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{record.AnnotationHistory: junk}}})
 	if _, err := c.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	SelectConfig(t, c, node, "nope")
-	rec := WaitState(t, c, node, agent.StateFailed, "nope", 30*time.Second)
-	if len(rec.Reason) > agent.MaxRecordReason || !strings.Contains(rec.Reason, "is not in") || !strings.Contains(rec.Reason, "bytes in all") {
+	rec := WaitState(t, c, node, record.StateFailed, "nope", 30*time.Second)
+	if len(rec.Reason) > record.MaxRecordReason || !strings.Contains(rec.Reason, "is not in") || !strings.Contains(rec.Reason, "bytes in all") {
 		t.Errorf("record reason (%d bytes) not capped as it should be: %.200q", len(rec.Reason), rec.Reason)
 	}
 	if !strings.Contains(a.Log(), last) {
 		t.Error("the agent's log does not hold the whole reason")
 	}
 	n := GetNode(t, c, node)
-	if got := n.Annotations[agent.AnnotationHistoryUnparsable]; got != junk {
+	if got := n.Annotations[record.AnnotationHistoryUnparsable]; got != junk {
 		t.Errorf("the unparsable history was not kept aside: %q", got)
 	}
 	if h := History(t, n); len(h) != 1 || h[0].Config != "nope" {
@@ -358,10 +359,10 @@ func TestGuardOversizeReason(t *testing.T) {
 	}
 	// The Events follow the record (the state label is written with it).
 	WaitFor(t, 10*time.Second, "an Event about the unparsable history", func() bool {
-		return len(nodeEvents(t, c, node, agent.ReasonHistoryUnparsable)) > 0
+		return len(nodeEvents(t, c, node, record.ReasonHistoryUnparsable)) > 0
 	})
 	WaitFor(t, 10*time.Second, "an Event about the failure", func() bool {
-		return len(nodeEvents(t, c, node, agent.ReasonInvalid)) > 0
+		return len(nodeEvents(t, c, node, record.ReasonInvalid)) > 0
 	})
 }
 
@@ -472,7 +473,7 @@ func TestGuardConfigFileReread(t *testing.T) {
 		t.Fatal(err)
 	}
 	SelectConfig(t, c, node, "second")
-	rec := WaitState(t, c, node, agent.StateSuccess, "second", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "second", 30*time.Second)
 	sum := sha256.Sum256([]byte(text))
 	if want := file + "@sha256:" + hex.EncodeToString(sum[:]); rec.ConfigSource != want {
 		t.Errorf("configSource %q, want %q", rec.ConfigSource, want)
@@ -504,7 +505,7 @@ func TestGuardStateUndecidedUntilDecided(t *testing.T) {
 	a := StartAgent(t, o)
 	waitReady(t, a)
 	time.Sleep(1500 * time.Millisecond) // a pass and a drift check
-	states := []string{agent.StatePending, agent.StateRebooting, agent.StateSuccess, agent.StateFailed}
+	states := []string{record.StatePending, record.StateRebooting, record.StateSuccess, record.StateFailed}
 	text := a.Scrape(t)
 	for _, s := range states {
 		if v := metricValue(t, text, "migagent_state", map[string]string{"state": s}); v != 0 {
@@ -512,14 +513,14 @@ func TestGuardStateUndecidedUntilDecided(t *testing.T) {
 		}
 	}
 	SelectConfig(t, c, node, "all-1g.18gb")
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", 30*time.Second)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 30*time.Second)
 	if code := a.Stop(); code != 0 {
 		t.Fatalf("SIGTERM: exit %d", code)
 	}
 	a = StartAgent(t, o)
 	waitReady(t, a)
 	WaitFor(t, 10*time.Second, "migagent_state success after the restart", func() bool {
-		return metricValue(t, a.Scrape(t), "migagent_state", map[string]string{"state": agent.StateSuccess}) == 1
+		return metricValue(t, a.Scrape(t), "migagent_state", map[string]string{"state": record.StateSuccess}) == 1
 	})
 }
 
@@ -531,14 +532,14 @@ func TestGuardEvictionRetryDelayHoldsNothing(t *testing.T) {
 	o, _ := disGuardedNode(t, "--drain-timeout", "5m", "--eviction-retry-delay", "40s")
 	a := StartAgent(t, o)
 	SelectConfig(t, c, o.Node, "all-disabled")
-	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+	WaitState(t, c, o.Node, record.StateSuccess, "all-disabled", 30*time.Second)
 
 	refused := func() bool { return strings.Contains(a.Log(), "eviction refused; retrying") }
 	SelectConfig(t, c, o.Node, "gpu1-mig")
 	WaitFor(t, 20*time.Second, "the eviction refused by the budget", refused)
 	start := time.Now()
 	SelectConfig(t, c, o.Node, "all-disabled")
-	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+	WaitState(t, c, o.Node, record.StateSuccess, "all-disabled", 30*time.Second)
 	if took := time.Since(start); took >= 40*time.Second {
 		t.Errorf("the newer label waited out the eviction retry delay: %s", took)
 	}
@@ -567,7 +568,7 @@ func TestGuardRecreatedNodeMidChange(t *testing.T) {
 	o, ns := disGuardedNode(t, "--drain-timeout", "5m")
 	StartAgent(t, o)
 	SelectConfig(t, c, o.Node, "all-disabled")
-	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+	WaitState(t, c, o.Node, record.StateSuccess, "all-disabled", 30*time.Second)
 	SelectConfig(t, c, o.Node, "gpu1-mig")
 	WaitFor(t, 20*time.Second, "the change draining (node tainted)", func() bool { return disTainted(GetNode(t, c, o.Node)) })
 
@@ -581,14 +582,14 @@ func TestGuardRecreatedNodeMidChange(t *testing.T) {
 	})
 	// The new Node carries the node pool's labels (the operands' and the
 	// requested config), nothing of the change: no taint, no state.
-	labels := map[string]string{agent.LabelConfig: "gpu1-mig"}
+	labels := map[string]string{record.LabelConfig: "gpu1-mig"}
 	for k, v := range disOperandLabels {
 		labels[k] = v
 	}
 	kubetest.CreateNode(t, o.Node, labels)
 	WaitFor(t, 20*time.Second, "the new Node tainted and pending", func() bool {
 		n := GetNode(t, c, o.Node)
-		return n.UID != old.UID && disTainted(n) && n.Labels[agent.LabelState] == agent.StatePending
+		return n.UID != old.UID && disTainted(n) && n.Labels[record.LabelState] == record.StatePending
 	})
 	for _, g := range disProfiles(t, o.Sim, o.SimState) {
 		if g.MigMode.Current || len(g.Instances) > 0 {
@@ -596,7 +597,7 @@ func TestGuardRecreatedNodeMidChange(t *testing.T) {
 		}
 	}
 	disSetPDB(t, c, ns, "db", 1)
-	rec := WaitState(t, c, o.Node, agent.StateSuccess, "gpu1-mig", 40*time.Second)
+	rec := WaitState(t, c, o.Node, record.StateSuccess, "gpu1-mig", 40*time.Second)
 	if !slices.Equal(rec.GPUsChanged, []int{1}) {
 		t.Errorf("record on the new Node: changed %v, want [1]", rec.GPUsChanged)
 	}

@@ -23,8 +23,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/reconcile"
+	"github.com/migagent/mig-agent/record"
 )
 
 // binary is the mig-agent binary under test, built once by TestMain.
@@ -44,7 +45,7 @@ func run(m *testing.M) int {
 		defer os.RemoveAll(dir)
 		bin := filepath.Join(dir, "mig-agent")
 		// With the crash test hook (TestCrashMatrix); a production build has none.
-		build := exec.Command("go", "build", "-tags", agent.TestHooksTag, "-o", bin, "../cmd/mig-agent")
+		build := exec.Command("go", "build", "-tags", reconcile.TestHooksTag, "-o", bin, "../cmd/mig-agent")
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "building mig-agent:", err)
@@ -258,7 +259,7 @@ func SetLabel(t testing.TB, c kubernetes.Interface, node, key, value, fieldManag
 
 // SelectConfig sets nvidia.com/mig.config.
 func SelectConfig(t testing.TB, c kubernetes.Interface, node, config string) {
-	SetLabel(t, c, node, agent.LabelConfig, config, "")
+	SetLabel(t, c, node, record.LabelConfig, config, "")
 }
 
 // WaitFor polls cond every 50ms until it holds or timeout passes.
@@ -287,27 +288,27 @@ func GetNode(t testing.TB, c kubernetes.Interface, node string) *corev1.Node {
 // WaitState waits until the state label is state and, when config is not
 // empty, the last-change record is for config with a result matching the
 // state; it returns that record.
-func WaitState(t testing.TB, c kubernetes.Interface, node, state, config string, timeout time.Duration) agent.ChangeRecord {
+func WaitState(t testing.TB, c kubernetes.Interface, node, state, config string, timeout time.Duration) record.ChangeRecord {
 	t.Helper()
-	var rec agent.ChangeRecord
+	var rec record.ChangeRecord
 	WaitFor(t, timeout, fmt.Sprintf("node %s state %s for %q", node, state, config), func() bool {
 		n := GetNode(t, c, node)
-		if n.Labels[agent.LabelState] != state {
+		if n.Labels[record.LabelState] != state {
 			return false
 		}
 		if config == "" {
 			return true
 		}
 		rec = LastChange(t, n)
-		return rec.Config == config && (state == agent.StatePending || rec.Result == state)
+		return rec.Config == config && (state == record.StatePending || rec.Result == state)
 	})
 	return rec
 }
 
 // LastChange parses migagent.io/last-change.
-func LastChange(t testing.TB, n *corev1.Node) agent.ChangeRecord {
-	var rec agent.ChangeRecord
-	if raw := n.Annotations[agent.AnnotationLastChange]; raw != "" {
+func LastChange(t testing.TB, n *corev1.Node) record.ChangeRecord {
+	var rec record.ChangeRecord
+	if raw := n.Annotations[record.AnnotationLastChange]; raw != "" {
 		if err := json.Unmarshal([]byte(raw), &rec); err != nil {
 			t.Fatalf("last-change annotation: %v", err)
 		}
@@ -316,9 +317,9 @@ func LastChange(t testing.TB, n *corev1.Node) agent.ChangeRecord {
 }
 
 // History parses migagent.io/history.
-func History(t testing.TB, n *corev1.Node) []agent.ChangeRecord {
-	var recs []agent.ChangeRecord
-	if raw := n.Annotations[agent.AnnotationHistory]; raw != "" {
+func History(t testing.TB, n *corev1.Node) []record.ChangeRecord {
+	var recs []record.ChangeRecord
+	if raw := n.Annotations[record.AnnotationHistory]; raw != "" {
 		if err := json.Unmarshal([]byte(raw), &recs); err != nil {
 			t.Fatalf("history annotation: %v", err)
 		}

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/record"
 )
 
 // nsState is the NVML session counts (kept beside a simulator state file)
@@ -88,7 +88,7 @@ func TestIdleAgentHoldsNoNVMLSession(t *testing.T) {
 	o := &Opts{Node: node, Sim: "h200x2"}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
-	WaitState(t, c, node, agent.StateSuccess, "all-1g.18gb", changeTimeout)
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", changeTimeout)
 	// The drift check opens a session every second; between them none is open.
 	WaitFor(t, 10*time.Second, "an idle moment with every NVML session closed", func() bool {
 		s := nsRead(t, o.SimState)
@@ -109,7 +109,7 @@ func TestIdleAgentHoldsNoNVMLSession(t *testing.T) {
 		return nsReady(a) && rbMetric(a.Scrape(t), "migagent_nvml_up") == "1"
 	})
 	SelectConfig(t, c, node, "all-balanced")
-	WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 	a.Stop()
 	if s := nsRead(t, o.SimState); s.Inits != s.Shutdowns {
 		t.Errorf("after the agent stopped: %d inits, %d shutdowns", s.Inits, s.Shutdowns)

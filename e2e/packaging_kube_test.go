@@ -46,9 +46,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 // policyTimeout bounds how long the API server takes to start enforcing a
@@ -432,7 +432,7 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 	admin := kubetest.Client(t)
 	nodeA, nodeB := kubetest.NewName(t, "a"), kubetest.NewName(t, "b")
 	for _, n := range []string{nodeA, nodeB} {
-		kubetest.CreateNode(t, n, map[string]string{agent.LabelConfig: "all-balanced", "example.com/team": "ml",
+		kubetest.CreateNode(t, n, map[string]string{record.LabelConfig: "all-balanced", "example.com/team": "ml",
 			drain.Operands()[0].Label: "true"})
 		if err := pkgMergePatch(admin, n, map[string]any{"metadata": map[string]any{"annotations": map[string]any{"example.com/owner": "ops"}}}); err != nil {
 			t.Fatal(err)
@@ -469,8 +469,8 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 	}{
 		{"own state label and audit annotations", func() error {
 			return pkgMergePatch(c, nodeA, map[string]any{"metadata": map[string]any{
-				"labels":      map[string]any{agent.LabelState: agent.StatePending},
-				"annotations": map[string]any{agent.AnnotationLastChange: `{"config":"all-balanced"}`, agent.AnnotationHistory: "[]"}}})
+				"labels":      map[string]any{record.LabelState: record.StatePending},
+				"annotations": map[string]any{record.AnnotationLastChange: `{"config":"all-balanced"}`, record.AnnotationHistory: "[]"}}})
 		}},
 		{"own taint added", func() error {
 			return pkgUpdate(c, nodeA, func(n *corev1.Node) {
@@ -482,14 +482,14 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 				n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == drain.TaintKey })
 			})
 		}},
-		{"state label removed", func() error { return pkgMergePatch(c, nodeA, pkgLabels(agent.LabelState, "")) }},
+		{"state label removed", func() error { return pkgMergePatch(c, nodeA, pkgLabels(record.LabelState, "")) }},
 	}
 	denied := []struct {
 		name string
 		do   func() error
 	}{
-		{"another node's state label", func() error { return pkgMergePatch(c, nodeB, pkgLabels(agent.LabelState, "success")) }},
-		{"the desired config label", func() error { return pkgMergePatch(c, nodeA, pkgLabels(agent.LabelConfig, "all-disabled")) }},
+		{"another node's state label", func() error { return pkgMergePatch(c, nodeB, pkgLabels(record.LabelState, "success")) }},
+		{"the desired config label", func() error { return pkgMergePatch(c, nodeA, pkgLabels(record.LabelConfig, "all-disabled")) }},
 		{"another label", func() error { return pkgMergePatch(c, nodeA, pkgLabels("example.com/team", "web")) }},
 		{"a new label", func() error { return pkgMergePatch(c, nodeA, pkgLabels("nvidia.com/mig.config.extra", "x")) }},
 		{"another annotation", func() error {
@@ -606,27 +606,27 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 		t.Fatalf("node-bound token: %v", err)
 	}
 	host := pkgTokenClient(t, tr.Status.Token)
-	if err := pkgMergePatch(host, nodeA, pkgLabels(agent.LabelState, agent.StateSuccess)); err != nil {
+	if err := pkgMergePatch(host, nodeA, pkgLabels(record.LabelState, record.StateSuccess)); err != nil {
 		t.Errorf("a token bound to node A cannot set A's state: %v", err)
 	}
-	if err := pkgMergePatch(host, nodeB, pkgLabels(agent.LabelState, agent.StateSuccess)); !pkgDeniedByPolicy(err, in.policy) {
+	if err := pkgMergePatch(host, nodeB, pkgLabels(record.LabelState, record.StateSuccess)); !pkgDeniedByPolicy(err, in.policy) {
 		t.Errorf("a token bound to node A changed node B: %v", err)
 	}
 
 	// A token that is not bound to a pod or node names no node: no Node changes.
 	plain := pkgTokenClient(t, kubetest.ServiceAccountToken(t, in.namespace, in.sa, nil))
-	if err := pkgMergePatch(plain, nodeA, pkgLabels(agent.LabelState, "success")); !pkgDeniedByPolicy(err, in.policy) {
+	if err := pkgMergePatch(plain, nodeA, pkgLabels(record.LabelState, "success")); !pkgDeniedByPolicy(err, in.policy) {
 		t.Errorf("a token bound to no pod changed node A: %v", err)
 	}
 
 	// Nothing denied took effect.
 	n := GetNode(t, admin, nodeA)
-	if n.Labels[agent.LabelConfig] != "all-balanced" || n.Labels["example.com/team"] != "ml" || n.Annotations["example.com/owner"] != "ops" ||
+	if n.Labels[record.LabelConfig] != "all-balanced" || n.Labels["example.com/team"] != "ml" || n.Annotations["example.com/owner"] != "ops" ||
 		n.Spec.Unschedulable || len(n.Spec.Taints) > 1 {
 		t.Errorf("node A after the denied requests: labels %v, annotations %v, spec %+v", n.Labels, n.Annotations, n.Spec)
 	}
-	if b := GetNode(t, admin, nodeB); b.Labels[agent.LabelState] != "" {
-		t.Errorf("node B's state label is %q", b.Labels[agent.LabelState])
+	if b := GetNode(t, admin, nodeB); b.Labels[record.LabelState] != "" {
+		t.Errorf("node B's state label is %q", b.Labels[record.LabelState])
 	}
 }
 
@@ -673,7 +673,7 @@ func pkgRunAgent(t *testing.T, in *pkgInstall, config string) {
 	} else {
 		SelectConfig(t, admin, node, config)
 	}
-	rec := WaitState(t, admin, node, agent.StateSuccess, want, changeTimeout)
+	rec := WaitState(t, admin, node, record.StateSuccess, want, changeTimeout)
 	if len(rec.GPUsChanged) != 1 {
 		t.Errorf("record: %+v", rec)
 	}

@@ -29,8 +29,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 // The agent's identity as the manifests name it.
@@ -345,7 +346,7 @@ func TestRBAC(t *testing.T) {
 	slice := &resourcev1.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: kubetest.NewName(t, "slice")},
 		Spec: resourcev1.ResourceSliceSpec{
-			Driver:   agent.NVIDIADRADriver,
+			Driver:   kube.NVIDIADRADriver,
 			Pool:     resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1},
 			NodeName: ptr.To(node),
 			Devices:  []resourcev1.Device{{Name: "gpu-0-mig-1g18gb-0"}},
@@ -361,8 +362,8 @@ func TestRBAC(t *testing.T) {
 	o := &Opts{Node: node, Namespace: rbacNamespace, Kubeconfig: kubeconfig,
 		Extra: []string{"--pod-resources-socket", kl.Socket(), "--max-concurrent", "1"}}
 	a := StartAgent(t, o)
-	SetLabel(t, c, node, agent.LabelConfig, "all-1g.18gb", "erin-kubectl")
-	rec := WaitState(t, c, node, agent.StateFailed, "all-1g.18gb", changeTimeout)
+	SetLabel(t, c, node, record.LabelConfig, "all-1g.18gb", "erin-kubectl")
+	rec := WaitState(t, c, node, record.StateFailed, "all-1g.18gb", changeTimeout)
 	if !strings.Contains(rec.Reason, "DRA") || !strings.Contains(rec.Reason, slice.Name) {
 		t.Errorf("with a MIG-making DRA driver: reason %q, want it named", rec.Reason)
 	}
@@ -373,9 +374,9 @@ func TestRBAC(t *testing.T) {
 	// The full change: taint, Lease, eviction, NVML, record, Events.
 	w := watchNode(t, c, node)
 	start := time.Now()
-	SetLabel(t, c, node, agent.LabelConfig, "all-balanced", "erin-kubectl")
-	w.wait(t, 0, agent.StatePending, changeTimeout)
-	rec = WaitState(t, c, node, agent.StateSuccess, "all-balanced", changeTimeout)
+	SetLabel(t, c, node, record.LabelConfig, "all-balanced", "erin-kubectl")
+	w.wait(t, 0, record.StatePending, changeTimeout)
+	rec = WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)
 	checkRecord(t, rawRecord(t, GetNode(t, c, node)), start)
 	if want := []string{ns + "/" + workload.Name}; !slices.Equal(rec.EvictedPods, want) {
 		t.Errorf("evictedPods %v, want %v", rec.EvictedPods, want)
@@ -391,13 +392,13 @@ func TestRBAC(t *testing.T) {
 	if _, err := c.CoreV1().ConfigMaps(rbacNamespace).Get(ctx, node+"-mig-config", metav1.GetOptions{}); err != nil {
 		t.Errorf("ConfigMap: %v", err)
 	}
-	lease, err := c.CoordinationV1().Leases(rbacNamespace).Get(ctx, agent.SlotLeaseName(0), metav1.GetOptions{})
+	lease, err := c.CoordinationV1().Leases(rbacNamespace).Get(ctx, kube.SlotLeaseName(0), metav1.GetOptions{})
 	if err != nil {
 		t.Errorf("rollout Lease: %v", err)
 	} else if lease.Spec.AcquireTime == nil || lease.Spec.AcquireTime.Time.Before(start.Add(-time.Second)) {
 		t.Errorf("rollout Lease not taken for this change: %+v", lease.Spec)
 	}
-	for _, reason := range []string{agent.ReasonStarted, agent.ReasonEvicting, agent.ReasonApplied, agent.ReasonManagerConflict} {
+	for _, reason := range []string{record.ReasonStarted, record.ReasonEvicting, record.ReasonApplied, record.ReasonManagerConflict} {
 		WaitFor(t, 10*time.Second, "an Event "+reason, func() bool { return len(nodeEvents(t, c, node, reason)) == 1 })
 	}
 	for _, ev := range nodeEvents(t, c, node, "") {

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/dbustest"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 // rbSim is the raw --sim-state file, edited by tests as JSON (the fields
@@ -61,7 +61,7 @@ func rbMetric(text, name string) string {
 }
 
 // rbResults lists the results of config's records in the history, newest first.
-func rbResults(t testing.TB, recs []agent.ChangeRecord, config string) (results []string, reboots []bool) {
+func rbResults(t testing.TB, recs []record.ChangeRecord, config string) (results []string, reboots []bool) {
 	for _, r := range recs {
 		if r.Config == config {
 			results, reboots = append(results, r.Result), append(reboots, r.Reboot)
@@ -85,8 +85,8 @@ func TestRebootOnceThenSuccess(t *testing.T) {
 		t.Fatalf("the agent did not exit 0 for the simulated reboot (exited %v, code %d)", exited, code)
 	}
 	n := GetNode(t, c, node)
-	if rec := LastChange(t, n); n.Labels[agent.LabelState] != agent.StateRebooting || rec.Result != agent.StateRebooting || !rec.Reboot {
-		t.Fatalf("before the reboot: state %q, record %+v", n.Labels[agent.LabelState], rec)
+	if rec := LastChange(t, n); n.Labels[record.LabelState] != record.StateRebooting || rec.Result != record.StateRebooting || !rec.Reboot {
+		t.Fatalf("before the reboot: state %q, record %+v", n.Labels[record.LabelState], rec)
 	}
 	sim := rbReadSim(t, o.SimState)
 	if sim.bootCount() != 1 {
@@ -94,12 +94,12 @@ func TestRebootOnceThenSuccess(t *testing.T) {
 	}
 
 	a2 := StartAgent(t, o)
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.5gb", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.5gb", 30*time.Second)
 	if !rec.Reboot || !slices.Equal(rec.GPUsChanged, []int{0, 1}) {
 		t.Errorf("final record: reboot %v, gpusChanged %v", rec.Reboot, rec.GPUsChanged)
 	}
 	results, reboots := rbResults(t, History(t, GetNode(t, c, node)), "all-1g.5gb")
-	if !slices.Equal(results, []string{agent.StateSuccess, agent.StateRebooting}) || !slices.Equal(reboots, []bool{true, true}) {
+	if !slices.Equal(results, []string{record.StateSuccess, record.StateRebooting}) || !slices.Equal(reboots, []bool{true, true}) {
 		t.Errorf("history of all-1g.5gb (newest first): %v reboot %v, want success, rebooting, both reboot:true", results, reboots)
 	}
 	if b := rbReadSim(t, o.SimState).bootCount(); b != 1 {
@@ -147,7 +147,7 @@ func TestRebootStillPendingAfterRebootFails(t *testing.T) {
 	sim.write(t, o.SimState)
 
 	a2 := StartAgent(t, o)
-	rec := WaitState(t, c, node, agent.StateFailed, "all-1g.5gb", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateFailed, "all-1g.5gb", 30*time.Second)
 	if !strings.Contains(rec.Reason, "still pending after the reboot") || !rec.Reboot {
 		t.Errorf("record: reason %q, reboot %v", rec.Reason, rec.Reboot)
 	}
@@ -165,7 +165,7 @@ func TestRebootStillPendingAfterRebootFails(t *testing.T) {
 		t.Errorf("migagent_reboots_total = %q, want 1", v)
 	}
 	results, _ := rbResults(t, History(t, GetNode(t, c, node)), "all-1g.5gb")
-	if !slices.Equal(results, []string{agent.StateFailed, agent.StateRebooting}) {
+	if !slices.Equal(results, []string{record.StateFailed, record.StateRebooting}) {
 		t.Errorf("history: %v", results)
 	}
 	// Not retried by itself: a second reboot would be a loop.
@@ -196,7 +196,7 @@ func TestRebootGuardSurvivesAFailedRetry(t *testing.T) {
 	sim.write(t, o.SimState)
 	o.Extra = append(o.Extra, "--sim-faults", "SetMigMode:1=ERROR_UNKNOWN")
 	a2 := StartAgent(t, o)
-	first := WaitState(t, c, node, agent.StateFailed, "all-1g.5gb", 30*time.Second)
+	first := WaitState(t, c, node, record.StateFailed, "all-1g.5gb", 30*time.Second)
 	if !strings.Contains(first.Reason, "ERROR_UNKNOWN") {
 		t.Fatalf("first failure: %q", first.Reason)
 	}
@@ -257,7 +257,7 @@ mig-configs:
 	}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "gpu2-mig")
-	rec := WaitState(t, c, node, agent.StateSuccess, "gpu2-mig", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "gpu2-mig", 30*time.Second)
 	if rec.Reboot || !slices.Equal(rec.GPUsChanged, []int{2}) {
 		t.Errorf("record: reboot %v, gpusChanged %v", rec.Reboot, rec.GPUsChanged)
 	}
@@ -312,7 +312,7 @@ mig-configs:
 
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "both")
-	rec := WaitState(t, c, node, agent.StateSuccess, "both", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateSuccess, "both", 30*time.Second)
 	if rec.Reboot || !slices.Equal(rec.GPUsChanged, []int{1}) || !slices.Equal(rec.GPUsUntouched, []int{0}) {
 		t.Errorf("record: reboot %v, changed %v, untouched %v", rec.Reboot, rec.GPUsChanged, rec.GPUsUntouched)
 	}
@@ -361,7 +361,7 @@ func TestRebootThroughLogindOnce(t *testing.T) {
 		Extra: []string{"--sim-no-reset", "--reboot-method", "logind", "--dbus-address", bus.Address}}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.5gb")
-	rec := WaitState(t, c, node, agent.StateRebooting, "all-1g.5gb", 30*time.Second)
+	rec := WaitState(t, c, node, record.StateRebooting, "all-1g.5gb", 30*time.Second)
 	if !rec.Reboot {
 		t.Errorf("rebooting record without reboot:true: %+v", rec)
 	}
@@ -393,7 +393,7 @@ func TestRebootThroughLogindOnce(t *testing.T) {
 	if got := len(login1.RebootCalls()); got != 1 {
 		t.Errorf("%d Reboot calls after a restart in the same boot, want 1", got)
 	}
-	if s := GetNode(t, c, node).Labels[agent.LabelState]; s != agent.StateRebooting {
+	if s := GetNode(t, c, node).Labels[record.LabelState]; s != record.StateRebooting {
 		t.Errorf("state %q after the restart, want rebooting", s)
 	}
 	if v := rbMetric(a2.Scrape(t), "migagent_reboots_total"); v != "1" {
@@ -406,7 +406,7 @@ func TestRebootThroughLogindOnce(t *testing.T) {
 		t.Fatalf("sim reboot: %d %s", code, errOut)
 	}
 	StartAgent(t, o)
-	rec = WaitState(t, c, node, agent.StateSuccess, "all-1g.5gb", 30*time.Second)
+	rec = WaitState(t, c, node, record.StateSuccess, "all-1g.5gb", 30*time.Second)
 	if !rec.Reboot {
 		t.Errorf("final record without reboot:true")
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 // A MIG mode change on Ampere resets the GPU; NVML then does not open
@@ -25,7 +25,7 @@ import (
 func TestReinitAfterResetRecovers(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, map[string]string{agent.LabelConfig: "all-1g.5gb"})
+	kubetest.CreateNode(t, node, map[string]string{record.LabelConfig: "all-1g.5gb"})
 	var faults []string
 	for n := 3; n <= 10; n++ {
 		faults = append(faults, "Init:"+strconv.Itoa(n)+"=ERROR_UNKNOWN")
@@ -57,7 +57,7 @@ func TestReinitAfterResetRecovers(t *testing.T) {
 			}
 		}
 	}()
-	rec := WaitState(t, c, node, agent.StateSuccess, "all-1g.5gb", 2*changeTimeout)
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.5gb", 2*changeTimeout)
 	close(stop)
 	<-done
 
@@ -67,12 +67,12 @@ func TestReinitAfterResetRecovers(t *testing.T) {
 	if g := rec.Geometry["0"]; len(g) != 7 {
 		t.Errorf("GPU 0 geometry %v, want 7 × 1g.5gb", g)
 	}
-	var failed *agent.ChangeRecord
+	var failed *record.ChangeRecord
 	for _, h := range History(t, GetNode(t, c, node)) {
-		if h.Result == agent.StateFailed {
+		if h.Result == record.StateFailed {
 			failed = &h
 		}
-		if h.Result == agent.StateRebooting {
+		if h.Result == record.StateRebooting {
 			t.Errorf("a rebooting record: %+v", h)
 		}
 	}

@@ -23,8 +23,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 const (
@@ -123,10 +124,10 @@ func roHoldSlot(t *testing.T, c kubernetes.Interface, ns string, i int, holder s
 	leases := c.CoordinationV1().Leases(ns)
 	now := metav1.NewMicroTime(time.Now())
 	spec := coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](3600), AcquireTime: &now, RenewTime: &now}
-	l, err := leases.Get(ctx, agent.SlotLeaseName(i), metav1.GetOptions{})
+	l, err := leases.Get(ctx, kube.SlotLeaseName(i), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: agent.SlotLeaseName(i),
-			Labels: map[string]string{agent.LabelManagedBy: "mig-agent", agent.LabelRolloutSlot: "true"}}, Spec: spec}, metav1.CreateOptions{})
+		_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: kube.SlotLeaseName(i),
+			Labels: map[string]string{record.LabelManagedBy: "mig-agent", kube.LabelRolloutSlot: "true"}}, Spec: spec}, metav1.CreateOptions{})
 	} else if err == nil {
 		l.Spec = spec
 		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
@@ -148,7 +149,7 @@ func TestFleetRolloutBounded(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		for i := range slots {
-			_ = c.CoordinationV1().Leases(ns).Delete(context.Background(), agent.SlotLeaseName(i), metav1.DeleteOptions{})
+			_ = c.CoordinationV1().Leases(ns).Delete(context.Background(), kube.SlotLeaseName(i), metav1.DeleteOptions{})
 		}
 	})
 	var nodes []string
@@ -195,9 +196,9 @@ func TestFleetRolloutBounded(t *testing.T) {
 	for i := range slots {
 		roHoldSlot(t, c, ns, i, "")
 	}
-	var recs []agent.ChangeRecord
+	var recs []record.ChangeRecord
 	for _, n := range nodes {
-		recs = append(recs, WaitState(t, c, n, agent.StateSuccess, "all-balanced", 3*time.Minute))
+		recs = append(recs, WaitState(t, c, n, record.StateSuccess, "all-balanced", 3*time.Minute))
 	}
 	took := time.Since(start)
 	rollReq := roFleetRequests(t, c) - startReq
@@ -210,7 +211,7 @@ func TestFleetRolloutBounded(t *testing.T) {
 			t.Errorf("node %s began its disruption at %v, before the slots were freed at %v", nodes[i], r.DisruptedAt, start)
 		}
 	}
-	most := agent.MaxDisrupted(recs)
+	most := record.MaxDisrupted(recs)
 	t.Logf("FLEET %d agents, --max-concurrent %d: all success %s after the slots were freed; at most %d nodes between disruption and success; %v requests from the fleet (%.1f per node); %v lease conflicts at the server",
 		agents, slots, took.Round(time.Millisecond), most, rollReq, rollReq/agents, conflicts)
 	if most > slots {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 // A change stuck draining (a budget forbids the eviction, long drain
@@ -20,14 +20,14 @@ func TestNewerLabelSupersedesADrainingChange(t *testing.T) {
 	o, ns := disGuardedNode(t, "--drain-timeout", "2m")
 	a := StartAgent(t, o)
 	SelectConfig(t, c, o.Node, "all-disabled")
-	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+	WaitState(t, c, o.Node, record.StateSuccess, "all-disabled", 30*time.Second)
 
 	SelectConfig(t, c, o.Node, "gpu1-mig")
 	WaitFor(t, 20*time.Second, "the change draining (node tainted)", func() bool { return disTainted(GetNode(t, c, o.Node)) })
 	start := time.Now()
 	SelectConfig(t, c, o.Node, "all-1g.18gb")  // changes GPU 0 and 1; the guarded pod is on GPU 1…
 	SelectConfig(t, c, o.Node, "all-disabled") // …and then the user changes their mind again
-	WaitState(t, c, o.Node, agent.StateSuccess, "all-disabled", 30*time.Second)
+	WaitState(t, c, o.Node, record.StateSuccess, "all-disabled", 30*time.Second)
 	if took := time.Since(start); took > 60*time.Second {
 		t.Fatalf("the stale change held the agent for %s", took)
 	}
@@ -43,7 +43,7 @@ func TestNewerLabelSupersedesADrainingChange(t *testing.T) {
 	}
 	var abandoned bool
 	for _, r := range History(t, n) {
-		if r.Config == "gpu1-mig" && r.Result == agent.StateFailed && strings.Contains(r.Reason, "abandoned") {
+		if r.Config == "gpu1-mig" && r.Result == record.StateFailed && strings.Contains(r.Reason, "abandoned") {
 			abandoned = true
 			// It stopped while draining: no NVML step ran, so no GPU
 			// was changed (the plan would have changed GPU 1).

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/record"
 )
 
 // unusableGPUs is what the test reads of a simulator state file: per GPU,
@@ -66,7 +66,7 @@ mig-configs:
 
 	// devices: all names GPU 1 too.
 	SelectConfig(t, c, node, "all-1g.18gb")
-	rec := WaitState(t, c, node, agent.StateFailed, "all-1g.18gb", changeTimeout)
+	rec := WaitState(t, c, node, record.StateFailed, "all-1g.18gb", changeTimeout)
 	if !strings.Contains(rec.Reason, "GPU 1") || !strings.Contains(rec.Reason, "ERROR_NO_PERMISSION") {
 		t.Errorf("reason %q does not name GPU 1 and NVML's answer", rec.Reason)
 	}
@@ -93,13 +93,13 @@ mig-configs:
 	if v := metricValue(t, text, "migagent_gpu_info", map[string]string{"gpu": "1"}); v != -1 {
 		t.Errorf("migagent_gpu_info has GPU 1, which NVML cannot open")
 	}
-	if evs := nodeEvents(t, c, node, agent.ReasonGPUUnusable); len(evs) == 0 {
+	if evs := nodeEvents(t, c, node, record.ReasonGPUUnusable); len(evs) == 0 {
 		t.Error("no Warning Event names the GPU NVML cannot open")
 	}
 
 	// A config that leaves GPU 1 out succeeds; GPU 1 still untouched.
 	SelectConfig(t, c, node, "others-7g")
-	rec = WaitState(t, c, node, agent.StateSuccess, "others-7g", changeTimeout)
+	rec = WaitState(t, c, node, record.StateSuccess, "others-7g", changeTimeout)
 	if !slices.Equal(rec.GPUsChanged, []int{0, 2}) {
 		t.Errorf("gpusChanged %v, want [0 2]", rec.GPUsChanged)
 	}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/migagent/mig-agent/internal/backoff"
 )
@@ -179,13 +178,6 @@ func realSMIReturn(err error, out []byte) nvml.Return {
 	return nvml.ERROR_UNKNOWN
 }
 
-// realReinit is how patiently NVML is initialized again after a reset
-// (the driver may take a moment to bring the GPU back): 5 tries, 250 ms
-// doubling between them, each wait jittered (internal/backoff's factor).
-func realReinit() wait.Backoff {
-	return wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: backoff.Jitter, Steps: 5}
-}
-
 // ErrNVMLNotBack: NVML could not be initialized again after a GPU reset.
 // The reset itself may well have happened; nothing can be read until NVML
 // answers, so the caller neither judges the reset nor reboots for it: it
@@ -235,7 +227,7 @@ func (g *realGPU) ResetGPU(i int) error {
 		}
 	}
 	var initErr error
-	b := realReinit()
+	b := backoff.NVMLReinit()
 	for try := 1; ; try++ {
 		if initErr = g.init(); initErr == nil {
 			break

@@ -16,8 +16,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/reconcile"
 )
 
 // Set at build time with -ldflags "-X main.version=... -X main.commit=...".
@@ -69,9 +70,9 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, agent.ErrRebootRequired):
+	case errors.Is(err, gpus.ErrRebootRequired):
 		return exitReboot
-	case errors.As(err, &in), errors.Is(err, geometry.ErrUnknownConfig), errors.Is(err, agent.ErrBadSettings):
+	case errors.As(err, &in), errors.Is(err, geometry.ErrUnknownConfig), errors.Is(err, reconcile.ErrBadSettings):
 		return exitBadInput
 	}
 	return exitFailed
@@ -130,7 +131,7 @@ func newRoot() *cobra.Command {
 	return root
 }
 
-func newLogger(s *agent.Settings) *slog.Logger {
+func newLogger(s *reconcile.Settings) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(s.LogLevel))
 	opts := &slog.HandlerOptions{Level: lvl}

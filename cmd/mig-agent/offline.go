@@ -15,20 +15,23 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/reconcile"
+	"github.com/migagent/mig-agent/record"
 )
 
 // openGPUs opens the GPU backend the settings name, with NVML initialized
 // until Close (a command's lifetime).
-func openGPUs(s *agent.Settings, log *slog.Logger) (nvmlx.GPU, error) {
+func openGPUs(s *reconcile.Settings, log *slog.Logger) (nvmlx.GPU, error) {
 	return openBackend(s, log, false)
 }
 
 // openBackend opens the GPU backend; idle (the daemon) defers opening NVML
 // to each pass and closes it after, so an idle agent holds no NVML session.
-func openBackend(s *agent.Settings, log *slog.Logger, idle bool) (nvmlx.GPU, error) {
+func openBackend(s *reconcile.Settings, log *slog.Logger, idle bool) (nvmlx.GPU, error) {
 	g, err := nvmlx.Open(nvmlx.Options{
 		Backend: s.NVML, Library: s.NVMLLibrary, Logger: log, Idle: idle,
 		Sim: nvmlx.SimOptions{StatePath: s.SimState, Faults: s.SimFaults, NoReset: s.SimNoReset},
@@ -43,7 +46,7 @@ func openBackend(s *agent.Settings, log *slog.Logger, idle bool) (nvmlx.GPU, err
 }
 
 // withNode loads settings, opens the GPUs and discovers them.
-func withNode(cmd *cobra.Command, fn func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Inventory) error) error {
+func withNode(cmd *cobra.Command, fn func(s *reconcile.Settings, log *slog.Logger, g nvmlx.GPU, n *gpus.Inventory) error) error {
 	s, err := loadSettings(cmd)
 	if err != nil {
 		return err
@@ -54,7 +57,7 @@ func withNode(cmd *cobra.Command, fn func(s *agent.Settings, log *slog.Logger, g
 		return err
 	}
 	defer g.Close()
-	n, err := agent.Discover(g)
+	n, err := gpus.Discover(g)
 	if err != nil {
 		return err
 	}
@@ -88,7 +91,7 @@ func profilesCmd() *cobra.Command {
 			if format != "yaml" && format != "json" {
 				return badInput(fmt.Errorf("-o must be yaml or json"))
 			}
-			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
+			return withNode(cmd, func(_ *reconcile.Settings, _ *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				r, err := profilesReport(n)
 				if err != nil {
 					return err
@@ -132,13 +135,13 @@ func (x values) boolean(k string) (bool, error) {
 		case "false", "0", "no", "":
 			return false, nil
 		}
-		return false, badInput(fmt.Errorf("%w: %s: %q is not a boolean", agent.ErrBadSettings, k, fmt.Sprint(raw)))
+		return false, badInput(fmt.Errorf("%w: %s: %q is not a boolean", reconcile.ErrBadSettings, k, fmt.Sprint(raw)))
 	}
 }
 
 // selectedConfig is -c, or the file's only config when -c is not given
 // (as nvidia-mig-parted selects it).
-func selectedConfig(f *agent.ConfigFile, name string) (string, error) {
+func selectedConfig(f *gpus.ConfigFile, name string) (string, error) {
 	if name != "" {
 		return name, nil
 	}
@@ -148,8 +151,8 @@ func selectedConfig(f *agent.ConfigFile, name string) (string, error) {
 	return "", badInput(errors.New("-c/--selected-config is required"))
 }
 
-func loadFile(path string) (*agent.ConfigFile, error) {
-	f, err := agent.LoadConfigFile(path)
+func loadFile(path string) (*gpus.ConfigFile, error) {
+	f, err := gpus.LoadConfigFile(path)
 	if err != nil {
 		return nil, badInput(err)
 	}
@@ -179,7 +182,7 @@ func validateCmd() *cobra.Command {
 				fmt.Fprintf(out, "%s: valid, %d configs: %s\n", file, len(f.Spec.Names), strings.Join(f.Spec.Names, ", "))
 				return nil
 			}
-			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
+			return withNode(cmd, func(_ *reconcile.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -202,8 +205,8 @@ func validateCmd() *cobra.Command {
 }
 
 // buildPlan looks the config up (file, then generated) and plans it.
-func buildPlan(f *agent.ConfigFile, name string, n *agent.Inventory) (*geometry.Plan, string, error) {
-	spec, source, err := agent.Lookup(f, name, n.GPUs)
+func buildPlan(f *gpus.ConfigFile, name string, n *gpus.Inventory) (*geometry.Plan, string, error) {
+	spec, source, err := gpus.Lookup(f, name, n.GPUs)
 	if err != nil {
 		return nil, "", badInput(err)
 	}
@@ -237,7 +240,7 @@ func planCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
+			return withNode(cmd, func(_ *reconcile.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -263,7 +266,7 @@ func planCmd() *cobra.Command {
 	}
 	configFlags(c)
 	c.Flags().StringP("output", "o", "text", "text or json")
-	c.Flags().String("strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+agent.LabelStrategy)
+	c.Flags().String("strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+record.LabelStrategy)
 	c.Flags().String("node-name", "", "also list the pods each GPU's change would evict on this Node")
 	c.Flags().String("kubeconfig", "", "kubeconfig for --node-name (default $KUBECONFIG, else in-cluster)")
 	c.Flags().String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket for --node-name")
@@ -272,7 +275,7 @@ func planCmd() *cobra.Command {
 
 // previewEvictions fills the plan with the pods each GPU's change would
 // evict, found as the daemon finds them.
-func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, socket string, n *agent.Inventory, plan *geometry.Plan) error {
+func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, socket string, n *gpus.Inventory, plan *geometry.Plan) error {
 	if kubeconfig == "" {
 		kubeconfig = os.Getenv("KUBECONFIG")
 	}
@@ -284,8 +287,8 @@ func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, s
 	if err != nil {
 		return err
 	}
-	d := &agent.KubeDisruptor{Client: client, Log: log, Node: node, S: &agent.Settings{PodResourcesSocket: socket}}
-	how, err := agent.PreviewEvictions(ctx, d, n, plan)
+	d := &kube.Disruptor{Client: client, Log: log, Node: node, S: &reconcile.Settings{PodResourcesSocket: socket}}
+	how, err := gpus.PreviewEvictions(ctx, d, n, plan)
 	if err != nil {
 		return fmt.Errorf("listing the pods the change would evict: %w", err)
 	}
@@ -297,11 +300,11 @@ func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, s
 
 // checkStrategy checks config name against a MIG strategy ("" checks
 // nothing), as the daemon checks it against the node's label.
-func checkStrategy(f *agent.ConfigFile, name string, n *agent.Inventory, strategy string) error {
+func checkStrategy(f *gpus.ConfigFile, name string, n *gpus.Inventory, strategy string) error {
 	if strategy == "" {
 		return nil
 	}
-	spec, _, err := agent.Lookup(f, name, n.GPUs)
+	spec, _, err := gpus.Lookup(f, name, n.GPUs)
 	if err != nil {
 		return badInput(err)
 	}
@@ -341,32 +344,32 @@ func applyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			hooks, err := agent.LoadHooks(vals.str("hooks-file"))
+			hooks, err := gpus.LoadHooks(vals.str("hooks-file"))
 			if err != nil {
 				return badInput(err)
 			}
-			return withNode(cmd, func(s *agent.Settings, log *slog.Logger, g nvmlx.GPU, n *agent.Inventory) error {
+			return withNode(cmd, func(s *reconcile.Settings, log *slog.Logger, g nvmlx.GPU, n *gpus.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
 				}
 				out := cmd.OutOrStdout()
-				o := agent.ApplyOptions{NoReset: skipReset, Step: func(gpu int, what string) error {
+				o := gpus.ApplyOptions{NoReset: skipReset, Step: func(gpu int, what string) error {
 					log.Info("applying", "gpu", gpu, "step", what)
 					return nil
 				}}
-				env := agent.HookEnv{ConfigFile: vals.str("config-file"), SelectedConfig: name, HooksFile: vals.str("hooks-file"), SkipReset: skipReset, ModeOnly: modeOnly}
-				a := agent.NewPlanApplier(g, f, name, o, n, plan)
-				if err := agent.ApplyWithHooks(cmd.Context(), log, hooks, env, modeOnly, a); err != nil {
+				env := gpus.HookEnv{ConfigFile: vals.str("config-file"), SelectedConfig: name, HooksFile: vals.str("hooks-file"), SkipReset: skipReset, ModeOnly: modeOnly}
+				a := gpus.NewPlanApplier(g, f, name, o, n, plan)
+				if err := gpus.ApplyWithHooks(cmd.Context(), log, hooks, env, modeOnly, a); err != nil {
 					return err
 				}
 				res := a.Result
 				fmt.Fprintf(out, "applied %q: GPUs changed %v, untouched %v\n", name, res.Changed, res.Untouched)
 				// GPUs NVML cannot open were left alone: a config that
 				// names them is not applied, whatever the others hold.
-				if spec, _, err := agent.Lookup(f, name, n.GPUs); err == nil {
-					if named := agent.UnusableNamed(spec, name, n.Unusable); len(named) > 0 {
-						return agent.UnusableError(name, named)
+				if spec, _, err := gpus.Lookup(f, name, n.GPUs); err == nil {
+					if named := gpus.UnusableNamed(spec, name, n.Unusable); len(named) > 0 {
+						return gpus.UnusableError(name, named)
 					}
 				}
 				return nil
@@ -405,7 +408,7 @@ func assertCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withNode(cmd, func(_ *agent.Settings, log *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
+			return withNode(cmd, func(_ *reconcile.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -449,7 +452,7 @@ func exportCmd() *cobra.Command {
 			if name == "" || strings.ContainsAny(name, " \t\n:") {
 				return badInput(fmt.Errorf("--config-name %q: want a config name", name))
 			}
-			return withNode(cmd, func(_ *agent.Settings, _ *slog.Logger, _ nvmlx.GPU, n *agent.Inventory) error {
+			return withNode(cmd, func(_ *reconcile.Settings, _ *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				spec := n.Export(name)
 				switch format {
 				case "yaml":
@@ -476,7 +479,7 @@ func exportCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringP("output", "o", "yaml", "yaml or json")
-	c.Flags().StringP("config-name", "l", agent.ExportName, "name of the config written (nvidia-mig-parted's --config-label)")
+	c.Flags().StringP("config-name", "l", gpus.ExportName, "name of the config written (nvidia-mig-parted's --config-label)")
 	return c
 }
 

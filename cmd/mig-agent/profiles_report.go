@@ -1,8 +1,8 @@
 package main
 
 import (
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -52,7 +52,7 @@ type InstanceReport struct {
 
 // profilesReport builds ProfilesReport for the GPUs as read, with the
 // generated configs.
-func profilesReport(n *agent.Inventory) (*ProfilesReport, error) {
+func profilesReport(n *gpus.Inventory) (*ProfilesReport, error) {
 	cfg, err := geometry.Generate(n.GPUs).Marshal()
 	if err != nil {
 		return nil, err

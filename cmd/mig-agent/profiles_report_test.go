@@ -10,7 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -26,7 +26,7 @@ func TestProfilesGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			n, err := agent.Discover(sim)
+			n, err := gpus.Discover(sim)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,14 +9,14 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/kube"
 )
 
 // writeStatusText writes the status for a person (mig-agent status): the
 // configs and state, the per-GPU geometry, the last change in full and the
 // history as a table. Text from the annotations is printed with control
 // characters replaced.
-func writeStatusText(w io.Writer, s *agent.Status) error {
+func writeStatusText(w io.Writer, s *kube.Status) error {
 	ew := &errWriter{w: w}
 	p := func(format string, args ...any) { fmt.Fprintf(ew, format, args...) }
 
@@ -40,8 +40,8 @@ func writeStatusText(w io.Writer, s *agent.Status) error {
 	}
 	if r := s.Requester; r != nil {
 		how := map[string]string{
-			agent.RequesterFromAdmission:     "authenticated by the API server",
-			agent.RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
+			kube.RequesterFromAdmission:     "authenticated by the API server",
+			kube.RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
 		}[r.Source]
 		if how == "" {
 			how = "neither the requester stamp nor managedFields name who set the label"
@@ -241,11 +241,11 @@ func podList(pods []string, n int) string {
 
 // profileSummary is "1x 3g.71gb, 2x 1g.18gb" in the order the profiles
 // first appear on the GPU.
-func profileSummary(g agent.GPUGeometry) string {
+func profileSummary(g kube.GPUGeometry) string {
 	var parts []string
 	seen := map[string]bool{}
 	for _, in := range g.Instances {
-		p, _ := agent.SplitInstance(in)
+		p, _ := kube.SplitInstance(in)
 		if seen[p] {
 			continue
 		}

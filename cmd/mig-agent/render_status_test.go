@@ -13,7 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 var updateStatusText = flag.Bool("update-status", false, "rewrite testdata/status/*.txt")
@@ -21,7 +22,7 @@ var updateStatusText = flag.Bool("update-status", false, "rewrite testdata/statu
 // loadStatusNode reads a Node of the agent's status test cases.
 func loadStatusNode(t *testing.T, file string) *corev1.Node {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "agent", "testdata", "status", file))
+	b, err := os.ReadFile(filepath.Join("..", "..", "kube", "testdata", "status", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func TestStatusTextGolden(t *testing.T) {
 		"status": "node.json", "status-bad": "node-bad.json", "status-empty": "node-empty.json", "status-pending": "node-pending.json",
 	} {
 		t.Run(golden, func(t *testing.T) {
-			s, err := agent.StatusFromNode(loadStatusNode(t, node))
+			s, err := kube.StatusFromNode(loadStatusNode(t, node))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,12 +66,12 @@ func TestStatusTextGolden(t *testing.T) {
 }
 
 func TestStatusTextProfileSummary(t *testing.T) {
-	rec := agent.ChangeRecord{Config: "c", Result: agent.StateSuccess,
+	rec := record.ChangeRecord{Config: "c", Result: record.StateSuccess,
 		Geometry: map[string][]string{"1": {"1g.18gb@6", "3g.71gb@0", "1g.18gb@4", "1g.18gb@5"}, "0": nil}}
 	b, _ := json.Marshal(rec)
-	s, err := agent.StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
-		Labels:      map[string]string{agent.LabelConfig: "c", agent.LabelState: agent.StateSuccess},
-		Annotations: map[string]string{agent.AnnotationLastChange: string(b), agent.AnnotationHistory: "[" + string(b) + "]"}}})
+	s, err := kube.StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+		Labels:      map[string]string{record.LabelConfig: "c", record.LabelState: record.StateSuccess},
+		Annotations: map[string]string{record.AnnotationLastChange: string(b), record.AnnotationHistory: "[" + string(b) + "]"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +100,10 @@ func TestShortDigests(t *testing.T) {
 }
 
 func TestStatusControlCharacters(t *testing.T) {
-	rec := agent.ChangeRecord{Config: "c", Result: agent.StateFailed, Reason: "line1\nline2\x1b[31mred\tend"}
+	rec := record.ChangeRecord{Config: "c", Result: record.StateFailed, Reason: "line1\nline2\x1b[31mred\tend"}
 	b, _ := json.Marshal(rec)
-	s, err := agent.StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
-		Annotations: map[string]string{agent.AnnotationLastChange: string(b), agent.AnnotationHistory: "[" + string(b) + "]"}}})
+	s, err := kube.StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+		Annotations: map[string]string{record.AnnotationLastChange: string(b), record.AnnotationHistory: "[" + string(b) + "]"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func (f *failingWriter) Write(b []byte) (int, error) {
 }
 
 func TestStatusWriteError(t *testing.T) {
-	s, err := agent.StatusFromNode(loadStatusNode(t, "node.json"))
+	s, err := kube.StatusFromNode(loadStatusNode(t, "node.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -22,9 +21,12 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/journal"
+	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/systemd"
 )
 
@@ -58,22 +60,22 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", path)
 }
 
-func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err error) {
+func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (err error) {
 	file, err := loadFile(s.ConfigFile)
 	if err != nil {
 		return err
 	}
-	hooks, err := agent.LoadHooks(s.HooksFile)
+	hooks, err := gpus.LoadHooks(s.HooksFile)
 	if err != nil {
 		return badInput(err)
 	}
-	unlock, err := agent.LockStateDir(s.StateDir)
+	unlock, err := journal.Lock(s.StateDir)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	journal, err := agent.OpenJournal(s.StateDir)
-	if errors.Is(err, agent.ErrCorruptJournal) {
+	jnl, err := journal.Open(s.StateDir)
+	if errors.Is(err, journal.ErrCorrupt) {
 		return badInput(err)
 	}
 	if err != nil {
@@ -81,10 +83,10 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 	}
 	m := metrics.New(version)
 	notifier := systemd.NewNotifier(log)
-	d := &agent.Daemon{
-		S: s, Log: log, Notify: notifier, Metrics: m, Journal: journal, File: file,
+	d := &reconcile.Daemon{
+		S: s, Log: log, Notify: notifier, Metrics: m, Journal: jnl, File: file,
 		Clock: clock.RealClock{}, Version: version, BootID: bootID,
-		Cluster: &agent.Standalone{Config: s.SelectedConfig, Log: log},
+		Cluster: &reconcile.Standalone{Config: s.SelectedConfig, Log: log},
 	}
 	if s.Standalone {
 		// The hooks run around standalone changes only, as around
@@ -135,25 +137,25 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 	}
 
 	switch s.RebootMethod {
-	case agent.RebootSim:
+	case reconcile.RebootSim:
 		d.Reboot = simRebooter{path: s.SimState, log: log}
-	case agent.RebootSystemctl:
+	case reconcile.RebootSystemctl:
 		d.Reboot = systemd.NewSystemctlRebooter(nil)
-	case agent.RebootNone:
+	case reconcile.RebootNone:
 		d.Reboot = noReboot{}
 	}
-	if s.RebootMethod == agent.RebootLogind || len(s.HostGPUClients) > 0 {
+	if s.RebootMethod == reconcile.RebootLogind || len(s.HostGPUClients) > 0 {
 		conn, err := systemd.ConnectSystemBus(s.DBusAddress)
 		if err != nil {
 			log.Warn("D-Bus unavailable: logind reboots and host GPU client control will fail", "err", err)
-			if s.RebootMethod == agent.RebootLogind {
+			if s.RebootMethod == reconcile.RebootLogind {
 				d.Reboot = failingRebooter{err: err}
 			}
 		} else {
 			defer conn.Close()
-			if s.RebootMethod == agent.RebootLogind {
+			if s.RebootMethod == reconcile.RebootLogind {
 				lr := systemd.NewLogindRebooter(conn, log)
-				d.Reboot, d.Inhibit = lr, lr.Inhibit
+				d.Reboot, d.Inhibit = lr, lr
 			}
 			if len(s.HostGPUClients) > 0 {
 				d.Units = systemd.NewUnits(conn, log)
@@ -176,34 +178,31 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 		if err != nil {
 			return err
 		}
-		d.Cluster = &agent.Kube{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
+		d.Cluster = &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
 			Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
-		d.Disrupt = &agent.KubeDisruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
+		d.Disrupt = &kube.Disruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
 		// The GPU Operator's ClusterPolicy is a custom resource: read it
 		// through the dynamic client (no operator types in the agent).
 		dyn, err := dynamic.NewForConfig(cfg)
 		if err != nil {
 			return err
 		}
-		d.OtherManager = func(ctx context.Context, node *corev1.Node) (string, error) {
-			return agent.OtherManager(ctx, client, dyn, node)
-		}
+		d.Others = &kube.Others{Client: client, Dyn: dyn, Node: s.NodeName}
 		if s.MaxConcurrent > 0 {
-			slots := &agent.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
+			slots := &kube.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
 				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
-			d.Slots = slots.Acquire
-			d.SlotReboot = slots.ExtendForReboot
+			d.Slots = slots
 		}
 	}
 	if client != nil {
 		// One agent per node across state dirs too (the lock above covers
 		// one state dir): the node Lease, renewed while the agent runs.
-		ident, ierr := agent.NodeLeaseIdentity(s.StateDir)
+		ident, ierr := kube.NodeLeaseIdentity(s.StateDir)
 		if ierr != nil {
 			return ierr
 		}
 		host, _ := os.Hostname()
-		nl := &agent.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
+		nl := &kube.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
 			Holder: fmt.Sprintf("host %s, pid %d, state dir %s, mig-agent %s", host, os.Getpid(), s.StateDir, version),
 			Clock:  clock.RealClock{}, Log: log}
 		if terr := nl.Take(ctx); terr != nil {
@@ -229,7 +228,7 @@ func runDaemon(ctx context.Context, s *agent.Settings, log *slog.Logger) (err er
 	}
 	err = d.Run(ctx)
 	_ = notifier.Stopping()
-	if errors.Is(err, agent.ErrExitAfterReboot) {
+	if errors.Is(err, reconcile.ErrExitAfterReboot) {
 		log.Info("simulated reboot done; exiting as if the machine went down")
 		return nil
 	}

@@ -13,7 +13,8 @@ import (
 	"github.com/spf13/viper"
 	"sigs.k8s.io/yaml"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/reconcile"
 )
 
 // addGlobalFlags declares the flags every command shares.
@@ -98,7 +99,7 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 	}
 	file := v.GetString("settings")
 	if file != "" {
-		data, err := agent.ReadUserFile(file, agent.MaxUserFile)
+		data, err := gpus.ReadUserFile(file, gpus.MaxUserFile)
 		if err != nil {
 			return nil, badInput(fmt.Errorf("reading settings file: %w", err))
 		}
@@ -126,7 +127,7 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 
 // loadSettings merges defaults, the settings file, MIG_AGENT_* variables and
 // flags (lowest to highest precedence) into Settings.
-func loadSettings(cmd *cobra.Command) (*agent.Settings, error) {
+func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
 	// Offline commands read (and warn about) their own flags through
 	// commandValues; run reads them here.
 	v, err := settingsViper(cmd, cmd.Flags().Lookup("state-dir") != nil)
@@ -199,7 +200,7 @@ func loadSettings(cmd *cobra.Command) (*agent.Settings, error) {
 		}
 		return clean
 	}
-	s := &agent.Settings{
+	s := &reconcile.Settings{
 		NVML: get("nvml"), NVMLLibrary: get("nvml-library"), SimState: get("sim-state"),
 		SimFaults: get("sim-faults"), SimNoReset: boolean("sim-no-reset"),
 		LogLevel: get("log-level"), LogFormat: get("log-format"),
@@ -234,7 +235,7 @@ func loadSettings(cmd *cobra.Command) (*agent.Settings, error) {
 		}
 	}
 	if len(errs) > 0 {
-		return nil, badInput(fmt.Errorf("%w: %s", agent.ErrBadSettings, strings.Join(errs, "; ")))
+		return nil, badInput(fmt.Errorf("%w: %s", reconcile.ErrBadSettings, strings.Join(errs, "; ")))
 	}
 	return s, nil
 }

@@ -10,14 +10,14 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/reconcile"
 )
 
 // settingsFor parses args for `run` and loads the settings as the daemon would.
-func settingsFor(t *testing.T, args ...string) (*agent.Settings, error) {
+func settingsFor(t *testing.T, args ...string) (*reconcile.Settings, error) {
 	t.Helper()
 	root := newRoot()
-	var got *agent.Settings
+	var got *reconcile.Settings
 	var loadErr error
 	for _, c := range root.Commands() {
 		if c.Name() == "run" {

@@ -7,9 +7,10 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/kube"
 )
 
 func statusCmd() *cobra.Command {
@@ -39,12 +40,11 @@ func statusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			k := &agent.Kube{Client: client, Node: nodeName}
-			node, err := k.GetNode(context.WithoutCancel(cmd.Context()))
+			node, err := client.CoreV1().Nodes().Get(context.WithoutCancel(cmd.Context()), nodeName, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
-			st, err := agent.StatusFromNode(node)
+			st, err := kube.StatusFromNode(node)
 			if err != nil {
 				return err
 			}

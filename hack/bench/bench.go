@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/record"
 )
 
 // apiServer is the kube-apiserver + etcd the script started.
@@ -228,26 +228,26 @@ func (b *bench) createNode(ctx context.Context, name string, labels map[string]s
 
 func (b *bench) setLabel(ctx context.Context, node, config string) error {
 	patch, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Node",
-		"metadata": map[string]any{"name": node, "labels": map[string]any{agent.LabelConfig: config}}})
+		"metadata": map[string]any{"name": node, "labels": map[string]any{record.LabelConfig: config}}})
 	_, err := b.api.client.CoreV1().Nodes().Patch(ctx, node, types.ApplyPatchType, patch,
 		metav1.PatchOptions{FieldManager: "bench", Force: ptr.To(true)})
 	return err
 }
 
 // waitSuccess polls until node reports success on config.
-func (b *bench) waitSuccess(ctx context.Context, node, config string, timeout time.Duration) (agent.ChangeRecord, error) {
+func (b *bench) waitSuccess(ctx context.Context, node, config string, timeout time.Duration) (record.ChangeRecord, error) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		n, err := b.api.client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err == nil && n.Labels[agent.LabelState] == agent.StateSuccess {
-			var rec agent.ChangeRecord
-			if json.Unmarshal([]byte(n.Annotations[agent.AnnotationLastChange]), &rec) == nil && rec.Config == config && rec.Result == agent.StateSuccess {
+		if err == nil && n.Labels[record.LabelState] == record.StateSuccess {
+			var rec record.ChangeRecord
+			if json.Unmarshal([]byte(n.Annotations[record.AnnotationLastChange]), &rec) == nil && rec.Config == config && rec.Result == record.StateSuccess {
 				return rec, nil
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return agent.ChangeRecord{}, fmt.Errorf("node %s: no success on %s within %s", node, config, timeout)
+	return record.ChangeRecord{}, fmt.Errorf("node %s: no success on %s within %s", node, config, timeout)
 }
 
 // latency times n label changes (all-disabled ↔ all-balanced, no pods),
@@ -293,9 +293,9 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 			if !ok {
 				continue
 			}
-			var rec agent.ChangeRecord
-			_ = json.Unmarshal([]byte(nd.Annotations[agent.AnnotationLastChange]), &rec)
-			events <- seen{time.Now(), nd.Labels[agent.LabelState], rec.Config, rec.Result}
+			var rec record.ChangeRecord
+			_ = json.Unmarshal([]byte(nd.Annotations[record.AnnotationLastChange]), &rec)
+			events <- seen{time.Now(), nd.Labels[record.LabelState], rec.Config, rec.Result}
 		}
 		close(events)
 	}()
@@ -323,10 +323,10 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 					p.stop()
 					return nil, errors.New("node watch closed")
 				}
-				if s.state == agent.StatePending && pending.IsZero() {
+				if s.state == record.StatePending && pending.IsZero() {
 					pending = s.at
 				}
-				if !pending.IsZero() && s.state == agent.StateSuccess && s.config == target && s.result == agent.StateSuccess {
+				if !pending.IsZero() && s.state == record.StateSuccess && s.config == target && s.result == record.StateSuccess {
 					r.LabelToPendingMs = append(r.LabelToPendingMs, ms(pending.Sub(start)))
 					r.LabelToSuccessMs = append(r.LabelToSuccessMs, ms(s.at.Sub(start)))
 					break wait
@@ -376,7 +376,7 @@ func (b *bench) evictions(ctx context.Context, withPodResources bool) (evicted, 
 	if err := json.Unmarshal(raw, &prof); err != nil {
 		return 0, 0, 0, err
 	}
-	if err := b.createNode(ctx, node, map[string]string{agent.LabelConfig: "all-1g.18gb"}); err != nil {
+	if err := b.createNode(ctx, node, map[string]string{record.LabelConfig: "all-1g.18gb"}); err != nil {
 		return 0, 0, 0, err
 	}
 	defer func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) }()

@@ -32,7 +32,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/migagent/mig-agent/agent"
+	"github.com/migagent/mig-agent/record"
 )
 
 // fleetResults is the "fleet" section of bench-results.json.
@@ -256,14 +256,14 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 	factory.Start(stop)
 	defer func() { close(stop); factory.Shutdown() }()
 	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
-	records := func() ([]agent.ChangeRecord, int) {
-		var recs []agent.ChangeRecord
+	records := func() ([]record.ChangeRecord, int) {
+		var recs []record.ChangeRecord
 		for _, obj := range inf.GetStore().List() {
 			node := obj.(*corev1.Node)
-			var rec agent.ChangeRecord
-			if node.Labels[agent.LabelState] == agent.StateSuccess &&
-				json.Unmarshal([]byte(node.Annotations[agent.AnnotationLastChange]), &rec) == nil &&
-				rec.Config == f.o.config && rec.Result == agent.StateSuccess {
+			var rec record.ChangeRecord
+			if node.Labels[record.LabelState] == record.StateSuccess &&
+				json.Unmarshal([]byte(node.Annotations[record.AnnotationLastChange]), &rec) == nil &&
+				rec.Config == f.o.config && rec.Result == record.StateSuccess {
 				recs = append(recs, rec)
 			}
 		}
@@ -272,7 +272,7 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: labelling every node %s\n", k, n, f.o.config)
 	limit := 2*time.Minute + time.Duration(k/n+1)*10*time.Second
-	var recs []agent.ChangeRecord
+	var recs []record.ChangeRecord
 	reqs, conflicts, took, err := f.window(ctx, func() error {
 		if err := parallel(32, names, func(node string) error { return f.label(ctx, node) }); err != nil {
 			return err
@@ -301,7 +301,7 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 		}
 		spans = append(spans, float64(rec.FinishedAt.Sub(*rec.DisruptedAt).Microseconds())/1000)
 	}
-	r.MaxDisrupted, r.DisruptionMsMedian = agent.MaxDisrupted(recs), median(spans)
+	r.MaxDisrupted, r.DisruptionMsMedian = record.MaxDisrupted(recs), median(spans)
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: all success in %.1fs, at most %d disrupted, %.0f requests (%.1f/s), %.0f lease conflicts\n",
 		k, n, r.RolloutSeconds, r.MaxDisrupted, reqs, r.RolloutRequestsPerSec, conflicts)
 
@@ -347,7 +347,7 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 
 func (f *fleetBench) label(ctx context.Context, node string) error {
 	patch, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Node",
-		"metadata": map[string]any{"name": node, "labels": map[string]any{agent.LabelConfig: f.o.config}}})
+		"metadata": map[string]any{"name": node, "labels": map[string]any{record.LabelConfig: f.o.config}}})
 	_, err := f.client.CoreV1().Nodes().Patch(ctx, node, "application/apply-patch+yaml", patch,
 		metav1.PatchOptions{FieldManager: "pool-admin", Force: ptrTrue()})
 	return err

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -65,18 +65,18 @@ func runMutations(configFile string) (*mutationFigures, error) {
 	if err != nil {
 		return nil, err
 	}
-	file, err := agent.LoadConfigFile(configFile)
+	file, err := gpus.LoadConfigFile(configFile)
 	if err != nil {
 		return nil, err
 	}
 	out := &mutationFigures{}
 	for _, name := range mutationTransitions() {
-		before, err := agent.Discover(sim)
+		before, err := gpus.Discover(sim)
 		if err != nil {
 			return nil, err
 		}
 		m0 := sim.Mutations()
-		spec, _, err := agent.Lookup(file, name, before.GPUs)
+		spec, _, err := gpus.Lookup(file, name, before.GPUs)
 		if err != nil {
 			return nil, err
 		}
@@ -84,12 +84,12 @@ func runMutations(configFile string) (*mutationFigures, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := agent.ApplyAndVerify(sim, before, plan, file, name, agent.ApplyOptions{}); err != nil {
+		if _, err := gpus.ApplyAndVerify(sim, before, plan, file, name, gpus.ApplyOptions{}); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		m1 := sim.Mutations()
 		d := func(op string) int { return m1[op] - m0[op] }
-		after, err := agent.Discover(sim)
+		after, err := gpus.Discover(sim)
 		if err != nil {
 			return nil, err
 		}

@@ -31,8 +31,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/migagent/mig-agent/agent"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
 )
 
 const (
@@ -215,7 +215,7 @@ func run(ctx context.Context, bin string, t0 time.Time) (err error) {
 		return err
 	}
 	defer pw.Stop()
-	say("labelling %s=%s (GPU 1 changes, GPU 0 does not)", agent.LabelConfig, after)
+	say("labelling %s=%s (GPU 1 changes, GPU 0 does not)", record.LabelConfig, after)
 	w.pods, w.table, w.t0 = pw.ResultChan(), newTable(os.Stdout, pods), time.Now()
 	if err := setLabel(ctx, c, after); err != nil {
 		return err
@@ -230,7 +230,7 @@ func run(ctx context.Context, bin string, t0 time.Time) (err error) {
 	}
 	say("%d of %d pods evicted (%s), the other %d never stopped", len(rec.EvictedPods), len(pods),
 		strings.Join(rec.EvictedPods, ", "), len(pods)-len(rec.EvictedPods))
-	say("audit record (%s, geometry left out):", agent.AnnotationLastChange)
+	say("audit record (%s, geometry left out):", record.AnnotationLastChange)
 	rec.Geometry = nil
 	if err := printFields(rec); err != nil {
 		return err
@@ -267,7 +267,7 @@ func printFields(v any) error {
 }
 
 func setLabel(ctx context.Context, c kubernetes.Interface, config string) error {
-	patch := fmt.Sprintf(`{"apiVersion":"v1","kind":"Node","metadata":{"name":%q,"labels":{%q:%q}}}`, node, agent.LabelConfig, config)
+	patch := fmt.Sprintf(`{"apiVersion":"v1","kind":"Node","metadata":{"name":%q,"labels":{%q:%q}}}`, node, record.LabelConfig, config)
 	force := true
 	_, err := c.CoreV1().Nodes().Patch(ctx, node, types.ApplyPatchType, []byte(patch), metav1.PatchOptions{FieldManager: "platform-team", Force: &force})
 	return err
@@ -351,7 +351,7 @@ func explain(planJSON []byte, pods []*pod) error {
 // check holds the outcome against the dry run: exactly the pods on
 // destroyed instances were evicted (record and API server agree), the rest
 // still run, and the record carries no error.
-func check(pods []*pod, rec agent.ChangeRecord) error {
+func check(pods []*pod, rec record.ChangeRecord) error {
 	var want []string
 	for _, p := range pods {
 		if p.evict {
@@ -388,16 +388,16 @@ type watcher struct {
 
 // until waits until the Node's record for config is final and the state
 // label agrees.
-func (w *watcher) until(ctx context.Context, config string) (agent.ChangeRecord, error) {
+func (w *watcher) until(ctx context.Context, config string) (record.ChangeRecord, error) {
 	timeout := time.After(60 * time.Second)
 	for {
 		select {
 		case <-ctx.Done():
-			return agent.ChangeRecord{}, ctx.Err()
+			return record.ChangeRecord{}, ctx.Err()
 		case <-w.agentDone:
-			return agent.ChangeRecord{}, errors.New("mig-agent exited")
+			return record.ChangeRecord{}, errors.New("mig-agent exited")
 		case <-timeout:
-			return agent.ChangeRecord{}, fmt.Errorf("no final record for %s within 60s", config)
+			return record.ChangeRecord{}, fmt.Errorf("no final record for %s within 60s", config)
 		case ev := <-w.pods:
 			p, ok := ev.Object.(*corev1.Pod)
 			switch {
@@ -409,21 +409,21 @@ func (w *watcher) until(ctx context.Context, config string) (agent.ChangeRecord,
 			}
 		case ev, ok := <-w.node:
 			if !ok {
-				return agent.ChangeRecord{}, errors.New("node watch closed")
+				return record.ChangeRecord{}, errors.New("node watch closed")
 			}
 			n, ok := ev.Object.(*corev1.Node)
 			if !ok {
 				continue
 			}
-			state := n.Labels[agent.LabelState]
+			state := n.Labels[record.LabelState]
 			if state != w.state && w.table != nil {
-				w.table.event(time.Since(w.t0), "node", agent.LabelState+"="+state)
+				w.table.event(time.Since(w.t0), "node", record.LabelState+"="+state)
 			}
 			w.state = state
-			var rec agent.ChangeRecord
-			_ = json.Unmarshal([]byte(n.Annotations[agent.AnnotationLastChange]), &rec)
-			if rec.Config == config && (rec.Result == agent.StateSuccess || rec.Result == agent.StateFailed) && state == rec.Result {
-				if rec.Result == agent.StateFailed {
+			var rec record.ChangeRecord
+			_ = json.Unmarshal([]byte(n.Annotations[record.AnnotationLastChange]), &rec)
+			if rec.Config == config && (rec.Result == record.StateSuccess || rec.Result == record.StateFailed) && state == rec.Result {
+				if rec.Result == record.StateFailed {
 					return rec, fmt.Errorf("the change to %s failed: %s", config, rec.Reason)
 				}
 				return rec, nil

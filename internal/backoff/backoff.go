@@ -1,6 +1,9 @@
-// Package backoff is the agent's one retry policy: which errors are worth a
-// retry (Transient) and how long to wait between tries (jittered exponential
-// backoff, k8s.io/apimachinery's wait.Backoff), on an injected clock.
+// Package backoff is the agent's one timing policy: how long to wait
+// between tries (jittered exponential backoff) of an API call, a failed
+// change, opening NVML, on an injected clock. Which errors are worth a
+// retry is internal/apierr's (for the API server) or the caller's: this
+// package links nothing of Kubernetes but its clock, so nvmlx and the
+// reconcile core can use it.
 //
 // Jitter matters for a fleet: after an API server outage hundreds of agents
 // would otherwise retry in the same instant, again and again.
@@ -8,16 +11,9 @@ package backoff
 
 import (
 	"context"
-	"errors"
-	"io"
-	"net"
-	"net/url"
-	"syscall"
+	"math/rand/v2"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 )
 
@@ -25,10 +21,66 @@ import (
 // drawn from [d, d·(1+Jitter)).
 const Jitter = 0.5
 
+// Backoff is a jittered exponential backoff: each Step returns the next
+// wait, Duration multiplied by Factor after each step up to Cap (0: no cap),
+// drawn from [d, d·(1+Jitter)). Steps, when above 0, counts the steps left
+// (the last one repeats without growing).
+type Backoff struct {
+	Duration time.Duration
+	Factor   float64
+	Jitter   float64
+	Cap      time.Duration
+	Steps    int
+}
+
+// Step returns the next wait and advances the backoff.
+func (b *Backoff) Step() time.Duration {
+	d := b.Duration
+	if b.Steps != 1 {
+		if b.Steps > 1 {
+			b.Steps--
+		}
+		next := time.Duration(float64(b.Duration) * b.Factor)
+		if b.Factor > 0 && (b.Cap <= 0 || next < b.Cap) {
+			b.Duration = next
+		} else if b.Cap > 0 {
+			b.Duration = b.Cap
+		}
+	}
+	return Jittered(d, b.Jitter)
+}
+
+// Jittered draws a wait from [d, d·(1+f)).
+func Jittered(d time.Duration, f float64) time.Duration {
+	if f <= 0 || d <= 0 {
+		return d
+	}
+	return d + time.Duration(rand.Float64()*f*float64(d))
+}
+
 // API is the backoff between tries of one API call while the API server is
 // away: 250 ms, doubling, capped at 5 s (each jittered).
-func API() wait.Backoff {
-	return wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: Jitter, Steps: 1 << 30, Cap: 5 * time.Second}
+func API() *Backoff {
+	return &Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: Jitter, Cap: 5 * time.Second}
+}
+
+// NVMLOpen is the wait before attempt n+1 (n ≥ 1 failures so far) to open
+// NVML: 1 s doubling to 2 min, drawn within ±20% so that the agents of a
+// cluster whose driver came back together do not retry in step.
+func NVMLOpen(n int) time.Duration {
+	b := time.Second
+	for i := 1; i < n && b < 2*time.Minute; i++ {
+		b *= 2
+	}
+	b = min(b, 2*time.Minute)
+	return b - b/5 + time.Duration(rand.Int64N(int64(2*b/5)+1))
+}
+
+// NVMLReinit is how patiently NVML is initialized again after a GPU reset
+// (the driver may take a moment to bring the GPU back): 5 tries, 250 ms
+// doubling between them, each jittered.
+func NVMLReinit() *Backoff {
+	return &Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: Jitter, Steps: 5}
 }
 
 // Failure is the wait before retry number n (1-based) of a failed change:
@@ -36,76 +88,23 @@ func API() wait.Backoff {
 // failed change is retried minutes apart; a fleet needs less spread there
 // than at API calls, and users read the figure in the status).
 func Failure(n int, longest time.Duration) time.Duration {
-	b := wait.Backoff{Duration: 5 * time.Second, Factor: 2, Steps: max(n, 1), Cap: max(longest, 5*time.Second)}
-	d := b.Duration
-	for range max(n, 1) {
-		d = b.Step()
+	d, longest := 5*time.Second, max(longest, 5*time.Second)
+	for i := 1; i < n && d < longest; i++ {
+		d *= 2
 	}
-	return wait.Jitter(d, 0.2)
+	return Jittered(min(d, longest), 0.2)
 }
 
-// Transient reports whether err is worth a retry of the same request: the
-// API server did not answer (connection refused or reset, a connection cut
-// mid-answer, a network timeout, any transport error) or answered that it
-// cannot serve now (429, 500, 503, 504, a server timeout) or that another
-// writer won a race (409 Conflict). Any other answer (403, 401, 404, 400,
-// 422, 405, 409 AlreadyExists) and any error that is no API call's (a drain
-// timeout, bad input) is not; a cancelled context never is.
-//
-// It is the one rule of the agent and of the drain package for which errors
-// are retried.
-func Transient(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err) ||
-		apierrors.IsBadRequest(err) || apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err) ||
-		apierrors.IsAlreadyExists(err) || apierrors.IsGone(err) {
-		return false
-	}
-	if apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) ||
-		apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsConflict(err) ||
-		apierrors.IsUnexpectedServerError(err) {
-		return true
-	}
-	if code, ok := statusCode(err); ok {
-		return code == 502 || code == 503 || code == 504
-	}
-	var uerr *url.Error
-	var nerr net.Error
-	return errors.As(err, &uerr) || errors.As(err, &nerr) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err)
-}
-
-// Permanent reports whether err is an answer of the API server that no
-// retry changes (an API status that is not Transient). A poll stops at
-// once on such an answer and goes on through any other error until its own
-// deadline (a client-side error such as the rate limiter's near a deadline
-// is no answer).
-func Permanent(err error) bool {
-	_, isStatus := statusCode(err)
-	return isStatus && !Transient(err)
-}
-
-func statusCode(err error) (int, bool) {
-	var s apierrors.APIStatus
-	if errors.As(err, &s) {
-		return int(s.Status().Code), true
-	}
-	return 0, false
-}
-
-// Retry calls fn until it succeeds, returns an error that is not Transient,
-// ctx ends or budget has passed on clk, waiting API() between tries. It
-// returns fn's last error. onRetry (may be nil) sees each error retried.
-func Retry(ctx context.Context, clk clock.Clock, budget time.Duration, onRetry func(error), fn func() error) error {
+// Retry calls fn until it succeeds, returns an error that retryable says
+// is not worth a retry, ctx ends or budget has passed on clk, waiting API()
+// between tries. It returns fn's last error. onRetry (may be nil) sees each
+// error retried.
+func Retry(ctx context.Context, clk clock.Clock, budget time.Duration, retryable func(error) bool, onRetry func(error), fn func() error) error {
 	deadline := clk.Now().Add(budget)
 	b := API()
 	for {
 		err := fn()
-		if err == nil || !Transient(err) || !clk.Now().Before(deadline) {
+		if err == nil || !retryable(err) || !clk.Now().Before(deadline) {
 			return err
 		}
 		if onRetry != nil {

@@ -3,78 +3,13 @@ package backoff
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
-	"net"
 	"net/url"
-	"os"
 	"syscall"
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	clocktesting "k8s.io/utils/clock/testing"
 )
-
-func TestTransient(t *testing.T) {
-	pods := schema.GroupResource{Resource: "pods"}
-	refused := &url.Error{Op: "Get", URL: "https://127.0.0.1:6443/api/v1/nodes/n",
-		Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"nil", nil, false},
-		{"connection refused", refused, true},
-		{"connection refused, wrapped twice", fmt.Errorf("evict: %w", fmt.Errorf("pod a: %w", refused)), true},
-		{"joined with a drain error", errors.Join(errors.New("drain"), refused), true},
-		{"reset", fmt.Errorf("read: %w", syscall.ECONNRESET), true},
-		{"io.ErrUnexpectedEOF", fmt.Errorf("decode: %w", errorsUnexpectedEOF()), true},
-		{"503", apierrors.NewServiceUnavailable("etcd"), true},
-		{"500", apierrors.NewInternalError(errors.New("etcd")), true},
-		{"504 server timeout", apierrors.NewServerTimeout(pods, "get", 1), true},
-		{"429", apierrors.NewTooManyRequests("slow down", 1), true},
-		{"conflict", apierrors.NewConflict(pods, "a", errors.New("modified")), true},
-		{"already exists", apierrors.NewAlreadyExists(pods, "a"), false},
-		{"forbidden", apierrors.NewForbidden(pods, "a", errors.New("rbac")), false},
-		{"unauthorized", apierrors.NewUnauthorized("token"), false},
-		{"not found", fmt.Errorf("get: %w", apierrors.NewNotFound(pods, "a")), false},
-		{"invalid", apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, "a", nil), false},
-		{"bad request", apierrors.NewBadRequest("no"), false},
-		{"forbidden beats refused", errors.Join(refused, apierrors.NewForbidden(pods, "a", errors.New("rbac"))), false},
-		{"canceled", fmt.Errorf("get: %w", context.Canceled), false},
-		{"deadline", context.DeadlineExceeded, false},
-		{"not an API error", errors.New("pods still on the node after the drain timeout"), false},
-	}
-	for _, tc := range tests {
-		if got := Transient(tc.err); got != tc.want {
-			t.Errorf("%s: Transient(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
-		}
-	}
-}
-
-func TestPermanent(t *testing.T) {
-	pods := schema.GroupResource{Resource: "pods"}
-	for _, tc := range []struct {
-		err  error
-		want bool
-	}{
-		{nil, false},
-		{fmt.Errorf("list: %w", apierrors.NewForbidden(pods, "", errors.New("rbac"))), true},
-		{apierrors.NewNotFound(pods, "a"), true},
-		{apierrors.NewServiceUnavailable("etcd"), false},
-		{errors.New("client rate limiter Wait returned an error: would exceed context deadline"), false},
-		{&url.Error{Op: "Get", URL: "https://x", Err: syscall.ECONNREFUSED}, false},
-	} {
-		if got := Permanent(tc.err); got != tc.want {
-			t.Errorf("Permanent(%v) = %v, want %v", tc.err, got, tc.want)
-		}
-	}
-}
-
-func errorsUnexpectedEOF() error { return io.ErrUnexpectedEOF }
 
 func TestFailure(t *testing.T) {
 	tests := []struct {
@@ -115,7 +50,7 @@ func TestRetry(t *testing.T) {
 	calls := 0
 	done := make(chan error, 1)
 	go func() {
-		done <- Retry(ctx, clk, time.Minute, nil, func() error {
+		done <- Retry(ctx, clk, time.Minute, isRefused, nil, func() error {
 			calls++
 			if calls < 4 {
 				return refused
@@ -147,8 +82,8 @@ func TestRetry(t *testing.T) {
 	}
 
 	calls = 0
-	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "n", errors.New("rbac"))
-	err := Retry(ctx, clk, time.Minute, func(error) { t.Error("retried a forbidden answer") }, func() error {
+	forbidden := errors.New("forbidden")
+	err := Retry(ctx, clk, time.Minute, isRefused, func(error) { t.Error("retried a forbidden answer") }, func() error {
 		calls++
 		return forbidden
 	})
@@ -158,8 +93,10 @@ func TestRetry(t *testing.T) {
 
 	// The budget: the last try after it passed returns its error.
 	calls = 0
-	err = Retry(ctx, clk, 0, nil, func() error { calls++; return refused })
+	err = Retry(ctx, clk, 0, isRefused, nil, func() error { calls++; return refused })
 	if !errors.Is(err, refused) || calls != 1 {
 		t.Errorf("no budget: %v after %d calls", err, calls)
 	}
 }
+
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }

@@ -144,7 +144,7 @@ func TestStuckPendingText(t *testing.T) {
 			t.Errorf("MigAgentStuckPending does not name %q, what does hold a node in pending: %s", w, stuck)
 		}
 	}
-	// MigAgentFailed quotes the reason the agent gives (agent/attempt.go,
+	// MigAgentFailed quotes the reason the agent gives (reconcile/attempt.go,
 	// refresh) and names the flag.
 	failed := desc["MigAgentFailed"]
 	src, err := os.ReadFile(agentReasonFile)

@@ -1,0 +1,34 @@
+package journal
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestJournal(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	j, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.State.Change = &Change{Config: "all-balanced", Phase: PhaseDraining, Evicted: []string{"ns/p"}, TaintAdded: true}
+	if err := j.Save(); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := Open(dir)
+	if err != nil || j2.State.Change == nil || j2.State.Change.Phase != PhaseDraining || !j2.State.Change.TaintAdded {
+		t.Fatalf("reloaded %+v err %v", j2.State.Change, err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("temporary files left: %v", entries)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "journal.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("corrupt journal: %v", err)
+	}
+}

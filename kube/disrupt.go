@@ -1,0 +1,140 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/migagent/mig-agent/drain"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/reconcile"
+)
+
+// Disruptor is the reconcile.Disruptor over the drain package.
+type Disruptor struct {
+	Client kubernetes.Interface
+	Log    *slog.Logger
+	Node   string
+	S      *reconcile.Settings
+	// OperandWait bounds the wait for paused operand pods to leave.
+	OperandWait time.Duration
+}
+
+var _ reconcile.Disruptor = (*Disruptor)(nil)
+
+// Affected implements reconcile.Disruptor.
+func (k *Disruptor) Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) ([]string, string, error) {
+	a, err := drain.FindAffected(ctx, k.Client, k.Log, k.Node, k.S.PodResourcesSocket, drain.Change{GPUs: gpuUUIDs, MIGDevices: migUUIDs})
+	if err != nil {
+		return nil, "", err
+	}
+	if a.FellBack() {
+		k.Log.Warn("PodResources unreadable: every GPU pod on the node counts as affected", "how", a.How)
+	}
+	return a.Names(), a.How, nil
+}
+
+// Evict implements reconcile.Disruptor; pods already gone count as evicted.
+func (k *Disruptor) Evict(ctx context.Context, names []string) ([]string, error) {
+	var pods []corev1.Pod
+	for _, n := range names {
+		ns, name, _ := strings.Cut(n, "/")
+		p, err := k.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && p.Spec.NodeName != k.Node) {
+			continue // gone (or a new pod of that name elsewhere)
+		}
+		if err != nil {
+			return nil, err
+		}
+		pods = append(pods, *p)
+	}
+	evicted, err := drain.Evict(ctx, k.Client, k.Log, pods, drain.EvictOptions{
+		Timeout: k.S.DrainTimeout, RetryDelay: k.S.EvictionRetryDelay, RefuseUnmanaged: !k.S.EvictUnmanagedPods,
+	})
+	return evicted, err
+}
+
+// Taint implements reconcile.Disruptor.
+func (k *Disruptor) Taint(ctx context.Context) (bool, error) {
+	return drain.AddTaint(ctx, k.Client, k.Node)
+}
+
+// Untaint implements reconcile.Disruptor.
+func (k *Disruptor) Untaint(ctx context.Context) error {
+	_, err := drain.RemoveTaint(ctx, k.Client, k.Node)
+	return err
+}
+
+// ReadOperands implements reconcile.Disruptor.
+func (k *Disruptor) ReadOperands(ctx context.Context) (json.RawMessage, error) {
+	saved, err := drain.ReadOperands(ctx, k.Client, k.Node)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(saved)
+}
+
+// PauseOperands implements reconcile.Disruptor.
+func (k *Disruptor) PauseOperands(ctx context.Context, raw json.RawMessage) error {
+	var saved drain.Saved
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return fmt.Errorf("operand labels: %w", err)
+	}
+	return drain.PauseOperands(ctx, k.Client, k.Log, k.Node, saved, k.OperandWait)
+}
+
+// RestoreOperands implements reconcile.Disruptor.
+func (k *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) error {
+	var saved drain.Saved
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return fmt.Errorf("journaled operand labels: %w", err)
+	}
+	return drain.RestoreOperands(ctx, k.Client, k.Log, k.Node, saved)
+}
+
+// DevicePlugins implements reconcile.Disruptor.
+func (k *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
+	return drain.ListDevicePlugins(ctx, k.Client, k.Node)
+}
+
+// RestartDevicePlugins implements reconcile.Disruptor.
+func (k *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]string, error) {
+	return drain.RestartDevicePlugins(ctx, k.Client, k.Log, pods)
+}
+
+// WaitResources implements reconcile.Disruptor: the Node's allocatable
+// must show exactly what the device plugin advertises for n's geometry
+// under strategy.
+func (k *Disruptor) WaitResources(ctx context.Context, strategy string, n *gpus.Inventory, timeout time.Duration) (waited, ok bool, err error) {
+	want, err := ExpectedResources(strategy, n)
+	if err != nil {
+		return false, false, err
+	}
+	ok, err = drain.WaitAllocatable(ctx, k.Client, k.Node, want, timeout)
+	return true, ok, err
+}
+
+// ExpectedResources is what the device plugin advertises for the node's
+// geometry under its MIG strategy (the node's nvidia.com/mig.strategy; empty
+// is the device plugin's default, none).
+func ExpectedResources(strategy string, n *gpus.Inventory) (map[corev1.ResourceName]int64, error) {
+	var gpus []drain.GPUGeometry
+	for i, dev := range n.Devices {
+		g := drain.GPUGeometry{MigEnabled: dev.MigCapable && dev.MigMode.Current}
+		for _, gi := range n.Instances[i] {
+			for _, ci := range gi.ComputeInstances {
+				g.Devices = append(g.Devices, ci.Profile)
+			}
+		}
+		gpus = append(gpus, g)
+	}
+	return drain.ExpectedResources(strategy, gpus)
+}

@@ -1,0 +1,12 @@
+// Package kube is the Kubernetes side of the agent, behind the reconcile
+// core's interfaces: the watch of its Node and the snapshot the core sees
+// (Cluster, kube.go), the change records on the Node (record.go, bounded
+// history, retire.go), the requester of a change (requester.go), Events,
+// the rights check before a change (preflight.go), the pods a change
+// disturbs (Disruptor, over package drain), other MIG managers
+// (othermanager.go), the rollout slots (slots.go) and the node Lease
+// (nodelease.go), and the status a person reads (status.go).
+//
+// It may import client-go, drain, record, journal (the lock's error),
+// gpus (the inventory) and reconcile (the interfaces it implements).
+package kube

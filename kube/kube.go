@@ -1,0 +1,361 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"reflect"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+
+	"github.com/migagent/mig-agent/internal/apierr"
+	"github.com/migagent/mig-agent/internal/text"
+	"github.com/migagent/mig-agent/reconcile"
+	"github.com/migagent/mig-agent/record"
+)
+
+// Cluster is the reconcile.Cluster over client-go: the agent's view of its own Node and
+// namespace.
+type Cluster struct {
+	Client    kubernetes.Interface
+	Node      string
+	Namespace string
+	Clock     clock.Clock
+	// Component is the Event source.
+	Component string
+	// DefaultConfig is the config of a Node with no desired-config label
+	// (--default-config; empty: none).
+	DefaultConfig string
+	// Log receives the record lines (the agent's own trail) and what the
+	// requester stamp told; nil: discarded.
+	Log *slog.Logger
+
+	// seen is the request last seen, and when (requester.go).
+	seen requestSeen
+	// removals counts the removals of the desired label the watch saw
+	// (reconcile.Request.Seq).
+	removals atomic.Uint64
+}
+
+var _ reconcile.Cluster = (*Cluster)(nil)
+
+// desired is the Node's label, else the default config.
+func (k *Cluster) desired(node *corev1.Node) reconcile.Request {
+	seq := k.removals.Load()
+	if v, ok := node.Labels[record.LabelConfig]; ok {
+		r := k.requester(node, v)
+		return reconcile.Request{Config: v, By: r.By, Via: r.Via, At: r.At, Asked: true, Seq: seq}
+	}
+	if k.DefaultConfig != "" {
+		return reconcile.Request{Config: k.DefaultConfig, By: record.RequesterDefaultConfig, Asked: true, Seq: seq}
+	}
+	return reconcile.Request{Seq: seq}
+}
+
+// Watch implements reconcile.Cluster with an informer on the one Node.
+func (k *Cluster) Watch(ctx context.Context, h reconcile.WatchHandlers) (*reconcile.NodeWatch, error) {
+	factory := informers.NewSharedInformerFactoryWithOptions(k.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", k.Node).String()
+		}))
+	inf := factory.Core().V1().Nodes()
+	lister := inf.Lister()
+	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { h.Changed() },
+		// The Node is gone: a change still draining stops where it safely
+		// can; the journal keeps it for the Node created again (nodeuid.go).
+		DeleteFunc: func(any) { h.Stale() },
+		UpdateFunc: func(oldObj, newObj any) {
+			o, n := oldObj.(*corev1.Node), newObj.(*corev1.Node)
+			_, had := o.Labels[record.LabelConfig]
+			if _, has := n.Labels[record.LabelConfig]; had && !has {
+				k.removals.Add(1)
+			}
+			if o.Labels[record.LabelConfig] != n.Labels[record.LabelConfig] {
+				// Never keep acting on a stale value: a change still
+				// draining for the old one stops.
+				h.Stale()
+			}
+			if o.Labels[record.LabelConfig] != n.Labels[record.LabelConfig] || o.Labels[record.LabelStrategy] != n.Labels[record.LabelStrategy] {
+				h.Changed()
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The reflector retries a failed list or watch quietly: the handler
+	// hears of each failure (apihealth.go).
+	err = inf.Informer().SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+		if ctx.Err() == nil {
+			h.Error(err)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Stop must end the informer before Shutdown waits for it, or the
+	// process never exits.
+	ctx, cancel := context.WithCancel(ctx)
+	factory.Start(ctx.Done())
+	return &reconcile.NodeWatch{
+		Node: func() (*reconcile.Node, bool) {
+			n, err := lister.Get(k.Node)
+			if err != nil {
+				return nil, false
+			}
+			return k.snapshot(n), true
+		},
+		Sync: func(ctx context.Context) bool { return cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) },
+		Stop: func() {
+			cancel()
+			factory.Shutdown()
+		},
+	}, nil
+}
+
+// Probe implements Cluster: the API server's /readyz.
+func (k *Cluster) Probe(ctx context.Context) error {
+	_, err := k.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	return err
+}
+
+// Reachable reports whether the API server accepts a TCP connection (no
+// request is sent): the probe of an agent whose API server answers.
+func (k *Cluster) Reachable(ctx context.Context) error {
+	rc := k.Client.Discovery().RESTClient()
+	if rc == nil || reflect.ValueOf(rc).IsNil() {
+		return nil // a fake client: nothing to reach
+	}
+	u := rc.Get().URL()
+	addr := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		addr = net.JoinHostPort(u.Hostname(), port)
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("connecting to the API server at %s: %w", addr, err)
+	}
+	return conn.Close()
+}
+
+// GetNode reads the agent's Node.
+func (k *Cluster) GetNode(ctx context.Context) (*reconcile.Node, error) {
+	n, err := k.getNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return k.snapshot(n), nil
+}
+
+func (k *Cluster) getNode(ctx context.Context) (*corev1.Node, error) {
+	return k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+}
+
+// Desired implements reconcile.Cluster: the request the snapshot holds.
+func (k *Cluster) Desired(node *reconcile.Node) reconcile.Request { return node.Request }
+
+// snapshot is what the core knows of the Node: the request, the MIG
+// strategy, the state and the records, decoded once here.
+func (k *Cluster) snapshot(n *corev1.Node) *reconcile.Node {
+	return &reconcile.Node{Name: n.Name, UID: string(n.UID), Request: k.desired(n),
+		Strategy: n.Labels[record.LabelStrategy], State: n.Labels[record.LabelState],
+		History: record.Trail(n.Annotations)}
+}
+
+// Transient implements reconcile.Cluster.
+func (k *Cluster) Transient(err error) bool { return apierr.Transient(err) }
+
+// SetState sets the state label (and nothing else).
+func (k *Cluster) SetState(ctx context.Context, state string) error {
+	return k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: state}}})
+}
+
+// Record writes a change record as the last change and at the head of the
+// history (bounded to record.HistoryMaxRecords and record.HistoryMaxBytes), together with
+// the state label, in one patch.
+// Once written, the record is logged whole (the agent's own trail of every
+// record), and each record that the history bound dropped leaves a log line
+// and an Event (retire.go): a record leaves the Node, never the trail.
+func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) error {
+	dropped, err := k.RecordRetiring(ctx, node, rec, state)
+	if err != nil {
+		return err
+	}
+	raw, _ := json.Marshal(rec)
+	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
+		"requestedVia", rec.RequestedVia, "record", string(raw))
+	for _, old := range dropped {
+		k.retire(ctx, node, old)
+	}
+	return nil
+}
+
+// RecordRetiring is Record, returning the records that the history bound
+// dropped from the history (oldest last) when the write succeeded.
+func (k *Cluster) RecordRetiring(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) ([]json.RawMessage, error) {
+	last, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	var hist []json.RawMessage
+	aside := ""
+	if node != nil {
+		if raw := node.Annotations[record.AnnotationHistory]; raw != "" {
+			if err := json.Unmarshal([]byte(raw), &hist); err != nil {
+				// Not ours to drop: kept aside, and a new history starts.
+				hist, aside = nil, text.Truncate(raw, record.HistoryMaxBytes)
+			}
+		}
+	}
+	hist = append([]json.RawMessage{last}, hist...)
+	var dropped []json.RawMessage
+	if len(hist) > record.HistoryMaxRecords {
+		hist, dropped = hist[:record.HistoryMaxRecords], hist[record.HistoryMaxRecords:]
+	}
+	var histJSON []byte
+	for {
+		histJSON, _ = json.Marshal(hist)
+		if len(histJSON) <= record.HistoryMaxBytes || len(hist) == 1 {
+			break
+		}
+		dropped = append([]json.RawMessage{hist[len(hist)-1]}, dropped...)
+		hist = hist[:len(hist)-1]
+	}
+	annotations := map[string]any{record.AnnotationLastChange: string(last), record.AnnotationHistory: string(histJSON)}
+	if aside != "" {
+		annotations[record.AnnotationHistoryUnparsable] = aside
+	}
+	patch := map[string]any{"metadata": map[string]any{
+		"annotations": annotations,
+		"labels":      map[string]any{record.LabelState: state},
+	}}
+	if err := k.patchNode(ctx, patch); err != nil {
+		return nil, err
+	}
+	return dropped, nil
+}
+
+func (k *Cluster) patchNode(ctx context.Context, patch map[string]any) error {
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	_, err = k.Client.CoreV1().Nodes().Patch(ctx, k.Node, types.MergePatchType, data, metav1.PatchOptions{FieldManager: "mig-agent"})
+	if err != nil {
+		return fmt.Errorf("patching node %s: %w", k.Node, err)
+	}
+	return nil
+}
+
+// Event posts an Event on the Node; failures are returned for logging only.
+func (k *Cluster) Event(ctx context.Context, node *reconcile.Node, eventType, reason, msg string) error {
+	uid := ""
+	if node != nil {
+		uid = node.UID
+	}
+	return k.event(ctx, uid, eventType, reason, msg)
+}
+
+func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string) error {
+	now := metav1.NewTime(k.Clock.Now())
+	ref := corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: k.Node, UID: types.UID(uid)}
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: k.Node + ".", Namespace: metav1.NamespaceDefault},
+		InvolvedObject: ref,
+		Reason:         reason,
+		Message:        text.Truncate(msg, 1024),
+		Type:           eventType,
+		Source:         corev1.EventSource{Component: k.Component, Host: k.Node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+		ReportingController: "migagent.io/mig-agent", ReportingInstance: k.Component + "-" + k.Node,
+	}
+	_, err := k.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
+	return err
+}
+
+// PublishConfigs creates or updates the ConfigMap <node>-mig-config with
+// the generated configs, owned by the Node.
+func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
+	node, err := k.getNode(ctx)
+	if err != nil {
+		return err
+	}
+	name := k.Node + "-mig-config"
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: k.Namespace,
+			Labels: map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: k.Node},
+		},
+		Data: map[string]string{record.ConfigMapKey: configYAML},
+	}
+	if node != nil {
+		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
+	}
+	cms := k.Client.CoreV1().ConfigMaps(k.Namespace)
+	old, err := cms.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"})
+		return err
+	case err != nil:
+		return err
+	}
+	if old.Data[record.ConfigMapKey] == configYAML && len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
+		return nil
+	}
+	old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences
+	_, err = cms.Update(ctx, old, metav1.UpdateOptions{FieldManager: "mig-agent"})
+	return err
+}
+
+// RequestedBy names the field manager that last set the desired label, read
+// from the Node's managedFields, and when.
+func RequestedBy(node *corev1.Node) (string, *time.Time) {
+	key := fmt.Sprintf(`"f:%s"`, record.LabelConfig)
+	type hit struct {
+		manager string
+		at      *time.Time
+	}
+	var hits []hit
+	for _, mf := range node.ManagedFields {
+		if mf.FieldsV1 == nil || !strings.Contains(mf.FieldsV1.GetRawString(), key) {
+			continue
+		}
+		h := hit{manager: mf.Manager}
+		if mf.Time != nil {
+			t := mf.Time.UTC()
+			h.at = &t
+		}
+		hits = append(hits, h)
+	}
+	if len(hits) == 0 {
+		return "unknown", nil
+	}
+	sort.SliceStable(hits, func(a, b int) bool {
+		if hits[a].at == nil || hits[b].at == nil {
+			return hits[b].at == nil && hits[a].at != nil
+		}
+		return hits[a].at.After(*hits[b].at)
+	})
+	return hits[0].manager, hits[0].at
+}

@@ -1,0 +1,114 @@
+package kube
+
+import (
+	"testing"
+	"time"
+
+	"github.com/migagent/mig-agent/record"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func TestRequesterOf(t *testing.T) {
+	mt := func(s int) *metav1.Time { x := metav1.NewTime(time.Unix(int64(s), 0)); return &x }
+	labelBy := func(manager string, s int) metav1.ManagedFieldsEntry {
+		return metav1.ManagedFieldsEntry{Manager: manager, Time: mt(s),
+			FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config":{}}}}`)}
+	}
+	stamp := `{"user":"system:serviceaccount:ops:alice","via":"kubectl-label","config":"all-balanced"}`
+	for _, tc := range []struct {
+		name       string
+		stamp      string // "" = no annotation
+		managed    []metav1.ManagedFieldsEntry
+		config     string
+		by, via    string
+		at         int64 // 0 = none
+		source     string
+		ignoredWhy bool
+	}{
+		{name: "stamp", stamp: stamp, config: "all-balanced",
+			by: "system:serviceaccount:ops:alice", via: "kubectl-label", source: RequesterFromAdmission},
+		{name: "stamp and the same manager's managedFields give the time", stamp: stamp, config: "all-balanced",
+			managed: []metav1.ManagedFieldsEntry{labelBy("kubectl-label", 200)},
+			by:      "system:serviceaccount:ops:alice", via: "kubectl-label", at: 200, source: RequesterFromAdmission},
+		{name: "another manager's managedFields entry is not this write's time", stamp: stamp, config: "all-balanced",
+			managed: []metav1.ManagedFieldsEntry{labelBy("gitops", 200)},
+			by:      "system:serviceaccount:ops:alice", via: "kubectl-label", source: RequesterFromAdmission},
+		{name: "a claimed field manager does not replace the user",
+			stamp:  `{"user":"bob","via":"system:serviceaccount:mig-agent:mig-agent","config":"all-balanced"}`,
+			config: "all-balanced", by: "bob", via: "system:serviceaccount:mig-agent:mig-agent", source: RequesterFromAdmission},
+		{name: "a stale stamp of an earlier value falls back to managedFields", stamp: stamp, config: "all-disabled",
+			managed: []metav1.ManagedFieldsEntry{labelBy("gitops", 300)},
+			by:      "gitops", via: "gitops", at: 300, source: RequesterFromManagedFields, ignoredWhy: true},
+		{name: "a stale stamp and no managedFields is unknown", stamp: stamp, config: "all-disabled",
+			by: record.RequesterUnknown, ignoredWhy: true},
+		{name: "a stamp that does not parse", stamp: `{"user":`, config: "all-balanced",
+			by: record.RequesterUnknown, ignoredWhy: true},
+		{name: "a stamp without user", stamp: `{"config":"all-balanced"}`, config: "all-balanced",
+			by: record.RequesterUnknown, ignoredWhy: true},
+		{name: "no stamp: managedFields", config: "all-balanced",
+			managed: []metav1.ManagedFieldsEntry{labelBy("alice", 100), labelBy("bob", 200)},
+			by:      "bob", via: "bob", at: 200, source: RequesterFromManagedFields},
+		{name: "neither", config: "all-balanced", by: record.RequesterUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{ManagedFields: tc.managed}}
+			if tc.stamp != "" {
+				node.Annotations = map[string]string{record.AnnotationRequestedBy: tc.stamp}
+			}
+			r := RequesterOf(node, tc.config)
+			if r.By != tc.by || r.Via != tc.via || r.Source != tc.source || (r.Ignored != "") != tc.ignoredWhy {
+				t.Errorf("RequesterOf = %+v, want by %q via %q source %q ignored %v", r, tc.by, tc.via, tc.source, tc.ignoredWhy)
+			}
+			switch {
+			case tc.at == 0 && r.At != nil:
+				t.Errorf("at %v, want none", r.At)
+			case tc.at != 0 && (r.At == nil || r.At.Unix() != tc.at):
+				t.Errorf("at %v, want %d", r.At, tc.at)
+			}
+		})
+	}
+}
+
+func TestRequestSeen(t *testing.T) {
+	var s requestSeen
+	t0 := time.Unix(1000, 0)
+	at, fresh := s.firstSeen("a", t0)
+	if !fresh || !at.Equal(t0) {
+		t.Fatalf("first: %v %v", at, fresh)
+	}
+	if at, fresh = s.firstSeen("a", t0.Add(time.Minute)); fresh || !at.Equal(t0) {
+		t.Fatalf("again: %v %v, want the first time", at, fresh)
+	}
+	if at, fresh = s.firstSeen("b", t0.Add(2*time.Minute)); !fresh || !at.Equal(t0.Add(2*time.Minute)) {
+		t.Fatalf("another request: %v %v", at, fresh)
+	}
+}
+
+// Cluster.Desired names the stamped user and field manager; without a time
+// from the API server, requestedAt is when the request was first seen,
+// also on later passes.
+func TestKubeDesiredRequester(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	k := &Cluster{Clock: clk}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Labels:      map[string]string{record.LabelConfig: "all-balanced"},
+		Annotations: map[string]string{record.AnnotationRequestedBy: `{"user":"alice","via":"kubectl-label","config":"all-balanced"}`},
+	}}
+	r := k.desired(node)
+	if r.Config != "all-balanced" || r.By != "alice" || r.Via != "kubectl-label" || r.At == nil || r.At.Unix() != 1000 || !r.Asked {
+		t.Fatalf("Desired = %+v", r)
+	}
+	clk.Step(time.Minute)
+	if r = k.desired(node); r.At == nil || r.At.Unix() != 1000 {
+		t.Fatalf("a later pass: at %v, want the first sight", r.At)
+	}
+	node.Labels[record.LabelConfig] = "all-disabled" // a new request; the stamp is an earlier one's
+	if r = k.desired(node); r.By != record.RequesterUnknown || r.Via != "" || r.At == nil || r.At.Unix() != 1060 {
+		t.Fatalf("a new value with a stale stamp: %+v", r)
+	}
+	if r = (&Cluster{DefaultConfig: "all-1g.18gb"}).desired(&corev1.Node{}); r.By != record.RequesterDefaultConfig || r.Config != "all-1g.18gb" {
+		t.Fatalf("default config: %+v", r)
+	}
+}

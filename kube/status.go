@@ -1,0 +1,216 @@
+package kube
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/migagent/mig-agent/record"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// ErrNoNode is returned by StatusFromNode for a nil Node.
+var ErrNoNode = errors.New("no node")
+
+// Status is what `mig-agent status` shows about one node: read from the
+// Node's labels and audit annotations only, so it works from any machine
+// with read access to the Node, with or without the agent running.
+type Status struct {
+	// Node is the Node's name.
+	Node string `json:"node"`
+	// Desired is the label nvidia.com/mig.config; empty when unset.
+	Desired string `json:"desired"`
+	// Applied is the config of the newest change record with result
+	// success (last-change first, then the history); nil when none.
+	Applied *AppliedConfig `json:"applied,omitempty"`
+	// State is the label nvidia.com/mig.config.state; empty when unset.
+	State string `json:"state"`
+	// Strategy is the label nvidia.com/mig.strategy; empty when unset.
+	Strategy string `json:"strategy,omitempty"`
+	// Requester is who asked for Desired, as the agent would record it (the
+	// requester stamp, else managedFields); nil when Desired is unset.
+	Requester *StatusRequester `json:"requester,omitempty"`
+	// GPUs is the per-GPU geometry of the last-change record, or of the
+	// newest history record that has one when the last change has none
+	// (see GeometryAt and Notes). Sorted by index.
+	GPUs []GPUGeometry `json:"gpus"`
+	// GeometryAt is the finishedAt of the record GPUs come from.
+	GeometryAt *time.Time `json:"geometryAt,omitempty"`
+	// LastChange is the annotation migagent.io/last-change; nil when
+	// missing or not a valid record.
+	LastChange *record.ChangeRecord `json:"lastChange,omitempty"`
+	// History is the annotation migagent.io/history, newest first, without
+	// the entries that are not valid records.
+	History []record.ChangeRecord `json:"history"`
+	// Notes says what could not be read and why, for a person.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// StatusRequester is who set the desired label, and how that is known.
+type StatusRequester struct {
+	// By, Via and At as in Requester (At: managedFields only).
+	By  string     `json:"by"`
+	Via string     `json:"via,omitempty"`
+	At  *time.Time `json:"at,omitempty"`
+	// Source is "admission" (the user the API server authenticated),
+	// "managed-fields" (a field manager: a name the client chose) or ""
+	// (unknown).
+	Source string `json:"source,omitempty"`
+}
+
+// AppliedConfig is the config of the newest successful change.
+type AppliedConfig struct {
+	Config string `json:"config"`
+	// Hash is the record's configHash (sha256 of the applied geometry).
+	Hash string `json:"hash,omitempty"`
+	// Source is the record's configSource.
+	Source string `json:"source,omitempty"`
+	// At is the record's finishedAt.
+	At time.Time `json:"at"`
+}
+
+// GPUGeometry is the geometry of one GPU as a change record holds it.
+type GPUGeometry struct {
+	Index int `json:"index"`
+	// Instances are "profile@start", sorted by start.
+	Instances []string `json:"instances"`
+	// Profiles counts instances per profile.
+	Profiles map[string]int `json:"profiles"`
+}
+
+// StatusFromNode reads the status of node from its labels and annotations.
+// Missing or malformed annotations are not an error: Status holds what could
+// be read and a note for each problem. The only error is ErrNoNode.
+func StatusFromNode(node *corev1.Node) (*Status, error) {
+	if node == nil {
+		return nil, ErrNoNode
+	}
+	labels, ann := node.Labels, node.Annotations
+	s := &Status{
+		Node:     node.Name,
+		Desired:  labels[record.LabelConfig],
+		State:    labels[record.LabelState],
+		Strategy: labels[record.LabelStrategy],
+		GPUs:     []GPUGeometry{},
+		History:  []record.ChangeRecord{},
+	}
+	if s.Desired == "" {
+		s.note("label %s is not set: the agent applies its --default-config, if it has one", record.LabelConfig)
+	}
+	if s.State == "" {
+		s.note("label %s is not set: the agent has not acted on this node yet", record.LabelState)
+	}
+	if _, ok := labels[record.LabelConfig]; ok {
+		r := RequesterOf(node, s.Desired)
+		s.Requester = &StatusRequester{By: r.By, Via: r.Via, At: r.At, Source: r.Source}
+		if r.Ignored != "" {
+			s.note("annotation %s is not used: %s", record.AnnotationRequestedBy, r.Ignored)
+		}
+	}
+
+	if raw, ok := ann[record.AnnotationLastChange]; !ok {
+		s.note("annotation %s is missing: no change recorded yet", record.AnnotationLastChange)
+	} else if rec, err := record.Decode([]byte(raw)); err != nil {
+		s.note("annotation %s is not a valid change record: %v", record.AnnotationLastChange, err)
+	} else {
+		s.LastChange = &rec
+	}
+
+	if raw, ok := ann[record.AnnotationHistory]; !ok {
+		s.note("annotation %s is missing", record.AnnotationHistory)
+	} else {
+		recs, bad, err := record.DecodeHistory(raw)
+		if err != nil {
+			s.note("annotation %s is not a JSON array: %v", record.AnnotationHistory, err)
+		}
+		for _, b := range bad {
+			s.note("annotation %s: entry %d is not a valid change record: %v", record.AnnotationHistory, b.Index, b.Err)
+		}
+		s.History = append(s.History, recs...)
+	}
+
+	// Newest first: the last change, then the history.
+	records := s.History
+	if s.LastChange != nil {
+		records = append([]record.ChangeRecord{*s.LastChange}, s.History...)
+	}
+	for _, r := range records {
+		if r.Result == record.StateSuccess {
+			s.Applied = &AppliedConfig{Config: r.Config, Hash: r.ConfigHash, Source: r.ConfigSource, At: r.FinishedAt}
+			break
+		}
+	}
+	for i, r := range records {
+		if r.Geometry == nil {
+			continue
+		}
+		switch {
+		case s.LastChange == nil:
+			s.note("GPU geometry is from the history record finished %s: there is no valid last-change record", r.FinishedAt.UTC().Format(time.RFC3339))
+		case i > 0:
+			s.note("GPU geometry is from the change finished %s: the last change recorded none", r.FinishedAt.UTC().Format(time.RFC3339))
+		}
+		at := r.FinishedAt
+		s.GeometryAt = &at
+		s.GPUs = s.geometry(r.Geometry)
+		break
+	}
+	return s, nil
+}
+
+// geometry turns a record's Geometry map into rows sorted by GPU index.
+func (s *Status) geometry(g map[string][]string) []GPUGeometry {
+	out := []GPUGeometry{}
+	var bad []string
+	for key, instances := range g {
+		idx, err := strconv.Atoi(key)
+		if err != nil || idx < 0 {
+			bad = append(bad, key)
+			continue
+		}
+		inst := slices.Clone(instances)
+		if inst == nil {
+			inst = []string{}
+		}
+		slices.SortStableFunc(inst, func(a, b string) int {
+			_, sa := SplitInstance(a)
+			_, sb := SplitInstance(b)
+			return cmp.Or(cmp.Compare(sa, sb), cmp.Compare(a, b))
+		})
+		profiles := map[string]int{}
+		for _, in := range inst {
+			p, _ := SplitInstance(in)
+			profiles[p]++
+		}
+		out = append(out, GPUGeometry{Index: idx, Instances: inst, Profiles: profiles})
+	}
+	slices.SortFunc(out, func(a, b GPUGeometry) int { return cmp.Compare(a.Index, b.Index) })
+	slices.Sort(bad)
+	for _, key := range bad {
+		s.note("GPU geometry: %q is not a GPU index, skipped", key)
+	}
+	return out
+}
+
+// SplitInstance splits "3g.71gb@4" into the profile and the start; an entry
+// without a valid start sorts last.
+func SplitInstance(in string) (profile string, start int) {
+	i := strings.LastIndexByte(in, '@')
+	if i < 0 {
+		return in, math.MaxInt
+	}
+	n, err := strconv.Atoi(in[i+1:])
+	if err != nil {
+		return in[:i], math.MaxInt
+	}
+	return in[:i], n
+}
+
+func (s *Status) note(format string, args ...any) {
+	s.Notes = append(s.Notes, fmt.Sprintf(format, args...))
+}

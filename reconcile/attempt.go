@@ -1,0 +1,588 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/journal"
+	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/record"
+)
+
+// A pass that acts runs the change as a checklist (attempt): named steps
+// in order, each journaled before it touches anything. A step passes
+// (nil), fails the change (a *StepError: the reason recorded, whether a
+// retry may pass it, the Event), or ends the pass without a failure (an
+// endPass: applied, waiting for a reboot, interrupted); conclude turns what
+// the checklist ended with into the pass's outcome, in one place.
+
+// StepError is why a step failed the change.
+type StepError struct {
+	// Reason is recorded, posted as the Event's message and logged.
+	Reason string
+	// Retryable: the cause may pass; the change is retried with backoff.
+	// Otherwise it waits for the next request.
+	Retryable bool
+	// Event is the Event reason (record.ReasonFailed, record.ReasonInvalid, ...).
+	Event string
+	// Always: a failure also when the pass is interrupted (a reboot
+	// decision, which must not be made again by a resumed pass).
+	Always bool
+	// Err is the cause, when an error is (errors.Is sees through).
+	Err error
+}
+
+func (e *StepError) Error() string { return e.Reason }
+func (e *StepError) Unwrap() error { return e.Err }
+
+// invalid: the request cannot be served as it is; not retried.
+func invalid(format string, a ...any) *StepError {
+	return &StepError{Reason: fmt.Sprintf(format, a...), Event: record.ReasonInvalid}
+}
+
+// failed: what may pass (an NVML error, an API server away); retried.
+func failed(what string, err error) *StepError {
+	return &StepError{Reason: what + ": " + err.Error(), Retryable: true, Event: record.ReasonFailed, Err: err}
+}
+
+// endPass ends the checklist without a failure, with this outcome.
+type endPass outcome
+
+func (e endPass) Error() string { return fmt.Sprintf("pass ended with outcome %d", int(e)) }
+
+// view is what one pass knows of the GPUs and the desired config: the GPUs
+// read once, the config looked up once and planned once.
+type view struct {
+	config string
+	n      *gpus.Inventory
+	spec   *geometry.Spec
+	source string
+	reqs   []geometry.Request
+	plan   *geometry.Plan
+	// named are the GPUs NVML cannot open that the config names: they are
+	// left alone, and the change fails with that reason once the other
+	// GPUs hold the config.
+	named []nvmlx.UnusableGPU
+}
+
+// inventory is the pass's read of the GPUs (nil when it has none yet).
+func (v *view) inventory() *gpus.Inventory {
+	if v == nil {
+		return nil
+	}
+	return v.n
+}
+
+// look looks config up and plans it on the GPUs as read (n).
+func (d *Daemon) look(n *gpus.Inventory, config string) (*view, *StepError) {
+	spec, source, err := gpus.Lookup(d.File, config, n.GPUs)
+	if err != nil {
+		return nil, invalid("%s", err)
+	}
+	// GPUs NVML cannot open are left alone; a config naming them fails
+	// with that reason, after the other GPUs got it (retried: a permission
+	// or a lost GPU may come back).
+	named := gpus.UnusableNamed(spec, config, n.Unusable)
+	reqs, _, err := spec.Resolve(config, n.GPUs)
+	if err != nil {
+		if len(named) > 0 && errors.Is(err, geometry.ErrNoMatchingGPU) {
+			return nil, &StepError{Reason: gpus.UnusableReason(config, named, false), Retryable: true, Event: record.ReasonGPUUnusable}
+		}
+		return nil, invalid("%s", err)
+	}
+	plan, err := geometry.BuildPlan(spec, config, n.GPUs)
+	if err != nil {
+		return nil, invalid("%s", err)
+	}
+	return &view{config: config, n: n, spec: spec, source: source, reqs: reqs, plan: plan, named: named}, nil
+}
+
+// attempt is one run of the checklist for the change in progress.
+type attempt struct {
+	d       *Daemon
+	ctx     context.Context
+	node    *Node // nil standalone
+	ch      *journal.Change
+	v       *view         // nil until the plan step (or handed in by the pass)
+	applied *gpus.Applied // what the apply step did
+	release func()        // gives the rollout slot back (nil: none taken)
+	touched bool          // the apply step began: the GPUs may have changed
+}
+
+// attempt runs (or resumes) the change to req's config; v is what the pass
+// already read and planned for it (nil: read and plan now).
+func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) outcome {
+	j := &d.Journal.State
+	ch := j.Change
+	if ch == nil {
+		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, RequestedBy: req.By, RequestedVia: req.Via,
+			RequestedAt: req.At, StartedAt: d.Clock.Now(), Phase: journal.PhasePending}
+	} else {
+		ch.Attempt++
+		d.Log.Info("resuming change", "config", ch.Config, "phase", ch.Phase, "step", ch.Step)
+	}
+	if v != nil && v.config != req.Config {
+		v = nil
+	}
+	a := &attempt{d: d, ctx: ctx, node: node, ch: ch, v: v}
+	defer func() {
+		// The slot is held until the outcome is recorded (a failure
+		// restores the node first).
+		if a.release != nil {
+			a.release()
+		}
+	}()
+	return d.conclude(a, a.run())
+}
+
+// run is the checklist.
+func (a *attempt) run() error {
+	for _, step := range []func() error{
+		a.plan,              // read the GPUs, look the config up, build the plan
+		a.checkNode,         // the MIG strategy can serve it; no other MIG manager
+		a.awaitReboot,       // a change waiting for its reboot waits on
+		a.begin,             // nothing to do, or the intent journaled and announced
+		a.takeSlot,          // a rollout slot (--max-concurrent)
+		a.drain,             // taint, pause operands, evict the affected pods
+		a.checkProcesses,    // nothing else uses what the change takes away
+		a.stopHostClients,   // host GPU clients stopped for a mode change
+		a.noteDevicePlugins, // the device plugin pods that read the old geometry
+		a.apply,             // NVML, step by step
+		a.finish,            // restore, refresh the device plugin, record success
+	} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// conclude turns what the checklist ended with into the pass's outcome:
+// the one place where a failure becomes a record, an Event and a retry.
+func (d *Daemon) conclude(a *attempt, err error) outcome {
+	var end endPass
+	if errors.As(err, &end) {
+		return outcome(end)
+	}
+	if err == nil {
+		return outSuccess // the last step ends the pass; not reached
+	}
+	var se *StepError
+	if !errors.As(err, &se) {
+		se = &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonFailed}
+	}
+	if a.ctx.Err() != nil && !se.Always {
+		// Shutting down (SIGTERM, perhaps the machine going down for the
+		// reboot this change asked for) or a newer desired config is no
+		// failure: the journal keeps the change; the next pass (or start)
+		// resumes it, or undoes its pause and taint for the newer one.
+		// A newer label is logged by the pass.
+		if !errors.Is(context.Cause(a.ctx), errSuperseded) {
+			d.Log.Info("interrupted mid-change; the journal keeps it", "config", a.ch.Config, "phase", a.ch.Phase, "interrupted", se.Reason)
+		}
+		return outParked
+	}
+	ch := a.ch
+	if d.Journal.State.Change == nil {
+		c := *ch // not journaled: the failure must not make it so
+		ch = &c
+	}
+	var n *gpus.Inventory // the GPUs as read, unless the apply step may have changed them
+	if a.v != nil && !a.touched {
+		n = a.v.n
+	}
+	oc := d.failure(a.ctx, a.node, ch, se, n)
+	if oc == outRetry && errors.Is(se, nvmlx.ErrNVMLNotBack) {
+		// NVML did not come back after a GPU reset: failed for now, not
+		// ready, and NVML is opened again with its own backoff; the retry
+		// reads the GPUs as the reset left them.
+		d.nvmlLost(se.Err)
+		return outNVMLDown
+	}
+	return oc
+}
+
+func (a *attempt) plan() error {
+	if a.ch.Config == "" {
+		return invalid("the node label %s is set but empty: name a MIG config, or remove the label", record.LabelConfig)
+	}
+	var n *gpus.Inventory
+	if a.v == nil {
+		var err error
+		if n, err = a.d.discover(); err != nil {
+			return failed("reading the GPUs through NVML", err)
+		}
+	}
+	if a.d.fileErr != nil {
+		return &StepError{Reason: a.d.fileErr.Error(), Retryable: true, Event: record.ReasonInvalid}
+	}
+	if a.v != nil {
+		n = a.v.n
+	}
+	a.d.noteUnusable(a.ctx, a.node, n)
+	if a.v == nil {
+		v, err := a.d.look(n, a.ch.Config)
+		if err != nil {
+			return err
+		}
+		a.v = v
+	}
+	for _, w := range a.v.plan.Warnings {
+		a.d.Log.Warn("config warning", "config", a.ch.Config, "warning", w)
+	}
+	a.ch.Source, a.ch.Hash = a.v.source, a.v.plan.Hash
+	return nil
+}
+
+func (a *attempt) checkNode() error {
+	d, node, desired := a.d, a.node, a.ch.Config
+	if node == nil {
+		return nil
+	}
+	if err := geometry.CheckStrategy(node.Strategy, a.v.n.GPUs, a.v.reqs); err != nil {
+		return invalid("the node's MIG strategy %q cannot serve config %q: %v", node.Strategy, desired, err)
+	}
+	if d.Others == nil {
+		return nil
+	}
+	var other string
+	// An API server away for a moment is no reason to fail.
+	err := d.retryAPI(a.ctx, func() (err error) { other, err = d.Others.Check(a.ctx); return err })
+	if err != nil {
+		return failed("checking for another MIG manager", err)
+	}
+	if other != "" {
+		if !d.S.AllowOtherMigManager {
+			return &StepError{Reason: "another MIG manager is at work on this node: " + other + " (disable it, or set --allow-other-mig-manager)",
+				Event: record.ReasonManagerConflict}
+		}
+		d.Log.Warn("another MIG manager is at work on this node; acting anyway (--allow-other-mig-manager)", "other", other)
+	}
+	return nil
+}
+
+// begin ends the pass when the GPUs hold the config already; otherwise it
+// proves the rights the change needs and journals and announces it.
+func (a *attempt) begin() error {
+	d, ch, plan := a.d, a.ch, a.v.plan
+	j := &d.Journal.State
+	d.sameNode(a.ctx, a.node, ch)
+	if ch.Phase == journal.PhasePending {
+		// Later phases keep what the change set out to do: a resumed plan
+		// holds only what is left of it.
+		ch.GPUsChanged, ch.GPUsUntouched = gpus.Indices(plan)
+	}
+	if !gpus.PlanChanges(plan) && ch.Phase == journal.PhasePending {
+		// Already applied: success without touching a GPU or a pod.
+		ch.GPUsChanged, ch.GPUsUntouched = []int{}, gpus.AllIndices(plan)
+		if len(a.v.named) > 0 {
+			return d.partial(ch, plan, a.v.named)
+		}
+		return endPass(d.success(a.ctx, a.node, ch, plan, a.v.n, nil, "config already applied; nothing changed", record.ReasonUnchanged))
+	}
+	// Nothing is disrupted that cannot be recorded: the rights to write the
+	// state, the record, the taint and Events are proven first.
+	if err := d.preflight(a.ctx, a.node); err != nil {
+		return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonPreflight}
+	}
+	if ch.Phase == journal.PhasePending {
+		// The GPUs are no longer known to hold the handled config: whatever
+		// the label says next, even that config again, is acted on.
+		j.Change, j.Handled = ch, ""
+		if err := d.mustJournal(); err != nil {
+			j.Change = nil
+			return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal}
+		}
+		d.setState(a.ctx, record.StatePending)
+		d.event(a.ctx, a.node, EventNormal, record.ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched", ch.Config, ch.GPUsChanged, ch.GPUsUntouched))
+	}
+	j.Change = ch
+	return nil
+}
+
+func (a *attempt) takeSlot() error {
+	d := a.d
+	if d.Slots != nil {
+		_ = d.notify().Status("waiting for a rollout slot")
+		release, err := d.Slots.Acquire(a.ctx)
+		if err != nil {
+			if a.ctx.Err() != nil {
+				return endPass(outParked)
+			}
+			return failed("taking a rollout slot", err)
+		}
+		a.release = release
+	}
+	if a.ch.DisruptedAt == nil {
+		// The slot is taken: the disruption begins.
+		at := d.Clock.Now().UTC()
+		a.ch.DisruptedAt = &at
+	}
+	return nil
+}
+
+func (a *attempt) drain() error {
+	if a.d.Disrupt == nil || (a.ch.Phase != journal.PhasePending && a.ch.Phase != journal.PhaseDraining) {
+		return nil
+	}
+	return a.d.drain(a.ctx, a.node, a.ch, a.v.n, a.v.plan)
+}
+
+func (a *attempt) checkProcesses() error {
+	strays, err := gpus.Blockers(a.d.GPU, a.v.n, a.v.plan)
+	if err != nil {
+		return failed("listing GPU processes", err)
+	}
+	if len(strays) > 0 {
+		return &StepError{Reason: "processes no pod accounts for are using what the change takes away: " + strings.Join(strays, ", "),
+			Retryable: true, Event: record.ReasonFailed}
+	}
+	return nil
+}
+
+func (a *attempt) stopHostClients() error {
+	d, ch := a.d, a.ch
+	if !gpus.ModeChanges(a.v.plan) || d.Units == nil || len(d.S.HostGPUClients) == 0 || len(ch.StoppedUnits) > 0 {
+		return nil
+	}
+	_ = d.notify().Status("stopping host GPU clients %v", d.S.HostGPUClients)
+	stopped, err := d.Units.StopActive(a.ctx, d.S.HostGPUClients)
+	ch.StoppedUnits = stopped
+	d.saveJournal()
+	if err != nil {
+		return failed("stopping host GPU clients", err)
+	}
+	return nil
+}
+
+func (a *attempt) noteDevicePlugins() error {
+	d, ch := a.d, a.ch
+	if d.Disrupt == nil || a.node == nil || !d.S.RestartDevicePlugin || ch.Phase == journal.PhaseApplying || ch.StalePlugins != nil {
+		return nil
+	}
+	// The device plugin pods running now read the old geometry: the ones
+	// still running when the change is done are restarted.
+	var pods []string
+	err := d.retryAPI(a.ctx, func() (err error) { pods, err = d.Disrupt.DevicePlugins(a.ctx); return err })
+	if err != nil {
+		return failed("listing the device plugin pods", err)
+	}
+	ch.StalePlugins = pods
+	return nil
+}
+
+func (a *attempt) apply() error {
+	d, ch := a.d, a.ch
+	a.touched = true
+	ch.Phase = journal.PhaseApplying
+	if err := d.mustJournal(); err != nil {
+		return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal}
+	}
+	var release func() error
+	if d.Inhibit != nil {
+		if r, err := d.Inhibit.Inhibit(a.ctx, "applying MIG geometry "+ch.Config); err == nil {
+			release = r
+		} else {
+			d.Log.Warn("taking a shutdown inhibitor failed", "err", err)
+		}
+	}
+	opts := gpus.ApplyOptions{Step: func(gpu int, what string) error {
+		ch.Step = fmt.Sprintf("GPU %d: %s", gpu, what)
+		if err := d.mustJournal(); err != nil {
+			return err
+		}
+		_ = d.notify().Status("%s", ch.Step)
+		d.Log.Info("applying", "gpu", gpu, "step", what)
+		return nil
+	}}
+	var applied *gpus.Applied
+	var err error
+	if d.Hooks != nil {
+		// Standalone (only there are hooks set): the hooks file runs around
+		// the change as nvidia-mig-parted apply runs it; a failing hook
+		// fails the change.
+		env := gpus.HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: ch.Config, HooksFile: d.S.HooksFile}
+		pa := gpus.NewPlanApplier(d.GPU, d.File, ch.Config, opts, a.v.n, a.v.plan)
+		err = gpus.ApplyWithHooks(a.ctx, d.Log, d.Hooks, env, false, pa)
+		applied = &pa.Result
+	} else {
+		applied, err = gpus.ApplyAndVerify(d.GPU, a.v.n, a.v.plan, d.File, ch.Config, opts)
+	}
+	if release != nil {
+		_ = release()
+	}
+	switch {
+	case errors.Is(err, gpus.ErrRebootRequired):
+		return d.rebootFor(a.ctx, a.node, ch, applied)
+	case err != nil:
+		return failed("applying", err)
+	}
+	a.applied = applied
+	return nil
+}
+
+func (a *attempt) finish() error {
+	return a.d.finish(a.ctx, a.node, a.ch, a.v.plan, a.applied, a.v.named)
+}
+
+// drain taints the node, pauses operands and evicts the affected pods.
+func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, plan *geometry.Plan) error {
+	ch.Phase = journal.PhaseDraining
+	if err := d.mustJournal(); err != nil {
+		return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal, Always: true}
+	}
+	if d.S.Taint && !ch.TaintAdded {
+		err := d.retryAPI(ctx, func() error { _, err := d.Disrupt.Taint(ctx); return err })
+		if err != nil {
+			return failed("tainting the node", err)
+		}
+		// The taint key is the agent's own: one already there was left by an
+		// attempt that could not lift it (a crash between tainting and the
+		// journal, an API outage), so this change lifts it too.
+		ch.TaintAdded = true
+		d.saveJournal()
+	}
+	if d.S.PauseGPUOperator {
+		if len(ch.Operands) == 0 {
+			saved, err := d.Disrupt.ReadOperands(ctx)
+			if err != nil {
+				return failed("reading GPU Operator operand labels", err)
+			}
+			ch.Operands = saved
+			d.saveJournal() // before pausing: a crash restores from here
+		}
+		if err := d.Disrupt.PauseOperands(ctx, ch.Operands); err != nil {
+			return failed("pausing GPU Operator operands", err)
+		}
+	}
+	gpus, migs := gpus.Takes(n, plan)
+	var pods []string
+	var how string
+	err := d.retryAPI(ctx, func() (err error) { pods, how, err = d.Disrupt.Affected(ctx, gpus, migs); return err })
+	if err != nil {
+		return failed("finding the pods that use the changing GPUs", err)
+	}
+	ch.AffectedBy = how
+	if how != "" && how != record.AffectedByNothing { // standalone: no Kubernetes, no PodResources
+		d.Metrics.SetCollectorError("pod-resources", strings.HasPrefix(how, record.AffectedByAllGPUPodsPrefix))
+	}
+	if len(pods) > 0 {
+		msg := fmt.Sprintf("evicting %d pods on GPUs %v: %s", len(pods), ch.GPUsChanged, strings.Join(pods, ", "))
+		_ = d.notify().Status("%s", msg)
+		d.event(ctx, node, EventNormal, record.ReasonEvicting, msg)
+		evicted, err := d.evict(ctx, pods)
+		ch.Evicted = appendNew(ch.Evicted, evicted...)
+		d.Metrics.AddEvictedPods(len(evicted))
+		d.saveJournal()
+		if err != nil {
+			return failed("evicting pods", err)
+		}
+	}
+	return nil
+}
+
+func appendNew(s []string, more ...string) []string {
+	for _, m := range more {
+		found := false
+		for _, x := range s {
+			if x == m {
+				found = true
+				break
+			}
+		}
+		if !found {
+			s = append(s, m)
+		}
+	}
+	return s
+}
+
+// finish restores, refreshes the device plugin, waits for resources, and
+// records success: it ends the pass.
+func (d *Daemon) finish(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, applied *gpus.Applied, named []nvmlx.UnusableGPU) error {
+	ch.Phase = journal.PhaseRestoring
+	d.saveJournal()
+	d.restore(ctx, ch)
+	converged, failed := d.refresh(ctx, node, ch, applied.After)
+	if failed != "" {
+		if ctx.Err() != nil {
+			d.Log.Info("interrupted while refreshing the device plugin; the journal keeps the change", "config", ch.Config)
+			return endPass(outParked)
+		}
+		return &StepError{Reason: failed, Retryable: true, Event: record.ReasonResourcesTimeout}
+	}
+	if len(named) > 0 {
+		return d.partial(ch, plan, named)
+	}
+	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
+	return endPass(d.success(ctx, node, ch, plan, applied.After, converged, msg, record.ReasonApplied))
+}
+
+// refresh makes the device plugin see the new MIG devices (it reads them
+// only when it starts: its pods that read the old geometry are restarted)
+// and waits up to --resource-wait-timeout until the Node's allocatable shows
+// exactly the new geometry's resources. It returns whether they converged
+// (nil: not awaited) or, when they did not, the failure reason: the change
+// stays journaled, and its retry restarts the device plugin again.
+func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory) (converged *bool, failed string) {
+	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 {
+		return nil, ""
+	}
+	ch.Phase = journal.PhaseRefreshing
+	d.saveJournal()
+	if d.S.RestartDevicePlugin && len(ch.StalePlugins) > 0 {
+		_ = d.notify().Status("restarting the device plugin")
+		var restarted []string
+		err := d.retryAPI(ctx, func() (err error) { restarted, err = d.Disrupt.RestartDevicePlugins(ctx, ch.StalePlugins); return err })
+		if err != nil {
+			return nil, "restarting the device plugin: " + err.Error()
+		}
+		ch.StalePlugins = nil
+		d.saveJournal()
+		if len(restarted) > 0 {
+			d.event(ctx, node, EventNormal, record.ReasonDevicePluginRestarted,
+				fmt.Sprintf("restarted %s so that they advertise the new MIG devices", strings.Join(restarted, ", ")))
+		}
+	}
+	if d.S.ResourceWaitTimeout <= 0 {
+		return nil, ""
+	}
+	_ = d.notify().Status("waiting for the device plugin to advertise the new resources")
+	waited, ok, err := d.Disrupt.WaitResources(ctx, node.Strategy, n, d.S.ResourceWaitTimeout)
+	if !waited {
+		d.Log.Warn("computing the expected resources failed; not waiting for them", "err", err)
+		return nil, ""
+	}
+	d.Metrics.SetResourcesConverged(ok)
+	if ok {
+		return &ok, ""
+	}
+	if ctx.Err() != nil {
+		return &ok, "interrupted"
+	}
+	// Whatever runs now did not advertise the geometry: the retry
+	// restarts it again.
+	if pods, lerr := d.Disrupt.DevicePlugins(ctx); lerr == nil {
+		ch.StalePlugins = pods
+	}
+	d.saveJournal()
+	return &ok, fmt.Sprintf("the GPUs hold config %q, but the Node's allocatable did not show exactly its resources within %s "+
+		"(is the device plugin running on this node?): %v", ch.Config, d.S.ResourceWaitTimeout, err)
+}
+
+// preflight proves the rights to record the change before anything is
+// disrupted (Kubernetes only).
+func (d *Daemon) preflight(ctx context.Context, node *Node) error {
+	if node == nil {
+		return nil
+	}
+	err := d.retryAPI(ctx, func() error { return d.Cluster.Preflight(ctx, d.S.Taint) })
+	if err != nil {
+		return fmt.Errorf("preflight: the agent may not write what the change must record, so nothing is changed: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,25 @@
+// Package reconcile is the core of the agent: the loop that converges the
+// node to the geometry its label names, one pass as a checklist of named
+// steps, the outcome of a change written in one place, the change's state
+// machine and the reboot decision.
+//
+// Where to look:
+//   - run.go: the loop (Run, loop, pass): a pass on every trigger, retry and
+//     drift tick. daemon.go: reconcile, which decides whether a pass acts.
+//   - attempt.go: a change as a checklist of named steps (plan, checkNode,
+//     awaitReboot, begin, takeSlot, drain, checkProcesses, stopHostClients,
+//     noteDevicePlugins, apply, finish); a step fails with a StepError, and
+//     conclude turns the end of the checklist into the pass's outcome.
+//   - end.go: the one exit of a change: its record, state, Event, metrics
+//     and journal (the one caller of Cluster.Record).
+//   - reboot.go: the reboot decision (the one caller of Rebooter.Reboot).
+//   - ports.go: the core's own types (Node, Request) and every way it
+//     reaches the world (Cluster, Disruptor, Slots, OtherManagers, ...).
+//   - which pods a change affects: gpus/takes.go, used by the drain step.
+//   - core_test.go: the core on the simulator with a fake clock and fake
+//     adapters.
+//
+// It may import geometry, gpus, journal, record, metrics, nvmlx and
+// internal/backoff; never client-go (go list -deps shows no k8s.io package
+// but k8s.io/utils/clock).
+package reconcile

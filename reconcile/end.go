@@ -1,0 +1,182 @@
+package reconcile
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/journal"
+	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/record"
+)
+
+// The one exit of a change: every way a change ends (success, failure,
+// waiting for a reboot, abandoned for a newer request) builds its record
+// here (record) and writes it, with the state label, through end, the one
+// caller of Cluster.Record; end also posts the Event and reports metrics
+// and the journal.
+
+func (d *Daemon) success(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, n *gpus.Inventory, converged *bool, msg, reason string) outcome {
+	now := d.Clock.Now()
+	rec := d.record(ch, record.StateSuccess, "", now, n)
+	rec.ResourcesConverged = converged
+	// Metrics first: whoever sees the state label finds them current.
+	d.Metrics.ObserveReconfiguration(record.StateSuccess, now.Sub(ch.StartedAt))
+	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
+	d.Metrics.SetLastSuccess(now)
+	d.Metrics.SetDrift(false)
+	d.Metrics.SetRebootGuardTripped(false)
+	d.Metrics.SetLastFailure("")
+	d.end(ctx, node, record.StateSuccess, rec, EventNormal, reason, msg)
+	d.drifted = false
+	j := &d.Journal.State
+	j.Change = nil
+	j.Succeeded(ch.Config, plan.Hash)
+	j.RebootFor = nil // the change is done: its reboot mark with it
+	d.saveJournal()
+	d.Log.Info("mig config applied", "config", ch.Config, "gpusChanged", ch.GPUsChanged, "evicted", len(ch.Evicted))
+	_ = d.notify().Status("config %s applied", ch.Config)
+	return outSuccess
+}
+
+// partial ends a change whose GPUs hold the config, except those named
+// that NVML cannot open: the change is done (journal, applied config), and
+// its result is a failure with that reason, retried with backoff.
+func (d *Daemon) partial(ch *journal.Change, plan *geometry.Plan, named []nvmlx.UnusableGPU) error {
+	j := &d.Journal.State
+	j.Change, j.Applied, j.AppliedHash = nil, ch.Config, plan.Hash
+	j.RebootFor = nil // the change is done: its reboot mark with it
+	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
+	return &StepError{Reason: gpus.UnusableReason(ch.Config, named, true), Retryable: true, Event: record.ReasonGPUUnusable, Always: true}
+}
+
+// failure ends an attempt: restore, record, event, metrics, and the retry
+// schedule when the cause may pass.
+// n is the GPUs as the pass read them when it did not touch them since
+// (nil: read them now).
+func (d *Daemon) failure(ctx context.Context, node *Node, ch *journal.Change, se *StepError, n *gpus.Inventory) outcome {
+	reason, retryable := se.Reason, se.Retryable
+	// A change a reboot was requested for stays in the journal through a
+	// failure that may pass, so that its retry knows the reboot: never a
+	// second one for the same change, whatever fails in between (NVML not
+	// up yet at boot, the API server away).
+	keep := retryable && ch != nil && ch.RebootBootID != "" && d.Journal.State.Change == ch
+	// A change whose GPUs are done but whose resources never showed stays
+	// too: its retry restarts the device plugin and waits again (a fresh
+	// pass would find the config applied and report success unseen).
+	refreshing := retryable && ch != nil && ch.Phase == journal.PhaseRefreshing && d.Journal.State.Change == ch
+	waiting := false
+	if keep && !refreshing {
+		if ch.Phase == journal.PhaseRebooting && d.BootID() != ch.RebootBootID {
+			ch.Rebooted = true
+		}
+		waiting = ch.Phase == journal.PhaseRebooting && !ch.Rebooted
+		if ch.Rebooted {
+			ch.Phase = journal.PhaseDraining // restore lifts the taint: the retry drains again
+		}
+	}
+	if ch != nil && !waiting {
+		// Still waiting for the reboot: the taint and paused operands stay
+		// through it, as they do without a failure.
+		d.restore(ctx, ch)
+	}
+	now := d.Clock.Now()
+	rec := d.record(ch, record.StateFailed, reason, now, n)
+	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", retryable)
+	// Metrics first: whoever sees the state label finds them current.
+	d.Metrics.ObserveReconfiguration(record.StateFailed, now.Sub(rec.StartedAt))
+	d.Metrics.SetLastFailure(reason)
+	d.end(ctx, node, record.StateFailed, rec, EventWarning, se.Event, reason)
+	if !keep && !refreshing {
+		d.Journal.State.Change = nil
+	}
+	if !retryable {
+		d.Journal.State.GaveUp(rec.Config)
+		d.saveJournal()
+		_ = d.notify().Status("failed: %s", reason)
+		return outFailed
+	}
+	d.saveJournal()
+	wait := d.Journal.State.Retry(rec.Config, now, d.backoff)
+	_ = d.notify().Status("failed, retrying in %s: %s", wait, reason)
+	return outRetry
+}
+
+// record builds the audit record of the change, with the geometry of n (the
+// GPUs as just read; nil reads them now).
+func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time, n *gpus.Inventory) record.ChangeRecord {
+	rec := record.ChangeRecord{Result: result, Reason: record.CapReason(reason), FinishedAt: now.UTC(), AgentVersion: d.Version,
+		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
+	if drv, err := d.GPU.DriverVersion(); err == nil {
+		rec.DriverVersion = drv
+	}
+	if ch != nil {
+		rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
+		rec.ConfigHash, rec.ConfigSource = ch.Hash, ch.Source
+		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
+		rec.Reboot = ch.Rebooted || result == record.StateRebooting
+		rec.AffectedBy, rec.DisruptedAt = ch.AffectedBy, ch.DisruptedAt
+		if ch.GPUsChanged != nil {
+			rec.GPUsChanged = ch.GPUsChanged
+		}
+		if ch.GPUsUntouched != nil {
+			rec.GPUsUntouched = ch.GPUsUntouched
+		}
+		if ch.Evicted != nil {
+			rec.EvictedPods = ch.Evicted
+		}
+	}
+	if n == nil {
+		n, _ = d.discover() // refreshes the GPU metrics too
+	} else {
+		d.Metrics.SetGPUs(metricGPUs(n))
+		d.Metrics.SetUnusableGPUs(metricUnusable(n))
+	}
+	if n != nil {
+		rec.Geometry = n.GeometryOf()
+		rec.GPUsUnusable = n.Unusable
+	}
+	return rec
+}
+
+// end writes the record of a change with the state label (the one caller
+// of Cluster.Record) and posts the Event (none when evType is ""). The
+// Cluster retries API errors and falls back to a shorter record or the
+// state alone; what did not land is logged, and returned.
+func (d *Daemon) end(ctx context.Context, node *Node, state string, rec record.ChangeRecord, evType, reason, msg string) error {
+	if state != "" {
+		d.showState(state)
+	}
+	ctx = context.WithoutCancel(ctx)
+	err := d.Cluster.Record(ctx, rec, state)
+	if err != nil {
+		d.Log.Error("writing the change record failed", "config", rec.Config, "result", rec.Result, "err", err)
+	}
+	if evType != "" {
+		d.event(ctx, node, evType, reason, msg)
+	}
+	return err
+}
+
+// abandon undoes the side effects of a journaled change that will not be
+// finished (the label moved on), so nothing stays paused or tainted.
+//
+// n is the pass's read of the GPUs for the record (nil: read them).
+func (d *Daemon) abandon(ctx context.Context, ch *journal.Change, why string, n *gpus.Inventory) {
+	d.Log.Info("abandoning unfinished change", "config", ch.Config, "why", why)
+	d.restore(ctx, ch)
+	d.Journal.State.Change, d.Journal.State.Handled = nil, ""
+	d.saveJournal()
+	// The trail shows the request that never finished, and why. The state
+	// label is left to the request that follows.
+	rec := d.record(ch, record.StateFailed, "abandoned: "+why, d.Clock.Now(), n)
+	if !nvmlStarted(ch.Phase) {
+		// Planned, never applied: no GPU was changed.
+		rec.GPUsChanged, rec.GPUsUntouched = []int{}, append(append([]int{}, ch.GPUsUntouched...), ch.GPUsChanged...)
+		slices.Sort(rec.GPUsUntouched)
+	}
+	// The state label stays as it is: it belongs to the request that follows.
+	_ = d.end(ctx, nil, "", rec, "", "", "")
+}

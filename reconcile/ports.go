@@ -1,0 +1,224 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/metrics"
+	"github.com/migagent/mig-agent/record"
+)
+
+// The core's own types and every way it reaches the world outside the
+// GPUs: each a narrow interface owned here, implemented by the Kubernetes
+// side (package kube), systemd (package systemd) or the standalone daemon.
+// Nothing here names a Kubernetes type: the core and its tests link no
+// client-go.
+
+// Node is what the core knows of its Kubernetes Node: a snapshot the
+// Cluster builds from the Node as its watch (or a fresh read) shows it.
+type Node struct {
+	Name string
+	UID  string
+	// Request is the desired config and who asked for it.
+	Request Request
+	// Strategy is the device plugin's MIG strategy label ("" when unset).
+	Strategy string
+	// State is the state label ("" when unset).
+	State string
+	// History is the change records on the Node, newest first (the
+	// history annotation, or the last change alone when it does not
+	// decode).
+	History []record.ChangeRecord
+}
+
+// Event types (Kubernetes' Normal and Warning).
+const (
+	EventNormal  = "Normal"
+	EventWarning = "Warning"
+)
+
+// Request is the desired config and who asked for it.
+type Request struct {
+	Config string
+	By     string
+	// Via is the field manager of the write that asked, where known.
+	Via string
+	At  *time.Time
+	// Asked is false when nothing is asked (no label, no default); a label
+	// set to "" asks, and fails with a reason.
+	Asked bool
+	// Seq counts the removals of the desired label the watch has seen: a
+	// pass that finds it grown since the last pass handles the removal
+	// first (a label removed and set again between two passes is two
+	// requests, not one).
+	Seq uint64
+}
+
+// Cluster is the Kubernetes side of the daemon behind one interface: the
+// watch of its Node, the state label and change records on the Node,
+// Events, the ConfigMap of generated configs and the API server's health.
+// kube.Cluster implements it over client-go; Standalone is the daemon
+// without Kubernetes, which has no Node (node nil throughout the core).
+type Cluster interface {
+	// Watch follows the Node until ctx ends or Stop.
+	Watch(ctx context.Context, h WatchHandlers) (*NodeWatch, error)
+	// Desired is the config node asks for (standalone: the selected one).
+	Desired(node *Node) Request
+	// GetNode reads the Node afresh (Standalone: nil).
+	GetNode(ctx context.Context) (*Node, error)
+	// SetState sets the state label (and nothing else).
+	SetState(ctx context.Context, state string) error
+	// Record writes a change record and the state label together, on the
+	// Node as it is now. It does what it can to make the record land (a
+	// shorter record when the whole one is refused; the state label alone
+	// when no record can be written) and returns an error when the record
+	// did not land. state "" leaves the state label as it is (pending when
+	// the Node has none).
+	Record(ctx context.Context, rec record.ChangeRecord, state string) error
+	// Event posts an Event on the Node; failures are for logging only.
+	Event(ctx context.Context, node *Node, eventType, reason, msg string) error
+	// PublishConfigs writes the generated configs to the node's ConfigMap.
+	PublishConfigs(ctx context.Context, configYAML string) error
+	// Preflight proves the rights a change needs to record itself (and to
+	// taint the node, when taint).
+	Preflight(ctx context.Context, taint bool) error
+	// Probe asks the API server whether it is ready.
+	Probe(ctx context.Context) error
+	// Reachable is the cheap health check while the API server answers:
+	// a TCP connect, nothing sent.
+	Reachable(ctx context.Context) error
+	// Transient says whether an error of this side is worth a retry of the
+	// same call (the API server away, a conflict).
+	Transient(err error) bool
+}
+
+// WatchHandlers are called by a Cluster's watch of the Node.
+type WatchHandlers struct {
+	// Changed: the Node appeared, or its desired config or MIG strategy
+	// label changed: a pass is due.
+	Changed func()
+	// Stale: the desired config changed or the Node is gone: the pass in
+	// progress acts on a stale value and must stop where it safely can.
+	Stale func()
+	// Error: the watch could not list or watch the Node.
+	Error func(error)
+}
+
+// NodeWatch is a running watch of the Node.
+type NodeWatch struct {
+	// Node is the Node as last seen; seen is false while it has not been
+	// seen (Standalone: always seen, and nil).
+	Node func() (node *Node, seen bool)
+	// Sync waits until the watch holds the Node's current state; false
+	// when ctx ended first. Nil when there is nothing to wait for
+	// (Standalone): the daemon is ready once its first pass is done.
+	Sync func(ctx context.Context) bool
+	// Stop ends the watch and waits for it.
+	Stop func()
+}
+
+// Disruptor finds and moves the pods a change disturbs. The daemon calls it
+// between journaling the intent and touching a GPU; every method is safe to
+// repeat after a crash.
+type Disruptor interface {
+	// Affected lists the pods holding one of the whole GPUs or MIG devices
+	// the change takes away ("namespace/name"), and how they were found.
+	Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) (pods []string, how string, err error)
+	// Evict evicts those pods through the Eviction API and waits until they
+	// are gone; the error names the pods still there.
+	Evict(ctx context.Context, pods []string) (evicted []string, err error)
+	// Taint adds the reconfiguring taint; added is false when it was there.
+	Taint(ctx context.Context) (added bool, err error)
+	// Untaint removes the reconfiguring taint.
+	Untaint(ctx context.Context) error
+	// ReadOperands reads the GPU Operator operand labels' values, to be
+	// journaled before PauseOperands and restored later.
+	ReadOperands(ctx context.Context) (saved json.RawMessage, err error)
+	// PauseOperands pauses the operands ReadOperands found and waits
+	// (bounded) for their pods to leave.
+	PauseOperands(ctx context.Context, saved json.RawMessage) error
+	// RestoreOperands restores what PauseOperands saved.
+	RestoreOperands(ctx context.Context, saved json.RawMessage) error
+	// DevicePlugins lists the node's device plugin and GPU Feature
+	// Discovery pods ("namespace/name/uid"): they read the MIG devices only
+	// when they start.
+	DevicePlugins(ctx context.Context) (pods []string, err error)
+	// RestartDevicePlugins evicts those of pods that still run (same UID),
+	// so that their DaemonSets start new ones. Safe to repeat.
+	RestartDevicePlugins(ctx context.Context, pods []string) (restarted []string, err error)
+	// WaitResources waits until the Node shows exactly the resources that
+	// the GPUs as n holds them imply under the MIG strategy; ok is false
+	// on timeout. waited is false when nothing could be expected (nothing
+	// was awaited).
+	WaitResources(ctx context.Context, strategy string, n *gpus.Inventory, timeout time.Duration) (waited, ok bool, err error)
+}
+
+// OtherManagers finds another MIG manager at work on the node.
+type OtherManagers interface {
+	// Check describes the other MIG manager at work on the node, or "".
+	Check(ctx context.Context) (string, error)
+}
+
+// Slots limits how many nodes of a pool are disrupted at once
+// (--max-concurrent).
+type Slots interface {
+	// Acquire takes a rollout slot, waiting for one; release gives it back.
+	Acquire(ctx context.Context) (release func(), err error)
+	// ExtendForReboot keeps the slot taken by Acquire through a reboot: the
+	// next release stops renewing it without freeing it, and the Lease is
+	// stretched to cover the reboot.
+	ExtendForReboot(ctx context.Context) error
+}
+
+// Inhibitor holds off shutdown while NVML is mid-change.
+type Inhibitor interface {
+	Inhibit(ctx context.Context, why string) (release func() error, err error)
+}
+
+// Rebooter reboots the machine (logind, systemctl, sim). Reboot returns
+// once the reboot was requested.
+type Rebooter interface {
+	Reboot(ctx context.Context, reason string) error
+}
+
+// HostUnits stops and starts the host's GPU client services.
+type HostUnits interface {
+	StopActive(ctx context.Context, names []string) (stopped []string, err error)
+	Start(ctx context.Context, names []string) error
+}
+
+// Notifier reports to systemd.
+type Notifier interface {
+	Ready() error
+	Status(format string, args ...any) error
+}
+
+// Metrics is what the daemon reports; *metrics.Metrics implements it.
+type Metrics interface {
+	SetState(state string)
+	SetDesiredConfig(name string)
+	SetAppliedConfig(name, hash string)
+	SetGPUs(gpus []metrics.GPU)
+	SetUnusableGPUs(gpus []metrics.UnusableGPU)
+	ObserveReconfiguration(result string, d time.Duration)
+	AddEvictedPods(n int)
+	IncReboots()
+	SetLastSuccess(t time.Time)
+	SetDrift(drift bool)
+	SetNVMLUp(up bool)
+	// SetCollectorError reports one attempt to read a source ("nvml",
+	// "pod-resources"): failed or not.
+	SetCollectorError(collector string, failed bool)
+	SetLastFailure(reason string)
+	SetRebootGuardTripped(b bool)
+	SetResourcesConverged(b bool)
+}
+
+var _ Metrics = (*metrics.Metrics)(nil)
+
+type nopNotifier struct{}
+
+func (nopNotifier) Ready() error                { return nil }
+func (nopNotifier) Status(string, ...any) error { return nil }

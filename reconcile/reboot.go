@@ -1,0 +1,174 @@
+package reconcile
+
+// The reboot decision, in one place: whether a mode change that no GPU
+// reset applied gets a reboot (rebootFor: once per requested change, never
+// twice, whatever fails or restarts in between), waiting for it
+// (awaitReboot), keeping the change and its rollout slot through it
+// (holdSlotForReboot, keepThroughReboot) and forgetting it (forgetReboot).
+// The one caller of Rebooter.Reboot is rebootFor.
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/journal"
+	"github.com/migagent/mig-agent/record"
+)
+
+// rebootSpent says whether the reboot of the request for config was already
+// made (or asked for): from the journal's mark, else, when the journal was
+// lost, from a `rebooting` record on the Node for the same request. sameBoot
+// is true when the reboot was asked on this boot and has not happened yet.
+func (d *Daemon) rebootSpent(node *Node, config string) (spent, sameBoot bool, how string) {
+	if m := d.Journal.State.RebootFor; m != nil && m.Config == config {
+		if m.BootID == d.BootID() {
+			// Journaled but not asked for: the agent stopped in between, no
+			// reboot happened, asking now is not a second one.
+			return m.Requested, m.Requested, "the journal"
+		}
+		return true, false, "the journal"
+	}
+	if node != nil && rebootRecorded(node, config) {
+		return true, false, "a " + record.StateRebooting + " record on the Node"
+	}
+	return false, false, ""
+}
+
+// rebootRecorded reports a `rebooting` record for the current request of
+// config in the Node's history: the newest records for config, up to the
+// first one for another config (the label had another value then) or a
+// success (that request was finished).
+func rebootRecorded(node *Node, config string) bool {
+	for _, r := range node.History {
+		if r.Config != config || r.Result == record.StateSuccess {
+			return false
+		}
+		if r.Result == record.StateRebooting {
+			return true
+		}
+	}
+	return false
+}
+
+// forgetReboot drops the reboot mark unless it is for config ("" drops it
+// whatever it is for); it reports whether the journal changed.
+func (d *Daemon) forgetReboot(config string) bool {
+	m := d.Journal.State.RebootFor
+	if m == nil || (config != "" && m.Config == config) {
+		return false
+	}
+	d.Journal.State.RebootFor = nil
+	return true
+}
+
+func (a *attempt) awaitReboot() error {
+	d, ch := a.d, a.ch
+	if ch.Phase != journal.PhaseRebooting {
+		return nil
+	}
+	if d.BootID() != ch.RebootBootID {
+		ch.Rebooted = true
+		d.Log.Info("resuming after reboot", "config", ch.Config)
+		return nil
+	}
+	if !gpus.PlanChanges(a.v.plan) {
+		return nil
+	}
+	if !ch.RebootRequested && d.S.RebootMethod != RebootNone {
+		// The agent stopped between journaling the reboot and asking for
+		// it: no reboot happened on this boot, so asking now is not a
+		// second one.
+		d.Log.Warn("the reboot journaled for this change was never requested; requesting it now", "config", ch.Config)
+		return d.rebootFor(a.ctx, a.node, ch, &gpus.Applied{RebootGPUs: gpus.ModeChangeGPUs(a.v.plan)})
+	}
+	d.Log.Info("waiting for the reboot requested for this change", "config", ch.Config)
+	d.setState(a.ctx, record.StateRebooting)
+	_ = d.notify().Status("waiting for reboot")
+	return endPass(outRebooting)
+}
+
+// rebootFor handles a mode change that waits for a reboot: once, never twice.
+// It returns the end of the pass (waiting for the reboot, or the sim
+// reboot made) or why no reboot is made, as a failure also when the pass is
+// interrupted: a resumed pass must not decide again.
+func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, applied *gpus.Applied) error {
+	spent, sameBoot, how := d.rebootSpent(node, ch.Config)
+	if ch.Rebooted || (spent && !sameBoot) {
+		// Whatever happened in between (a failure, a restart, a lost
+		// journal): one reboot per requested change.
+		if !ch.Rebooted {
+			d.Log.Warn("a reboot was already made for this change; not rebooting again", "config", ch.Config, "from", how)
+		}
+		ch.Rebooted = true
+		d.Metrics.SetRebootGuardTripped(true)
+		return &StepError{Reason: fmt.Sprintf("MIG mode change on GPUs %v is still pending after the reboot made for it; not rebooting again", applied.RebootGPUs),
+			Event: record.ReasonRebootFailed, Always: true}
+	}
+	// Why no GPU reset applied the mode change (empty for a reboot planned
+	// before any apply, whose GPUs were never offered a reset).
+	why := ""
+	if len(applied.NoReset) > 0 {
+		why = "no GPU reset: " + gpus.NoResetReason(applied.RebootGPUs, applied.NoReset)
+		d.Log.Info("MIG mode change needs a reboot", "gpus", applied.RebootGPUs, "why", why)
+	}
+	ch.Phase, ch.RebootBootID = journal.PhaseRebooting, d.BootID()
+	if spent {
+		// Asked for on this boot already (the journal says so): wait for it.
+		ch.RebootRequested = true
+		d.saveJournal()
+		d.Log.Info("waiting for the reboot requested for this change", "config", ch.Config)
+		d.setState(ctx, record.StateRebooting)
+		_ = d.notify().Status("waiting for reboot")
+		return endPass(outRebooting)
+	}
+	// The mark is journaled before the reboot is asked for: a journal that
+	// cannot be written means no reboot (it could not be remembered).
+	d.Journal.State.RebootFor = &journal.RebootMark{Config: ch.Config, BootID: ch.RebootBootID, At: d.Clock.Now().UTC()}
+	if err := d.mustJournal(); err != nil {
+		d.Journal.State.RebootFor = nil
+		return &StepError{Reason: "not rebooting: " + err.Error(), Retryable: true, Event: record.ReasonRebootFailed, Always: true}
+	}
+	if d.S.RebootMethod == RebootNone {
+		d.Journal.State.RebootFor.Requested = true
+		d.saveJournal()
+		d.holdSlotForReboot(ctx)
+		rec := d.record(ch, record.StateRebooting, why, d.Clock.Now(), applied.After)
+		d.end(ctx, node, record.StateRebooting, rec, EventNormal, record.ReasonRebooting,
+			fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; --reboot-method none: waiting for someone to reboot the node", applied.RebootGPUs))
+		_ = d.notify().Status("waiting for reboot")
+		return endPass(outRebooting)
+	}
+	d.holdSlotForReboot(ctx)
+	rec := d.record(ch, record.StateRebooting, why, d.Clock.Now(), applied.After)
+	d.end(ctx, node, record.StateRebooting, rec, EventNormal, record.ReasonRebooting,
+		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
+	d.Metrics.IncReboots()
+	_ = d.notify().Status("rebooting for the MIG mode change on GPUs %v", applied.RebootGPUs)
+	// The request is not cancelled by a newer label or a shutdown: it is
+	// journaled as made, and made at most once.
+	if err := d.Reboot.Reboot(context.WithoutCancel(ctx), "mig-agent: MIG mode change of config "+ch.Config); err != nil {
+		// Never retried by itself: a reboot is requested at most once.
+		return &StepError{Reason: "requesting the reboot failed: " + err.Error(), Event: record.ReasonRebootFailed, Always: true}
+	}
+	ch.RebootRequested = true
+	d.Journal.State.RebootFor.Requested = true
+	d.Journal.State.Reboots++ // counted once it was asked for: see Run
+	d.saveJournal()
+	if d.S.RebootMethod == RebootSim {
+		return endPass(outRebooted)
+	}
+	return endPass(outRebooting)
+}
+
+// holdSlotForReboot keeps the rollout slot through the reboot: a node that
+// goes down for its change is disrupted until it is back, so its slot must
+// not pass to another node meanwhile (--max-concurrent).
+func (d *Daemon) holdSlotForReboot(ctx context.Context) {
+	if d.Slots == nil {
+		return
+	}
+	if err := d.Slots.ExtendForReboot(context.WithoutCancel(ctx)); err != nil {
+		d.Log.Warn("keeping the rollout slot through the reboot failed; it expires after the lease duration", "err", err)
+	}
+}

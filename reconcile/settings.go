@@ -1,0 +1,118 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Settings is every setting of mig-agent in one typed struct, filled from
+// defaults, the settings file, the environment and flags (in that order of
+// increasing precedence) and validated once.
+type Settings struct {
+	NVML        string `json:"nvml"`
+	NVMLLibrary string `json:"nvmlLibrary,omitempty"`
+	SimState    string `json:"simState,omitempty"`
+	SimFaults   string `json:"simFaults,omitempty"`
+	SimNoReset  bool   `json:"simNoReset,omitempty"`
+	LogLevel    string `json:"logLevel"`
+	LogFormat   string `json:"logFormat"`
+
+	Standalone     bool   `json:"standalone"`
+	ConfigFile     string `json:"configFile,omitempty"`
+	SelectedConfig string `json:"selectedConfig,omitempty"`
+	// HooksFile is an nvidia-mig-parted hooks file run around each change
+	// applied without Kubernetes (apply, run --standalone).
+	HooksFile      string `json:"hooksFile,omitempty"`
+	NodeName       string `json:"nodeName,omitempty"`
+	Kubeconfig     string `json:"kubeconfig,omitempty"`
+	Namespace      string `json:"namespace"`
+	DefaultConfig  string `json:"defaultConfig,omitempty"`
+	MetricsAddress string `json:"metricsAddress"`
+	StateDir       string `json:"stateDir"`
+
+	DrainTimeout        time.Duration `json:"drainTimeout"`
+	EvictionRetryDelay  time.Duration `json:"evictionRetryDelay"`
+	ResourceWaitTimeout time.Duration `json:"resourceWaitTimeout"`
+	PauseGPUOperator    bool          `json:"pauseGpuOperator"`
+	RestartDevicePlugin bool          `json:"restartDevicePlugin"`
+	HostGPUClients      []string      `json:"hostGpuClients,omitempty"`
+	Taint               bool          `json:"taint"`
+	EvictUnmanagedPods  bool          `json:"evictUnmanagedPods"`
+	PodResourcesSocket  string        `json:"podResourcesSocket"`
+
+	RebootMethod  string        `json:"rebootMethod"`
+	DBusAddress   string        `json:"dbusAddress,omitempty"`
+	MaxConcurrent int           `json:"maxConcurrent"`
+	LeaseDuration time.Duration `json:"leaseDuration"`
+
+	DriftInterval        time.Duration `json:"driftInterval"`
+	ReapplyOnDrift       bool          `json:"reapplyOnDrift"`
+	RetryBackoffMax      time.Duration `json:"retryBackoffMax"`
+	AllowOtherMigManager bool          `json:"allowOtherMigManager"`
+}
+
+// Reboot methods (docs/reference.md#disruption-and-reboot).
+const (
+	RebootLogind    = "logind"
+	RebootSystemctl = "systemctl"
+	RebootNone      = "none"
+	RebootSim       = "sim"
+)
+
+// ErrBadSettings wraps every settings validation error.
+var ErrBadSettings = errors.New("invalid settings")
+
+// Validate checks the settings for the daemon (`run`).
+func (s *Settings) Validate() error {
+	var errs []string
+	add := func(f string, a ...any) { errs = append(errs, fmt.Sprintf(f, a...)) }
+	if s.NVML != "real" && !strings.HasPrefix(s.NVML, "sim:") {
+		add("--nvml must be real or sim:SPEC, not %q", s.NVML)
+	}
+	switch s.RebootMethod {
+	case RebootLogind, RebootSystemctl, RebootNone:
+	case RebootSim:
+		if !strings.HasPrefix(s.NVML, "sim:") {
+			add("--reboot-method sim needs --nvml sim:SPEC")
+		}
+	default:
+		add("--reboot-method must be logind, systemctl, none or sim, not %q", s.RebootMethod)
+	}
+	switch s.LogFormat {
+	case "text", "json":
+	default:
+		add("--log-format must be text or json, not %q", s.LogFormat)
+	}
+	switch strings.ToLower(s.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		add("--log-level must be debug, info, warn or error, not %q", s.LogLevel)
+	}
+	for name, d := range map[string]time.Duration{
+		"--drain-timeout": s.DrainTimeout, "--resource-wait-timeout": s.ResourceWaitTimeout,
+		"--drift-interval": s.DriftInterval, "--eviction-retry-delay": s.EvictionRetryDelay,
+	} {
+		if d < 0 {
+			add("%s must not be negative", name)
+		}
+	}
+	if s.MaxConcurrent < 0 {
+		add("--max-concurrent must not be negative")
+	}
+	if s.Standalone {
+		if s.SelectedConfig == "" {
+			add("--standalone needs -c/--selected-config")
+		}
+	} else if s.NodeName == "" {
+		add("--node-name (or $NODE_NAME) is required unless --standalone")
+	}
+	if s.StateDir == "" {
+		add("--state-dir must not be empty")
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %s", ErrBadSettings, strings.Join(errs, "; "))
+	}
+	return nil
+}

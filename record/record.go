@@ -1,0 +1,206 @@
+// Package record is the node protocol of mig-agent: the labels and
+// annotations it reads and writes on its Node, the states, the Event
+// reasons, and the change record (ChangeRecord) with its one codec
+// (codec.go: Decode, DecodeHistory, Trail). Everything that reads or
+// writes a record goes through here: the agent's writer (package kube),
+// its reboot guard (package reconcile), `mig-agent status` and the tests.
+//
+// It may import the standard library, metrics (the state names) and nvmlx
+// (the unusable-GPU entry of a record); nothing of Kubernetes.
+package record
+
+import (
+	"fmt"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	"github.com/migagent/mig-agent/metrics"
+	"github.com/migagent/mig-agent/nvmlx"
+)
+
+// Node labels and annotations of the Kubernetes protocol (docs/reference.md#labels-and-annotations-on-the-node).
+const (
+	// LabelConfig is the desired config name, set by the user.
+	LabelConfig = "nvidia.com/mig.config"
+	// LabelState is the agent's progress: pending, rebooting, success, failed.
+	LabelState = "nvidia.com/mig.config.state"
+	// LabelStrategy is the device plugin's MIG strategy, set by GPU Feature Discovery.
+	LabelStrategy = "nvidia.com/mig.strategy"
+	// AnnotationLastChange holds the newest ChangeRecord as JSON.
+	AnnotationLastChange = "migagent.io/last-change"
+	// AnnotationHistory holds a JSON array of the newest records, newest first.
+	AnnotationHistory = "migagent.io/history"
+	// TaintReconfiguring keeps new pods off the node while a change runs.
+	TaintReconfiguring = "migagent.io/reconfiguring"
+	// LabelManagedBy and LabelNode mark the generated ConfigMap.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelNode      = "migagent.io/node"
+	// ConfigMapKey is the key of the generated configs in the ConfigMap.
+	ConfigMapKey = "config.yaml"
+)
+
+// States of LabelState: the values of migagent_state, defined once in
+// metrics.
+const (
+	StatePending   = metrics.StatePending
+	StateRebooting = metrics.StateRebooting
+	StateSuccess   = metrics.StateSuccess
+	StateFailed    = metrics.StateFailed
+)
+
+// History bounds (docs/reference.md#labels-and-annotations-on-the-node).
+const (
+	HistoryMaxRecords = 16
+	HistoryMaxBytes   = 32 << 10
+)
+
+// ChangeRecord is one audit record: migagent.io/last-change and each entry
+// of migagent.io/history.
+type ChangeRecord struct {
+	Config         string    `json:"config"`
+	PreviousConfig string    `json:"previousConfig"`
+	Result         string    `json:"result"` // success, failed, rebooting
+	Reason         string    `json:"reason,omitempty"`
+	StartedAt      time.Time `json:"startedAt"`
+	FinishedAt     time.Time `json:"finishedAt"`
+	// DisruptedAt is when the change began to disrupt the node: after it
+	// took its rollout slot (--max-concurrent), before the first taint or
+	// eviction. Absent for a change that disrupted nothing.
+	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
+	GPUsChanged   []int      `json:"gpusChanged"`
+	GPUsUntouched []int      `json:"gpusUntouched"`
+	EvictedPods   []string   `json:"evictedPods"`
+	Reboot        bool       `json:"reboot"`
+	AgentVersion  string     `json:"agentVersion"`
+	DriverVersion string     `json:"driverVersion"`
+	ConfigHash    string     `json:"configHash"`
+	// ConfigSource is "generated", or the config file and its digest:
+	// "/etc/mig-agent/config.yaml@sha256:<hex>".
+	ConfigSource string `json:"configSource"`
+	// RequestedBy is who asked (Requester.By); RequestedVia the field
+	// manager of that write, where known; RequestedAt when.
+	RequestedBy        string     `json:"requestedBy"`
+	RequestedVia       string     `json:"requestedVia,omitempty"`
+	RequestedAt        *time.Time `json:"requestedAt,omitempty"`
+	ResourcesConverged *bool      `json:"resourcesConverged,omitempty"`
+	// AffectedBy says how affected pods were found: "pod-resources", or
+	// "all-gpu-pods: <why PodResources could not be read>".
+	AffectedBy string `json:"affectedBy,omitempty"`
+	// Geometry is the per-GPU geometry after the change ("0": ["3g.71gb@0", ...]).
+	Geometry map[string][]string `json:"geometry,omitempty"`
+	// GPUsUnusable are the GPUs NVML counts but could not open, left alone.
+	GPUsUnusable []nvmlx.UnusableGPU `json:"gpusUnusable,omitempty"`
+}
+
+// Event reasons (stable; documented in docs/observability.md).
+const (
+	ReasonStarted          = "MigConfigStarted"
+	ReasonApplied          = "MigConfigApplied"
+	ReasonUnchanged        = "MigConfigUnchanged"
+	ReasonFailed           = "MigConfigFailed"
+	ReasonInvalid          = "MigConfigInvalid"
+	ReasonEvicting         = "MigEvictingPods"
+	ReasonRebooting        = "MigRebooting"
+	ReasonRebootFailed     = "MigRebootFailed"
+	ReasonDrift            = "MigGeometryDrift"
+	ReasonResourcesTimeout = "MigResourcesTimeout"
+	ReasonManagerConflict  = "MigManagerConflict"
+	// ReasonGPUUnusable: a GPU NVML counts but cannot open (Warning,
+	// posted when the set of such GPUs changes).
+	ReasonGPUUnusable = "MigGPUUnusable"
+	// ReasonDevicePluginRestarted: the device plugin pods that read the old
+	// geometry were restarted after a change.
+	ReasonDevicePluginRestarted = "MigDevicePluginRestarted"
+	ReasonJournal               = "MigJournalUnwritable"
+)
+
+// ReasonPreflight is the Event reason of a change refused because the agent
+// may not write what the change must write.
+const ReasonPreflight = "MigPreflightFailed"
+
+// ReasonRecordRetired is the Event reason of a record that the history
+// bound dropped from migagent.io/history.
+const ReasonRecordRetired = "MigRecordRetired"
+
+const (
+	// AnnotationHistoryUnparsable keeps a migagent.io/history value that was
+	// not a JSON array of records when the next record was written.
+	AnnotationHistoryUnparsable = "migagent.io/history-unparsable"
+	// MaxRecordReason bounds the reason of a record, in bytes.
+	MaxRecordReason = 1024
+	// ReasonRecordFailed is the Event reason of a record the API server refused.
+	ReasonRecordFailed = "MigRecordFailed"
+	// ReasonHistoryUnparsable is the Event reason of a history kept aside.
+	ReasonHistoryUnparsable = "MigHistoryUnparsable"
+)
+
+const (
+	// AnnotationRequestedBy is the requester stamp: a JSON RequesterStamp.
+	AnnotationRequestedBy = "migagent.io/requested-by"
+	// RequesterUnknown is requestedBy when neither the stamp nor
+	// managedFields name who set the label.
+	RequesterUnknown = "unknown"
+	// RequesterDefaultConfig is requestedBy of a change to --default-config.
+	RequesterDefaultConfig = "default-config"
+	// RequesterStandalone is requestedBy in standalone mode.
+	RequesterStandalone = "standalone"
+)
+
+// CapReason shortens reason to MaxRecordReason bytes (at a rune boundary),
+// saying how much was left out and where the whole text is.
+func CapReason(reason string) string {
+	if len(reason) <= MaxRecordReason {
+		return reason
+	}
+	suffix := fmt.Sprintf(" … (%d bytes in all; the whole reason is in the agent's log)", len(reason))
+	cut := MaxRecordReason - len(suffix)
+	for cut > 0 && !utf8.RuneStart(reason[cut]) {
+		cut--
+	}
+	return reason[:cut] + suffix
+}
+
+// MaxDisrupted is the largest number of records whose disruption
+// intervals, [disruptedAt, finishedAt], overlap at one instant: how many
+// nodes were ever between taking a rollout slot and the end of their change
+// at once (the --max-concurrent bound). Records without disruptedAt (no slot
+// taken) do not count. An end and a start at the same instant do not
+// overlap.
+func MaxDisrupted(recs []ChangeRecord) int {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for _, r := range recs {
+		if r.DisruptedAt != nil {
+			edges = append(edges, edge{*r.DisruptedAt, +1}, edge{r.FinishedAt, -1})
+		}
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta // the end first
+	})
+	cur, most := 0, 0
+	for _, e := range edges {
+		cur += e.delta
+		most = max(most, cur)
+	}
+	return most
+}
+
+// Values of ChangeRecord.AffectedBy: how the affected pods were found.
+const (
+	// AffectedByPodResources: from the kubelet PodResources API.
+	AffectedByPodResources = "pod-resources"
+	// AffectedByAllGPUPodsPrefix starts AffectedBy when PodResources could
+	// not be read and every GPU pod of the node was taken as affected; the
+	// reason follows.
+	AffectedByAllGPUPodsPrefix = "all-gpu-pods: "
+	// AffectedByNothing: the change takes no device away, so no pod is
+	// affected.
+	AffectedByNothing = "none"
+)
