@@ -47,16 +47,14 @@ type Change struct {
 	// Operands holds the GPU Operator labels' values before the pause.
 	Operands     json.RawMessage `json:"operands,omitempty"`
 	StoppedUnits []string        `json:"stoppedUnits,omitempty"`
-	// RebootBootID is the boot id at the moment the reboot was requested.
-	RebootBootID string `json:"rebootBootId,omitempty"`
-	Rebooted     bool   `json:"rebooted,omitempty"`
-	// RebootRequested: the reboot was asked for (the Rebooter returned);
-	// a restart on the same boot without it asks again.
-	RebootRequested bool `json:"rebootRequested,omitempty"`
 	Attempt         int  `json:"attempt,omitempty"`
 	// StalePlugins: the device plugin pods ("namespace/name/uid") that read
 	// the GPUs before they changed, restarted once the change is done.
 	StalePlugins []string `json:"stalePlugins,omitempty"`
+	// PluginsNoted: the device plugin pods were listed (StalePlugins may
+	// be empty: none ran), so a resumed change does not list them again
+	// after the GPUs changed.
+	PluginsNoted bool `json:"pluginsNoted,omitempty"`
 	// NodeUID is the UID of the Node object the change started on: a Node
 	// created again under the same name is another object (nodeuid.go).
 	NodeUID string `json:"nodeUid,omitempty"`
@@ -154,6 +152,7 @@ func Open(dir string) (*Journal, error) {
 	if err := json.Unmarshal(data, &j.State); err != nil {
 		return nil, fmt.Errorf("%w: %s (%v); move it away to start afresh", ErrCorrupt, j.path, err)
 	}
+	upgrade(&j.State, data)
 	return j, nil
 }
 
@@ -232,4 +231,26 @@ func (j *Journal) Probe() error {
 		err = cerr
 	}
 	return err
+}
+
+// upgrade reads what older versions journaled differently. Before the
+// reboot memory was kept once (State.RebootFor), a change carried its own
+// copy (rebootBootId, rebootRequested); a journal written then, with a
+// change waiting for its reboot, is read as the mark it stands for.
+func upgrade(st *State, data []byte) {
+	var old struct {
+		Change *struct {
+			RebootBootID    string `json:"rebootBootId"`
+			Rebooted        bool   `json:"rebooted"`
+			RebootRequested bool   `json:"rebootRequested"`
+		} `json:"change"`
+	}
+	if st.Change != nil && len(st.Change.StalePlugins) > 0 {
+		st.Change.PluginsNoted = true
+	}
+	if st.Change == nil || st.RebootFor != nil || json.Unmarshal(data, &old) != nil || old.Change == nil || old.Change.RebootBootID == "" {
+		return
+	}
+	st.RebootFor = &RebootMark{Config: st.Change.Config, BootID: old.Change.RebootBootID,
+		Requested: old.Change.RebootRequested || old.Change.Rebooted}
 }

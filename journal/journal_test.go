@@ -32,3 +32,21 @@ func TestJournal(t *testing.T) {
 		t.Fatalf("corrupt journal: %v", err)
 	}
 }
+
+// A journal written before the reboot memory was kept once: the change's
+// own reboot fields are read as the mark.
+func TestJournalUpgrade(t *testing.T) {
+	dir := t.TempDir()
+	old := `{"change":{"config":"all-enabled","phase":"rebooting","gpusChanged":[0],"gpusUntouched":[],"rebootBootId":"boot-1","rebootRequested":true},"applied":"all-disabled","handled":""}`
+	if err := os.WriteFile(filepath.Join(dir, "journal.json"), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := j.State.RebootFor
+	if m == nil || m.Config != "all-enabled" || m.BootID != "boot-1" || !m.Requested || j.State.Change.Phase != PhaseRebooting {
+		t.Fatalf("upgraded mark %+v, change %+v", m, j.State.Change)
+	}
+}

@@ -361,7 +361,7 @@ func (a *attempt) stopHostClients() error {
 
 func (a *attempt) noteDevicePlugins() error {
 	d, ch := a.d, a.ch
-	if d.Disrupt == nil || a.node == nil || !d.S.RestartDevicePlugin || ch.Phase == journal.PhaseApplying || ch.StalePlugins != nil {
+	if d.Disrupt == nil || a.node == nil || !d.S.RestartDevicePlugin || ch.Phase == journal.PhaseApplying || ch.PluginsNoted {
 		return nil
 	}
 	// The device plugin pods running now read the old geometry: the ones
@@ -371,14 +371,14 @@ func (a *attempt) noteDevicePlugins() error {
 	if err != nil {
 		return failed("listing the device plugin pods", err)
 	}
-	ch.StalePlugins = pods
+	ch.StalePlugins, ch.PluginsNoted = pods, true
 	return nil
 }
 
 func (a *attempt) apply() error {
 	d, ch := a.d, a.ch
 	a.touched = true
-	ch.Phase = journal.PhaseApplying
+	d.advance(ch, journal.PhaseApplying)
 	if err := d.mustJournal(); err != nil {
 		return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal}
 	}
@@ -431,7 +431,7 @@ func (a *attempt) finish() error {
 
 // drain taints the node, pauses operands and evicts the affected pods.
 func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, plan *geometry.Plan) error {
-	ch.Phase = journal.PhaseDraining
+	d.advance(ch, journal.PhaseDraining)
 	if err := d.mustJournal(); err != nil {
 		return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal, Always: true}
 	}
@@ -504,7 +504,7 @@ func appendNew(s []string, more ...string) []string {
 // finish restores, refreshes the device plugin, waits for resources, and
 // records success: it ends the pass.
 func (d *Daemon) finish(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, applied *gpus.Applied, named []nvmlx.UnusableGPU) error {
-	ch.Phase = journal.PhaseRestoring
+	d.advance(ch, journal.PhaseRestoring)
 	d.saveJournal()
 	d.restore(ctx, ch)
 	converged, failed := d.refresh(ctx, node, ch, applied.After)
@@ -532,7 +532,7 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 {
 		return nil, ""
 	}
-	ch.Phase = journal.PhaseRefreshing
+	d.advance(ch, journal.PhaseRefreshing)
 	d.saveJournal()
 	if d.S.RestartDevicePlugin && len(ch.StalePlugins) > 0 {
 		_ = d.notify().Status("restarting the device plugin")

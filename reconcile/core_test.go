@@ -251,6 +251,11 @@ func newCore(t *testing.T, spec string, o nvmlx.SimOptions, config string) *core
 		cluster: newFakeCluster(config), disrupt: &fakeDisruptor{pods: map[string]string{}},
 		reboot: &fakeRebooter{}, clock: clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))}
 	c.restart(t, o)
+	t.Cleanup(func() {
+		if n := c.d.badMoves.Load(); n > 0 {
+			t.Errorf("%d moves between phases that phases.go does not list", n)
+		}
+	})
 	return c
 }
 
@@ -602,7 +607,7 @@ func TestCoreRebootResume(t *testing.T) {
 		t.Fatalf("outcome %v, record %+v", oc, c.cluster.last())
 	}
 	ch := c.d.Journal.State.Change
-	if c.reboot.calls != 1 || ch == nil || ch.Phase != journal.PhaseRebooting || !ch.RebootRequested {
+	if c.reboot.calls != 1 || ch == nil || ch.Phase != journal.PhaseRebooting || c.d.Journal.State.RebootFor == nil || !c.d.Journal.State.RebootFor.Requested {
 		t.Fatalf("reboots %d, journal change %+v", c.reboot.calls, ch)
 	}
 	if rec := c.cluster.last(); rec.Result != record.StateRebooting || !rec.Reboot {

@@ -68,6 +68,8 @@ type Daemon struct {
 	unusableSeen string
 	// removals is Request.Seq as the last pass saw it.
 	removals uint64
+	// badMoves counts moves between phases that phases.go does not list.
+	badMoves atomic.Int64
 
 	mu         sync.Mutex
 	cancelPass context.CancelFunc // stops the reconcile pass in progress
@@ -367,7 +369,9 @@ func (d *Daemon) labelRemoved(ctx context.Context, v *view) {
 		d.abandon(ctx, j.Change, "the desired config label was removed", v.inventory())
 	}
 	j.ClearBackoff()
-	if j.Handled != "" {
+	// Its next value is a new request: it may reboot once.
+	forgot := d.forgetReboot("")
+	if j.Handled != "" || forgot {
 		j.Handled = ""
 		d.saveJournal()
 	}

@@ -58,24 +58,15 @@ func (d *Daemon) partial(ch *journal.Change, plan *geometry.Plan, named []nvmlx.
 // (nil: read them now).
 func (d *Daemon) failure(ctx context.Context, node *Node, ch *journal.Change, se *StepError, n *gpus.Inventory) outcome {
 	reason, retryable := se.Reason, se.Retryable
-	// A change a reboot was requested for stays in the journal through a
-	// failure that may pass, so that its retry knows the reboot: never a
-	// second one for the same change, whatever fails in between (NVML not
-	// up yet at boot, the API server away).
-	keep := retryable && ch != nil && ch.RebootBootID != "" && d.Journal.State.Change == ch
+	keep, waiting := d.keepThroughFailure(ch)
+	keep = keep && retryable
+	waiting = waiting && retryable
 	// A change whose GPUs are done but whose resources never showed stays
 	// too: its retry restarts the device plugin and waits again (a fresh
 	// pass would find the config applied and report success unseen).
 	refreshing := retryable && ch != nil && ch.Phase == journal.PhaseRefreshing && d.Journal.State.Change == ch
-	waiting := false
-	if keep && !refreshing {
-		if ch.Phase == journal.PhaseRebooting && d.BootID() != ch.RebootBootID {
-			ch.Rebooted = true
-		}
-		waiting = ch.Phase == journal.PhaseRebooting && !ch.Rebooted
-		if ch.Rebooted {
-			ch.Phase = journal.PhaseDraining // restore lifts the taint: the retry drains again
-		}
+	if refreshing {
+		waiting = false
 	}
 	if ch != nil && !waiting {
 		// Still waiting for the reboot: the taint and paused operands stay
@@ -116,7 +107,7 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 		rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
 		rec.ConfigHash, rec.ConfigSource = ch.Hash, ch.Source
 		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
-		rec.Reboot = ch.Rebooted || result == record.StateRebooting
+		rec.Reboot = d.rebooted(ch) || result == record.StateRebooting
 		rec.AffectedBy, rec.DisruptedAt = ch.AffectedBy, ch.DisruptedAt
 		if ch.GPUsChanged != nil {
 			rec.GPUsChanged = ch.GPUsChanged

@@ -26,7 +26,7 @@ func (d *Daemon) sameNode(ctx context.Context, node *Node, ch *journal.Change) {
 		"config", ch.Config, "oldUID", ch.NodeUID, "newUID", uid, "phase", ch.Phase)
 	ch.NodeUID, ch.TaintAdded, ch.Operands = uid, false, nil
 	if ch.Phase == journal.PhaseDraining {
-		ch.Phase = journal.PhasePending
+		d.advance(ch, journal.PhasePending)
 	}
 	d.saveJournal()
 	if ch.Phase == journal.PhaseApplying || ch.Phase == journal.PhaseRestoring {

@@ -51,6 +51,42 @@ func rebootRecorded(node *Node, config string) bool {
 	return false
 }
 
+// rebootMark is the reboot decided for ch's request (nil: none): the
+// journal keeps it once, for the change and past it.
+func (d *Daemon) rebootMark(ch *journal.Change) *journal.RebootMark {
+	if m := d.Journal.State.RebootFor; m != nil && ch != nil && m.Config == ch.Config {
+		return m
+	}
+	return nil
+}
+
+// rebooted says whether the reboot decided for ch's request has happened:
+// the machine booted again since it was asked for.
+func (d *Daemon) rebooted(ch *journal.Change) bool {
+	m := d.rebootMark(ch)
+	return m != nil && m.BootID != d.BootID()
+}
+
+// keepThroughFailure says whether a failed change stays journaled because
+// of its reboot, and whether it still waits for that reboot (its taint and
+// paused operands stay through it). A change a reboot was decided for
+// stays through a failure that may pass, so that its retry knows the
+// reboot: never a second one for the same change, whatever fails in
+// between (NVML not up yet at boot, the API server away). One that was
+// rebooted is drained again by its retry (restore lifts the taint).
+func (d *Daemon) keepThroughFailure(ch *journal.Change) (keep, waiting bool) {
+	if d.rebootMark(ch) == nil || d.Journal.State.Change != ch {
+		return false, false
+	}
+	if d.rebooted(ch) {
+		if ch.Phase == journal.PhaseRebooting {
+			d.advance(ch, journal.PhaseDraining)
+		}
+		return true, false
+	}
+	return true, ch.Phase == journal.PhaseRebooting
+}
+
 // forgetReboot drops the reboot mark unless it is for config ("" drops it
 // whatever it is for); it reports whether the journal changed.
 func (d *Daemon) forgetReboot(config string) bool {
@@ -67,15 +103,14 @@ func (a *attempt) awaitReboot() error {
 	if ch.Phase != journal.PhaseRebooting {
 		return nil
 	}
-	if d.BootID() != ch.RebootBootID {
-		ch.Rebooted = true
+	if d.rebooted(ch) {
 		d.Log.Info("resuming after reboot", "config", ch.Config)
 		return nil
 	}
 	if !gpus.PlanChanges(a.v.plan) {
 		return nil
 	}
-	if !ch.RebootRequested && d.S.RebootMethod != RebootNone {
+	if m := d.rebootMark(ch); (m == nil || !m.Requested) && d.S.RebootMethod != RebootNone {
 		// The agent stopped between journaling the reboot and asking for
 		// it: no reboot happened on this boot, so asking now is not a
 		// second one.
@@ -94,13 +129,15 @@ func (a *attempt) awaitReboot() error {
 // interrupted: a resumed pass must not decide again.
 func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, applied *gpus.Applied) error {
 	spent, sameBoot, how := d.rebootSpent(node, ch.Config)
-	if ch.Rebooted || (spent && !sameBoot) {
+	if d.rebooted(ch) || (spent && !sameBoot) {
 		// Whatever happened in between (a failure, a restart, a lost
 		// journal): one reboot per requested change.
-		if !ch.Rebooted {
+		if !d.rebooted(ch) {
 			d.Log.Warn("a reboot was already made for this change; not rebooting again", "config", ch.Config, "from", how)
+			// Known from the Node's records only: remembered from now on.
+			d.Journal.State.RebootFor = &journal.RebootMark{Config: ch.Config, BootID: "before " + d.BootID(), At: d.Clock.Now().UTC(), Requested: true}
+			d.saveJournal()
 		}
-		ch.Rebooted = true
 		d.Metrics.SetRebootGuardTripped(true)
 		return &StepError{Reason: fmt.Sprintf("MIG mode change on GPUs %v is still pending after the reboot made for it; not rebooting again", applied.RebootGPUs),
 			Event: record.ReasonRebootFailed, Always: true}
@@ -112,10 +149,9 @@ func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, 
 		why = "no GPU reset: " + gpus.NoResetReason(applied.RebootGPUs, applied.NoReset)
 		d.Log.Info("MIG mode change needs a reboot", "gpus", applied.RebootGPUs, "why", why)
 	}
-	ch.Phase, ch.RebootBootID = journal.PhaseRebooting, d.BootID()
+	d.advance(ch, journal.PhaseRebooting)
 	if spent {
 		// Asked for on this boot already (the journal says so): wait for it.
-		ch.RebootRequested = true
 		d.saveJournal()
 		d.Log.Info("waiting for the reboot requested for this change", "config", ch.Config)
 		d.setState(ctx, record.StateRebooting)
@@ -124,7 +160,7 @@ func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, 
 	}
 	// The mark is journaled before the reboot is asked for: a journal that
 	// cannot be written means no reboot (it could not be remembered).
-	d.Journal.State.RebootFor = &journal.RebootMark{Config: ch.Config, BootID: ch.RebootBootID, At: d.Clock.Now().UTC()}
+	d.Journal.State.RebootFor = &journal.RebootMark{Config: ch.Config, BootID: d.BootID(), At: d.Clock.Now().UTC()}
 	if err := d.mustJournal(); err != nil {
 		d.Journal.State.RebootFor = nil
 		return &StepError{Reason: "not rebooting: " + err.Error(), Retryable: true, Event: record.ReasonRebootFailed, Always: true}
@@ -151,7 +187,6 @@ func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, 
 		// Never retried by itself: a reboot is requested at most once.
 		return &StepError{Reason: "requesting the reboot failed: " + err.Error(), Event: record.ReasonRebootFailed, Always: true}
 	}
-	ch.RebootRequested = true
 	d.Journal.State.RebootFor.Requested = true
 	d.Journal.State.Reboots++ // counted once it was asked for: see Run
 	d.saveJournal()
