@@ -9,48 +9,49 @@ import (
 
 // Settings is every setting of mig-agent in one typed struct, filled from
 // defaults, the settings file, the environment and flags (in that order of
-// increasing precedence) and validated once.
+// increasing precedence) and validated once. Each is declared once, with
+// its flag, in cmd/mig-agent/settings.go.
 type Settings struct {
-	NVML        string `json:"nvml"`
-	NVMLLibrary string `json:"nvmlLibrary,omitempty"`
-	SimState    string `json:"simState,omitempty"`
-	SimFaults   string `json:"simFaults,omitempty"`
-	SimNoReset  bool   `json:"simNoReset,omitempty"`
-	LogLevel    string `json:"logLevel"`
-	LogFormat   string `json:"logFormat"`
+	NVML        string
+	NVMLLibrary string
+	SimState    string
+	SimFaults   string
+	SimNoReset  bool
+	LogLevel    string
+	LogFormat   string
 
-	Standalone     bool   `json:"standalone"`
-	ConfigFile     string `json:"configFile,omitempty"`
-	SelectedConfig string `json:"selectedConfig,omitempty"`
+	Standalone     bool
+	ConfigFile     string
+	SelectedConfig string
 	// HooksFile is an nvidia-mig-parted hooks file run around each change
 	// applied without Kubernetes (apply, run --standalone).
-	HooksFile      string `json:"hooksFile,omitempty"`
-	NodeName       string `json:"nodeName,omitempty"`
-	Kubeconfig     string `json:"kubeconfig,omitempty"`
-	Namespace      string `json:"namespace"`
-	DefaultConfig  string `json:"defaultConfig,omitempty"`
-	MetricsAddress string `json:"metricsAddress"`
-	StateDir       string `json:"stateDir"`
+	HooksFile      string
+	NodeName       string
+	Kubeconfig     string
+	Namespace      string
+	DefaultConfig  string
+	MetricsAddress string
+	StateDir       string
 
-	DrainTimeout        time.Duration `json:"drainTimeout"`
-	EvictionRetryDelay  time.Duration `json:"evictionRetryDelay"`
-	ResourceWaitTimeout time.Duration `json:"resourceWaitTimeout"`
-	PauseGPUOperator    bool          `json:"pauseGpuOperator"`
-	RestartDevicePlugin bool          `json:"restartDevicePlugin"`
-	HostGPUClients      []string      `json:"hostGpuClients,omitempty"`
-	Taint               bool          `json:"taint"`
-	EvictUnmanagedPods  bool          `json:"evictUnmanagedPods"`
-	PodResourcesSocket  string        `json:"podResourcesSocket"`
+	DrainTimeout        time.Duration
+	EvictionRetryDelay  time.Duration
+	ResourceWaitTimeout time.Duration
+	PauseGPUOperator    bool
+	RestartDevicePlugin bool
+	HostGPUClients      []string
+	Taint               bool
+	EvictUnmanagedPods  bool
+	PodResourcesSocket  string
 
-	RebootMethod  string        `json:"rebootMethod"`
-	DBusAddress   string        `json:"dbusAddress,omitempty"`
-	MaxConcurrent int           `json:"maxConcurrent"`
-	LeaseDuration time.Duration `json:"leaseDuration"`
+	RebootMethod  string
+	DBusAddress   string
+	MaxConcurrent int
+	LeaseDuration time.Duration
 
-	DriftInterval        time.Duration `json:"driftInterval"`
-	ReapplyOnDrift       bool          `json:"reapplyOnDrift"`
-	RetryBackoffMax      time.Duration `json:"retryBackoffMax"`
-	AllowOtherMigManager bool          `json:"allowOtherMigManager"`
+	DriftInterval        time.Duration
+	ReapplyOnDrift       bool
+	RetryBackoffMax      time.Duration
+	AllowOtherMigManager bool
 }
 
 // Reboot methods (docs/reference.md#disruption-and-reboot).

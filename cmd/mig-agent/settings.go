@@ -17,48 +17,87 @@ import (
 	"github.com/migagent/mig-agent/reconcile"
 )
 
+// A setting is declared once, here: its flag (name, shorthand, default,
+// usage) and the field of reconcile.Settings it fills. The same name is
+// its settings-file key and, upper-cased with _ for -, its MIG_AGENT_*
+// variable; flag > environment > file > default (settingsViper).
+type setting struct {
+	name, short string
+	def         any // string, bool, int, time.Duration or []string
+	usage       string
+	field       func(s *reconcile.Settings) any // a pointer to the field
+}
+
+// globalSettings are the flags every command shares.
+var globalSettings = []setting{
+	{"nvml", "", "real", "GPU backend: real, or sim:SPEC (e.g. sim:h200x8)", func(s *reconcile.Settings) any { return &s.NVML }},
+	{"nvml-library", "", "", "path of libnvidia-ml.so.1 or of a driver root holding it", func(s *reconcile.Settings) any { return &s.NVMLLibrary }},
+	{"sim-state", "", "", "simulated GPU state file (with --nvml sim:SPEC)", func(s *reconcile.Settings) any { return &s.SimState }},
+	{"sim-faults", "", "", "inject NVML failures: Op:N=ERROR_NAME,...", func(s *reconcile.Settings) any { return &s.SimFaults }},
+	{"sim-no-reset", "", false, "simulate GPUs that cannot be reset", func(s *reconcile.Settings) any { return &s.SimNoReset }},
+	{"log-level", "", "info", "debug, info, warn or error", func(s *reconcile.Settings) any { return &s.LogLevel }},
+	{"log-format", "", "text", "text or json", func(s *reconcile.Settings) any { return &s.LogFormat }},
+}
+
+// runSettings are the daemon's flags (`mig-agent run`).
+var runSettings = []setting{
+	{"standalone", "", false, "no Kubernetes: apply -c NAME from -f FILE and hold it", func(s *reconcile.Settings) any { return &s.Standalone }},
+	{"config-file", "f", "", "MIG config file (nvidia-mig-parted v1 format)", func(s *reconcile.Settings) any { return &s.ConfigFile }},
+	{"selected-config", "c", "", "config name (standalone mode)", func(s *reconcile.Settings) any { return &s.SelectedConfig }},
+	{"hooks-file", "k", "", "nvidia-mig-parted hooks file run around each change (standalone mode)", func(s *reconcile.Settings) any { return &s.HooksFile }},
+	{"node-name", "", "", "this node's name (default $NODE_NAME)", func(s *reconcile.Settings) any { return &s.NodeName }},
+	{"kubeconfig", "", "", "kubeconfig file (default in-cluster config)", func(s *reconcile.Settings) any { return &s.Kubeconfig }},
+	{"namespace", "", "", "namespace of the ConfigMap and Leases (default the pod's own, else mig-agent)", func(s *reconcile.Settings) any { return &s.Namespace }},
+	{"default-config", "", "", "config applied while the Node has no nvidia.com/mig.config label", func(s *reconcile.Settings) any { return &s.DefaultConfig }},
+	{"metrics-address", "", ":9478", "address of /metrics, /healthz and /readyz (empty turns them off)", func(s *reconcile.Settings) any { return &s.MetricsAddress }},
+	{"state-dir", "", "/var/lib/mig-agent", "directory of the journal that survives crashes and reboots", func(s *reconcile.Settings) any { return &s.StateDir }},
+	{"drain-timeout", "", 5 * time.Minute, "how long evicted pods may take to go", func(s *reconcile.Settings) any { return &s.DrainTimeout }},
+	{"eviction-retry-delay", "", 5 * time.Second, "delay between eviction retries blocked by a PodDisruptionBudget", func(s *reconcile.Settings) any { return &s.EvictionRetryDelay }},
+	{"resource-wait-timeout", "", 2 * time.Minute, "wait for the Node's allocatable to show the new resources (0 turns it off)", func(s *reconcile.Settings) any { return &s.ResourceWaitTimeout }},
+	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin and GPU Feature Discovery pods so they see the new MIG devices", func(s *reconcile.Settings) any { return &s.RestartDevicePlugin }},
+	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *reconcile.Settings) any { return &s.PauseGPUOperator }},
+	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *reconcile.Settings) any { return &s.HostGPUClients }},
+	{"taint", "", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change", func(s *reconcile.Settings) any { return &s.Taint }},
+	{"evict-unmanaged-pods", "", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)", func(s *reconcile.Settings) any { return &s.EvictUnmanagedPods }},
+	{"pod-resources-socket", "", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket", func(s *reconcile.Settings) any { return &s.PodResourcesSocket }},
+	{"reboot-method", "", "logind", "logind, systemctl, none or sim", func(s *reconcile.Settings) any { return &s.RebootMethod }},
+	{"dbus-address", "", "", "D-Bus address for logind and systemd (default the system bus)", func(s *reconcile.Settings) any { return &s.DBusAddress }},
+	{"max-concurrent", "", 0, "at most N nodes of the cluster disrupted at once (Lease slots; 0 = no limit)", func(s *reconcile.Settings) any { return &s.MaxConcurrent }},
+	{"lease-duration", "", 60 * time.Second, "duration of a rollout slot Lease; a crashed holder's slot expires after it", func(s *reconcile.Settings) any { return &s.LeaseDuration }},
+	{"drift-interval", "", time.Minute, "how often the GPUs are compared with the applied config (0 turns it off)", func(s *reconcile.Settings) any { return &s.DriftInterval }},
+	{"reapply-on-drift", "", false, "re-apply the config when the GPUs drift from it", func(s *reconcile.Settings) any { return &s.ReapplyOnDrift }},
+	{"retry-backoff-max", "", 5 * time.Minute, "longest wait between retries of a failed change", func(s *reconcile.Settings) any { return &s.RetryBackoffMax }},
+	{"allow-other-mig-manager", "", false, "act even where another MIG manager is detected (with a warning)", func(s *reconcile.Settings) any { return &s.AllowOtherMigManager }},
+}
+
+// addFlags declares the flags of settings on fs.
+func addFlags(fs *pflag.FlagSet, settings []setting) {
+	for _, st := range settings {
+		switch d := st.def.(type) {
+		case string:
+			fs.StringP(st.name, st.short, d, st.usage)
+		case bool:
+			fs.BoolP(st.name, st.short, d, st.usage)
+		case int:
+			fs.IntP(st.name, st.short, d, st.usage)
+		case time.Duration:
+			fs.DurationP(st.name, st.short, d, st.usage)
+		case []string:
+			fs.StringSliceP(st.name, st.short, d, st.usage)
+		default:
+			panic(fmt.Sprintf("setting %s: default of type %T", st.name, st.def))
+		}
+	}
+}
+
 // addGlobalFlags declares the flags every command shares.
 func addGlobalFlags(fs *pflag.FlagSet) {
 	fs.String("settings", "", "settings file (YAML, keys are flag names)")
-	fs.String("nvml", "real", "GPU backend: real, or sim:SPEC (e.g. sim:h200x8)")
-	fs.String("nvml-library", "", "path of libnvidia-ml.so.1 or of a driver root holding it")
-	fs.String("sim-state", "", "simulated GPU state file (with --nvml sim:SPEC)")
-	fs.String("sim-faults", "", "inject NVML failures: Op:N=ERROR_NAME,...")
-	fs.Bool("sim-no-reset", false, "simulate GPUs that cannot be reset")
-	fs.String("log-level", "info", "debug, info, warn or error")
-	fs.String("log-format", "text", "text or json")
+	addFlags(fs, globalSettings)
 }
 
 // addRunFlags declares the daemon's flags.
-func addRunFlags(fs *pflag.FlagSet) {
-	fs.Bool("standalone", false, "no Kubernetes: apply -c NAME from -f FILE and hold it")
-	fs.StringP("config-file", "f", "", "MIG config file (nvidia-mig-parted v1 format)")
-	fs.StringP("selected-config", "c", "", "config name (standalone mode)")
-	fs.StringP("hooks-file", "k", "", "nvidia-mig-parted hooks file run around each change (standalone mode)")
-	fs.String("node-name", "", "this node's name (default $NODE_NAME)")
-	fs.String("kubeconfig", "", "kubeconfig file (default in-cluster config)")
-	fs.String("namespace", "", "namespace of the ConfigMap and Leases (default the pod's own, else mig-agent)")
-	fs.String("default-config", "", "config applied while the Node has no nvidia.com/mig.config label")
-	fs.String("metrics-address", ":9478", "address of /metrics, /healthz and /readyz (empty turns them off)")
-	fs.String("state-dir", "/var/lib/mig-agent", "directory of the journal that survives crashes and reboots")
-	fs.Duration("drain-timeout", 5*time.Minute, "how long evicted pods may take to go")
-	fs.Duration("eviction-retry-delay", 5*time.Second, "delay between eviction retries blocked by a PodDisruptionBudget")
-	fs.Duration("resource-wait-timeout", 2*time.Minute, "wait for the Node's allocatable to show the new resources (0 turns it off)")
-	fs.Bool("restart-device-plugin", true, "after the GPUs changed, restart the node's device plugin and GPU Feature Discovery pods so they see the new MIG devices")
-	fs.Bool("pause-gpu-operator", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change")
-	fs.StringSlice("host-gpu-clients", nil, "systemd units stopped before a MIG mode change and started after it")
-	fs.Bool("taint", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change")
-	fs.Bool("evict-unmanaged-pods", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)")
-	fs.String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket")
-	fs.String("reboot-method", "logind", "logind, systemctl, none or sim")
-	fs.String("dbus-address", "", "D-Bus address for logind and systemd (default the system bus)")
-	fs.Int("max-concurrent", 0, "at most N nodes of the cluster disrupted at once (Lease slots; 0 = no limit)")
-	fs.Duration("lease-duration", 60*time.Second, "duration of a rollout slot Lease; a crashed holder's slot expires after it")
-	fs.Duration("drift-interval", time.Minute, "how often the GPUs are compared with the applied config (0 turns it off)")
-	fs.Bool("reapply-on-drift", false, "re-apply the config when the GPUs drift from it")
-	fs.Duration("retry-backoff-max", 5*time.Minute, "longest wait between retries of a failed change")
-	fs.Bool("allow-other-mig-manager", false, "act even where another MIG manager is detected (with a warning)")
-}
+func addRunFlags(fs *pflag.FlagSet) { addFlags(fs, runSettings) }
 
 // knownKeys lists every flag name of the command tree (settings file keys).
 func knownKeys(root *cobra.Command) []string {
@@ -200,33 +239,25 @@ func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
 		}
 		return clean
 	}
-	s := &reconcile.Settings{
-		NVML: get("nvml"), NVMLLibrary: get("nvml-library"), SimState: get("sim-state"),
-		SimFaults: get("sim-faults"), SimNoReset: boolean("sim-no-reset"),
-		LogLevel: get("log-level"), LogFormat: get("log-format"),
-	}
-	if cmd.Flags().Lookup("config-file") != nil {
-		s.ConfigFile = get("config-file")
-	}
-	if cmd.Flags().Lookup("selected-config") != nil {
-		s.SelectedConfig = get("selected-config")
-	}
-	if cmd.Flags().Lookup("hooks-file") != nil {
-		s.HooksFile = get("hooks-file")
+	s := &reconcile.Settings{}
+	for _, st := range append(slices.Clone(globalSettings), runSettings...) {
+		if cmd.Flags().Lookup(st.name) == nil {
+			continue // not a flag of this command
+		}
+		switch f := st.field(s).(type) {
+		case *string:
+			*f = get(st.name)
+		case *bool:
+			*f = boolean(st.name)
+		case *int:
+			*f = integer(st.name)
+		case *time.Duration:
+			*f = dur(st.name)
+		case *[]string:
+			*f = list(st.name)
+		}
 	}
 	if cmd.Flags().Lookup("state-dir") != nil {
-		s.Standalone = boolean("standalone")
-		s.NodeName, s.Kubeconfig, s.Namespace = get("node-name"), get("kubeconfig"), get("namespace")
-		s.DefaultConfig, s.MetricsAddress, s.StateDir = get("default-config"), get("metrics-address"), get("state-dir")
-		s.DrainTimeout, s.EvictionRetryDelay = dur("drain-timeout"), dur("eviction-retry-delay")
-		s.ResourceWaitTimeout = dur("resource-wait-timeout")
-		s.PauseGPUOperator, s.HostGPUClients = boolean("pause-gpu-operator"), list("host-gpu-clients")
-		s.RestartDevicePlugin = boolean("restart-device-plugin")
-		s.Taint, s.EvictUnmanagedPods = boolean("taint"), boolean("evict-unmanaged-pods")
-		s.PodResourcesSocket, s.RebootMethod, s.DBusAddress = get("pod-resources-socket"), get("reboot-method"), get("dbus-address")
-		s.MaxConcurrent, s.LeaseDuration = integer("max-concurrent"), dur("lease-duration")
-		s.DriftInterval, s.ReapplyOnDrift = dur("drift-interval"), boolean("reapply-on-drift")
-		s.RetryBackoffMax, s.AllowOtherMigManager = dur("retry-backoff-max"), boolean("allow-other-mig-manager")
 		if s.NodeName == "" {
 			s.NodeName = os.Getenv("NODE_NAME")
 		}
