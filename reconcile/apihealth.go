@@ -2,13 +2,10 @@ package reconcile
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
-)
 
-// apiProbeInterval is how often the API server is probed while it answers
-// (while it does not, every second), jittered.
-const apiProbeInterval = 10 * time.Second
+	"github.com/migagent/mig-agent/internal/backoff"
+)
 
 // probeAPI asks the API server's /readyz until ctx ends. The API server
 // counts as unreachable (/readyz of the agent false) on two signs: the Node
@@ -17,7 +14,7 @@ const apiProbeInterval = 10 * time.Second
 // quietly, reporting nothing, so a watch can be dead for minutes without a
 // word.
 //
-// While the server answers, the probe is Reachable where the Cluster has it
+// While the server answers, the probe is Cluster.Reachable
 // (a TCP connect: a refused connection is exactly the case the reflector
 // keeps quiet about, and a connect is no request, so an idle fleet sends the
 // API server nothing); once it is down, Probe (its /readyz) every second
@@ -25,14 +22,10 @@ const apiProbeInterval = 10 * time.Second
 func (d *Daemon) probeAPI(ctx context.Context) {
 	for {
 		down := d.apiDown.Load()
-		wait := apiProbeInterval
-		if down {
-			wait = time.Second
-		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-d.Clock.After(wait - wait/4 + rand.N(wait/2)):
+		case <-d.Clock.After(backoff.APIProbe(down)):
 		}
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		var err error

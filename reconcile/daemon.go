@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -139,17 +138,9 @@ func (d *Daemon) nvmlLost(err error) {
 	_ = d.notify().Status("NVML not back after a GPU reset: %v", err)
 }
 
-// nvmlBackoff is the wait before the next attempt to open NVML: 1s
-// doubling to 2 minutes, each drawn within ±20% so that the agents of a
-// cluster whose driver came back together do not retry in step.
-func (d *Daemon) nvmlBackoff() time.Duration {
-	b := time.Second
-	for i := 1; i < d.nvmlFail && b < 2*time.Minute; i++ {
-		b *= 2
-	}
-	b = min(b, 2*time.Minute)
-	return b - b/5 + rand.N(2*b/5+1)
-}
+// nvmlBackoff is the wait before the next attempt to open NVML
+// (backoff.NVMLOpen: 1 s doubling to 2 min, ±20%).
+func (d *Daemon) nvmlBackoff() time.Duration { return backoff.NVMLOpen(d.nvmlFail) }
 
 func (d *Daemon) notify() Notifier {
 	if d.Notify == nil {

@@ -64,6 +64,17 @@ func API() *Backoff {
 	return &Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: Jitter, Cap: 5 * time.Second}
 }
 
+// APIProbe is the wait before the next probe of the API server's health:
+// 10 s while it answers, 1 s while it does not, each within ±25% so that a
+// fleet does not probe in step.
+func APIProbe(down bool) time.Duration {
+	wait := 10 * time.Second
+	if down {
+		wait = time.Second
+	}
+	return wait - wait/4 + time.Duration(rand.Int64N(int64(wait/2)))
+}
+
 // NVMLOpen is the wait before attempt n+1 (n ≥ 1 failures so far) to open
 // NVML: 1 s doubling to 2 min, drawn within ±20% so that the agents of a
 // cluster whose driver came back together do not retry in step.
