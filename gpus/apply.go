@@ -14,8 +14,8 @@ import (
 // was tried or is impossible; only a reboot makes it take effect.
 var ErrRebootRequired = errors.New("a reboot is required for the MIG mode change to take effect")
 
-// PartialError says a GPU was left partly changed, and how far it got.
-type PartialError struct {
+// partialError says a GPU was left partly changed, and how far it got.
+type partialError struct {
 	GPU                int
 	Step               string
 	Destroyed, Created int
@@ -24,12 +24,12 @@ type PartialError struct {
 	Err                error
 }
 
-func (e *PartialError) Error() string {
+func (e *partialError) Error() string {
 	return fmt.Sprintf("GPU %d: %s: %v (GPU %d left partly applied: destroyed %d of %d, created %d of %d; the next attempt re-plans from what is there)",
 		e.GPU, e.Step, e.Err, e.GPU, e.Destroyed, e.ToDestroy, e.Created, e.ToCreate)
 }
 
-func (e *PartialError) Unwrap() error { return e.Err }
+func (e *partialError) Unwrap() error { return e.Err }
 
 // ApplyOptions tunes ApplyPlan.
 type ApplyOptions struct {
@@ -81,13 +81,13 @@ func ApplyPlan(g nvmlx.GPU, node *Inventory, plan *geometry.Plan, o ApplyOptions
 		if !ok {
 			return res, fmt.Errorf("GPU %d is in the plan but not on the node", gp.Index)
 		}
-		pe := &PartialError{GPU: gp.Index, ToDestroy: len(gp.Destroy) + len(gp.DestroyCompute), ToCreate: len(gp.Create) + len(gp.CreateCompute)}
+		pe := &partialError{GPU: gp.Index, ToDestroy: len(gp.Destroy) + len(gp.DestroyCompute), ToCreate: len(gp.Create) + len(gp.CreateCompute)}
 		fail := func(what string, err error) (ApplyResult, error) {
 			pe.Step, pe.Err = what, err
 			return res, pe
 		}
 		// Compute instances that go from GPU instances that stay.
-		for _, d := range DoomedCompute(insts, gp) {
+		for _, d := range doomedCompute(insts, gp) {
 			what := fmt.Sprintf("destroying compute instance %s in %s@%d", d.CI.Profile, d.GI.Profile, d.GI.Placement.Start)
 			if err := step(gp.Index, what); err != nil {
 				return res, err
@@ -98,7 +98,7 @@ func ApplyPlan(g nvmlx.GPU, node *Inventory, plan *geometry.Plan, o ApplyOptions
 			pe.Destroyed++
 		}
 		for _, in := range gp.Destroy {
-			gi, ok := FindGI(insts, in.ProfileID, in.Start)
+			gi, ok := findGI(insts, in.ProfileID, in.Start)
 			if !ok {
 				continue // already gone: a resumed apply
 			}
@@ -188,7 +188,7 @@ func ApplyPlan(g nvmlx.GPU, node *Inventory, plan *geometry.Plan, o ApplyOptions
 			if err := step(gp.Index, what); err != nil {
 				return res, err
 			}
-			gi, ok := FindGI(insts, c.ProfileID, c.Start)
+			gi, ok := findGI(insts, c.ProfileID, c.Start)
 			if !ok {
 				return fail(what, fmt.Errorf("GPU instance %s@%d is gone", c.Profile, c.Start))
 			}
@@ -208,21 +208,21 @@ func ApplyPlan(g nvmlx.GPU, node *Inventory, plan *geometry.Plan, o ApplyOptions
 	return res, nil
 }
 
-// Doomed is a compute instance a plan destroys inside a GPU instance it keeps.
-type Doomed struct {
+// doomed is a compute instance a plan destroys inside a GPU instance it keeps.
+type doomed struct {
 	GI nvmlx.GPUInstance
 	CI nvmlx.ComputeInstance
 }
 
-// DoomedCompute lists the compute instances gp destroys inside the GPU
+// doomedCompute lists the compute instances gp destroys inside the GPU
 // instances it keeps: of each profile it names there, the compute
 // instances with the highest ids (the newest). ApplyPlan destroys exactly
 // these, and the pods on them are the ones evicted.
-func DoomedCompute(insts []nvmlx.GPUInstance, gp geometry.GPUPlan) []Doomed {
-	var out []Doomed
+func doomedCompute(insts []nvmlx.GPUInstance, gp geometry.GPUPlan) []doomed {
+	var out []doomed
 	taken := map[[2]int]bool{}
 	for _, c := range gp.DestroyCompute {
-		gi, ok := FindGI(insts, c.ProfileID, c.Start)
+		gi, ok := findGI(insts, c.ProfileID, c.Start)
 		if !ok {
 			continue
 		}
@@ -243,7 +243,7 @@ func DoomedCompute(insts []nvmlx.GPUInstance, gp geometry.GPUPlan) []Doomed {
 		if best >= 0 {
 			ci := gi.ComputeInstances[best]
 			taken[[2]int{gi.ID, ci.ID}] = true
-			out = append(out, Doomed{GI: gi, CI: ci})
+			out = append(out, doomed{GI: gi, CI: ci})
 		}
 	}
 	return out

@@ -159,9 +159,9 @@ func TestApplyHopperModeChange(t *testing.T) {
 func TestApplyFaultThenRetry(t *testing.T) {
 	s := newSim(t, "h200x2", nvmlx.SimOptions{Faults: "CreateGpuInstanceWithPlacement:6=ERROR_INSUFFICIENT_RESOURCES"})
 	_, err := applyConfig(t, s, nil, "all-balanced", ApplyOptions{})
-	var pe *PartialError
+	var pe *partialError
 	if !errors.As(err, &pe) || pe.GPU != 1 || pe.Created != 1 || !errors.Is(err, nvmlx.ErrInsufficientResources) {
-		t.Fatalf("err %v, want a PartialError on GPU 1 after 1 create", err)
+		t.Fatalf("err %v, want a partialError on GPU 1 after 1 create", err)
 	}
 	if _, err := applyConfig(t, s, nil, "all-balanced", ApplyOptions{}); err != nil {
 		t.Fatalf("retry: %v", err)

@@ -170,8 +170,8 @@ type MIGDevice struct {
 	Start   int
 }
 
-// FindGI returns the driver id of the GPU instance of profile id at start.
-func FindGI(insts []nvmlx.GPUInstance, profileID, start int) (nvmlx.GPUInstance, bool) {
+// findGI returns the driver id of the GPU instance of profile id at start.
+func findGI(insts []nvmlx.GPUInstance, profileID, start int) (nvmlx.GPUInstance, bool) {
 	for _, gi := range insts {
 		if gi.ProfileID == profileID && gi.Placement.Start == start {
 			return gi, true

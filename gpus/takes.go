@@ -45,14 +45,14 @@ func Indices(p *geometry.Plan) (changed, untouched []int) {
 // instances) destroyed inside a GPU instance that stays.
 func Takes(n *Inventory, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 	for _, gp := range p.GPUs {
-		g, m := TakenBy(n, gp)
+		g, m := takenBy(n, gp)
 		gpuUUIDs, migUUIDs = append(gpuUUIDs, g...), append(migUUIDs, m...)
 	}
 	return gpuUUIDs, migUUIDs
 }
 
 // targetsOf is targets for one GPU's plan.
-func TakenBy(n *Inventory, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
+func takenBy(n *Inventory, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 	if gp.Action != geometry.ActionChange {
 		return nil, nil
 	}
@@ -62,13 +62,13 @@ func TakenBy(n *Inventory, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 	}
 	gpuUUIDs = append(gpuUUIDs, dev.UUID)
 	for _, in := range gp.Destroy {
-		if gi, ok := FindGI(insts, in.ProfileID, in.Start); ok {
+		if gi, ok := findGI(insts, in.ProfileID, in.Start); ok {
 			for _, ci := range gi.ComputeInstances {
 				migUUIDs = append(migUUIDs, ci.UUID)
 			}
 		}
 	}
-	for _, d := range DoomedCompute(insts, gp) {
+	for _, d := range doomedCompute(insts, gp) {
 		migUUIDs = append(migUUIDs, d.CI.UUID)
 	}
 	return gpuUUIDs, migUUIDs
@@ -80,7 +80,7 @@ func TakenBy(n *Inventory, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 func PreviewEvictions(ctx context.Context, d PodFinder, n *Inventory, p *geometry.Plan) (string, error) {
 	how := ""
 	for i, gp := range p.GPUs {
-		gpus, migs := TakenBy(n, gp)
+		gpus, migs := takenBy(n, gp)
 		if len(gpus) == 0 {
 			continue
 		}
@@ -107,12 +107,12 @@ func Blockers(g nvmlx.GPU, n *Inventory, p *geometry.Plan) ([]string, error) {
 		_, insts, _ := n.Device(gp.Index)
 		doomed := map[int]bool{}
 		for _, in := range gp.Destroy {
-			if gi, ok := FindGI(insts, in.ProfileID, in.Start); ok {
+			if gi, ok := findGI(insts, in.ProfileID, in.Start); ok {
 				doomed[gi.ID] = true
 			}
 		}
 		doomedCI := map[[2]int]bool{}
-		for _, d := range DoomedCompute(insts, gp) {
+		for _, d := range doomedCompute(insts, gp) {
 			doomedCI[[2]int{d.GI.ID, d.CI.ID}] = true
 		}
 		for _, pr := range procs {
