@@ -19,7 +19,7 @@ import (
 )
 
 // SimDriverVersion is the driver version the simulator reports: the one
-// the H200 probe ran (fixtures/h200-nvml-probe.json), in the driver's own
+// the H200 probe ran (testdata/h200-nvml-probe.json), in the driver's own
 // form, since NVIDIA's DRA kubelet plugin parses it as a semantic version
 // (deviceinfo.go: semver.MustParse; "sim-580.159.04" made it panic).
 const SimDriverVersion = "580.159.04"

@@ -86,7 +86,7 @@ func NewSimNVML(spec string, o SimOptions) (nvml.Interface, error) {
 
 // simCudaDriverVersion is what nvmlSystemGetCudaDriverVersion returns with
 // the simulated driver 580.159.04: 13000 (CUDA 13.0), measured on the H200
-// (fixtures/h200-nvml-probe.json; nvidia-smi's "CUDA Version: 13.0").
+// (testdata/h200-nvml-probe.json; nvidia-smi's "CUDA Version: 13.0").
 const simCudaDriverVersion = 13000
 
 // simNVMLVersion is nvmlSystemGetNVMLVersion's string: the CUDA major, then
