@@ -17,26 +17,28 @@ import (
 // bd7160f4 (2026-08-21; go-nvlib v0.12.0), the DRA driver's kubelet plugin
 // 95932046 (2026-08-07; go-nvlib v0.12.0). "mp" = mig-parted's apply path
 // (cmd/nvidia-mig-parted/apply, .../assert, .../util; pkg/mig/mode/nvml.go;
-// pkg/mig/config/config.go; internal/nvlib/mig/mig.go), "dra" = the kubelet
+// pkg/mig/config/config.go; internal/nvlib/mig/mig.go; pkg/types/nvdev.go,
+// whose ParseMigProfile opens NVML and walks every GPU's profiles through
+// go-nvlib for each profile name of the config), "dra" = the kubelet
 // plugin's start-up enumeration without DynamicMIG (cmd/gpu-kubelet-plugin/
 // nvlib.go GetPerGpuAllocatableDevices, getGpuInfo, getMigDevices,
 // walkMigDevices), "nvlib" = go-nvlib pkg/nvlib/device/device.go, which both
-// call. Every row is implemented; TestSimToolCalls makes each call the way
-// its caller does.
+// call. Every row is implemented; TestSimToolCalls makes each call added
+// for these tools the way its caller does (the others are TestSimRules').
 //
 //	function                                    caller  source (file: function)
-//	Init                                        mp      util/nvml.go: NvmlInit
+//	Init                                        mp      util/nvml.go: NvmlInit; types/nvdev.go: nvdevParseMigProfile
 //	InitWithFlags(INIT_FLAG_NO_GPUS)            dra     nvlib.go: ensureNVML, Init
 //	Shutdown                                    mp dra  util/nvml.go: TryNvmlShutdown; nvlib.go: alwaysShutdown
 //	SystemGetNVMLVersion                        mp      util/nvml.go: IsNVMLVersionSupported (major >= 11)
 //	SystemGetDriverVersion                      dra     nvlib.go: getGpuInfo (semver.MustParse in deviceinfo.go)
 //	SystemGetCudaDriverVersion                  dra     nvlib.go: getGpuInfo ("%d.%d" of v/1000, v%1000/10)
 //	Extensions().LookupSymbol                   nvlib   device.go: hasSymbol (GetMigMode, GetAddressingMode)
-//	DeviceGetCount                              nvlib   device.go: VisitDevices
+//	DeviceGetCount                              mp nvlib device.go: VisitDevices (via types/nvdev.go ParseMigProfile)
 //	DeviceGetHandleByIndex                      mp nvlib mode/nvml.go, config/config.go: every Manager method; VisitDevices
 //	DeviceGetHandleByPciBusId                   mp      util/device.go: nvmlGetGPUDeviceIDs, nvmlGetGPUPciBusIds
 //	DeviceGetHandleByUUID                       dra     nvlib.go: DeviceGetHandleByUUID (getMigDevices)
-//	Device.GetName                              nvlib   device.go: isSkipped; nvlib.go: getGpuInfo
+//	Device.GetName                              mp nvlib device.go: isSkipped (via VisitDevices); nvlib.go: getGpuInfo
 //	Device.GetMinorNumber                       dra     nvlib.go: getGpuInfo (device name gpu-<minor>)
 //	Device.GetUUID                              dra     nvlib.go: getGpuInfo, getMigDevices (MIG handle)
 //	Device.GetMigMode                           mp nvlib mode/nvml.go: IsMigCapable, GetMigMode, IsMigModeChangePending; mig.go: AssertMigEnabled; device.go: IsMigCapable, IsMigEnabled
