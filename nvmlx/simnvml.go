@@ -20,10 +20,12 @@ import (
 // it unchanged, so every test and scenario exercises the code that runs on
 // real GPUs.
 //
-// Only what the real backend calls is implemented (see simImplemented).
-// The embedded interfaces are nil: any other method panics with a nil
-// dereference when called, so a backend change that starts calling a new
-// NVML function fails loudly in every test until the simulator learns it.
+// Implemented is what the real backend calls and what NVIDIA's
+// mig-parted apply path and DRA kubelet plugin enumeration call
+// (simImplemented; simnvml_tools.go names each tool's calls with their
+// sources). The embedded interfaces are nil: any other method panics with a
+// nil dereference when called, so a backend change that starts calling a
+// new NVML function fails loudly in every test until the simulator learns it.
 type simLib struct {
 	nvml.Interface // nil: unimplemented methods panic
 

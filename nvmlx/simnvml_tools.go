@@ -190,7 +190,7 @@ func parsePCIBusID(s string) (pciAddr, bool) {
 // H200 probe (GPU 0, minor 0). The DRA driver names the GPU gpu-<minor>.
 func (d *simDevice) GetMinorNumber() (int, nvml.Return) {
 	if d.mig != nil {
-		return 0, nvml.ERROR_NOT_SUPPORTED // a MIG device has no /dev/nvidiaN of its own
+		return 0, nvml.ERROR_NOT_SUPPORTED // a MIG device has no /dev/nvidiaN of its own (unverified)
 	}
 	return d.index, d.with(func(*simGPU, *profiles.Model) nvml.Return { return nvml.SUCCESS })
 }
