@@ -18,8 +18,11 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// SimDriverVersion is the driver version the simulator reports.
-const SimDriverVersion = "sim-580.159.04"
+// SimDriverVersion is the driver version the simulator reports: the one
+// the H200 probe ran (testdata/h200-nvml-probe.json), in the driver's own
+// form, since NVIDIA's DRA kubelet plugin parses it as a semantic version
+// (deviceinfo.go: semver.MustParse; "sim-580.159.04" made it panic).
+const SimDriverVersion = "580.159.04"
 
 // SimOptions configure the simulator: --sim-state, --sim-faults and
 // --sim-no-reset.
@@ -217,7 +220,8 @@ func (s *Sim) RemoveProcess(gpu int, pid uint32) error {
 }
 
 // Mutations counts the successful state-changing NVML calls per operation
-// (OpCreateGpuInstanceWithPlacement, OpCreateComputeInstance,
+// (OpCreateGpuInstanceWithPlacement, OpCreateGpuInstance (the driver-placed
+// creation NVIDIA's mig-parted makes), OpCreateComputeInstance,
 // OpGpuInstanceDestroy, OpComputeInstanceDestroy, OpSetMigMode, OpResetGpu)
 // since NewSim.
 func (s *Sim) Mutations() map[string]int {

@@ -27,9 +27,11 @@ const maxSimGPUs = 64
 
 // Operation names the simulator uses in Error.Op, Mutations and
 // --sim-faults: go-nvml's method names, with the receiver where two share a
-// name. OpCreateGpuInstance and OpCreateGpuInstanceWithPlacement both name
-// CreateGPUInstance's call (it always passes a placement), so a fault on
-// either counts the same calls.
+// name. For --sim-faults, OpCreateGpuInstance and
+// OpCreateGpuInstanceWithPlacement both name every GPU instance creation
+// (mig-agent's CreateGPUInstance always passes a placement; NVIDIA's
+// mig-parted lets the driver place), so a fault on either counts the same
+// calls; Mutations counts each NVML function under its own name.
 const (
 	OpCreateGpuInstance              = "CreateGpuInstance"
 	OpCreateGpuInstanceWithPlacement = "CreateGpuInstanceWithPlacement"

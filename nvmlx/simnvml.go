@@ -20,10 +20,12 @@ import (
 // it unchanged, so every test and scenario exercises the code that runs on
 // real GPUs.
 //
-// Only what the real backend calls is implemented (see simImplemented).
-// The embedded interfaces are nil: any other method panics with a nil
-// dereference when called, so a backend change that starts calling a new
-// NVML function fails loudly in every test until the simulator learns it.
+// Implemented is what the real backend calls and what NVIDIA's
+// mig-parted apply path and DRA kubelet plugin enumeration call
+// (simImplemented; simnvml_tools.go names each tool's calls with their
+// sources). The embedded interfaces are nil: any other method panics with a
+// nil dereference when called, so a backend change that starts calling a
+// new NVML function fails loudly in every test until the simulator learns it.
 type simLib struct {
 	nvml.Interface // nil: unimplemented methods panic
 
@@ -48,9 +50,12 @@ type simLib struct {
 // method names; "Device." for nvml.Device, "GpuInstance." and
 // "ComputeInstance." for those handles). TestSimImplemented keeps it honest.
 var simImplemented = []string{
-	"Init", "Shutdown", "Extensions", "SystemGetDriverVersion", "SystemGetProcessName",
-	"DeviceGetCount", "DeviceGetHandleByIndex", "DeviceGetHandleByUUID",
+	"Init", "InitWithFlags", "Shutdown", "Extensions", "SystemGetDriverVersion", "SystemGetNVMLVersion",
+	"SystemGetCudaDriverVersion", "SystemGetProcessName",
+	"DeviceGetCount", "DeviceGetHandleByIndex", "DeviceGetHandleByUUID", "DeviceGetHandleByPciBusId",
 	"Device.GetUUID", "Device.GetName", "Device.GetPciInfo", "Device.GetMemoryInfo", "Device.GetArchitecture",
+	"Device.GetMinorNumber", "Device.GetBrand", "Device.GetCudaComputeCapability", "Device.GetAddressingMode",
+	"Device.GetDeviceHandleFromMigDeviceHandle", "Device.CreateGpuInstance",
 	"Device.GetVirtualizationMode", "Device.GetMigMode", "Device.SetMigMode",
 	"Device.GetGpuInstanceProfileInfo", "Device.GetGpuInstancePossiblePlacements", "Device.GetGpuInstances",
 	"Device.GetGpuInstanceById", "Device.CreateGpuInstanceWithPlacement",
@@ -591,50 +596,59 @@ func (d *simDevice) GetGpuInstanceById(id int) (nvml.GpuInstance, nvml.Return) {
 	})
 }
 
-// simGIID is the id the driver gives a GPU instance: by memory-slice
-// placement, like a heap over the memory slices, except that the two halves
-// take the lowest free of their ids. Sources: MIG user guide examples on an
-// A100-40GB (`-cgi 9,9` gives 3g ids 1 at 4:4 and 2 at 0:4; `-cgi 19,14,5`
-// gives 1g id 13 at 6:1, 2g id 5 at 4:2, 4g id 1 at 0:4); dra-driver issue
-// 933 on H100 (1g ids 7, 8, 12 at 0, 1, 5); the issue's A30 output (1g at 0
-// is id 3); 7g (the whole GPU) is 0. Quarter ids on 8-slice GPUs beyond the
-// one example and half ids on 4-slice GPUs are unverified.
-func simGIID(g *simGPU, slices int, at profiles.Placement) int {
-	switch {
-	case at.Size >= slices:
-		return 0
-	case at.Size*2 == slices: // a half: lowest free of 1, 2
-		for id := 1; ; id++ {
-			if findGI(g, id) == nil {
-				return id
-			}
-		}
-	}
-	// smaller: heap position of the placement
-	n := slices / at.Size
-	return n - 1 + at.Start/at.Size
+// simGIID is the id the driver gives a GPU instance: its place in a heap
+// over the memory slices (the whole GPU 0, the halves 1 and 2, the
+// quarters 3 to 6, the eighths 7 to 14 on an 8-slice GPU). Sources: the
+// MIG user guide's "Instance Geometry" examples on an A100-SXM4-40GB (4g
+// at 0:4 is 1, 3g at 4:4 is 2, 2g at 0:2, 2:2, 4:2 are 3, 4, 5, 1g at p is
+// 7+p); dra-driver issue 933 on H100 (1g ids 7, 8, 12 at 0, 1, 5); the
+// A30 output in issue 25's research (1g at 0 is 3 on 4 slices). The
+// guide's `-cgi 9,9` example contradicts itself (its creation lines give
+// ids 2 then 1, its -lgi table id 1 at 4:4), so it is not a source.
+func simGIID(slices int, at profiles.Placement) int {
+	n := slices / max(at.Size, 1)
+	return n - 1 + at.Start/max(at.Size, 1)
 }
 
-// CreateGpuInstanceWithPlacement creates a GPU instance. The rules
-// (nvml.h nvmlDeviceCreateGpuInstanceWithPlacement and MIG facts §3.8):
-// NOT_SUPPORTED without MIG mode; INVALID_ARGUMENT for a profile or
-// placement the GPU does not list; INSUFFICIENT_RESOURCES when the
-// placement overlaps an instance (memory slices; the DRA driver's note), the
-// profile's count is reached, or the media engines (+me) are taken.
+// CreateGpuInstanceWithPlacement creates a GPU instance at the placement
+// the caller names (nvml.h nvmlDeviceCreateGpuInstanceWithPlacement); see
+// createGI for the rules. INVALID_ARGUMENT for a placement the profile
+// does not list.
 func (d *simDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInfo, at *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
-	const op = OpCreateGpuInstanceWithPlacement
+	return d.createGI(OpCreateGpuInstanceWithPlacement, info, func(_ *simGPU, _ *profiles.Model, p *profiles.Profile) (profiles.Placement, nvml.Return) {
+		if at == nil {
+			return profiles.Placement{}, nvml.ERROR_INVALID_ARGUMENT
+		}
+		pl := profiles.Placement{Start: int(at.Start), Size: int(at.Size)}
+		if !slices.Contains(p.Placements, pl) {
+			return pl, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return pl, nvml.SUCCESS
+	})
+}
+
+// createGI creates a GPU instance of info's profile at the placement place
+// chooses. The rules (nvml.h nvmlDeviceCreateGpuInstance[WithPlacement]
+// and MIG facts §3.8): NOT_SUPPORTED without MIG mode; INVALID_ARGUMENT for
+// a profile the GPU does not list; INSUFFICIENT_RESOURCES when the
+// placement overlaps an instance (memory slices; the DRA driver's note), the
+// profile's count is reached, or the media engines (+me) are taken. A
+// --sim-faults entry for either creation op name fails either call; a
+// success counts in Mutations under op.
+func (d *simDevice) createGI(op string, info *nvml.GpuInstanceProfileInfo,
+	place func(g *simGPU, m *profiles.Model, p *profiles.Profile) (profiles.Placement, nvml.Return)) (nvml.GpuInstance, nvml.Return) {
 	d.lib.lock()
 	defer d.lib.unlock()
 	if !d.lib.up() {
 		return nil, nvml.ERROR_UNINITIALIZED
 	}
-	if ret := d.lib.fault(d.index, op, OpCreateGpuInstance); ret != nvml.SUCCESS {
+	if ret := d.lib.fault(d.index, OpCreateGpuInstanceWithPlacement, OpCreateGpuInstance); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	var made simGI
 	ret := d.lib.mutate(op, func(st *simState) (bool, nvml.Return) {
 		g, m := d.lib.gpu(st, d.index)
-		if g == nil || at == nil {
+		if g == nil {
 			return false, nvml.ERROR_INVALID_ARGUMENT
 		}
 		if !m.MigCapable || !g.MigCurrent {
@@ -644,9 +658,9 @@ func (d *simDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfile
 		if !ok {
 			return false, nvml.ERROR_INVALID_ARGUMENT
 		}
-		pl := profiles.Placement{Start: int(at.Start), Size: int(at.Size)}
-		if !slices.Contains(p.Placements, pl) {
-			return false, nvml.ERROR_INVALID_ARGUMENT
+		pl, ret := place(g, m, p)
+		if ret != nvml.SUCCESS {
+			return false, ret
 		}
 		count, ofas := 0, p.OFAs
 		for _, gi := range g.Instances {
@@ -662,7 +676,7 @@ func (d *simDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfile
 		if count >= p.MaxCount || ofas > ofaTotal(m) {
 			return false, nvml.ERROR_INSUFFICIENT_RESOURCES
 		}
-		made = simGI{ID: simGIID(g, m.Catalogue.MemorySlices, pl), ProfileID: p.ID, Placement: pl, ComputeInstances: []simCI{}}
+		made = simGI{ID: simGIID(m.Catalogue.MemorySlices, pl), ProfileID: p.ID, Placement: pl, ComputeInstances: []simCI{}}
 		g.Instances = append(g.Instances, made)
 		return false, nvml.SUCCESS
 	})

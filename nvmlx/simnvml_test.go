@@ -219,7 +219,7 @@ func TestSimRules(t *testing.T) {
 				_, ret := simCreate(d, simInfo(t, d, 8), 2, 2)
 				return result{ret: ret}
 			}, nvml.ERROR_INSUFFICIENT_RESOURCES, nil},
-		{"GI ids by placement", "MIG user guide A100 examples; dra-driver issue 933; issue's A30/H100 outputs (quarter ids beyond the one example and half ids on 4-slice GPUs unverified)", "h200x1", SimOptions{},
+		{"GI ids by placement: halves are 1 (0:4) and 2 (4:4) in whatever order they are made", "MIG user guide \"Instance Geometry\" A100 examples (-cgi 19,14,5: 4g at 0:4 is 1; -cgi 9,19,14,19: 3g at 4:4 is 2); half ids on 4-slice GPUs unverified", "h200x1", SimOptions{},
 			func(t *testing.T, l *simLib) result {
 				d := simDev(t, l, 0)
 				simMig(t, d, true)
@@ -236,7 +236,7 @@ func TestSimRules(t *testing.T) {
 					ids = append(ids, info.Id)
 				}
 				return result{nvml.SUCCESS, ids}
-			}, nvml.SUCCESS, []uint32{1, 2}},
+			}, nvml.SUCCESS, []uint32{2, 1}},
 		{"GI ids: 1g at p is 7+p, 2g at 4 is 5, 7g is 0", "MIG user guide A100 example (-cgi 19,14,5); dra-driver issue 933", "h100-80gbx2", SimOptions{},
 			func(t *testing.T, l *simLib) result {
 				var ids []uint32
@@ -462,16 +462,20 @@ func TestSimRules(t *testing.T) {
 }
 
 // TestSimImplemented: the documented list of implemented NVML functions
-// is what simnvml.go declares on the simulator's nvml types (exported
-// methods only: the go-nvml interfaces' names).
+// is what simnvml.go and simnvml_tools.go declare on the simulator's nvml
+// types (exported methods only: the go-nvml interfaces' names).
 func TestSimImplemented(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "simnvml.go", nil, 0)
-	if err != nil {
-		t.Fatal(err)
+	var decls []ast.Decl
+	for _, name := range []string{"simnvml.go", "simnvml_tools.go"} {
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decls = append(decls, f.Decls...)
 	}
 	prefix := map[string]string{"simLib": "", "simDevice": "Device.", "simGpuInstance": "GpuInstance.", "simComputeInstance": "ComputeInstance."}
 	var got []string
-	for _, d := range f.Decls {
+	for _, d := range decls {
 		fd, ok := d.(*ast.FuncDecl)
 		if !ok || fd.Recv == nil || !fd.Name.IsExported() {
 			continue
@@ -498,7 +502,7 @@ func TestSimImplemented(t *testing.T) {
 		}
 	}()
 	l := simNVML(t, "h200x1", SimOptions{})
-	_, _ = l.SystemGetNVMLVersion()
+	_, _ = l.EventSetCreate() // NVMLDeviceHealthCheck only (off by default): not implemented
 }
 
 // The daemon holds no NVML session while idle: after each pass the counts
