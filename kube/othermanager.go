@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,8 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 )
 
 // LabelDeployMigManager is the node label the GPU Operator's MIG manager
@@ -56,7 +55,7 @@ var ClusterPolicyResource = schema.GroupVersionResource{Group: "nvidia.com", Ver
 //
 // The deploy label nvidia.com/gpu.deploy.mig-manager=true by itself is never
 // a conflict: the operator sets it on every MIG-capable node.
-func OtherManager(ctx context.Context, c kubernetes.Interface, dyn dynamic.Interface, node *corev1.Node) (string, error) {
+func OtherManager(ctx context.Context, c kclient.Interface, policies ClusterPolicies, node *corev1.Node) (string, error) {
 	pods, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node.Name).String(),
 		LabelSelector: labels.SelectorFromSet(labels.Set{"app": OperatorMigManagerApp}).String(),
@@ -70,8 +69,8 @@ func OtherManager(ctx context.Context, c kubernetes.Interface, dyn dynamic.Inter
 		}
 		return fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s)", p.Namespace, p.Name), nil
 	}
-	if dyn != nil && node.Labels[LabelDeployMigManager] != "false" {
-		other, err := operatorMigManagerEnabled(ctx, dyn)
+	if policies != nil && node.Labels[LabelDeployMigManager] != "false" {
+		other, err := operatorMigManagerEnabled(ctx, policies)
 		if err != nil || other != "" {
 			return other, err
 		}
@@ -105,8 +104,8 @@ func OtherManager(ctx context.Context, c kubernetes.Interface, dyn dynamic.Inter
 // (controllers/clusterpolicy_controller.go, ClusterPolicyReconciler.Reconcile);
 // spec.migManager.enabled unset means enabled (api/nvidia/v1,
 // MIGManagerSpec.IsEnabled).
-func operatorMigManagerEnabled(ctx context.Context, dyn dynamic.Interface) (string, error) {
-	list, err := dyn.Resource(ClusterPolicyResource).List(ctx, metav1.ListOptions{})
+func operatorMigManagerEnabled(ctx context.Context, policies ClusterPolicies) (string, error) {
+	list, err := policies.List(ctx, metav1.ListOptions{})
 	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
 		return "", nil // no GPU Operator CRD, or not allowed to read it: unknown
 	}
@@ -131,13 +130,40 @@ func operatorMigManagerEnabled(ctx context.Context, dyn dynamic.Interface) (stri
 	return "", nil
 }
 
+// ClusterPolicies lists the GPU Operator's ClusterPolicies (a dynamic
+// client's Resource(ClusterPolicyResource) is one).
+type ClusterPolicies interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*unstructured.UnstructuredList, error)
+}
+
+// RESTClusterPolicies lists ClusterPolicies with c's REST client, as JSON
+// decoded into unstructured objects: the agent links no dynamic client for
+// its one custom resource.
+func RESTClusterPolicies(c kclient.Interface) ClusterPolicies { return restPolicies{c} }
+
+type restPolicies struct{ c kclient.Interface }
+
+func (r restPolicies) List(ctx context.Context, opts metav1.ListOptions) (*unstructured.UnstructuredList, error) {
+	gvr := ClusterPolicyResource
+	raw, err := r.c.CoreV1().RESTClient().Get().AbsPath("/apis", gvr.Group, gvr.Version, gvr.Resource).
+		VersionedParams(&opts, metav1.ParameterCodec).SetHeader("Accept", "application/json").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list := &unstructured.UnstructuredList{}
+	if err := list.UnmarshalJSON(raw); err != nil {
+		return nil, fmt.Errorf("decoding the ClusterPolicy list: %w", err)
+	}
+	return list, nil
+}
+
 // Others implements reconcile.OtherManagers for one node: OtherManager on
 // the Node as it is now.
 type Others struct {
-	Client kubernetes.Interface
-	// Dyn reads the GPU Operator's ClusterPolicies (nil: not checked).
-	Dyn  dynamic.Interface
-	Node string
+	Client kclient.Interface
+	// Policies reads the GPU Operator's ClusterPolicies (nil: not checked).
+	Policies ClusterPolicies
+	Node     string
 }
 
 var _ reconcile.OtherManagers = (*Others)(nil)
@@ -148,5 +174,5 @@ func (o *Others) Check(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading node %s: %w", o.Node, err)
 	}
-	return OtherManager(ctx, o.Client, o.Dyn, node)
+	return OtherManager(ctx, o.Client, o.Policies, node)
 }
