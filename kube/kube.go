@@ -50,6 +50,8 @@ type Cluster struct {
 	// removals counts the removals of the desired label the watch saw
 	// (reconcile.Request.Seq).
 	removals atomic.Uint64
+	// watched is the Node watch's informer once Watch started it.
+	watched atomic.Pointer[cache.SharedIndexInformer]
 }
 
 var _ reconcile.Cluster = (*Cluster)(nil)
@@ -117,6 +119,7 @@ func (k *Cluster) Watch(ctx context.Context, h reconcile.WatchHandlers) (*reconc
 	}
 	// Stop must end the informer before Shutdown waits for it, or the
 	// process never exits.
+	k.watched.Store(&inf)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -179,6 +182,19 @@ func (k *Cluster) GetNode(ctx context.Context) (*reconcile.Node, error) {
 
 func (k *Cluster) getNode(ctx context.Context) (*corev1.Node, error) {
 	return k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+}
+
+// CachedNode is the Node as the watch holds it once synced (the event that
+// started the pass is in it), else as read from the API server. The cached
+// object is shared: callers only read it. For reads that need no
+// resourceVersion to write against (an update reads the Node afresh).
+func (k *Cluster) CachedNode(ctx context.Context) (*corev1.Node, error) {
+	if p := k.watched.Load(); p != nil && (*p).HasSynced() {
+		if obj, ok, err := (*p).GetStore().GetByKey(k.Node); err == nil && ok {
+			return obj.(*corev1.Node), nil
+		}
+	}
+	return k.getNode(ctx)
 }
 
 // Desired implements reconcile.Cluster: the request the snapshot holds.
@@ -306,7 +322,7 @@ func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string)
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with
 // the generated configs, owned by the Node.
 func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
-	node, err := k.getNode(ctx)
+	node, err := k.CachedNode(ctx)
 	if err != nil {
 		return err
 	}

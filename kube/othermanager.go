@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
@@ -47,7 +48,7 @@ var ClusterPolicyResource = schema.GroupVersionResource{Group: "nvidia.com", Ver
 //     operator acts on (not status.state "ignored", the operator's mark for
 //     every ClusterPolicy but the one it uses) with spec.migManager.enabled
 //     true or unset (the operator's default is true), unless this node's
-//     deploy label is "false", the operator's per-node opt-out. dyn nil, no
+//     deploy label is "false", the operator's per-node opt-out. policies nil, no
 //     ClusterPolicy API on the cluster (404) or no right to read it (403)
 //     leave this unknown: the pod check stands alone;
 //   - the NVIDIA DRA driver advertising MIG devices in this node's
@@ -55,34 +56,61 @@ var ClusterPolicyResource = schema.GroupVersionResource{Group: "nvidia.com", Ver
 //
 // The deploy label nvidia.com/gpu.deploy.mig-manager=true by itself is never
 // a conflict: the operator sets it on every MIG-capable node.
+//
+// The three reads are independent and sent at once; their findings are
+// judged in the order above.
 func OtherManager(ctx context.Context, c kclient.Interface, policies ClusterPolicies, node *corev1.Node) (string, error) {
+	var pods, policy, dra finding
+	var wg sync.WaitGroup
+	wg.Go(func() { pods = operatorMigManagerPod(ctx, c, node) })
+	if policies != nil && node.Labels[LabelDeployMigManager] != "false" {
+		wg.Go(func() { policy.other, policy.err = operatorMigManagerEnabled(ctx, policies) })
+	}
+	wg.Go(func() { dra = draMIGDevices(ctx, c, node) })
+	wg.Wait()
+	for _, f := range []finding{pods, policy, dra} {
+		if f.err != nil || f.other != "" {
+			return f.other, f.err
+		}
+	}
+	return "", nil
+}
+
+// finding is what one look for another MIG manager found.
+type finding struct {
+	other string
+	err   error
+}
+
+// operatorMigManagerPod: a running pod of the GPU Operator's MIG manager on
+// the node.
+func operatorMigManagerPod(ctx context.Context, c kclient.Interface, node *corev1.Node) finding {
 	pods, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node.Name).String(),
 		LabelSelector: labels.SelectorFromSet(labels.Set{"app": OperatorMigManagerApp}).String(),
 	})
 	if err != nil {
-		return "", fmt.Errorf("listing pods on the node: %w", err)
+		return finding{err: fmt.Errorf("listing pods on the node: %w", err)}
 	}
 	for _, p := range pods.Items {
 		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		return fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s)", p.Namespace, p.Name), nil
+		return finding{other: fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s)", p.Namespace, p.Name)}
 	}
-	if policies != nil && node.Labels[LabelDeployMigManager] != "false" {
-		other, err := operatorMigManagerEnabled(ctx, policies)
-		if err != nil || other != "" {
-			return other, err
-		}
-	}
+	return finding{}
+}
+
+// draMIGDevices: the NVIDIA DRA driver advertising MIG devices of the node.
+func draMIGDevices(ctx context.Context, c kclient.Interface, node *corev1.Node) finding {
 	slices, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node.Name).String(),
 	})
 	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
-		return "", nil // no DRA API on this cluster, or not allowed to look
+		return finding{} // no DRA API on this cluster, or not allowed to look
 	}
 	if err != nil {
-		return "", fmt.Errorf("listing ResourceSlices: %w", err)
+		return finding{err: fmt.Errorf("listing ResourceSlices: %w", err)}
 	}
 	for _, s := range slices.Items {
 		if s.Spec.Driver != NVIDIADRADriver {
@@ -91,11 +119,11 @@ func OtherManager(ctx context.Context, c kclient.Interface, policies ClusterPoli
 		for _, dev := range s.Spec.Devices {
 			t := dev.Attributes["type"]
 			if (t.StringValue != nil && strings.Contains(*t.StringValue, "mig")) || strings.Contains(dev.Name, "mig") {
-				return fmt.Sprintf("the NVIDIA DRA driver (ResourceSlice %s advertises MIG device %s)", s.Name, dev.Name), nil
+				return finding{other: fmt.Sprintf("the NVIDIA DRA driver (ResourceSlice %s advertises MIG device %s)", s.Name, dev.Name)}
 			}
 		}
 	}
-	return "", nil
+	return finding{}
 }
 
 // operatorMigManagerEnabled reads the GPU Operator's ClusterPolicies and
@@ -164,13 +192,22 @@ type Others struct {
 	// Policies reads the GPU Operator's ClusterPolicies (nil: not checked).
 	Policies ClusterPolicies
 	Node     string
+	// Read reads the Node (nil: a GET); the agent passes the watch's
+	// cache (Cluster.CachedNode): only its labels are read.
+	Read func(ctx context.Context) (*corev1.Node, error)
 }
 
 var _ reconcile.OtherManagers = (*Others)(nil)
 
 // Check implements reconcile.OtherManagers.
 func (o *Others) Check(ctx context.Context) (string, error) {
-	node, err := o.Client.CoreV1().Nodes().Get(ctx, o.Node, metav1.GetOptions{})
+	read := o.Read
+	if read == nil {
+		read = func(ctx context.Context) (*corev1.Node, error) {
+			return o.Client.CoreV1().Nodes().Get(ctx, o.Node, metav1.GetOptions{})
+		}
+	}
+	node, err := read(ctx)
 	if err != nil {
 		return "", fmt.Errorf("reading node %s: %w", o.Node, err)
 	}

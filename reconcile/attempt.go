@@ -139,22 +139,29 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	return d.conclude(a, a.run())
 }
 
-// run is the checklist.
+// run is the checklist. Each step's time is logged at debug level ("step
+// done"), which the bench reads to break a change's latency down.
 func (a *attempt) run() error {
-	for _, step := range []func() error{
-		a.plan,              // read the GPUs, look the config up, build the plan
-		a.checkNode,         // the MIG strategy can serve it; no other MIG manager
-		a.awaitReboot,       // a change waiting for its reboot waits on
-		a.begin,             // nothing to do, or the intent journaled and announced
-		a.takeSlot,          // a rollout slot (--max-concurrent)
-		a.drain,             // taint, pause operands, evict the affected pods
-		a.checkProcesses,    // nothing else uses what the change takes away
-		a.stopHostClients,   // host GPU clients stopped for a mode change
-		a.noteDevicePlugins, // the device plugin pods that read the old geometry
-		a.apply,             // NVML, step by step
-		a.finish,            // restore, refresh the device plugin, record success
+	for _, step := range []struct {
+		name string
+		do   func() error
+	}{
+		{"plan", a.plan},                           // read the GPUs, look the config up, build the plan
+		{"checkNode", a.checkNode},                 // the MIG strategy can serve it; no other MIG manager
+		{"awaitReboot", a.awaitReboot},             // a change waiting for its reboot waits on
+		{"begin", a.begin},                         // nothing to do, or the intent journaled and announced
+		{"takeSlot", a.takeSlot},                   // a rollout slot (--max-concurrent)
+		{"drain", a.drain},                         // taint, pause operands, evict the affected pods
+		{"checkProcesses", a.checkProcesses},       // nothing else uses what the change takes away
+		{"stopHostClients", a.stopHostClients},     // host GPU clients stopped for a mode change
+		{"noteDevicePlugins", a.noteDevicePlugins}, // the device plugin pods that read the old geometry
+		{"apply", a.apply},                         // NVML, step by step
+		{"finish", a.finish},                       // restore, refresh the device plugin, record success
 	} {
-		if err := step(); err != nil {
+		began := a.d.Clock.Now()
+		err := step.do()
+		a.d.Log.Debug("step done", "step", step.name, "ms", float64(a.d.Clock.Since(began).Microseconds())/1000)
+		if err != nil {
 			return err
 		}
 	}

@@ -177,12 +177,14 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		if err != nil {
 			return err
 		}
-		d.Cluster = &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
+		cluster := &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
 			Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
+		d.Cluster = cluster
 		d.Disrupt = &kube.Disruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
 		// The GPU Operator's ClusterPolicy is a custom resource: read it
 		// as JSON into unstructured objects (no operator types in the agent).
-		d.Others = &kube.Others{Client: client, Policies: kube.RESTClusterPolicies(client), Node: s.NodeName}
+		d.Others = &kube.Others{Client: client, Policies: kube.RESTClusterPolicies(client), Node: s.NodeName,
+			Read: cluster.CachedNode}
 		if s.MaxConcurrent > 0 {
 			slots := &kube.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
 				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
