@@ -111,6 +111,15 @@ type attempt struct {
 	applied *gpus.Applied // what the apply step did
 	release func()        // gives the rollout slot back (nil: none taken)
 	touched bool          // the apply step began: the GPUs may have changed
+	// plugins brings the device plugin list started beside the drain
+	// (nil: none started).
+	plugins chan pluginList
+}
+
+// pluginList is what listing the device plugin pods returned.
+type pluginList struct {
+	pods []string
+	err  error
 }
 
 // attempt runs (or resumes) the change to req's config; v is what the pass
@@ -333,6 +342,7 @@ func (a *attempt) takeSlot() error {
 }
 
 func (a *attempt) drain() error {
+	a.listPluginsAhead()
 	if a.d.Disrupt == nil || (a.ch.Phase != journal.PhasePending && a.ch.Phase != journal.PhaseDraining) {
 		return nil
 	}
@@ -367,19 +377,49 @@ func (a *attempt) stopHostClients() error {
 }
 
 func (a *attempt) noteDevicePlugins() error {
-	d, ch := a.d, a.ch
-	if d.Disrupt == nil || a.node == nil || !d.S.RestartDevicePlugin || ch.Phase == journal.PhaseApplying || ch.StalePlugins != nil {
+	if !a.wantsPluginList() {
 		return nil
 	}
 	// The device plugin pods running now read the old geometry: the ones
 	// still running when the change is done are restarted.
-	var pods []string
-	err := d.retryAPI(a.ctx, func() (err error) { pods, err = d.Disrupt.DevicePlugins(a.ctx); return err })
-	if err != nil {
-		return failed("listing the device plugin pods", err)
+	var l pluginList
+	if a.plugins != nil {
+		l = <-a.plugins
+	} else {
+		l = a.listPlugins()
 	}
-	ch.StalePlugins = pods
+	if l.err != nil {
+		return failed("listing the device plugin pods", l.err)
+	}
+	a.ch.StalePlugins = l.pods
 	return nil
+}
+
+// wantsPluginList: the device plugins are restarted after the change and
+// the list of those that read the old geometry is not taken yet.
+func (a *attempt) wantsPluginList() bool {
+	d, ch := a.d, a.ch
+	return d.Disrupt != nil && a.node != nil && d.S.RestartDevicePlugin && ch.Phase != journal.PhaseApplying && ch.StalePlugins == nil
+}
+
+// listPluginsAhead starts noteDevicePlugins' list when the drain begins,
+// so that the drain's wait and the list's overlap (a list is a consistent
+// read the API server may hold until its cache catches up). The list is
+// still taken before the GPUs change; a device plugin pod the drain
+// removes (a paused operand) is gone by the restart, which skips it.
+func (a *attempt) listPluginsAhead() {
+	if a.plugins != nil || !a.wantsPluginList() {
+		return
+	}
+	done := make(chan pluginList, 1)
+	a.plugins = done
+	go func() { done <- a.listPlugins() }()
+}
+
+func (a *attempt) listPlugins() (l pluginList) {
+	d := a.d
+	l.err = d.retryAPI(a.ctx, func() (err error) { l.pods, err = d.Disrupt.DevicePlugins(a.ctx); return err })
+	return l
 }
 
 func (a *attempt) apply() error {
