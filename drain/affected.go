@@ -7,12 +7,12 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
 )
 
 // How affected pods were found (Affected.How, the change record's affectedBy).
@@ -125,7 +125,7 @@ func terminal(p *corev1.Pod) bool {
 // counts as affected, and How says why. Finished pods (Succeeded, Failed)
 // hold no device and are never returned. An error means the API server
 // could not be asked.
-func FindAffected(ctx context.Context, client kubernetes.Interface, log *slog.Logger, node, socket string,
+func FindAffected(ctx context.Context, client kclient.Interface, log *slog.Logger, node, socket string,
 	change Change) (Affected, error) {
 	if node == "" {
 		return Affected{}, fmt.Errorf("find affected pods: %w", ErrNoNode)
@@ -167,7 +167,7 @@ func FindAffected(ctx context.Context, client kubernetes.Interface, log *slog.Lo
 	return out, nil
 }
 
-func allGPUPods(ctx context.Context, client kubernetes.Interface, node, how string) (Affected, error) {
+func allGPUPods(ctx context.Context, client kclient.Interface, node, how string) (Affected, error) {
 	list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
 	})

@@ -12,7 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/migagent/mig-agent/internal/kclient"
 )
 
 // DevicePluginPods are the pod labels of the daemons that read the MIG
@@ -55,7 +56,7 @@ func IsDevicePluginPod(p *corev1.Pod) bool {
 // enumerated the old geometry. (Comparing creation times with the time of
 // the change instead would trust the node's clock to agree with the API
 // server's.)
-func ListDevicePlugins(ctx context.Context, client kubernetes.Interface, node string) ([]string, error) {
+func ListDevicePlugins(ctx context.Context, client kclient.Interface, node string) ([]string, error) {
 	if node == "" {
 		return nil, fmt.Errorf("list device plugins: %w", ErrNoNode)
 	}
@@ -83,7 +84,7 @@ func ListDevicePlugins(ctx context.Context, client kubernetes.Interface, node st
 // (not deletion) keeps the agent's permissions to what it already needs for
 // workloads. It returns the pods it evicted ("namespace/name") and does not
 // wait for their successors: the caller waits for the node's allocatable.
-func RestartDevicePlugins(ctx context.Context, client kubernetes.Interface, log *slog.Logger, pods []string) ([]string, error) {
+func RestartDevicePlugins(ctx context.Context, client kclient.Interface, log *slog.Logger, pods []string) ([]string, error) {
 	var out []string
 	for _, ref := range pods {
 		parts := strings.SplitN(ref, "/", 3)

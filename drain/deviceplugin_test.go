@@ -32,7 +32,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	mk("dcgm", map[string]string{"app": "nvidia-dcgm-exporter"})
 	mk("workload", nil)
 
-	pods, err := drain.ListDevicePlugins(ctx, e.c, e.node)
+	pods, err := drain.ListDevicePlugins(ctx, e.a, e.node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	waitGone(t, e, replaced.Name, replaced.UID)
 	fresh := mk("chart-gfd", map[string]string{"app.kubernetes.io/name": "gpu-feature-discovery"})
 
-	restarted, err := drain.RestartDevicePlugins(ctx, e.c, testLog(t), pods)
+	restarted, err := drain.RestartDevicePlugins(ctx, e.a, testLog(t), pods)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,11 +71,11 @@ func TestRestartDevicePlugins(t *testing.T) {
 		t.Errorf("remaining pods %v", r)
 	}
 	// Repeating it (a retry after a crash) restarts nothing more.
-	again, err := drain.RestartDevicePlugins(ctx, e.c, testLog(t), pods)
+	again, err := drain.RestartDevicePlugins(ctx, e.a, testLog(t), pods)
 	if err != nil || len(again) != 0 {
 		t.Errorf("second RestartDevicePlugins = %v, %v", again, err)
 	}
-	if _, err := drain.RestartDevicePlugins(ctx, e.c, testLog(t), []string{"no-uid"}); err == nil {
+	if _, err := drain.RestartDevicePlugins(ctx, e.a, testLog(t), []string{"no-uid"}); err == nil {
 		t.Error("a malformed pod reference was accepted")
 	}
 }
@@ -101,18 +101,18 @@ func TestWaitAllocatableExact(t *testing.T) {
 	small, big := corev1.ResourceName("nvidia.com/mig-1g.18gb"), corev1.ResourceName("nvidia.com/mig-3g.71gb")
 	e.k.SetAllocatable(corev1.ResourceList{small: resource.MustParse("7"), big: resource.MustParse("2"), "nvidia.com/gpu": resource.MustParse("0"),
 		"example.com/other": resource.MustParse("3")})
-	ok, err := drain.WaitAllocatable(ctx, e.c, e.node, map[corev1.ResourceName]int64{small: 7}, time.Second)
+	ok, err := drain.WaitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 7}, time.Second)
 	if ok || !errors.Is(err, drain.ErrResourcesTimeout) || !strings.Contains(err.Error(), "nvidia.com/mig-3g.71gb: have 2, want 0") {
 		t.Fatalf("stale resource: %v, %v", ok, err)
 	}
 	// The kubelet zeroes the allocatable of a resource whose plugin went.
 	e.k.SetAllocatable(corev1.ResourceList{big: resource.MustParse("0")})
-	ok, err = drain.WaitAllocatable(ctx, e.c, e.node, map[corev1.ResourceName]int64{small: 7}, 5*time.Second)
+	ok, err = drain.WaitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 7}, 5*time.Second)
 	if !ok || err != nil {
 		t.Fatalf("converged: %v, %v", ok, err)
 	}
 	// More than wanted is no match either.
-	ok, _ = drain.WaitAllocatable(ctx, e.c, e.node, map[corev1.ResourceName]int64{small: 6}, time.Second)
+	ok, _ = drain.WaitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 6}, time.Second)
 	if ok {
 		t.Error("7 devices matched a want of 6")
 	}

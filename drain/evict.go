@@ -13,7 +13,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/migagent/mig-agent/internal/kclient"
 )
 
 // Sentinel errors of the package.
@@ -101,7 +102,7 @@ func (o EvictOptions) withDefaults() EvictOptions {
 // with ErrEvictionFailed, wrapping the API error, once the other pods are
 // done. Either way the pods already gone are returned. Evict is safe to call
 // again with the same pods.
-func Evict(ctx context.Context, client kubernetes.Interface, log *slog.Logger, pods []corev1.Pod,
+func Evict(ctx context.Context, client kclient.Interface, log *slog.Logger, pods []corev1.Pod,
 	opts EvictOptions) ([]string, error) {
 	opts = opts.withDefaults()
 	if len(pods) == 0 {
@@ -165,7 +166,7 @@ const deletionPoll = time.Second
 // evictOne evicts pod, retrying as Evict says, and waits until it is gone. It
 // returns nil once it is gone, ctx's error when ctx ends first, or the
 // eviction error that is not retried.
-func evictOne(ctx context.Context, client kubernetes.Interface, log *slog.Logger, pod *corev1.Pod, retryDelay time.Duration) error {
+func evictOne(ctx context.Context, client kclient.Interface, log *slog.Logger, pod *corev1.Pod, retryDelay time.Duration) error {
 	key := pod.Namespace + "/" + pod.Name
 	uid := pod.UID
 	// gone reads the pod: whether it is gone (not found, or another UID),
@@ -271,7 +272,7 @@ func refuse(pods []corev1.Pod, opts EvictOptions) error {
 }
 
 // stillThere returns "" when pod (by UID) is gone, else why it stayed.
-func stillThere(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod) (string, error) {
+func stillThere(ctx context.Context, client kclient.Interface, pod *corev1.Pod) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cur, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})

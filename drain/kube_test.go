@@ -24,6 +24,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/drain"
+	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/kubetest"
 )
 
@@ -43,6 +45,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 // env is one node with its kubelet and a namespace.
 type env struct {
 	c    kubernetes.Interface
+	a    kclient.Interface // c, as the agent's code takes it
 	node string
 	ns   string
 	k    *kubetest.Kubelet
@@ -51,7 +54,7 @@ type env struct {
 func newEnv(t *testing.T, labels map[string]string) env {
 	t.Helper()
 	c := kubetest.Client(t)
-	e := env{c: c, node: kubetest.NewName(t, "node"), ns: kubetest.NewName(t, "ns")}
+	e := env{c: c, a: clientset.Wrap(c), node: kubetest.NewName(t, "node"), ns: kubetest.NewName(t, "ns")}
 	kubetest.CreateNode(t, e.node, labels)
 	kubetest.CreateNamespace(t, e.ns)
 	e.k = kubetest.StartKubelet(t, c, e.node)
@@ -108,7 +111,7 @@ func TestWholeGPUChangeEvictsOnlyItsPods(t *testing.T) {
 	e.k.RunPod(t, e.ns, "cpu-only", nil, nil, rsOwner("rs"))
 	slices.Sort(all)
 
-	aff, err := drain.FindAffected(ctx, e.c, testLog(t), e.node, e.k.Socket(), drain.Change{GPUs: []string{gpuUUID(3)}})
+	aff, err := drain.FindAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), drain.Change{GPUs: []string{gpuUUID(3)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +126,7 @@ func TestWholeGPUChangeEvictsOnlyItsPods(t *testing.T) {
 		t.Errorf("Devices = %v", aff.Devices)
 	}
 
-	evicted, err := drain.Evict(ctx, e.c, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	evicted, err := drain.Evict(ctx, e.a, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,13 +144,13 @@ func TestWholeGPUChangeEvictsOnlyItsPods(t *testing.T) {
 	}
 
 	// Repeating the drain (a resumed change) is harmless.
-	again, err := drain.Evict(ctx, e.c, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
+	again, err := drain.Evict(ctx, e.a, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(again, want) {
 		t.Errorf("second Evict = %v, %v", again, err)
 	}
 	// Nothing changes: nothing affected, and PodResources is not even asked.
 	calls := e.k.ListCalls()
-	aff, err = drain.FindAffected(ctx, e.c, testLog(t), e.node, e.k.Socket(), drain.Change{})
+	aff, err = drain.FindAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), drain.Change{})
 	if err != nil || len(aff.Pods) != 0 || aff.How != drain.HowNothing || e.k.ListCalls() != calls {
 		t.Errorf("empty change: %v by %q, %v", aff.Names(), aff.How, err)
 	}
@@ -173,7 +176,7 @@ func TestMIGDevicesDestroyedAffectOnlyTheirPods(t *testing.T) {
 		map[string][]string{"nvidia.com/gpu": {gpuUUID(1)}}, rsOwner("rs"))
 
 	change := drain.Change{MIGDevices: []string{"MIG-bbbb", "MIG-eeee", "MIG-ffff-unused"}}
-	aff, err := drain.FindAffected(ctx, e.c, testLog(t), e.node, e.k.Socket(), change)
+	aff, err := drain.FindAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), change)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +184,7 @@ func TestMIGDevicesDestroyedAffectOnlyTheirPods(t *testing.T) {
 	if !slices.Equal(aff.Names(), want) || aff.How != drain.HowPodResources {
 		t.Fatalf("FindAffected = %v by %q, want %v", aff.Names(), aff.How, want)
 	}
-	evicted, err := drain.Evict(ctx, e.c, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	evicted, err := drain.Evict(ctx, e.a, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(evicted, want) {
 		t.Fatalf("Evict = %v, %v; want %v", evicted, err, want)
 	}
@@ -209,7 +212,7 @@ func TestNoPodResourcesMeansAllGPUPods(t *testing.T) {
 
 	missing := filepath.Join(t.TempDir(), "no-kubelet.sock")
 	for _, socket := range []string{missing, ""} {
-		aff, err := drain.FindAffected(ctx, e.c, testLog(t), e.node, socket, drain.Change{GPUs: []string{gpuUUID(0)}})
+		aff, err := drain.FindAffected(ctx, e.a, testLog(t), e.node, socket, drain.Change{GPUs: []string{gpuUUID(0)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,7 +265,7 @@ func TestPDBBlocksDrainUntilTimeout(t *testing.T) {
 	createPDB(t, e, "db", map[string]string{"app": "db"}, 0)
 
 	start := time.Now()
-	evicted, err := drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*guarded, *free},
+	evicted, err := drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*guarded, *free},
 		drain.EvictOptions{Timeout: 3 * time.Second, RetryDelay: time.Second})
 	took := time.Since(start)
 	if !errors.Is(err, drain.ErrDrainTimeout) {
@@ -296,7 +299,7 @@ func TestPDBBlocksDrainUntilTimeout(t *testing.T) {
 	if _, err := e.c.PolicyV1().PodDisruptionBudgets(e.ns).UpdateStatus(ctx, pdb, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	evicted, err = drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*guarded}, drain.EvictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second})
+	evicted, err = drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*guarded}, drain.EvictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(evicted, []string{e.ns + "/guarded"}) {
 		t.Errorf("Evict after the budget allows it = %v, %v", evicted, err)
 	}
@@ -307,7 +310,7 @@ func TestSlowTerminationTimesOut(t *testing.T) {
 	e := newEnv(t, nil)
 	slow := e.k.RunPod(t, e.ns, "slow", nil, nil, rsOwner("rs"))
 	e.k.KeepTerminating(slow)
-	_, err := drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*slow},
+	_, err := drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*slow},
 		drain.EvictOptions{Timeout: 2 * time.Second, RetryDelay: time.Second})
 	if !errors.Is(err, drain.ErrDrainTimeout) || !strings.Contains(err.Error(), e.ns+"/slow (terminating, grace period until") {
 		t.Errorf("err = %v", err)
@@ -327,12 +330,12 @@ func TestNotEvictable(t *testing.T) {
 	managed := e.k.RunPod(t, e.ns, "managed", nil, nil, rsOwner("rs"))
 	opts := drain.EvictOptions{Timeout: 5 * time.Second, RetryDelay: time.Second}
 
-	_, err := drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*managed, *static}, opts)
+	_, err := drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*managed, *static}, opts)
 	if !errors.Is(err, drain.ErrNotEvictable) || !strings.Contains(err.Error(), e.ns+"/static") {
 		t.Errorf("static: err = %v", err)
 	}
 	opts.RefuseUnmanaged = true
-	_, err = drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*managed, *bare}, opts)
+	_, err = drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*managed, *bare}, opts)
 	if !errors.Is(err, drain.ErrNotEvictable) || !strings.Contains(err.Error(), e.ns+"/bare") {
 		t.Errorf("unmanaged refused: err = %v", err)
 	}
@@ -340,7 +343,7 @@ func TestNotEvictable(t *testing.T) {
 		t.Errorf("a refused drain evicted pods: left %v, want %v", got, want)
 	}
 	opts.RefuseUnmanaged = false
-	evicted, err := drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*bare}, opts)
+	evicted, err := drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*bare}, opts)
 	if err != nil || !slices.Equal(evicted, []string{e.ns + "/bare"}) {
 		t.Errorf("unmanaged by default: %v, %v", evicted, err)
 	}
@@ -350,7 +353,7 @@ func TestNotEvictable(t *testing.T) {
 func evictAsync(t *testing.T, e env, pods []corev1.Pod, opts drain.EvictOptions) <-chan evictResult {
 	out := make(chan evictResult, 1)
 	go func() {
-		gone, err := drain.Evict(context.Background(), e.c, testLog(t), pods, opts)
+		gone, err := drain.Evict(context.Background(), e.a, testLog(t), pods, opts)
 		out <- evictResult{gone, err}
 	}()
 	return out
@@ -453,7 +456,7 @@ func TestEvictionGracePeriodAndWaitByUID(t *testing.T) {
 
 	// Evicting the old pod again (a resumed drain) leaves the new one alone:
 	// the eviction names the old UID.
-	again, err := drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*slow}, drain.EvictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
+	again, err := drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*slow}, drain.EvictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(again, []string{e.ns + "/db-0"}) {
 		t.Errorf("second Evict = %v, %v", again, err)
 	}
@@ -468,7 +471,7 @@ func TestDaemonSetPodEvicted(t *testing.T) {
 	e := newEnv(t, nil)
 	ds := e.k.RunPod(t, e.ns, "ds-pod", map[string]string{"nvidia.com/gpu": "1"}, nil, &metav1.OwnerReference{
 		APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: "00000000-0000-0000-0000-000000000002", Controller: ptr.To(true)})
-	gone, err := drain.Evict(context.Background(), e.c, testLog(t), []corev1.Pod{*ds},
+	gone, err := drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*ds},
 		drain.EvictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second, RefuseUnmanaged: true})
 	if err != nil || !slices.Equal(gone, []string{e.ns + "/ds-pod"}) {
 		t.Errorf("Evict = %v, %v", gone, err)
@@ -501,7 +504,7 @@ func TestEvictionInTerminatingNamespace(t *testing.T) {
 	}
 
 	start := time.Now()
-	_, err = drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*running}, drain.EvictOptions{Timeout: 3 * time.Second, RetryDelay: 500 * time.Millisecond})
+	_, err = drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*running}, drain.EvictOptions{Timeout: 3 * time.Second, RetryDelay: 500 * time.Millisecond})
 	if !errors.Is(err, drain.ErrDrainTimeout) || !strings.Contains(err.Error(), e.ns+"/running") {
 		t.Errorf("running pod: err = %v, want ErrDrainTimeout", err)
 	}
@@ -527,7 +530,7 @@ func TestEvictInterrupted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := drain.Evict(ctx, e.c, testLog(t), []corev1.Pod{*slow}, drain.EvictOptions{Timeout: time.Minute, RetryDelay: time.Second})
+	_, err := drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*slow}, drain.EvictOptions{Timeout: time.Minute, RetryDelay: time.Second})
 	if err == nil || !strings.Contains(err.Error(), "drain interrupted") || !strings.Contains(err.Error(), e.ns+"/slow (terminating") {
 		t.Errorf("err = %v", err)
 	}
@@ -556,7 +559,7 @@ func TestTaint(t *testing.T) {
 	before := taints(t, e) // admission's not-ready taint
 	ours := "migagent.io/reconfiguring=true:NoSchedule"
 
-	added, err := drain.AddTaint(ctx, e.c, e.node)
+	added, err := drain.AddTaint(ctx, e.a, e.node)
 	if err != nil || !added {
 		t.Fatalf("AddTaint = %v, %v", added, err)
 	}
@@ -564,7 +567,7 @@ func TestTaint(t *testing.T) {
 	if got := taints(t, e); !slices.Equal(got, want) {
 		t.Errorf("taints %v, want %v", got, want)
 	}
-	added, err = drain.AddTaint(ctx, e.c, e.node)
+	added, err = drain.AddTaint(ctx, e.a, e.node)
 	if err != nil || added {
 		t.Errorf("second AddTaint = %v, %v; want false (already there)", added, err)
 	}
@@ -572,7 +575,7 @@ func TestTaint(t *testing.T) {
 		t.Errorf("taints after a second add %v, want %v", got, want)
 	}
 	for _, wantRemoved := range []bool{true, false} {
-		removed, err := drain.RemoveTaint(ctx, e.c, e.node)
+		removed, err := drain.RemoveTaint(ctx, e.a, e.node)
 		if err != nil || removed != wantRemoved {
 			t.Errorf("RemoveTaint = %v, %v; want %v", removed, err, wantRemoved)
 		}
@@ -591,18 +594,18 @@ func TestTaint(t *testing.T) {
 		t.Fatal(err)
 	}
 	userTaints := taints(t, e)
-	added, err = drain.AddTaint(ctx, e.c, e.node)
+	added, err = drain.AddTaint(ctx, e.a, e.node)
 	if err != nil || added {
 		t.Errorf("AddTaint over a user's taint = %v, %v; want false", added, err)
 	}
-	removed, err := drain.RemoveTaint(ctx, e.c, e.node)
+	removed, err := drain.RemoveTaint(ctx, e.a, e.node)
 	if err != nil || removed {
 		t.Errorf("RemoveTaint with only the user's taint = %v, %v; want false", removed, err)
 	}
 	if got := taints(t, e); !slices.Equal(got, userTaints) {
 		t.Errorf("user's taint touched: %v, want %v", got, userTaints)
 	}
-	if _, err := drain.AddTaint(ctx, e.c, ""); !errors.Is(err, drain.ErrNoNode) {
+	if _, err := drain.AddTaint(ctx, e.a, ""); !errors.Is(err, drain.ErrNoNode) {
 		t.Errorf("AddTaint without node: %v", err)
 	}
 }
@@ -656,7 +659,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	operand("dcgm", "nvidia-dcgm")
 	operand("gfd", "gpu-feature-discovery") // its label is "false": not ours to stop
 
-	saved, err := drain.ReadOperands(ctx, e.c, e.node)
+	saved, err := drain.ReadOperands(ctx, e.a, e.node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -680,7 +683,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 		playDaemonSets(dsCtx, t, e, map[string]string{dp: "device-plugin", dcgm: "dcgm"})
 	}()
 	start := time.Now()
-	err = drain.PauseOperands(ctx, e.c, testLog(t), e.node, journaled, 20*time.Second)
+	err = drain.PauseOperands(ctx, e.a, testLog(t), e.node, journaled, 20*time.Second)
 	stopDS()
 	<-dsDone
 	if err != nil {
@@ -701,7 +704,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	}
 
 	for range 2 { // restoring twice is harmless
-		if err := drain.RestoreOperands(ctx, e.c, testLog(t), e.node, journaled); err != nil {
+		if err := drain.RestoreOperands(ctx, e.a, testLog(t), e.node, journaled); err != nil {
 			t.Fatal(err)
 		}
 		l = nodeLabels(t, e)
@@ -724,15 +727,15 @@ func TestOperandsThatDoNotLeaveTimeOut(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "stuck-plugin", Labels: map[string]string{"app": "nvidia-device-plugin-daemonset"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "dp"}}},
 	})
-	saved, err := drain.ReadOperands(ctx, e.c, e.node)
+	saved, err := drain.ReadOperands(ctx, e.a, e.node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = drain.PauseOperands(ctx, e.c, testLog(t), e.node, saved, time.Second)
+	err = drain.PauseOperands(ctx, e.a, testLog(t), e.node, saved, time.Second)
 	if !errors.Is(err, drain.ErrOperandsTimeout) || !strings.Contains(err.Error(), e.ns+"/stuck-plugin") {
 		t.Errorf("err = %v", err)
 	}
-	if err := drain.RestoreOperands(ctx, e.c, testLog(t), e.node, saved); err != nil {
+	if err := drain.RestoreOperands(ctx, e.a, testLog(t), e.node, saved); err != nil {
 		t.Fatal(err)
 	}
 	if got := nodeLabels(t, e)[dp]; got != "custom-value" {
@@ -748,7 +751,7 @@ func TestWaitAllocatable(t *testing.T) {
 
 	// No device plugin advertises anything: skipped at once.
 	start := time.Now()
-	ok, err := drain.WaitAllocatable(ctx, e.c, e.node, want, 10*time.Second)
+	ok, err := drain.WaitAllocatable(ctx, e.a, e.node, want, 10*time.Second)
 	if !ok || err != nil || time.Since(start) > 2*time.Second {
 		t.Fatalf("no nvidia.com resources: %v, %v after %s; want an immediate true", ok, err, time.Since(start))
 	}
@@ -759,7 +762,7 @@ func TestWaitAllocatable(t *testing.T) {
 		e.k.SetAllocatable(corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("0"), mig: resource.MustParse("7")})
 	}()
 	start = time.Now()
-	ok, err = drain.WaitAllocatable(ctx, e.c, e.node, want, 15*time.Second)
+	ok, err = drain.WaitAllocatable(ctx, e.a, e.node, want, 15*time.Second)
 	if !ok || err != nil {
 		t.Fatalf("WaitAllocatable = %v, %v", ok, err)
 	}
@@ -767,7 +770,7 @@ func TestWaitAllocatable(t *testing.T) {
 		t.Errorf("returned after %s, before the resources changed", took)
 	}
 
-	ok, err = drain.WaitAllocatable(ctx, e.c, e.node, map[corev1.ResourceName]int64{mig: 8, "nvidia.com/gpu": 1}, time.Second)
+	ok, err = drain.WaitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{mig: 8, "nvidia.com/gpu": 1}, time.Second)
 	if ok || !errors.Is(err, drain.ErrResourcesTimeout) ||
 		!strings.Contains(err.Error(), "nvidia.com/mig-1g.18gb: have 7, want 8") || !strings.Contains(err.Error(), "nvidia.com/gpu: have 0, want 1") {
 		t.Errorf("short wait = %v, %v", ok, err)
@@ -785,7 +788,7 @@ func TestWaitAllocatableSurvivesAPIServerRestart(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		ok, err := drain.WaitAllocatable(context.Background(), e.c, e.node, map[corev1.ResourceName]int64{mig: 2}, time.Minute)
+		ok, err := drain.WaitAllocatable(context.Background(), e.a, e.node, map[corev1.ResourceName]int64{mig: 2}, time.Minute)
 		done <- result{ok, err}
 	}()
 	kubetest.RestartAPIServer(t, 2*time.Second)

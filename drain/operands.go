@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/apierr"
+	"github.com/migagent/mig-agent/internal/kclient"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 )
@@ -70,7 +70,7 @@ func (s Saved) Paused() []string {
 // call PauseOperands with it, so that a crash between the two leaves a
 // record of what to restore. A label already at PausedValue (left by an
 // interrupted change) is saved as "true", what NVIDIA's manager restores.
-func ReadOperands(ctx context.Context, client kubernetes.Interface, node string) (Saved, error) {
+func ReadOperands(ctx context.Context, client kclient.Interface, node string) (Saved, error) {
 	if node == "" {
 		return nil, fmt.Errorf("read operand labels: %w", ErrNoNode)
 	}
@@ -97,7 +97,7 @@ func ReadOperands(ctx context.Context, client kubernetes.Interface, node string)
 // up to wait (0: no wait) for the operands' pods to leave node. A label whose
 // value changed since ReadOperands is left alone and logged. On
 // ErrOperandsTimeout (or any error) the caller restores with saved.
-func PauseOperands(ctx context.Context, client kubernetes.Interface, log *slog.Logger, node string, saved Saved,
+func PauseOperands(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, saved Saved,
 	wait time.Duration) error {
 	if node == "" {
 		return fmt.Errorf("pause operands: %w", ErrNoNode)
@@ -151,7 +151,7 @@ func PauseOperands(ctx context.Context, client kubernetes.Interface, log *slog.L
 	return waitOperandsGone(ctx, client, node, apps, wait)
 }
 
-func waitOperandsGone(ctx context.Context, client kubernetes.Interface, node string, apps []string,
+func waitOperandsGone(ctx context.Context, client kclient.Interface, node string, apps []string,
 	timeout time.Duration) error {
 	req, err := labels.NewRequirement("app", selection.In, apps)
 	if err != nil {
@@ -194,7 +194,7 @@ func waitOperandsGone(ctx context.Context, client kubernetes.Interface, node str
 // PausedValue now gets its saved value (removed where it was absent). A
 // label with any other value was not paused by us, or was changed since,
 // and is left alone. Safe to repeat.
-func RestoreOperands(ctx context.Context, client kubernetes.Interface, log *slog.Logger, node string,
+func RestoreOperands(ctx context.Context, client kclient.Interface, log *slog.Logger, node string,
 	saved Saved) error {
 	if node == "" {
 		return fmt.Errorf("restore operands: %w", ErrNoNode)

@@ -8,10 +8,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
 const (
@@ -35,10 +31,33 @@ type PodDevices struct {
 	Containers []ContainerDevices
 }
 
-// ContainerDevices is one container's devices: resource name → device ids.
+// ContainerDevices is one container's devices: resource name → device ids
+// (device plugins), and the DRA devices its claims gave it.
 type ContainerDevices struct {
 	Name    string
 	Devices map[string][]string
+	// Dynamic is what DRA allocated to the container, one entry per claim
+	// (ContainerResources.dynamic_resources).
+	Dynamic []DynamicResource
+}
+
+// DynamicResource is one ResourceClaim's devices in one container
+// (PodResources v1 DynamicResource).
+type DynamicResource struct {
+	ClaimName      string
+	ClaimNamespace string
+	Claims         []ClaimResource
+}
+
+// ClaimResource is one allocated DRA device (PodResources v1 ClaimResource):
+// the driver/pool/device triplet names it.
+type ClaimResource struct {
+	CDIDevices []string
+	Driver     string
+	Pool       string
+	Device     string
+	// ShareID is set when the device is shared (consumable capacity).
+	ShareID string
 }
 
 // Key is "namespace/name".
@@ -78,8 +97,9 @@ func NormalizeDeviceID(id string) string {
 }
 
 // ListPodResources lists every pod's devices over the kubelet PodResources
-// v1 gRPC API at socket (a unix socket path). Each call dials afresh and is
-// bounded by PodResourcesTimeout.
+// v1 API at socket (a unix socket path): one unary gRPC call,
+// /v1.PodResourcesLister/List, made over HTTP/2 without TLS (grpcwire.go).
+// Each call dials afresh and is bounded by PodResourcesTimeout.
 func ListPodResources(ctx context.Context, socket string) ([]PodDevices, error) {
 	if socket == "" {
 		return nil, fmt.Errorf("%w: no socket configured", ErrPodResources)
@@ -90,28 +110,13 @@ func ListPodResources(ctx context.Context, socket string) ([]PodDevices, error) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, PodResourcesTimeout)
 	defer cancel()
-	conn, err := grpc.NewClient("unix://"+abs,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(podResourcesMaxMsg)))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrPodResources, abs, err)
-	}
-	defer conn.Close()
-	resp, err := podresourcesv1.NewPodResourcesListerClient(conn).List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	msg, err := unaryCall(ctx, abs, podResourcesListMethod, nil, podResourcesMaxMsg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: List at %s: %w", ErrPodResources, abs, err)
 	}
-	out := make([]PodDevices, 0, len(resp.GetPodResources()))
-	for _, p := range resp.GetPodResources() {
-		pd := PodDevices{Namespace: p.GetNamespace(), Name: p.GetName()}
-		for _, c := range p.GetContainers() {
-			cd := ContainerDevices{Name: c.GetName(), Devices: map[string][]string{}}
-			for _, d := range c.GetDevices() {
-				cd.Devices[d.GetResourceName()] = append(cd.Devices[d.GetResourceName()], d.GetDeviceIds()...)
-			}
-			pd.Containers = append(pd.Containers, cd)
-		}
-		out = append(out, pd)
+	out, err := decodeListPodResources(msg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: List at %s: %w", ErrPodResources, abs, err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
 	return out, nil

@@ -13,10 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -128,7 +128,7 @@ func AdvertisesGPU(node *corev1.Node) bool {
 // server ends (an outage, its timeout, a resourceVersion too old) is
 // followed by a list and a new watch, after a jittered backoff where the
 // server did not answer.
-func WaitAllocatable(ctx context.Context, client kubernetes.Interface, node string,
+func WaitAllocatable(ctx context.Context, client kclient.Interface, node string,
 	want map[corev1.ResourceName]int64, timeout time.Duration) (bool, error) {
 	if node == "" {
 		return false, fmt.Errorf("wait for allocatable: %w", ErrNoNode)

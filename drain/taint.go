@@ -6,8 +6,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/migagent/mig-agent/internal/kclient"
 )
 
 // The taint that keeps new pods off the node while a change runs:
@@ -27,7 +28,7 @@ func Taint() corev1.Taint {
 // NoSchedule taint with TaintKey (someone else's, whatever its value), it is
 // left alone and added is false: the caller must then not remove it. Journal
 // added before acting on it.
-func AddTaint(ctx context.Context, client kubernetes.Interface, node string) (added bool, err error) {
+func AddTaint(ctx context.Context, client kclient.Interface, node string) (added bool, err error) {
 	if node == "" {
 		return false, fmt.Errorf("add taint: %w", ErrNoNode)
 	}
@@ -59,7 +60,7 @@ func AddTaint(ctx context.Context, client kubernetes.Interface, node string) (ad
 // effect) from node; call it only when AddTaint reported added. It reports
 // whether a taint was removed; a missing taint is no error, so it is safe to
 // repeat.
-func RemoveTaint(ctx context.Context, client kubernetes.Interface, node string) (removed bool, err error) {
+func RemoveTaint(ctx context.Context, client kclient.Interface, node string) (removed bool, err error) {
 	if node == "" {
 		return false, fmt.Errorf("remove taint: %w", ErrNoNode)
 	}

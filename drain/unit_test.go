@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -226,7 +227,7 @@ func TestWaitAllocatableWatches(t *testing.T) {
 	c := fake.NewClientset(n)
 	done := make(chan error, 1)
 	go func() {
-		ok, err := WaitAllocatable(context.Background(), c, "n1", map[corev1.ResourceName]int64{mig: 7}, 30*time.Second)
+		ok, err := WaitAllocatable(context.Background(), clientset.Wrap(c), "n1", map[corev1.ResourceName]int64{mig: 7}, 30*time.Second)
 		if err == nil && !ok {
 			err = errors.New("not ok")
 		}

@@ -11,16 +11,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
 )
 
 // Disruptor is the reconcile.Disruptor over the drain package.
 type Disruptor struct {
-	Client kubernetes.Interface
+	Client kclient.Interface
 	Log    *slog.Logger
 	Node   string
 	S      *reconcile.Settings

@@ -16,13 +16,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/internal/apierr"
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/text"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
@@ -31,7 +32,7 @@ import (
 // Cluster is the reconcile.Cluster over client-go: the agent's view of its own Node and
 // namespace.
 type Cluster struct {
-	Client    kubernetes.Interface
+	Client    kclient.Interface
 	Node      string
 	Namespace string
 	Clock     clock.Clock
@@ -49,6 +50,8 @@ type Cluster struct {
 	// removals counts the removals of the desired label the watch saw
 	// (reconcile.Request.Seq).
 	removals atomic.Uint64
+	// watched is the Node watch's informer once Watch started it.
+	watched atomic.Pointer[cache.SharedIndexInformer]
 }
 
 var _ reconcile.Cluster = (*Cluster)(nil)
@@ -68,13 +71,18 @@ func (k *Cluster) desired(node *corev1.Node) reconcile.Request {
 
 // Watch implements reconcile.Cluster with an informer on the one Node.
 func (k *Cluster) Watch(ctx context.Context, h reconcile.WatchHandlers) (*reconcile.NodeWatch, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(k.Client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", k.Node).String()
-		}))
-	inf := factory.Core().V1().Nodes()
-	lister := inf.Lister()
-	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	sel := fields.OneTermEqualSelector("metadata.name", k.Node).String()
+	nodes := k.Client.CoreV1().Nodes()
+	inf := kclient.NewInformer(k.Client, &corev1.Node{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return nodes.List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return nodes.Watch(ctx, o)
+		})
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { h.Changed() },
 		// The Node is gone: a change still draining stops where it safely
 		// can; the journal keeps it for the Node created again (nodeuid.go).
@@ -100,7 +108,7 @@ func (k *Cluster) Watch(ctx context.Context, h reconcile.WatchHandlers) (*reconc
 	}
 	// The reflector retries a failed list or watch quietly: the handler
 	// hears of each failure (apihealth.go).
-	err = inf.Informer().SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+	err = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 		cache.DefaultWatchErrorHandler(ctx, r, err)
 		if ctx.Err() == nil {
 			h.Error(err)
@@ -111,34 +119,39 @@ func (k *Cluster) Watch(ctx context.Context, h reconcile.WatchHandlers) (*reconc
 	}
 	// Stop must end the informer before Shutdown waits for it, or the
 	// process never exits.
+	k.watched.Store(&inf)
 	ctx, cancel := context.WithCancel(ctx)
-	factory.Start(ctx.Done())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		inf.RunWithContext(ctx)
+	}()
 	return &reconcile.NodeWatch{
 		Node: func() (*reconcile.Node, bool) {
-			n, err := lister.Get(k.Node)
-			if err != nil {
+			obj, ok, err := inf.GetStore().GetByKey(k.Node)
+			if err != nil || !ok {
 				return nil, false
 			}
-			return k.snapshot(n), true
+			return k.snapshot(obj.(*corev1.Node)), true
 		},
-		Sync: func(ctx context.Context) bool { return cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) },
+		Sync: func(ctx context.Context) bool { return cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) },
 		Stop: func() {
 			cancel()
-			factory.Shutdown()
+			<-done
 		},
 	}, nil
 }
 
 // Probe implements Cluster: the API server's /readyz.
 func (k *Cluster) Probe(ctx context.Context) error {
-	_, err := k.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	_, err := k.Client.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 	return err
 }
 
 // Reachable reports whether the API server accepts a TCP connection (no
 // request is sent): the probe of an agent whose API server answers.
 func (k *Cluster) Reachable(ctx context.Context) error {
-	rc := k.Client.Discovery().RESTClient()
+	rc := k.Client.CoreV1().RESTClient()
 	if rc == nil || reflect.ValueOf(rc).IsNil() {
 		return nil // a fake client: nothing to reach
 	}
@@ -169,6 +182,19 @@ func (k *Cluster) GetNode(ctx context.Context) (*reconcile.Node, error) {
 
 func (k *Cluster) getNode(ctx context.Context) (*corev1.Node, error) {
 	return k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+}
+
+// CachedNode is the Node as the watch holds it once synced (the event that
+// started the pass is in it), else as read from the API server. The cached
+// object is shared: callers only read it. For reads that need no
+// resourceVersion to write against (an update reads the Node afresh).
+func (k *Cluster) CachedNode(ctx context.Context) (*corev1.Node, error) {
+	if p := k.watched.Load(); p != nil && (*p).HasSynced() {
+		if obj, ok, err := (*p).GetStore().GetByKey(k.Node); err == nil && ok {
+			return obj.(*corev1.Node), nil
+		}
+	}
+	return k.getNode(ctx)
 }
 
 // Desired implements reconcile.Cluster: the request the snapshot holds.
@@ -296,7 +322,7 @@ func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string)
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with
 // the generated configs, owned by the Node.
 func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
-	node, err := k.getNode(ctx)
+	node, err := k.CachedNode(ctx)
 	if err != nil {
 		return err
 	}

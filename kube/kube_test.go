@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +23,7 @@ import (
 func TestRecordHistoryBounded(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-	k := &Cluster{Client: c, Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
 	for i := range 40 {
 		rec := record.ChangeRecord{Config: fmt.Sprintf("c%d", i), Result: record.StateSuccess, Reason: strings.Repeat("x", 1500)}
 		if err := k.Record(ctx, rec, record.StateSuccess); err != nil {
@@ -84,7 +85,7 @@ func TestSlots(t *testing.T) {
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	slot := func(holder string) *Slots {
-		return &Slots{Client: c, Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: 200 * time.Millisecond}
+		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: 200 * time.Millisecond}
 	}
 	relA, err := acquireStepping(t, clk, slot("a"))
 	if err != nil {
@@ -157,11 +158,11 @@ func TestSlotExpires(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	crashed := &Slots{Client: c, Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
 	if ok, err := crashed.try(ctx, SlotLeaseName(0)); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	other := &Slots{Client: c, Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	other := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
 	if ok, _ := other.try(ctx, SlotLeaseName(0)); ok {
 		t.Fatal("took a live slot")
 	}
@@ -185,7 +186,7 @@ func TestRecordRetiring(t *testing.T) {
 		return false, nil, nil
 	})
 	var logs strings.Builder
-	k := &Cluster{Client: c, Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0)), Component: "mig-agent",
+	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0)), Component: "mig-agent",
 		Log: slog.New(slog.NewJSONHandler(&logs, nil))}
 	var dropped []string
 	for i := range 40 {
@@ -271,13 +272,13 @@ func TestSlotExpiresWhileQueued(t *testing.T) {
 	defer cancel()
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	crashed := &Slots{Client: c, Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
 	if ok, err := crashed.try(ctx, SlotLeaseName(0)); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	got := make(chan error, 1)
 	go func() {
-		_, err := (&Slots{Client: c, Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}).Acquire(ctx)
+		_, err := (&Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}).Acquire(ctx)
 		got <- err
 	}()
 	for deadline := time.Now().Add(5 * time.Second); !clk.HasWaiters(); time.Sleep(time.Millisecond) {

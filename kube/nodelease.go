@@ -16,11 +16,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/backoff"
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/record"
 )
@@ -39,7 +39,7 @@ import (
 // the Lease on shutdown) or for the Lease to expire (NodeLeaseDuration after
 // the first stopped renewing it).
 type NodeLease struct {
-	Client    kubernetes.Interface
+	Client    kclient.Interface
 	Namespace string
 	Node      string
 	// Identity is NodeLeaseIdentity of the state dir; Holder describes the

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/record"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,7 +27,7 @@ func TestNodeLease(t *testing.T) {
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	lease := func(id string) *NodeLease {
-		return &NodeLease{Client: c, Namespace: "ns", Node: "gpu-1", Identity: id, Holder: "agent " + id,
+		return &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "gpu-1", Identity: id, Holder: "agent " + id,
 			Duration: 30 * time.Second, Clock: clk, Log: discard()}
 	}
 	a, b := lease("a"), lease("b")
@@ -68,7 +69,7 @@ func TestNodeLease(t *testing.T) {
 func TestNodeLeaseKeep(t *testing.T) {
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	a := &NodeLease{Client: c, Namespace: "ns", Node: "n", Identity: "a", Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	a := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "a", Duration: 30 * time.Second, Clock: clk, Log: discard()}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := a.Take(ctx); err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func TestNodeLeaseKeep(t *testing.T) {
 	if n := len(c.Actions()); n != 3 {
 		t.Errorf("%d requests for 3 renewals", n)
 	}
-	b := &NodeLease{Client: c, Namespace: "ns", Node: "n", Identity: "b", Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	b := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "b", Duration: 30 * time.Second, Clock: clk, Log: discard()}
 	if err := b.Take(context.Background()); !errors.Is(err, journal.ErrAnotherAgent) {
 		t.Fatalf("a renewed Lease was taken: %v", err)
 	}
@@ -104,7 +105,7 @@ func TestNodeLeaseKeep(t *testing.T) {
 		t.Fatalf("the Lease was not released by Keep's end: %v", err)
 	}
 	// b holds it now; an agent a that starts renewing learns it lost it.
-	a2 := &NodeLease{Client: c, Namespace: "ns", Node: "n", Identity: "a", Duration: 30 * time.Second, Clock: clk, Log: discard(), held: true}
+	a2 := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "a", Duration: 30 * time.Second, Clock: clk, Log: discard(), held: true}
 	go func() { done <- a2.Keep(context.Background()) }()
 	deadline := time.After(5 * time.Second)
 	for {

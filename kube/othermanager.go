@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,8 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 )
 
 // LabelDeployMigManager is the node label the GPU Operator's MIG manager
@@ -48,7 +48,7 @@ var ClusterPolicyResource = schema.GroupVersionResource{Group: "nvidia.com", Ver
 //     operator acts on (not status.state "ignored", the operator's mark for
 //     every ClusterPolicy but the one it uses) with spec.migManager.enabled
 //     true or unset (the operator's default is true), unless this node's
-//     deploy label is "false", the operator's per-node opt-out. dyn nil, no
+//     deploy label is "false", the operator's per-node opt-out. policies nil, no
 //     ClusterPolicy API on the cluster (404) or no right to read it (403)
 //     leave this unknown: the pod check stands alone;
 //   - the NVIDIA DRA driver advertising MIG devices in this node's
@@ -56,34 +56,61 @@ var ClusterPolicyResource = schema.GroupVersionResource{Group: "nvidia.com", Ver
 //
 // The deploy label nvidia.com/gpu.deploy.mig-manager=true by itself is never
 // a conflict: the operator sets it on every MIG-capable node.
-func OtherManager(ctx context.Context, c kubernetes.Interface, dyn dynamic.Interface, node *corev1.Node) (string, error) {
+//
+// The three reads are independent and sent at once; their findings are
+// judged in the order above.
+func OtherManager(ctx context.Context, c kclient.Interface, policies ClusterPolicies, node *corev1.Node) (string, error) {
+	var pods, policy, dra finding
+	var wg sync.WaitGroup
+	wg.Go(func() { pods = operatorMigManagerPod(ctx, c, node) })
+	if policies != nil && node.Labels[LabelDeployMigManager] != "false" {
+		wg.Go(func() { policy.other, policy.err = operatorMigManagerEnabled(ctx, policies) })
+	}
+	wg.Go(func() { dra = draMIGDevices(ctx, c, node) })
+	wg.Wait()
+	for _, f := range []finding{pods, policy, dra} {
+		if f.err != nil || f.other != "" {
+			return f.other, f.err
+		}
+	}
+	return "", nil
+}
+
+// finding is what one look for another MIG manager found.
+type finding struct {
+	other string
+	err   error
+}
+
+// operatorMigManagerPod: a running pod of the GPU Operator's MIG manager on
+// the node.
+func operatorMigManagerPod(ctx context.Context, c kclient.Interface, node *corev1.Node) finding {
 	pods, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node.Name).String(),
 		LabelSelector: labels.SelectorFromSet(labels.Set{"app": OperatorMigManagerApp}).String(),
 	})
 	if err != nil {
-		return "", fmt.Errorf("listing pods on the node: %w", err)
+		return finding{err: fmt.Errorf("listing pods on the node: %w", err)}
 	}
 	for _, p := range pods.Items {
 		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		return fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s)", p.Namespace, p.Name), nil
+		return finding{other: fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s)", p.Namespace, p.Name)}
 	}
-	if dyn != nil && node.Labels[LabelDeployMigManager] != "false" {
-		other, err := operatorMigManagerEnabled(ctx, dyn)
-		if err != nil || other != "" {
-			return other, err
-		}
-	}
+	return finding{}
+}
+
+// draMIGDevices: the NVIDIA DRA driver advertising MIG devices of the node.
+func draMIGDevices(ctx context.Context, c kclient.Interface, node *corev1.Node) finding {
 	slices, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node.Name).String(),
 	})
 	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
-		return "", nil // no DRA API on this cluster, or not allowed to look
+		return finding{} // no DRA API on this cluster, or not allowed to look
 	}
 	if err != nil {
-		return "", fmt.Errorf("listing ResourceSlices: %w", err)
+		return finding{err: fmt.Errorf("listing ResourceSlices: %w", err)}
 	}
 	for _, s := range slices.Items {
 		if s.Spec.Driver != NVIDIADRADriver {
@@ -92,11 +119,11 @@ func OtherManager(ctx context.Context, c kubernetes.Interface, dyn dynamic.Inter
 		for _, dev := range s.Spec.Devices {
 			t := dev.Attributes["type"]
 			if (t.StringValue != nil && strings.Contains(*t.StringValue, "mig")) || strings.Contains(dev.Name, "mig") {
-				return fmt.Sprintf("the NVIDIA DRA driver (ResourceSlice %s advertises MIG device %s)", s.Name, dev.Name), nil
+				return finding{other: fmt.Sprintf("the NVIDIA DRA driver (ResourceSlice %s advertises MIG device %s)", s.Name, dev.Name)}
 			}
 		}
 	}
-	return "", nil
+	return finding{}
 }
 
 // operatorMigManagerEnabled reads the GPU Operator's ClusterPolicies and
@@ -105,8 +132,8 @@ func OtherManager(ctx context.Context, c kubernetes.Interface, dyn dynamic.Inter
 // (controllers/clusterpolicy_controller.go, ClusterPolicyReconciler.Reconcile);
 // spec.migManager.enabled unset means enabled (api/nvidia/v1,
 // MIGManagerSpec.IsEnabled).
-func operatorMigManagerEnabled(ctx context.Context, dyn dynamic.Interface) (string, error) {
-	list, err := dyn.Resource(ClusterPolicyResource).List(ctx, metav1.ListOptions{})
+func operatorMigManagerEnabled(ctx context.Context, policies ClusterPolicies) (string, error) {
+	list, err := policies.List(ctx, metav1.ListOptions{})
 	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
 		return "", nil // no GPU Operator CRD, or not allowed to read it: unknown
 	}
@@ -131,22 +158,58 @@ func operatorMigManagerEnabled(ctx context.Context, dyn dynamic.Interface) (stri
 	return "", nil
 }
 
+// ClusterPolicies lists the GPU Operator's ClusterPolicies (a dynamic
+// client's Resource(ClusterPolicyResource) is one).
+type ClusterPolicies interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*unstructured.UnstructuredList, error)
+}
+
+// RESTClusterPolicies lists ClusterPolicies with c's REST client, as JSON
+// decoded into unstructured objects: the agent links no dynamic client for
+// its one custom resource.
+func RESTClusterPolicies(c kclient.Interface) ClusterPolicies { return restPolicies{c} }
+
+type restPolicies struct{ c kclient.Interface }
+
+func (r restPolicies) List(ctx context.Context, opts metav1.ListOptions) (*unstructured.UnstructuredList, error) {
+	gvr := ClusterPolicyResource
+	raw, err := r.c.CoreV1().RESTClient().Get().AbsPath("/apis", gvr.Group, gvr.Version, gvr.Resource).
+		VersionedParams(&opts, metav1.ParameterCodec).SetHeader("Accept", "application/json").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list := &unstructured.UnstructuredList{}
+	if err := list.UnmarshalJSON(raw); err != nil {
+		return nil, fmt.Errorf("decoding the ClusterPolicy list: %w", err)
+	}
+	return list, nil
+}
+
 // Others implements reconcile.OtherManagers for one node: OtherManager on
 // the Node as it is now.
 type Others struct {
-	Client kubernetes.Interface
-	// Dyn reads the GPU Operator's ClusterPolicies (nil: not checked).
-	Dyn  dynamic.Interface
-	Node string
+	Client kclient.Interface
+	// Policies reads the GPU Operator's ClusterPolicies (nil: not checked).
+	Policies ClusterPolicies
+	Node     string
+	// Read reads the Node (nil: a GET); the agent passes the watch's
+	// cache (Cluster.CachedNode): only its labels are read.
+	Read func(ctx context.Context) (*corev1.Node, error)
 }
 
 var _ reconcile.OtherManagers = (*Others)(nil)
 
 // Check implements reconcile.OtherManagers.
 func (o *Others) Check(ctx context.Context) (string, error) {
-	node, err := o.Client.CoreV1().Nodes().Get(ctx, o.Node, metav1.GetOptions{})
+	read := o.Read
+	if read == nil {
+		read = func(ctx context.Context) (*corev1.Node, error) {
+			return o.Client.CoreV1().Nodes().Get(ctx, o.Node, metav1.GetOptions{})
+		}
+	}
+	node, err := read(ctx)
 	if err != nil {
 		return "", fmt.Errorf("reading node %s: %w", o.Node, err)
 	}
-	return OtherManager(ctx, o.Client, o.Dyn, node)
+	return OtherManager(ctx, o.Client, o.Policies, node)
 }

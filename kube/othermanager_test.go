@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -12,11 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 )
 
 // TestOtherManager: one row per kind of other MIG manager, and the look-alikes
@@ -130,7 +135,7 @@ func TestOtherManager(t *testing.T) {
 					return true, nil, tc.failDRA
 				})
 			}
-			var dyn dynamic.Interface
+			var policies ClusterPolicies
 			if tc.policies != nil {
 				d := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 					map[schema.GroupVersionResource]string{ClusterPolicyResource: "ClusterPolicyList"}, tc.policies...)
@@ -139,9 +144,9 @@ func TestOtherManager(t *testing.T) {
 						return true, nil, tc.failCP
 					})
 				}
-				dyn = d
+				policies = d.Resource(ClusterPolicyResource)
 			}
-			got, err := OtherManager(context.Background(), c, dyn, tc.node)
+			got, err := OtherManager(context.Background(), clientset.Wrap(c), policies, tc.node)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want %q", err, tc.wantErr)
@@ -155,5 +160,38 @@ func TestOtherManager(t *testing.T) {
 				t.Fatalf("OtherManager = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRESTClusterPolicies reads ClusterPolicies as an API server serves a
+// custom resource (JSON list), and keeps its NotFound when there is no CRD.
+func TestRESTClusterPolicies(t *testing.T) {
+	crd := true
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/apis/nvidia.com/v1/clusterpolicies" || !crd {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"apiVersion":"nvidia.com/v1","kind":"ClusterPolicyList","metadata":{},"items":[
+			{"apiVersion":"nvidia.com/v1","kind":"ClusterPolicy","metadata":{"name":"cluster-policy"},"spec":{"migManager":{"enabled":true}}}]}`))
+	}))
+	defer srv.Close()
+	c, err := kclient.New(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := operatorMigManagerEnabled(context.Background(), RESTClusterPolicies(c))
+	if err != nil || !strings.Contains(got, "ClusterPolicy cluster-policy has spec.migManager.enabled=true") {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	crd = false
+	if _, err := RESTClusterPolicies(c).List(context.Background(), metav1.ListOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("no CRD: %v, want NotFound", err)
+	}
+	if got, err := operatorMigManagerEnabled(context.Background(), RESTClusterPolicies(c)); err != nil || got != "" {
+		t.Fatalf("no CRD: %q, %v", got, err)
 	}
 }

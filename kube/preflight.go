@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,12 +23,39 @@ import (
 // admission (webhooks and admission policies included) as for the real
 // write, and persists nothing. A change it cannot record is not made.
 // Called by the reconcile pass; an error names the write refused.
+//
+// The writes are independent and sent at once; the Node they start from is
+// the watch's (CachedNode): the patch and the Event carry no
+// resourceVersion, and the taint's update reads the Node afresh.
 func (k *Cluster) Preflight(ctx context.Context, taint bool) error {
-	node, err := k.getNode(ctx)
+	node, err := k.CachedNode(ctx)
 	if err != nil {
 		return fmt.Errorf("reading node %s: %w", k.Node, err)
 	}
-	dry := []string{metav1.DryRunAll}
+	checks := []func(context.Context, *corev1.Node) error{k.preflightRecord, k.preflightEvent}
+	if taint {
+		checks = append(checks, k.preflightTaint)
+	}
+	errs := make([]error, len(checks))
+	var wg sync.WaitGroup
+	for i, check := range checks {
+		wg.Go(func() { errs[i] = check(ctx, node) })
+	}
+	wg.Wait()
+	// The first refusal in the order above is the one named.
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dryRun is the option of every preflight write: sent, never persisted.
+var dryRun = []string{metav1.DryRunAll}
+
+// preflightRecord: the state label and the change record (a patch).
+func (k *Cluster) preflightRecord(ctx context.Context, node *corev1.Node) error {
 	rec, _ := json.Marshal(record.ChangeRecord{Result: record.StatePending, GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}})
 	hist := node.Annotations[record.AnnotationHistory]
 	if hist == "" {
@@ -40,26 +68,36 @@ func (k *Cluster) Preflight(ctx context.Context, taint bool) error {
 	if err != nil {
 		return err
 	}
-	nodes := k.Client.CoreV1().Nodes()
-	if _, err := nodes.Patch(ctx, k.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "mig-agent", DryRun: dry}); err != nil {
+	_, err = k.Client.CoreV1().Nodes().Patch(ctx, k.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "mig-agent", DryRun: dryRun})
+	if err != nil {
 		return fmt.Errorf("writing the state label and change record on node %s: %w", k.Node, err)
 	}
-	if taint {
-		n, err := nodes.Get(ctx, k.Node, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("reading node %s: %w", k.Node, err)
-		}
-		// A taint already there (a change resumed after a reboot keeps it)
-		// is not added twice: the update alone still proves the right.
-		if !slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
-			return t.Key == drain.TaintKey && t.Effect == drain.TaintEffect
-		}) {
-			n.Spec.Taints = append(n.Spec.Taints, drain.Taint())
-		}
-		if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{FieldManager: "mig-agent", DryRun: dry}); err != nil {
-			return fmt.Errorf("tainting node %s %s: %w", k.Node, drain.TaintKey, err)
-		}
+	return nil
+}
+
+// preflightTaint: the taint, an update of the Node as drain.AddTaint makes
+// it (of the Node read now: an update needs its resourceVersion).
+func (k *Cluster) preflightTaint(ctx context.Context, _ *corev1.Node) error {
+	nodes := k.Client.CoreV1().Nodes()
+	n, err := nodes.Get(ctx, k.Node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading node %s: %w", k.Node, err)
 	}
+	// A taint already there (a change resumed after a reboot keeps it)
+	// is not added twice: the update alone still proves the right.
+	if !slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+		return t.Key == drain.TaintKey && t.Effect == drain.TaintEffect
+	}) {
+		n.Spec.Taints = append(n.Spec.Taints, drain.Taint())
+	}
+	if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{FieldManager: "mig-agent", DryRun: dryRun}); err != nil {
+		return fmt.Errorf("tainting node %s %s: %w", k.Node, drain.TaintKey, err)
+	}
+	return nil
+}
+
+// preflightEvent: an Event about the Node.
+func (k *Cluster) preflightEvent(ctx context.Context, node *corev1.Node) error {
 	now := metav1.NewTime(k.Clock.Now())
 	ev := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: k.Node + ".", Namespace: metav1.NamespaceDefault},
@@ -69,7 +107,7 @@ func (k *Cluster) Preflight(ctx context.Context, taint bool) error {
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		ReportingController: "migagent.io/mig-agent", ReportingInstance: k.Component + "-" + k.Node,
 	}
-	if _, err := k.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{DryRun: dry}); err != nil {
+	if _, err := k.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{DryRun: dryRun}); err != nil {
 		return fmt.Errorf("posting Events: %w", err)
 	}
 	return nil

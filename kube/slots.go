@@ -13,13 +13,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/backoff"
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -36,7 +37,7 @@ import (
 // optimistic concurrency of the API server (resourceVersion on update, a name
 // taken once on create) keeps two nodes from taking the same slot.
 type Slots struct {
-	Client    kubernetes.Interface
+	Client    kclient.Interface
 	Namespace string
 	Holder    string // the node name
 	N         int
@@ -155,12 +156,17 @@ func (s *Slots) Acquire(ctx context.Context) (func(), error) {
 // receives a token after every add, update or delete. The store is synced
 // when watch returns; the informer stops with ctx.
 func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(s.Client, 0,
-		informers.WithNamespace(s.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.SelectorFromSet(labels.Set{LabelRolloutSlot: "true"}).String()
-		}))
-	inf := factory.Coordination().V1().Leases().Informer()
+	sel := labels.SelectorFromSet(labels.Set{LabelRolloutSlot: "true"}).String()
+	leases := s.Client.CoordinationV1().Leases(s.Namespace)
+	inf := kclient.NewInformer(s.Client, &coordinationv1.Lease{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return leases.List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return leases.Watch(ctx, o)
+		})
 	poke := func(any) {
 		select {
 		case changed <- struct{}{}:
@@ -172,8 +178,7 @@ func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store
 	}); err != nil {
 		return nil, fmt.Errorf("watching the rollout slots: %w", err)
 	}
-	factory.Start(ctx.Done())
-	go func() { <-ctx.Done(); factory.Shutdown() }()
+	go inf.RunWithContext(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return nil, fmt.Errorf("watching the rollout slots: %w", context.Cause(ctx))
 	}

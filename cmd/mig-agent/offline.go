@@ -12,11 +12,11 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/viper"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/reconcile"
@@ -283,7 +283,7 @@ func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, s
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kclient.New(cfg)
 	if err != nil {
 		return err
 	}

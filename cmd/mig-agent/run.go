@@ -14,14 +14,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/metrics"
@@ -163,7 +162,7 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		}
 	}
 
-	var client kubernetes.Interface // nil standalone
+	var client kclient.Interface // nil standalone
 	if !s.Standalone {
 		cfg, err := kubeConfig(s.Kubeconfig)
 		if err != nil {
@@ -174,20 +173,18 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		// ~20 calls of one change into seconds of waiting; the API server's
 		// priority and fairness protects it. The kubelet uses the same.
 		cfg.QPS, cfg.Burst = 50, 100
-		client, err = kubernetes.NewForConfig(cfg)
+		client, err = kclient.New(cfg)
 		if err != nil {
 			return err
 		}
-		d.Cluster = &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
+		cluster := &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
 			Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
+		d.Cluster = cluster
 		d.Disrupt = &kube.Disruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
 		// The GPU Operator's ClusterPolicy is a custom resource: read it
-		// through the dynamic client (no operator types in the agent).
-		dyn, err := dynamic.NewForConfig(cfg)
-		if err != nil {
-			return err
-		}
-		d.Others = &kube.Others{Client: client, Dyn: dyn, Node: s.NodeName}
+		// as JSON into unstructured objects (no operator types in the agent).
+		d.Others = &kube.Others{Client: client, Policies: kube.RESTClusterPolicies(client), Node: s.NodeName,
+			Read: cluster.CachedNode}
 		if s.MaxConcurrent > 0 {
 			slots := &kube.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
 				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}

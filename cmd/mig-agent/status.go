@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/kube"
 )
 
@@ -36,7 +36,7 @@ func statusCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("kubernetes client config: %w", err)
 			}
-			client, err := kubernetes.NewForConfig(cfg)
+			client, err := kclient.New(cfg)
 			if err != nil {
 				return err
 			}

@@ -267,7 +267,8 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 	if err != nil {
 		return nil, err
 	}
-	p, err := b.startAgent(ctx, node, filepath.Join(b.work, "latency-sim.json"), k.socket)
+	// Debug lines in JSON: the checklist's "step done" lines time each step.
+	p, err := b.startAgent(ctx, node, filepath.Join(b.work, "latency-sim.json"), k.socket, "--log-level", "debug", "--log-format", "json")
 	if err != nil {
 		k.stop()
 		return nil, err
@@ -299,6 +300,8 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 		}
 		close(events)
 	}()
+	steps := &stepTimes{ms: map[string][]float64{}}
+	r.LoadAvgBefore = loadAvg()
 	for i := range n {
 		target := "all-balanced"
 		if i%2 == 1 {
@@ -308,6 +311,7 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 			time.Sleep(pause)
 		}
 		start := time.Now()
+		logFrom := len(p.output())
 		if err := b.setLabel(ctx, node, target); err != nil {
 			p.stop()
 			return nil, err
@@ -329,6 +333,11 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 				if !pending.IsZero() && s.state == record.StateSuccess && s.config == target && s.result == record.StateSuccess {
 					r.LabelToPendingMs = append(r.LabelToPendingMs, ms(pending.Sub(start)))
 					r.LabelToSuccessMs = append(r.LabelToSuccessMs, ms(s.at.Sub(start)))
+					// The finish step's line follows the success it records.
+					for end := time.Now().Add(2 * time.Second); time.Now().Before(end) && !strings.Contains(p.output()[logFrom:], `"step":"finish"`); {
+						time.Sleep(5 * time.Millisecond)
+					}
+					steps.add(start, p.output()[logFrom:])
 					break wait
 				}
 			case <-timeout:
@@ -337,11 +346,68 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 			}
 		}
 	}
+	r.LoadAvgAfter = loadAvg()
 	r.LabelToPendingMsMedian, r.LabelToSuccessMsMedian = median(r.LabelToPendingMs), median(r.LabelToSuccessMs)
+	r.LabelToPendingSpread, r.LabelToSuccessSpread = spreadOf(r.LabelToPendingMs), spreadOf(r.LabelToSuccessMs)
+	r.Steps = steps.medians()
 	return p, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// stepLabelToChecklist names the time from the label patch to the start of
+// the checklist's first step: the watch event and the pass's decision.
+const stepLabelToChecklist = "label → checklist"
+
+// stepTime is one step's median over the timed changes.
+type stepTime struct {
+	Step     string  `json:"step"`
+	MsMedian float64 `json:"msMedian"`
+}
+
+// stepTimes gathers the agent's "step done" debug lines of each change.
+type stepTimes struct {
+	order []string
+	ms    map[string][]float64
+}
+
+// add reads the JSON log lines one change wrote (log, from its label
+// patch at start on).
+func (st *stepTimes) add(start time.Time, log string) {
+	first := true
+	for _, l := range strings.Split(log, "\n") {
+		var line struct {
+			Time time.Time `json:"time"`
+			Msg  string    `json:"msg"`
+			Step string    `json:"step"`
+			Ms   float64   `json:"ms"`
+		}
+		if json.Unmarshal([]byte(l), &line) != nil || line.Msg != "step done" {
+			continue
+		}
+		if first {
+			began := line.Time.Add(-time.Duration(line.Ms * float64(time.Millisecond)))
+			st.put(stepLabelToChecklist, ms(began.Sub(start)))
+			first = false
+		}
+		st.put(line.Step, line.Ms)
+	}
+}
+
+func (st *stepTimes) put(step string, v float64) {
+	if _, ok := st.ms[step]; !ok {
+		st.order = append(st.order, step)
+	}
+	st.ms[step] = append(st.ms[step], v)
+}
+
+func (st *stepTimes) medians() []stepTime {
+	out := make([]stepTime, 0, len(st.order))
+	for _, step := range st.order {
+		out = append(out, stepTime{Step: step, MsMedian: median(st.ms[step])})
+	}
+	return out
+}
 
 type profilesJSON struct {
 	GPUs []struct {
