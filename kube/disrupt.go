@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -118,8 +119,42 @@ func (k *Disruptor) WaitResources(ctx context.Context, strategy string, n *gpus.
 	if err != nil {
 		return false, false, err
 	}
-	ok, err = drain.WaitAllocatable(ctx, k.Client, k.Node, want, timeout)
+	sharing := k.readSharing(ctx)
+	ok, err = drain.WaitAdvertised(ctx, k.Client, k.Node, want, sharing, timeout)
 	return true, ok, err
+}
+
+// Reading the device plugin's sharing config while its pods are restarted:
+// a few tries, this far apart, for a pod to read it from.
+const (
+	sharingReadTries = 5
+	sharingReadDelay = time.Second
+)
+
+// readSharing reads the device plugin's sharing config (drain.ReadSharing);
+// nil where it cannot be known, so that the plugin's documented forms are
+// accepted. No plugin pod at all is retried briefly: the restart may have
+// removed the old pod before the new one exists.
+func (k *Disruptor) readSharing(ctx context.Context) *drain.Sharing {
+	var err error
+	for try := 0; try < sharingReadTries; try++ {
+		var s *drain.Sharing
+		s, err = drain.ReadSharing(ctx, k.Client, k.Node)
+		if err == nil {
+			k.Log.Debug("device plugin sharing config", "source", s.Source)
+			return s
+		}
+		if !errors.Is(err, drain.ErrNoPluginPod) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(sharingReadDelay):
+		}
+	}
+	k.Log.Info("the device plugin's sharing config is not known; accepting its documented sharing forms", "err", err)
+	return nil
 }
 
 // ExpectedResources is what the device plugin advertises for the node's
