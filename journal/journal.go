@@ -27,14 +27,16 @@ const (
 
 // Change is the journaled state of the change in progress.
 type Change struct {
-	Config         string     `json:"config"`
-	Hash           string     `json:"hash"`
-	Source         string     `json:"source"`
-	PreviousConfig string     `json:"previousConfig"`
-	RequestedBy    string     `json:"requestedBy"`
-	RequestedVia   string     `json:"requestedVia,omitempty"`
-	RequestedAt    *time.Time `json:"requestedAt,omitempty"`
-	StartedAt      time.Time  `json:"startedAt"`
+	Config         string `json:"config"`
+	Hash           string `json:"hash"`
+	Source         string `json:"source"`
+	PreviousConfig string `json:"previousConfig"`
+	// PreviousHash is the applied config's hash when the change began.
+	PreviousHash string     `json:"previousHash,omitempty"`
+	RequestedBy  string     `json:"requestedBy"`
+	RequestedVia string     `json:"requestedVia,omitempty"`
+	RequestedAt  *time.Time `json:"requestedAt,omitempty"`
+	StartedAt    time.Time  `json:"startedAt"`
 	// DisruptedAt: the rollout slot was taken and the disruption began.
 	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
 	Phase         Phase      `json:"phase"`

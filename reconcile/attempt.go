@@ -119,7 +119,7 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	j := &d.Journal.State
 	ch := j.Change
 	if ch == nil {
-		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, RequestedBy: req.By, RequestedVia: req.Via,
+		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, PreviousHash: j.AppliedHash, RequestedBy: req.By, RequestedVia: req.Via,
 			RequestedAt: req.At, StartedAt: d.Clock.Now(), Phase: journal.PhasePending}
 	} else {
 		ch.Attempt++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -654,5 +655,83 @@ func TestCoreRelabelSkipsBackoff(t *testing.T) {
 	c.cluster.mu.Unlock()
 	if oc := c.pass(false, false); oc != outSuccess || c.cluster.last().Result != record.StateSuccess {
 		t.Fatalf("outcome %v, record %+v: want the new request acted on at once", oc, c.cluster.last())
+	}
+}
+
+// The config file defines the applied config anew (same name, new
+// definition): the drift check applies it as a new request, without
+// --reapply-on-drift, and records the hash before and after; a change made
+// on the GPUs by hand afterwards is still only drift.
+func TestCoreChangedDefinitionIsNewRequest(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	write := func(profile string, n int) {
+		t.Helper()
+		y := fmt.Sprintf("version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {%q: %d}\n", profile, n)
+		if err := os.WriteFile(file, []byte(y), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("1g.18gb", 7)
+	c.d.S.ConfigFile = file
+	c.applied(t, "mine")
+	first := wantSuccess(t, c, "mine")
+	drift := func() outcome {
+		t.Helper()
+		if !c.d.openNVML() {
+			t.Fatal("NVML down")
+		}
+		defer c.d.GPU.End()
+		return c.d.checkDrift(context.Background(), c.cluster.seen(), true)
+	}
+	records := len(c.cluster.records)
+	if oc := drift(); oc != outSuccess || len(c.cluster.records) != records {
+		t.Fatalf("unchanged file: outcome %v, %d new records", oc, len(c.cluster.records)-records)
+	}
+
+	write("3g.71gb", 2)
+	if oc := drift(); oc != outSuccess {
+		t.Fatalf("changed definition: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	rec := wantSuccess(t, c, "mine")
+	if rec.PreviousConfig != "mine" || rec.PreviousConfigHash != first.ConfigHash || rec.ConfigHash == first.ConfigHash || rec.ConfigHash == "" {
+		t.Errorf("record config %q previousConfig %q, hash %q previousConfigHash %q; first hash %q",
+			rec.Config, rec.PreviousConfig, rec.ConfigHash, rec.PreviousConfigHash, first.ConfigHash)
+	}
+	if !slices.Equal(rec.GPUsChanged, []int{0, 1}) {
+		t.Errorf("gpusChanged %v, want [0 1]", rec.GPUsChanged)
+	}
+	if c.d.Journal.State.AppliedHash != rec.ConfigHash {
+		t.Errorf("journal applied hash %q, want %q", c.d.Journal.State.AppliedHash, rec.ConfigHash)
+	}
+	if got := c.cluster.count(record.ReasonDrift); got != 0 {
+		t.Errorf("%d drift events for a changed definition, want 0", got)
+	}
+	// Checked again: nothing more to do.
+	records = len(c.cluster.records)
+	if oc := drift(); oc != outSuccess || len(c.cluster.records) != records {
+		t.Errorf("after the new definition: outcome %v, %d new records", oc, len(c.cluster.records)-records)
+	}
+	// A hand-made change on the GPUs: drift, not re-applied
+	// (--reapply-on-drift is off).
+	other := parseSpec(t, "version: v1\nmig-configs:\n  other:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"7g.141gb\": 1}\n")
+	if _, err := applyConfig(t, c.sim, other, "other", gpus.ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if oc := drift(); oc != outSuccess || c.cluster.count(record.ReasonDrift) != 1 || len(c.cluster.records) != records {
+		t.Errorf("hand-made change: outcome %v, drift events %d, %d new records", oc, c.cluster.count(record.ReasonDrift), len(c.cluster.records)-records)
+	}
+
+	// At start, a definition changed while the agent was away is acted on
+	// too, even where the GPUs happen to match (only the hash differs).
+	write("7g.141gb", 1) // GPU 1 holds this by hand; GPU 0 does not
+	c.restart(t, nvmlx.SimOptions{})
+	c.d.S.ConfigFile = file
+	if oc := c.pass(true, false); oc != outSuccess {
+		t.Fatalf("start pass: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	rec2 := wantSuccess(t, c, "mine")
+	if rec2.PreviousConfigHash != rec.ConfigHash || rec2.ConfigHash == rec.ConfigHash {
+		t.Errorf("start: hash %q previousConfigHash %q, want previous %q", rec2.ConfigHash, rec2.PreviousConfigHash, rec.ConfigHash)
 	}
 }

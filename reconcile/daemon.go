@@ -252,7 +252,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *Node, start, retry bool, v
 				v, _ = d.look(n, desired)
 			}
 		}
-		if v != nil && !gpus.PlanChanges(v.plan) {
+		if v != nil && !gpus.PlanChanges(v.plan) && !d.redefined(v) {
 			return outSuccess
 		}
 	case !retry && j.Waiting(desired, d.Clock.Now()):
