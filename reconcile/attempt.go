@@ -152,6 +152,7 @@ func (a *attempt) run() error {
 		a.stopHostClients,   // host GPU clients stopped for a mode change
 		a.noteDevicePlugins, // the device plugin pods that read the old geometry
 		a.apply,             // NVML, step by step
+		a.refreshCDI,        // device nodes and CDI specs where CDI is in use
 		a.finish,            // restore, refresh the device plugin, record success
 	} {
 		if err := step(); err != nil {

@@ -3,11 +3,13 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -733,5 +735,54 @@ func TestCoreChangedDefinitionIsNewRequest(t *testing.T) {
 	rec2 := wantSuccess(t, c, "mine")
 	if rec2.PreviousConfigHash != rec.ConfigHash || rec2.ConfigHash == rec.ConfigHash {
 		t.Errorf("start: hash %q previousConfigHash %q, want previous %q", rec2.ConfigHash, rec2.PreviousConfigHash, rec.ConfigHash)
+	}
+}
+
+// fakeCDI records its calls; fail makes the next ones fail.
+type fakeCDI struct {
+	calls int
+	fail  error
+}
+
+func (f *fakeCDI) Refresh(context.Context) (bool, error) {
+	f.calls++
+	return true, f.fail
+}
+
+// The CDI step runs once after a change that touched GPUs, not for a
+// config already applied; a failure is a named, retryable failure whose
+// retry runs the step again (the change stays journaled) and then succeeds.
+func TestCoreCDIAfterChange(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	f := &fakeCDI{}
+	c.d.CDI = f
+	c.applied(t, "all-1g.18gb")
+	if f.calls != 1 {
+		t.Fatalf("CDI refreshed %d times after a change, want 1", f.calls)
+	}
+	c.cluster.setLabel("all-1g.18gb")
+	c.d.Journal.State.Handled = ""
+	if oc := c.pass(false, false); oc != outSuccess || f.calls != 1 {
+		t.Fatalf("config already applied: outcome %v, CDI calls %d, want 1", oc, f.calls)
+	}
+	f.fail = errors.New("nvidia-ctk system create-device-nodes: exit status 1: permission denied")
+	c.cluster.setLabel("all-balanced")
+	if oc := c.pass(false, false); oc != outRetry {
+		t.Fatalf("outcome %v, want a retry", oc)
+	}
+	rec := c.cluster.last()
+	if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "refreshing CDI failed: nvidia-ctk system create-device-nodes") {
+		t.Fatalf("record %+v", rec)
+	}
+	if c.d.Journal.State.Change == nil {
+		t.Fatal("the change left the journal: its retry would not refresh CDI")
+	}
+	f.fail = nil
+	if oc := c.pass(false, true); oc != outSuccess {
+		t.Fatalf("retry: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	wantSuccess(t, c, "all-balanced")
+	if f.calls != 3 {
+		t.Errorf("CDI calls %d, want 3", f.calls)
 	}
 }

@@ -31,6 +31,7 @@ type Daemon struct {
 	Disrupt Disruptor // nil in standalone mode
 	Reboot  Rebooter
 	Units   HostUnits // nil when no host GPU clients are configured
+	CDI     CDI       // nil: no CDI step
 	Notify  Notifier
 	Metrics Metrics
 	Journal *journal.Journal

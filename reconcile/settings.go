@@ -51,6 +51,16 @@ type Settings struct {
 	ReapplyOnDrift       bool          `json:"reapplyOnDrift"`
 	RetryBackoffMax      time.Duration `json:"retryBackoffMax"`
 	AllowOtherMigManager bool          `json:"allowOtherMigManager"`
+
+	// CDI after a change (package cdi): auto, on or off; where the specs
+	// are; the driver root on the host and where the agent sees it; where
+	// nvidia-ctk is looked for first; the host path of nvidia-cdi-hook.
+	CDI             string   `json:"cdi"`
+	CDISpecDir      string   `json:"cdiSpecDir"`
+	DriverRoot      string   `json:"driverRoot"`
+	DriverRootMount string   `json:"driverRootMount,omitempty"`
+	ToolkitDirs     []string `json:"toolkitDirs,omitempty"`
+	CDIHookPath     string   `json:"cdiHookPath,omitempty"`
 }
 
 // Reboot methods (docs/reference.md#disruption-and-reboot).
@@ -100,6 +110,14 @@ func (s *Settings) Validate() error {
 	}
 	if s.MaxConcurrent < 0 {
 		add("--max-concurrent must not be negative")
+	}
+	switch s.CDI {
+	case "", "auto", "on", "off":
+	default:
+		add("--cdi must be auto, on or off, not %q", s.CDI)
+	}
+	if s.DriverRoot != "" && !strings.HasPrefix(s.DriverRoot, "/") {
+		add("--driver-root must be an absolute path, not %q", s.DriverRoot)
 	}
 	if s.Standalone {
 		if s.SelectedConfig == "" {

@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/migagent/mig-agent/cdi"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/kube"
@@ -144,7 +145,8 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 	case reconcile.RebootNone:
 		d.Reboot = noReboot{}
 	}
-	if s.RebootMethod == reconcile.RebootLogind || len(s.HostGPUClients) > 0 {
+	var cdiUnits cdi.UnitStarter // standalone: the host's nvidia-cdi-refresh.service
+	if s.RebootMethod == reconcile.RebootLogind || len(s.HostGPUClients) > 0 || s.Standalone && s.CDI != cdi.ModeOff {
 		conn, err := systemd.ConnectSystemBus(s.DBusAddress)
 		if err != nil {
 			log.Warn("D-Bus unavailable: logind reboots and host GPU client control will fail", "err", err)
@@ -160,8 +162,12 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 			if len(s.HostGPUClients) > 0 {
 				d.Units = systemd.NewUnits(conn, log)
 			}
+			if s.Standalone {
+				cdiUnits = systemd.NewUnits(conn, log)
+			}
 		}
 	}
+	d.CDI = newCDI(s, log, cdiUnits)
 
 	var client kubernetes.Interface // nil standalone
 	if !s.Standalone {
@@ -281,4 +287,18 @@ type failingRebooter struct{ err error }
 
 func (f failingRebooter) Reboot(context.Context, string) error {
 	return fmt.Errorf("cannot reach logind over D-Bus: %w", f.err)
+}
+
+// newCDI is the CDI step of the daemon (nil: none). On simulated GPUs it
+// runs only when asked for (--cdi=on): the host's CDI is not theirs.
+func newCDI(s *reconcile.Settings, log *slog.Logger, units cdi.UnitStarter) reconcile.CDI {
+	if s.CDI == cdi.ModeOff || strings.HasPrefix(s.NVML, "sim:") && s.CDI != cdi.ModeOn {
+		return nil
+	}
+	mode := s.CDI
+	if mode == "" {
+		mode = cdi.ModeAuto
+	}
+	return &cdi.Refresher{Log: log, Mode: mode, SpecDir: s.CDISpecDir, DriverRoot: s.DriverRoot,
+		DriverRootMount: s.DriverRootMount, ToolkitDirs: s.ToolkitDirs, HookPath: s.CDIHookPath, Units: units}
 }

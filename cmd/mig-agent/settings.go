@@ -58,6 +58,12 @@ func addRunFlags(fs *pflag.FlagSet) {
 	fs.Bool("reapply-on-drift", false, "re-apply the config when the GPUs drift from it")
 	fs.Duration("retry-backoff-max", 5*time.Minute, "longest wait between retries of a failed change")
 	fs.Bool("allow-other-mig-manager", false, "act even where another MIG manager is detected (with a warning)")
+	fs.String("cdi", "auto", "refresh CDI after a change: auto (where the CDI spec directory holds an NVIDIA spec, or standalone where the host has nvidia-cdi-refresh.service), on or off")
+	fs.String("cdi-spec-dir", "/var/run/cdi", "the CDI spec directory the management spec is written to")
+	fs.String("driver-root", "/", "the NVIDIA driver root on the host (/run/nvidia/driver for the GPU Operator's driver container)")
+	fs.String("driver-root-mount", "", "where the agent sees --driver-root (default: the same path)")
+	fs.StringSlice("toolkit-dir", []string{"/usr/local/nvidia/toolkit"}, "directories nvidia-ctk is looked for in first (then the driver root's bin directories, then PATH)")
+	fs.String("cdi-hook-path", "", "host path of nvidia-cdi-hook written into the management spec (default: nvidia-ctk's)")
 }
 
 // knownKeys lists every flag name of the command tree (settings file keys).
@@ -227,6 +233,8 @@ func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
 		s.MaxConcurrent, s.LeaseDuration = integer("max-concurrent"), dur("lease-duration")
 		s.DriftInterval, s.ReapplyOnDrift = dur("drift-interval"), boolean("reapply-on-drift")
 		s.RetryBackoffMax, s.AllowOtherMigManager = dur("retry-backoff-max"), boolean("allow-other-mig-manager")
+		s.CDI, s.CDISpecDir, s.CDIHookPath = get("cdi"), get("cdi-spec-dir"), get("cdi-hook-path")
+		s.DriverRoot, s.DriverRootMount, s.ToolkitDirs = get("driver-root"), get("driver-root-mount"), list("toolkit-dir")
 		if s.NodeName == "" {
 			s.NodeName = os.Getenv("NODE_NAME")
 		}
