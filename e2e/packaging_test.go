@@ -128,8 +128,8 @@ func TestPackageDeb(t *testing.T) {
 	root := pkgRoot(t)
 
 	// Control fields and the archive's table of contents.
-	fields := pkgMustExec(t, nil, "dpkg-deb", "-f", deb, "Package", "Version", "Architecture", "Depends")
-	for _, want := range []string{"Package: mig-agent", "Depends: libc6 (>= 2."} {
+	fields := pkgMustExec(t, nil, "dpkg-deb", "-f", deb, "Package", "Version", "Architecture", "Depends", "Conflicts")
+	for _, want := range []string{"Package: mig-agent", "Depends: libc6 (>= 2.", "Conflicts: nvidia-mig-manager"} {
 		if !strings.Contains(fields, want) {
 			t.Errorf("control fields lack %q:\n%s", want, fields)
 		}

@@ -786,3 +786,62 @@ func TestCoreCDIAfterChange(t *testing.T) {
 		t.Errorf("CDI calls %d, want 3", f.calls)
 	}
 }
+
+// downGPU is a GPU whose NVML cannot be opened while down is set (the
+// driver unloaded).
+type downGPU struct {
+	nvmlx.GPU
+	down bool
+}
+
+func (g *downGPU) Begin() error {
+	if g.down {
+		return errors.New("NVML: Driver Not Loaded")
+	}
+	return g.GPU.Begin()
+}
+
+// /healthz (Live) fails once NVML has been unavailable for
+// --nvml-unavailable-restart, counted from the first failure, and passes
+// again once it opens; 0 never fails it.
+func TestCoreLiveAfterNVMLUnavailable(t *testing.T) {
+	c := newCore(t, "h200x1", nvmlx.SimOptions{}, "")
+	g := &downGPU{GPU: c.d.GPU, down: true}
+	c.d.GPU = g
+	c.d.S.NVMLUnavailableRestart = 5 * time.Minute
+	if err := c.d.Live(); err != nil {
+		t.Fatalf("Live before any failure: %v", err)
+	}
+	if c.d.openNVML() {
+		t.Fatal("NVML opened while down")
+	}
+	c.clock.Step(4 * time.Minute)
+	if c.d.openNVML() || c.d.Live() != nil {
+		t.Fatalf("Live after 4m down: %v, want nil", c.d.Live())
+	}
+	c.clock.Step(time.Minute)
+	err := c.d.Live()
+	if err == nil || !strings.Contains(err.Error(), "NVML has been unavailable for 5m0s") {
+		t.Fatalf("Live after 5m down = %v", err)
+	}
+	c.d.S.NVMLUnavailableRestart = 0
+	if err := c.d.Live(); err != nil {
+		t.Errorf("Live with the setting off: %v", err)
+	}
+	c.d.S.NVMLUnavailableRestart = 5 * time.Minute
+	g.down = false
+	if !c.d.openNVML() {
+		t.Fatal("NVML did not open")
+	}
+	c.d.GPU.End()
+	if err := c.d.Live(); err != nil {
+		t.Errorf("Live once NVML is back: %v", err)
+	}
+	// A new outage counts from its own start.
+	g.down = true
+	c.d.openNVML()
+	c.clock.Step(time.Minute)
+	if err := c.d.Live(); err != nil {
+		t.Errorf("Live 1m into a new outage: %v", err)
+	}
+}

@@ -47,10 +47,13 @@ type Settings struct {
 	MaxConcurrent int           `json:"maxConcurrent"`
 	LeaseDuration time.Duration `json:"leaseDuration"`
 
-	DriftInterval        time.Duration `json:"driftInterval"`
-	ReapplyOnDrift       bool          `json:"reapplyOnDrift"`
-	RetryBackoffMax      time.Duration `json:"retryBackoffMax"`
-	AllowOtherMigManager bool          `json:"allowOtherMigManager"`
+	// NVMLUnavailableRestart: after NVML has been unavailable this long,
+	// /healthz fails (0: never).
+	NVMLUnavailableRestart time.Duration `json:"nvmlUnavailableRestart"`
+	DriftInterval          time.Duration `json:"driftInterval"`
+	ReapplyOnDrift         bool          `json:"reapplyOnDrift"`
+	RetryBackoffMax        time.Duration `json:"retryBackoffMax"`
+	AllowOtherMigManager   bool          `json:"allowOtherMigManager"`
 
 	// CDI after a change (package cdi): auto, on or off; where the specs
 	// are; the driver root on the host and where the agent sees it; where
@@ -103,6 +106,7 @@ func (s *Settings) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"--drain-timeout": s.DrainTimeout, "--resource-wait-timeout": s.ResourceWaitTimeout,
 		"--drift-interval": s.DriftInterval, "--eviction-retry-delay": s.EvictionRetryDelay,
+		"--nvml-unavailable-restart": s.NVMLUnavailableRestart,
 	} {
 		if d < 0 {
 			add("%s must not be negative", name)

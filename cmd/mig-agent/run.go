@@ -102,7 +102,7 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		if err != nil {
 			return fmt.Errorf("metrics address: %w", err)
 		}
-		srv = metrics.NewServer(s.MetricsAddress, m, d.Ready)
+		srv = metrics.NewServer(s.MetricsAddress, m, d.Ready, d.Live)
 		go func() {
 			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics server failed", "address", s.MetricsAddress, "err", err)
