@@ -42,10 +42,12 @@ type Settings struct {
 	EvictUnmanagedPods  bool          `json:"evictUnmanagedPods"`
 	PodResourcesSocket  string        `json:"podResourcesSocket"`
 
-	RebootMethod  string        `json:"rebootMethod"`
-	DBusAddress   string        `json:"dbusAddress,omitempty"`
-	MaxConcurrent int           `json:"maxConcurrent"`
-	LeaseDuration time.Duration `json:"leaseDuration"`
+	RebootMethod  string `json:"rebootMethod"`
+	DBusAddress   string `json:"dbusAddress,omitempty"`
+	MaxConcurrent int    `json:"maxConcurrent"`
+	// MaxConcurrentPercent: --max-concurrent P%, of the agents' pool.
+	MaxConcurrentPercent int           `json:"maxConcurrentPercent,omitempty"`
+	LeaseDuration        time.Duration `json:"leaseDuration"`
 
 	// NVMLUnavailableRestart: after NVML has been unavailable this long,
 	// /healthz fails (0: never).
@@ -114,6 +116,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.MaxConcurrent < 0 {
 		add("--max-concurrent must not be negative")
+	}
+	if s.MaxConcurrentPercent < 0 || s.MaxConcurrentPercent > 100 {
+		add("--max-concurrent must be a percentage from 1%% to 100%%, not %d%%", s.MaxConcurrentPercent)
 	}
 	switch s.CDI {
 	case "", "auto", "on", "off":

@@ -194,8 +194,8 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 			return err
 		}
 		d.Others = &kube.Others{Client: client, Dyn: dyn, Node: s.NodeName}
-		if s.MaxConcurrent > 0 {
-			slots := &kube.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
+		if s.MaxConcurrent > 0 || s.MaxConcurrentPercent > 0 {
+			slots := &kube.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent, Percent: s.MaxConcurrentPercent,
 				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
 			d.Slots = slots
 		}

@@ -52,7 +52,7 @@ func addRunFlags(fs *pflag.FlagSet) {
 	fs.String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket")
 	fs.String("reboot-method", "logind", "logind, systemctl, none or sim")
 	fs.String("dbus-address", "", "D-Bus address for logind and systemd (default the system bus)")
-	fs.Int("max-concurrent", 0, "at most N nodes of the cluster disrupted at once (Lease slots; 0 = no limit)")
+	fs.String("max-concurrent", "0", "at most N nodes of the cluster disrupted at once, or P% of the nodes running the agent (rounded down, at least 1) (Lease slots; 0 = no limit)")
 	fs.Duration("lease-duration", 60*time.Second, "duration of a rollout slot Lease; a crashed holder's slot expires after it")
 	fs.Duration("drift-interval", time.Minute, "how often the GPUs are compared with the applied config (0 turns it off)")
 	fs.Bool("reapply-on-drift", false, "re-apply the config when the GPUs drift from it")
@@ -231,7 +231,16 @@ func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
 		s.RestartDevicePlugin = boolean("restart-device-plugin")
 		s.Taint, s.EvictUnmanagedPods = boolean("taint"), boolean("evict-unmanaged-pods")
 		s.PodResourcesSocket, s.RebootMethod, s.DBusAddress = get("pod-resources-socket"), get("reboot-method"), get("dbus-address")
-		s.MaxConcurrent, s.LeaseDuration = integer("max-concurrent"), dur("lease-duration")
+		if raw := strings.TrimSpace(fmt.Sprint(v.Get("max-concurrent"))); strings.HasSuffix(raw, "%") {
+			var p int
+			if _, err := fmt.Sscan(strings.TrimSuffix(raw, "%"), &p); err != nil || fmt.Sprint(p)+"%" != raw {
+				errs = append(errs, fmt.Sprintf("max-concurrent: %q is not an integer or a percentage", raw))
+			}
+			s.MaxConcurrentPercent = p
+		} else {
+			s.MaxConcurrent = integer("max-concurrent")
+		}
+		s.LeaseDuration = dur("lease-duration")
 		s.DriftInterval, s.ReapplyOnDrift = dur("drift-interval"), boolean("reapply-on-drift")
 		s.NVMLUnavailableRestart = dur("nvml-unavailable-restart")
 		s.RetryBackoffMax, s.AllowOtherMigManager = dur("retry-backoff-max"), boolean("allow-other-mig-manager")
