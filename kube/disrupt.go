@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -40,7 +42,20 @@ func (k *Disruptor) Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) (
 	if a.FellBack() {
 		k.Log.Warn("PodResources unreadable: every GPU pod on the node counts as affected", "how", a.How)
 	}
-	return a.Names(), a.How, nil
+	names := a.Names()
+	if k.S.GPUClientSelector != "" && (len(gpuUUIDs) > 0 || len(migUUIDs) > 0) {
+		clients, err := drain.SelectedPods(ctx, k.Client, k.Node, k.S.GPUClientSelector)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, c := range clients {
+			if !slices.Contains(names, c) {
+				names = append(names, c)
+			}
+		}
+		sort.Strings(names)
+	}
+	return names, a.How, nil
 }
 
 // Evict implements reconcile.Disruptor; pods already gone count as evicted.

@@ -339,7 +339,7 @@ func (a *attempt) checkProcesses() error {
 		return failed("listing GPU processes", err)
 	}
 	if len(strays) > 0 {
-		return &StepError{Reason: "processes no pod accounts for are using what the change takes away: " + strings.Join(strays, ", "),
+		return &StepError{Reason: strayReason(strays),
 			Retryable: true, Event: record.ReasonFailed}
 	}
 	return nil
@@ -420,7 +420,7 @@ func (a *attempt) apply() error {
 	case errors.Is(err, gpus.ErrRebootRequired):
 		return d.rebootFor(a.ctx, a.node, ch, applied)
 	case err != nil:
-		return failed("applying", err)
+		return failed("applying", holderAdvice(err))
 	}
 	a.applied = applied
 	return nil

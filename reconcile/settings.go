@@ -38,9 +38,13 @@ type Settings struct {
 	PauseGPUOperator    bool          `json:"pauseGpuOperator"`
 	RestartDevicePlugin bool          `json:"restartDevicePlugin"`
 	HostGPUClients      []string      `json:"hostGpuClients,omitempty"`
-	Taint               bool          `json:"taint"`
-	EvictUnmanagedPods  bool          `json:"evictUnmanagedPods"`
-	PodResourcesSocket  string        `json:"podResourcesSocket"`
+	// GPUClientSelector: a label selector of pods on the node that use the
+	// GPUs without requesting a GPU resource (monitoring agents, sidecars):
+	// they are evicted with the pods a change affects.
+	GPUClientSelector  string `json:"gpuClientSelector,omitempty"`
+	Taint              bool   `json:"taint"`
+	EvictUnmanagedPods bool   `json:"evictUnmanagedPods"`
+	PodResourcesSocket string `json:"podResourcesSocket"`
 
 	RebootMethod  string `json:"rebootMethod"`
 	DBusAddress   string `json:"dbusAddress,omitempty"`

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
 	"github.com/migagent/mig-agent/gpus"
@@ -47,6 +48,7 @@ func addRunFlags(fs *pflag.FlagSet) {
 	fs.Bool("restart-device-plugin", true, "after the GPUs changed, restart the node's device plugin and GPU Feature Discovery pods so they see the new MIG devices")
 	fs.Bool("pause-gpu-operator", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change")
 	fs.StringSlice("host-gpu-clients", nil, "systemd units stopped before a MIG mode change and started after it")
+	fs.String("gpu-client-selector", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects")
 	fs.Bool("taint", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change")
 	fs.Bool("evict-unmanaged-pods", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)")
 	fs.String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket")
@@ -229,6 +231,10 @@ func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
 		s.ResourceWaitTimeout = dur("resource-wait-timeout")
 		s.PauseGPUOperator, s.HostGPUClients = boolean("pause-gpu-operator"), list("host-gpu-clients")
 		s.RestartDevicePlugin = boolean("restart-device-plugin")
+		s.GPUClientSelector = get("gpu-client-selector")
+		if _, err := labels.Parse(s.GPUClientSelector); err != nil {
+			errs = append(errs, fmt.Sprintf("gpu-client-selector: %v", err))
+		}
 		s.Taint, s.EvictUnmanagedPods = boolean("taint"), boolean("evict-unmanaged-pods")
 		s.PodResourcesSocket, s.RebootMethod, s.DBusAddress = get("pod-resources-socket"), get("reboot-method"), get("dbus-address")
 		if raw := strings.TrimSpace(fmt.Sprint(v.Get("max-concurrent"))); strings.HasSuffix(raw, "%") {
