@@ -214,7 +214,7 @@ func SelectedPods(ctx context.Context, client kubernetes.Interface, node, select
 	}
 	var out []string
 	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil {
+		if p.DeletionTimestamp == nil && p.Spec.NodeName == node {
 			out = append(out, p.Namespace+"/"+p.Name)
 		}
 	}
