@@ -97,3 +97,33 @@ maxConcurrent: "25%"
 		}
 	}
 }
+
+// TestDevicePluginConfigRBAC: devicePluginConfig grants get on that one
+// ConfigMap in its namespace, to the agent's ServiceAccount.
+func TestDevicePluginConfigRBAC(t *testing.T) {
+	objs, err := renderValues(t, "devicePluginConfig: {namespace: gpu-operator, name: time-slicing-config}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role, binding map[string]any
+	for _, o := range objs {
+		if strings.HasSuffix(fmt.Sprint(get(o, "metadata", "name")), "-device-plugin-config") {
+			switch o["kind"] {
+			case "Role":
+				role = o
+			case "RoleBinding":
+				binding = o
+			}
+		}
+	}
+	if get(role, "metadata", "namespace") != "gpu-operator" || fmt.Sprint(get(role, "rules", 0, "resourceNames")) != "[time-slicing-config]" ||
+		fmt.Sprint(get(role, "rules", 0, "verbs")) != "[get]" {
+		t.Errorf("role %v", role)
+	}
+	if get(binding, "subjects", 0, "name") != "mig-agent" || get(binding, "subjects", 0, "namespace") != "mig-agent" {
+		t.Errorf("binding %v", binding)
+	}
+	if _, err := renderValues(t, "devicePluginConfig: {name: x}"); err == nil || !strings.Contains(err.Error(), "devicePluginConfig.namespace") {
+		t.Errorf("no namespace: %v", err)
+	}
+}
