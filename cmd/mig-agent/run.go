@@ -146,7 +146,7 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		d.Reboot = noReboot{}
 	}
 	var cdiUnits cdi.UnitStarter // standalone: the host's nvidia-cdi-refresh.service
-	if s.RebootMethod == reconcile.RebootLogind || len(s.HostGPUClients) > 0 || s.Standalone && s.CDI != cdi.ModeOff {
+	if s.RebootMethod == reconcile.RebootLogind || len(s.HostGPUClients) > 0 || s.Standalone && newCDI(s, log, nil) != nil {
 		conn, err := systemd.ConnectSystemBus(s.DBusAddress)
 		if err != nil {
 			log.Warn("D-Bus unavailable: logind reboots and host GPU client control will fail", "err", err)
