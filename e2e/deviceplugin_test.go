@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -81,10 +82,23 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	if got := allocatable(t, c, node); !sameCounts(got, map[string]int64{"nvidia.com/gpu": 2}) {
 		t.Fatalf("allocatable before = %v", got)
 	}
+	// The GPU Operator's validator runs on the node: NVIDIA's MIG manager
+	// restarts it after a change (restartValidatorPod); so does the agent.
+	validator := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nvidia-operator-validator-x",
+		Labels: map[string]string{"app": "nvidia-operator-validator"}},
+		Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{Name: "nvidia-operator-validator", Image: "nvcr.io/nvidia/gpu-operator:v26.7.0"}}}}
+	if _, err := c.CoreV1().Pods(ns).Create(context.Background(), validator, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
 	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
+	WaitFor(t, 10*time.Second, "the validator pod restarted (evicted)", func() bool {
+		_, err := c.CoreV1().Pods(ns).Get(context.Background(), validator.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
 	want := map[string]int64{"nvidia.com/mig-1g.18gb": 14, "nvidia.com/gpu": 0}
 	if got := allocatable(t, c, node); !sameCounts(got, want) {
 		t.Errorf("allocatable at success = %v, want %v (plugin: %s)", got, want, dp)
@@ -101,6 +115,9 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	WaitFor(t, 10*time.Second, "the "+record.ReasonDevicePluginRestarted+" Event", func() bool {
 		return len(nodeEvents(t, c, node, record.ReasonDevicePluginRestarted)) == 1
 	})
+	if ev := nodeEvents(t, c, node, record.ReasonDevicePluginRestarted); !strings.Contains(ev[0].Message, validator.Name) {
+		t.Errorf("the Event does not name the validator: %q", ev[0].Message)
+	}
 
 	// Back to whole GPUs: restarted once more.
 	SelectConfig(t, c, node, "all-disabled")
