@@ -292,6 +292,9 @@ func TestPackageRPM(t *testing.T) {
 			t.Errorf("rpm scriptlet %d is not %s:\n%s", tag, script, got)
 		}
 	}
+	if c := h.Strings(rpmTagConflictName); !slices.Contains(c, "nvidia-mig-manager") {
+		t.Errorf("rpm conflicts %v, want nvidia-mig-manager", c)
+	}
 	if req := h.Strings(rpmTagRequireName); !slices.Contains(req, "glibc") {
 		t.Errorf("rpm requires %v, want glibc", req)
 	}
