@@ -338,6 +338,9 @@ func (a *attempt) checkProcesses() error {
 	if err != nil {
 		return failed("listing GPU processes", err)
 	}
+	if strays, err = a.stopClientsForStrays(strays); err != nil {
+		return err
+	}
 	if len(strays) > 0 {
 		return &StepError{Reason: strayReason(strays),
 			Retryable: true, Event: record.ReasonFailed}

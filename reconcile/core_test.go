@@ -845,3 +845,65 @@ func TestCoreLiveAfterNVMLUnavailable(t *testing.T) {
 		t.Errorf("Live 1m into a new outage: %v", err)
 	}
 }
+
+// fakeUnits plays systemd for host GPU client units: stopping a unit ends
+// its process on the simulated GPU (as stopping nvidia-dcgm ends
+// nv-hostengine).
+type fakeUnits struct {
+	sim            *nvmlx.Sim
+	pid            map[string]uint32 // unit → its process, on GPU 0
+	stopped, start []string
+}
+
+func (f *fakeUnits) StopActive(_ context.Context, names []string) ([]string, error) {
+	for _, n := range names {
+		if pid, ok := f.pid[n]; ok {
+			if err := f.sim.RemoveProcess(0, pid); err != nil {
+				return f.stopped, err
+			}
+			f.stopped = append(f.stopped, n)
+		}
+	}
+	return f.stopped, nil
+}
+
+func (f *fakeUnits) Start(_ context.Context, names []string) error {
+	f.start = append(f.start, names...)
+	return nil
+}
+
+// Host GPU clients are stopped for a change without a mode change too
+// where their processes block it, and started again after; without them
+// the failure says what to do.
+func TestCoreHostClientsStoppedForBlockingProcesses(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c.applied(t, "all-balanced")
+	n, err := gpus.Discover(c.sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(n.Instances[0], func(gi nvmlx.GPUInstance) bool { return gi.Profile != "1g.18gb" })
+	gi := n.Instances[0][i]
+	engine := nvmlx.Process{PID: 777, GIID: gi.ID, CIID: gi.ComputeInstances[0].ID, Name: "nv-hostengine"}
+	if err := c.sim.AddProcess(0, engine); err != nil {
+		t.Fatal(err)
+	}
+	// No host clients configured: a failure that names the holder and
+	// what to do.
+	c.cluster.setLabel("all-1g.18gb")
+	if oc := c.pass(false, false); oc != outRetry {
+		t.Fatalf("outcome %v, want a retry", oc)
+	}
+	if r := c.cluster.last().Reason; !strings.Contains(r, "pid 777 (nv-hostengine)") || !strings.Contains(r, "--host-gpu-clients") {
+		t.Fatalf("reason %q", r)
+	}
+	units := &fakeUnits{sim: c.sim, pid: map[string]uint32{"nvidia-dcgm.service": 777}}
+	c.d.Units, c.d.S.HostGPUClients = units, []string{"nvidia-dcgm.service"}
+	if oc := c.pass(false, true); oc != outSuccess {
+		t.Fatalf("with host clients: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	wantSuccess(t, c, "all-1g.18gb")
+	if !slices.Equal(units.stopped, []string{"nvidia-dcgm.service"}) || !slices.Equal(units.start, []string{"nvidia-dcgm.service"}) {
+		t.Errorf("stopped %v, started %v", units.stopped, units.start)
+	}
+}
