@@ -194,3 +194,30 @@ func podNames(pods []corev1.Pod) []string {
 	}
 	return out
 }
+
+// SelectedPods lists the pods of node that selector (a label selector)
+// matches and that are not terminating, as "namespace/name": GPU clients
+// that request no GPU resource (a monitoring agent, a sidecar that opens
+// the GPUs), which PodResources cannot tie to a device. The agent evicts
+// them with the pods a change affects (--gpu-client-selector); a DaemonSet
+// brings its pod back only where it tolerates the reconfiguring taint.
+func SelectedPods(ctx context.Context, client kclient.Interface, node, selector string) ([]string, error) {
+	if node == "" {
+		return nil, fmt.Errorf("list GPU client pods: %w", ErrNoNode)
+	}
+	list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		LabelSelector: selector,
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the GPU client pods (%s) of node %s: %w", selector, node, err)
+	}
+	var out []string
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil && p.Spec.NodeName == node {
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}

@@ -33,9 +33,17 @@ import (
 // "app.kubernetes.io/name" as the k8s-device-plugin Helm chart does
 // (deployments/helm/nvidia-device-plugin/templates/_helpers.tpl, which
 // deploys GFD from the same chart, with the same name label).
+//
+// The GPU Operator's validator is restarted with them, as NVIDIA's MIG
+// manager does after every change so that its validations (CUDA, device
+// plugin) run again on the new geometry (mig-parted
+// pkg/mig/reconfigure/reconfigure.go restartValidatorPod: the pods
+// app=nvidia-operator-validator on the node; its DaemonSet,
+// assets/state-operator-validation/0500_daemonset.yaml, brings new ones).
 var DevicePluginPods = []struct{ Key, Value string }{
 	{"app", "nvidia-device-plugin-daemonset"},
 	{"app", "gpu-feature-discovery"},
+	{"app", "nvidia-operator-validator"},
 	{"app.kubernetes.io/name", "nvidia-device-plugin"},
 	{"app.kubernetes.io/name", "gpu-feature-discovery"},
 }

@@ -31,6 +31,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	replaced := mk("chart-gfd", map[string]string{"app.kubernetes.io/name": "gpu-feature-discovery"})
 	mk("dcgm", map[string]string{"app": "nvidia-dcgm-exporter"})
 	mk("workload", nil)
+	mk("validator", map[string]string{"app": "nvidia-operator-validator"})
 
 	pods, err := drain.ListDevicePlugins(ctx, e.a, e.node)
 	if err != nil {
@@ -40,7 +41,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	for _, p := range pods {
 		names = append(names, strings.Join(strings.Split(p, "/")[:2], "/"))
 	}
-	want := []string{e.ns + "/chart-gfd", e.ns + "/chart-plugin", e.ns + "/operator-gfd", e.ns + "/operator-plugin"}
+	want := []string{e.ns + "/chart-gfd", e.ns + "/chart-plugin", e.ns + "/operator-gfd", e.ns + "/operator-plugin", e.ns + "/validator"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("ListDevicePlugins = %v, want %v", names, want)
 	}
@@ -57,10 +58,10 @@ func TestRestartDevicePlugins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{e.ns + "/chart-plugin", e.ns + "/operator-gfd", e.ns + "/operator-plugin"}; !slices.Equal(restarted, want) {
+	if want := []string{e.ns + "/chart-plugin", e.ns + "/operator-gfd", e.ns + "/operator-plugin", e.ns + "/validator"}; !slices.Equal(restarted, want) {
 		t.Errorf("restarted %v, want %v", restarted, want)
 	}
-	for _, n := range []string{"operator-plugin", "operator-gfd", "chart-plugin"} {
+	for _, n := range []string{"operator-plugin", "operator-gfd", "chart-plugin", "validator"} {
 		waitGone(t, e, n, "")
 	}
 	got, err := e.c.CoreV1().Pods(e.ns).Get(ctx, "chart-gfd", metav1.GetOptions{})

@@ -43,6 +43,10 @@ func Operands() []Operand {
 		{Label: "nvidia.com/gpu.deploy.dcgm-exporter", App: "nvidia-dcgm-exporter"},
 		{Label: "nvidia.com/gpu.deploy.dcgm", App: "nvidia-dcgm"},
 		{Label: "nvidia.com/gpu.deploy.nvsm", App: ""},
+		// GPU client DaemonSets select on it (GPU Operator v26.7 sets it,
+		// controllers/state_manager.go gpuStateLabels); NVIDIA's MIG
+		// manager pauses it only where present, as Paused does for all.
+		{Label: "nvidia.com/gpu.deploy.client", App: ""},
 	}
 }
 

@@ -130,10 +130,20 @@ func AdvertisesGPU(node *corev1.Node) bool {
 // server did not answer.
 func WaitAllocatable(ctx context.Context, client kclient.Interface, node string,
 	want map[corev1.ResourceName]int64, timeout time.Duration) (bool, error) {
+	return WaitAdvertised(ctx, client, node, want, NoSharing, timeout)
+}
+
+// WaitAdvertised is WaitAllocatable for a device plugin that shares its
+// devices as sharing says (ReadSharing): want (devices per resource) is
+// expected as sharing.Advertised(want), exactly. A nil sharing (the
+// plugin's config is not known) accepts, per resource of want, the forms
+// the plugin documents (MatchShared).
+func WaitAdvertised(ctx context.Context, client kclient.Interface, node string,
+	want map[corev1.ResourceName]int64, sharing *Sharing, timeout time.Duration) (bool, error) {
 	if node == "" {
 		return false, fmt.Errorf("wait for allocatable: %w", ErrNoNode)
 	}
-	w := &allocatableWait{want: want, first: true}
+	w := &allocatableWait{want: want, sharing: sharing, first: true}
 	nodes := client.CoreV1().Nodes()
 	sel := fields.OneTermEqualSelector("metadata.name", node).String()
 	list := func(ctx context.Context) (*corev1.NodeList, error) {
@@ -191,7 +201,8 @@ func WaitAllocatable(ctx context.Context, client kclient.Interface, node string,
 // allocatableWait is the state of one WaitAllocatable.
 type allocatableWait struct {
 	want    map[corev1.ResourceName]int64
-	first   bool // no read of the Node yet
+	sharing *Sharing // nil: not known
+	first   bool     // no read of the Node yet
 	ok      bool
 	missing []string
 	lastErr error
@@ -204,7 +215,7 @@ func (w *allocatableWait) done(n *corev1.Node) bool {
 		return true
 	}
 	w.first, w.lastErr = false, nil
-	w.missing = missingResources(n.Status.Allocatable, w.want)
+	w.missing = MatchShared(n.Status.Allocatable, w.want, w.sharing)
 	w.ok = len(w.missing) == 0
 	return w.ok
 }
@@ -273,7 +284,59 @@ func missingResources(have corev1.ResourceList, want map[corev1.ResourceName]int
 }
 
 // isGPUResource: a resource NVIDIA's device plugin advertises for whole GPUs
-// or MIG devices (not, say, nvidia.com/gpu.shared or another vendor's).
+// or MIG devices, shared ("nvidia.com/gpu.shared") or not (not another
+// vendor's).
 func isGPUResource(r corev1.ResourceName) bool {
+	r = corev1.ResourceName(strings.TrimSuffix(string(r), SharedSuffix))
 	return r == ResourceGPU || strings.HasPrefix(string(r), ResourceMIGPrefix)
+}
+
+// MatchShared lists how have differs from what the device plugin
+// advertises for want (devices per resource) under sharing, sorted; empty
+// is a match. A known sharing (non-nil) is exact: sharing.Advertised(want),
+// every other GPU resource at 0 or absent. A nil sharing accepts, for each
+// resource R of want with n devices, the forms NVIDIA's device plugin
+// documents for its sharing config (k8s-device-plugin README "Shared Access
+// to GPUs"; internal/rm/device_map.go updateDeviceMapWithReplicas):
+//   - R at a whole multiple of n (replicas per device; 1 is no sharing),
+//     R.shared at 0 or absent;
+//   - R.shared (renameByDefault) at a whole multiple of n, R at 0 or absent.
+//
+// It stays exact about which resources exist: any other GPU resource,
+// shared or not, must be 0 or absent.
+func MatchShared(have corev1.ResourceList, want map[corev1.ResourceName]int64, sharing *Sharing) []string {
+	if sharing != nil {
+		return missingResources(have, sharing.Advertised(want))
+	}
+	var out []string
+	expected := map[corev1.ResourceName]bool{}
+	for r, n := range want {
+		shared := r + SharedSuffix
+		expected[r], expected[shared] = true, true
+		plain, renamed := have[r], have[shared]
+		p, s := plain.Value(), renamed.Value()
+		switch {
+		case n <= 0:
+			if p != 0 || s != 0 {
+				out = append(out, fmt.Sprintf("%s: have %d, want 0", r, p+s))
+			}
+		case p > 0 && s > 0:
+			out = append(out, fmt.Sprintf("%s: have %d and %s %d, want only one of them", r, p, shared, s))
+		case p > 0 && p%n == 0, s > 0 && s%n == 0:
+		case s > 0:
+			out = append(out, fmt.Sprintf("%s: have %d, want %d or a whole multiple (sharing replicas)", shared, s, n))
+		default:
+			out = append(out, fmt.Sprintf("%s: have %d, want %d or a whole multiple (sharing replicas)", r, p, n))
+		}
+	}
+	for r, q := range have {
+		if expected[r] || !isGPUResource(r) {
+			continue
+		}
+		if got := q.Value(); got != 0 {
+			out = append(out, fmt.Sprintf("%s: have %d, want 0", r, got))
+		}
+	}
+	sort.Strings(out)
+	return out
 }

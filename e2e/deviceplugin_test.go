@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -80,10 +82,23 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	if got := allocatable(t, c, node); !sameCounts(got, map[string]int64{"nvidia.com/gpu": 2}) {
 		t.Fatalf("allocatable before = %v", got)
 	}
+	// The GPU Operator's validator runs on the node: NVIDIA's MIG manager
+	// restarts it after a change (restartValidatorPod); so does the agent.
+	validator := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nvidia-operator-validator-x",
+		Labels: map[string]string{"app": "nvidia-operator-validator"}},
+		Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{Name: "nvidia-operator-validator", Image: "nvcr.io/nvidia/gpu-operator:v26.7.0"}}}}
+	if _, err := c.CoreV1().Pods(ns).Create(context.Background(), validator, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
 	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
+	WaitFor(t, 10*time.Second, "the validator pod restarted (evicted)", func() bool {
+		_, err := c.CoreV1().Pods(ns).Get(context.Background(), validator.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
 	want := map[string]int64{"nvidia.com/mig-1g.18gb": 14, "nvidia.com/gpu": 0}
 	if got := allocatable(t, c, node); !sameCounts(got, want) {
 		t.Errorf("allocatable at success = %v, want %v (plugin: %s)", got, want, dp)
@@ -100,6 +115,9 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	WaitFor(t, 10*time.Second, "the "+record.ReasonDevicePluginRestarted+" Event", func() bool {
 		return len(nodeEvents(t, c, node, record.ReasonDevicePluginRestarted)) == 1
 	})
+	if ev := nodeEvents(t, c, node, record.ReasonDevicePluginRestarted); !strings.Contains(ev[0].Message, validator.Name) {
+		t.Errorf("the Event does not name the validator: %q", ev[0].Message)
+	}
 
 	// Back to whole GPUs: restarted once more.
 	SelectConfig(t, c, node, "all-disabled")
@@ -147,4 +165,51 @@ func TestStaleDevicePluginIsNoSuccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
+}
+
+// The device plugin shares MIG devices (time-slicing, as its config says):
+// it advertises replicas per device, or renamed ".shared" resources. The
+// agent reads the same config the plugin's config-manager picks (the
+// node's nvidia.com/device-plugin.config label, the ConfigMap in the
+// plugin's pod) and succeeds on exactly those counts.
+func TestSharingDevicePluginConverges(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed", "nvidia.com/device-plugin.config": "replicas"})
+	ns := kubetest.NewName(t, "gpu-operator")
+	kubetest.CreateNamespace(t, ns)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "time-slicing-config"}, Data: map[string]string{
+		"replicas": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/mig-1g.18gb\n      replicas: 4\n",
+		"renamed":  "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: mig-2g.35gb\n      replicas: 2\n",
+	}}
+	if _, err := c.CoreV1().ConfigMaps(ns).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
+	dp := kubetest.StartSharingDevicePlugin(t, c, node, ns, "mixed", kubetest.PluginConfig{ConfigMap: cm.Name}, pluginReader(t, o))
+	WaitFor(t, 60*time.Second, "the device plugin pod to run", dp.Running)
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
+	StartAgent(t, o)
+
+	SelectConfig(t, c, node, "all-1g.18gb")
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
+	if got, want := allocatable(t, c, node), map[string]int64{"nvidia.com/mig-1g.18gb": 28, "nvidia.com/gpu": 0}; !sameCounts(got, want) {
+		t.Errorf("allocatable = %v, want %v (plugin: %s)", got, want, dp)
+	}
+	if rec.ResourcesConverged == nil || !*rec.ResourcesConverged {
+		t.Errorf("record resourcesConverged = %v, want true", rec.ResourcesConverged)
+	}
+
+	// The node switches to the renamed config (the config-manager picks it
+	// up when the plugin restarts) and to 2g.35gb devices: the plugin
+	// advertises nvidia.com/mig-2g.35gb.shared, 3 devices × 2.
+	SetLabel(t, c, node, "nvidia.com/device-plugin.config", "renamed", "gpu-admin")
+	SelectConfig(t, c, node, "all-2g.35gb")
+	rec = WaitState(t, c, node, record.StateSuccess, "all-2g.35gb", 90*time.Second)
+	if got, want := allocatable(t, c, node), map[string]int64{"nvidia.com/mig-2g.35gb.shared": 6, "nvidia.com/mig-1g.18gb": 0, "nvidia.com/gpu": 0}; !sameCounts(got, want) {
+		t.Errorf("allocatable = %v, want %v (plugin: %s)", got, want, dp)
+	}
+	if rec.ResourcesConverged == nil || !*rec.ResourcesConverged {
+		t.Errorf("record resourcesConverged = %v, want true", rec.ResourcesConverged)
+	}
 }

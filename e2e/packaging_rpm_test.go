@@ -25,9 +25,11 @@ const (
 	rpmTagFileUser    = 1039
 	rpmTagFileGroup   = 1040
 	rpmTagRequireName = 1049
-	rpmTagDirIndexes  = 1116
-	rpmTagBaseNames   = 1117
-	rpmTagDirNames    = 1118
+	// rpmTagConflictName: RPMTAG_CONFLICTNAME (rpm's lib/rpmtag.h).
+	rpmTagConflictName = 1054
+	rpmTagDirIndexes   = 1116
+	rpmTagBaseNames    = 1117
+	rpmTagDirNames     = 1118
 
 	rpmFileConfig    = 1 << 0
 	rpmFileNoReplace = 1 << 4

@@ -128,8 +128,8 @@ func TestPackageDeb(t *testing.T) {
 	root := pkgRoot(t)
 
 	// Control fields and the archive's table of contents.
-	fields := pkgMustExec(t, nil, "dpkg-deb", "-f", deb, "Package", "Version", "Architecture", "Depends")
-	for _, want := range []string{"Package: mig-agent", "Depends: libc6 (>= 2."} {
+	fields := pkgMustExec(t, nil, "dpkg-deb", "-f", deb, "Package", "Version", "Architecture", "Depends", "Conflicts")
+	for _, want := range []string{"Package: mig-agent", "Depends: libc6 (>= 2.", "Conflicts: nvidia-mig-manager"} {
 		if !strings.Contains(fields, want) {
 			t.Errorf("control fields lack %q:\n%s", want, fields)
 		}
@@ -291,6 +291,9 @@ func TestPackageRPM(t *testing.T) {
 		if got, want := strings.TrimSpace(h.String(tag)), strings.TrimSpace(string(pkgRead(t, filepath.Join(dir, script)))); got != want {
 			t.Errorf("rpm scriptlet %d is not %s:\n%s", tag, script, got)
 		}
+	}
+	if c := h.Strings(rpmTagConflictName); !slices.Contains(c, "nvidia-mig-manager") {
+		t.Errorf("rpm conflicts %v, want nvidia-mig-manager", c)
 	}
 	if req := h.Strings(rpmTagRequireName); !slices.Contains(req, "glibc") {
 		t.Errorf("rpm requires %v, want glibc", req)

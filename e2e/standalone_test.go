@@ -251,7 +251,7 @@ func TestStandaloneSystemdUnit(t *testing.T) {
 	for _, want := range []string{"Type=notify", "WatchdogSec=", "Before=kubelet.service",
 		"After=nvidia-persistenced.service nvidia-fabricmanager.service", "Wants=nvidia-persistenced.service nvidia-fabricmanager.service",
 		"ExecStart=/usr/bin/mig-agent run --standalone --settings /etc/mig-agent/settings.yaml\n",
-		"Restart=on-failure", "StateDirectory=mig-agent", "DeviceAllow=char-nvidia* rwm", "WantedBy=multi-user.target"} {
+		"Restart=on-failure", "StateDirectory=mig-agent", "Conflicts=nvidia-mig-manager.service\n", "DeviceAllow=char-nvidia* rwm", "WantedBy=multi-user.target"} {
 		if !strings.Contains(string(unit), "\n"+want) {
 			t.Errorf("the unit lacks a line starting %q", want)
 		}

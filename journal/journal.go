@@ -27,14 +27,16 @@ const (
 
 // Change is the journaled state of the change in progress.
 type Change struct {
-	Config         string     `json:"config"`
-	Hash           string     `json:"hash"`
-	Source         string     `json:"source"`
-	PreviousConfig string     `json:"previousConfig"`
-	RequestedBy    string     `json:"requestedBy"`
-	RequestedVia   string     `json:"requestedVia,omitempty"`
-	RequestedAt    *time.Time `json:"requestedAt,omitempty"`
-	StartedAt      time.Time  `json:"startedAt"`
+	Config         string `json:"config"`
+	Hash           string `json:"hash"`
+	Source         string `json:"source"`
+	PreviousConfig string `json:"previousConfig"`
+	// PreviousHash is the applied config's hash when the change began.
+	PreviousHash string     `json:"previousHash,omitempty"`
+	RequestedBy  string     `json:"requestedBy"`
+	RequestedVia string     `json:"requestedVia,omitempty"`
+	RequestedAt  *time.Time `json:"requestedAt,omitempty"`
+	StartedAt    time.Time  `json:"startedAt"`
 	// DisruptedAt: the rollout slot was taken and the disruption began.
 	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
 	Phase         Phase      `json:"phase"`
@@ -47,7 +49,7 @@ type Change struct {
 	// Operands holds the GPU Operator labels' values before the pause.
 	Operands     json.RawMessage `json:"operands,omitempty"`
 	StoppedUnits []string        `json:"stoppedUnits,omitempty"`
-	Attempt         int  `json:"attempt,omitempty"`
+	Attempt      int             `json:"attempt,omitempty"`
 	// StalePlugins: the device plugin pods ("namespace/name/uid") that read
 	// the GPUs before they changed, restarted once the change is done.
 	StalePlugins []string `json:"stalePlugins,omitempty"`

@@ -3,8 +3,11 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -39,7 +42,20 @@ func (k *Disruptor) Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) (
 	if a.FellBack() {
 		k.Log.Warn("PodResources unreadable: every GPU pod on the node counts as affected", "how", a.How)
 	}
-	return a.Names(), a.How, nil
+	names := a.Names()
+	if k.S.GPUClientSelector != "" && (len(gpuUUIDs) > 0 || len(migUUIDs) > 0) {
+		clients, err := drain.SelectedPods(ctx, k.Client, k.Node, k.S.GPUClientSelector)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, c := range clients {
+			if !slices.Contains(names, c) {
+				names = append(names, c)
+			}
+		}
+		sort.Strings(names)
+	}
+	return names, a.How, nil
 }
 
 // Evict implements reconcile.Disruptor; pods already gone count as evicted.
@@ -118,8 +134,42 @@ func (k *Disruptor) WaitResources(ctx context.Context, strategy string, n *gpus.
 	if err != nil {
 		return false, false, err
 	}
-	ok, err = drain.WaitAllocatable(ctx, k.Client, k.Node, want, timeout)
+	sharing := k.readSharing(ctx)
+	ok, err = drain.WaitAdvertised(ctx, k.Client, k.Node, want, sharing, timeout)
 	return true, ok, err
+}
+
+// Reading the device plugin's sharing config while its pods are restarted:
+// a few tries, this far apart, for a pod to read it from.
+const (
+	sharingReadTries = 5
+	sharingReadDelay = time.Second
+)
+
+// readSharing reads the device plugin's sharing config (drain.ReadSharing);
+// nil where it cannot be known, so that the plugin's documented forms are
+// accepted. No plugin pod at all is retried briefly: the restart may have
+// removed the old pod before the new one exists.
+func (k *Disruptor) readSharing(ctx context.Context) *drain.Sharing {
+	var err error
+	for try := 0; try < sharingReadTries; try++ {
+		var s *drain.Sharing
+		s, err = drain.ReadSharing(ctx, k.Client, k.Node)
+		if err == nil {
+			k.Log.Debug("device plugin sharing config", "source", s.Source)
+			return s
+		}
+		if !errors.Is(err, drain.ErrNoPluginPod) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(sharingReadDelay):
+		}
+	}
+	k.Log.Info("the device plugin's sharing config is not known; accepting its documented sharing forms", "err", err)
+	return nil
 }
 
 // ExpectedResources is what the device plugin advertises for the node's

@@ -41,9 +41,12 @@ type Slots struct {
 	Namespace string
 	Holder    string // the node name
 	N         int
-	Duration  time.Duration
-	Clock     clock.Clock
-	Log       *slog.Logger
+	// Percent, when above 0, sets N at each Acquire to that share of the
+	// pool, rounded down and at least 1 (PoolShare).
+	Percent  int
+	Duration time.Duration
+	Clock    clock.Clock
+	Log      *slog.Logger
 	// Spread bounds the random wait between seeing a slot freed and trying
 	// it (default DefaultSlotSpread): of many queued nodes the first to try
 	// takes it, and the others see it taken in their caches before their
@@ -68,6 +71,23 @@ const DefaultSlotSpread = 500 * time.Millisecond
 // comes back frees the slot after this long.
 const RebootHold = 30 * time.Minute
 
+// PoolShare is Percent of the pool, rounded down and at least 1: the pool is
+// the agents of the namespace, counted by their unexpired node Leases
+// (LabelLease; one per node running the agent), so a node that left the
+// pool stops counting once its Lease expires.
+func (s *Slots) PoolShare(ctx context.Context) (n, pool int, err error) {
+	l, err := s.Client.CoordinationV1().Leases(s.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelLease + "=node"})
+	if err != nil {
+		return 0, 0, err
+	}
+	for i := range l.Items {
+		if !leaseExpiry(&l.Items[i]).Before(s.Clock.Now()) {
+			pool++
+		}
+	}
+	return max(1, pool*s.Percent/100), pool, nil
+}
+
 // SlotLeaseName is the name of slot i.
 func SlotLeaseName(i int) string { return fmt.Sprintf("mig-agent-slot-%d", i) }
 
@@ -76,6 +96,14 @@ func SlotLeaseName(i int) string { return fmt.Sprintf("mig-agent-slot-%d", i) }
 // else: a try follows a Lease change or an expiry, and only when the cache
 // shows a slot free (released, expired, absent, or this holder's own).
 func (s *Slots) Acquire(ctx context.Context) (func(), error) {
+	if s.Percent > 0 {
+		n, pool, err := s.PoolShare(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("counting the agents for --max-concurrent %d%%: %w", s.Percent, err)
+		}
+		s.Log.Debug("rollout slots from the pool", "percent", s.Percent, "agents", pool, "slots", n)
+		s.N = n
+	}
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	changed := make(chan struct{}, 1)

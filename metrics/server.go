@@ -17,15 +17,23 @@ const (
 // NewServer returns the HTTP server of --metrics-address (not started):
 //
 //   - /metrics: the metrics of m;
-//   - /healthz: 200 "ok" while the process serves HTTP at all (liveness);
+//   - /healthz: 200 "ok" while the process serves HTTP and live returns
+//     nil, else 503 with the error's text (liveness: the kubelet restarts
+//     the container). A nil live is always live;
 //   - /readyz: 200 "ok" when ready returns nil, else 503 with the error's
 //     text (readiness). A nil ready is always ready.
 //
 // The caller runs ListenAndServe and Shutdown.
-func NewServer(addr string, m *Metrics, ready func() error) *http.Server {
+func NewServer(addr string, m *Metrics, ready, live func() error) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if live != nil {
+			if err := live(); err != nil {
+				writeText(w, http.StatusServiceUnavailable, err.Error())
+				return
+			}
+		}
 		writeText(w, http.StatusOK, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {

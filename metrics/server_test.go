@@ -9,10 +9,10 @@ import (
 )
 
 func TestServer(t *testing.T) {
-	var readyErr error
+	var readyErr, liveErr error
 	m := newMetrics("v", "go", false)
 	m.SetState(StateSuccess)
-	srv := NewServer("127.0.0.1:0", m, func() error { return readyErr })
+	srv := NewServer("127.0.0.1:0", m, func() error { return readyErr }, func() error { return liveErr })
 	ts := httptest.NewServer(srv.Handler)
 	defer ts.Close()
 
@@ -21,12 +21,14 @@ func TestServer(t *testing.T) {
 		method   string
 		path     string
 		notReady error
+		notLive  error
 		code     int
 		body     string // exact, or a substring when contains is set
 		contains bool
 	}{
 		{name: "healthz", method: "GET", path: "/healthz", code: 200, body: "ok"},
 		{name: "healthz while not ready", method: "GET", path: "/healthz", notReady: errors.New("x"), code: 200, body: "ok"},
+		{name: "healthz not live", method: "GET", path: "/healthz", notLive: errors.New("NVML has been unavailable for 5m0s"), code: 503, body: "NVML has been unavailable for 5m0s"},
 		{name: "readyz ready", method: "GET", path: "/readyz", code: 200, body: "ok"},
 		{name: "readyz not ready", method: "GET", path: "/readyz",
 			notReady: errors.New("NVML unavailable: driver not loaded"), code: 503, body: "NVML unavailable: driver not loaded"},
@@ -39,7 +41,7 @@ func TestServer(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			readyErr = tt.notReady
+			readyErr, liveErr = tt.notReady, tt.notLive
 			req, err := http.NewRequest(tt.method, ts.URL+tt.path, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -61,7 +63,7 @@ func TestServer(t *testing.T) {
 }
 
 func TestServerNilReady(t *testing.T) {
-	srv := NewServer(":0", newMetrics("v", "go", false), nil)
+	srv := NewServer(":0", newMetrics("v", "go", false), nil, nil)
 	rec := httptest.NewRecorder()
 	srv.Handler.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != 200 || rec.Body.String() != "ok" {

@@ -128,7 +128,7 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	j := &d.Journal.State
 	ch := j.Change
 	if ch == nil {
-		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, RequestedBy: req.By, RequestedVia: req.Via,
+		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, PreviousHash: j.AppliedHash, RequestedBy: req.By, RequestedVia: req.Via,
 			RequestedAt: req.At, StartedAt: d.Clock.Now(), Phase: journal.PhasePending}
 	} else {
 		ch.Attempt++
@@ -165,6 +165,7 @@ func (a *attempt) run() error {
 		{"stopHostClients", a.stopHostClients},     // host GPU clients stopped for a mode change
 		{"noteDevicePlugins", a.noteDevicePlugins}, // the device plugin pods that read the old geometry
 		{"apply", a.apply},                         // NVML, step by step
+		{"refreshCDI", a.refreshCDI},               // device nodes and CDI specs where CDI is in use
 		{"finish", a.finish},                       // restore, refresh the device plugin, record success
 	} {
 		began := a.d.Clock.Now()
@@ -356,8 +357,11 @@ func (a *attempt) checkProcesses() error {
 	if err != nil {
 		return failed("listing GPU processes", err)
 	}
+	if strays, err = a.stopClientsForStrays(strays); err != nil {
+		return err
+	}
 	if len(strays) > 0 {
-		return &StepError{Reason: "processes no pod accounts for are using what the change takes away: " + strings.Join(strays, ", "),
+		return &StepError{Reason: strayReason(strays),
 			Retryable: true, Event: record.ReasonFailed}
 	}
 	return nil
@@ -471,7 +475,7 @@ func (a *attempt) apply() error {
 	case errors.Is(err, gpus.ErrRebootRequired):
 		return d.rebootFor(a.ctx, a.node, ch, applied)
 	case err != nil:
-		return failed("applying", err)
+		return failed("applying", holderAdvice(err))
 	}
 	a.applied = applied
 	return nil

@@ -3,10 +3,13 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -659,5 +662,253 @@ func TestCoreRelabelSkipsBackoff(t *testing.T) {
 	c.cluster.mu.Unlock()
 	if oc := c.pass(false, false); oc != outSuccess || c.cluster.last().Result != record.StateSuccess {
 		t.Fatalf("outcome %v, record %+v: want the new request acted on at once", oc, c.cluster.last())
+	}
+}
+
+// The config file defines the applied config anew (same name, new
+// definition): the drift check applies it as a new request, without
+// --reapply-on-drift, and records the hash before and after; a change made
+// on the GPUs by hand afterwards is still only drift.
+func TestCoreChangedDefinitionIsNewRequest(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	write := func(profile string, n int) {
+		t.Helper()
+		y := fmt.Sprintf("version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {%q: %d}\n", profile, n)
+		if err := os.WriteFile(file, []byte(y), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("1g.18gb", 7)
+	c.d.S.ConfigFile = file
+	c.applied(t, "mine")
+	first := wantSuccess(t, c, "mine")
+	drift := func() outcome {
+		t.Helper()
+		if !c.d.openNVML() {
+			t.Fatal("NVML down")
+		}
+		defer c.d.GPU.End()
+		return c.d.checkDrift(context.Background(), c.cluster.seen(), true)
+	}
+	records := len(c.cluster.records)
+	if oc := drift(); oc != outSuccess || len(c.cluster.records) != records {
+		t.Fatalf("unchanged file: outcome %v, %d new records", oc, len(c.cluster.records)-records)
+	}
+
+	write("3g.71gb", 2)
+	if oc := drift(); oc != outSuccess {
+		t.Fatalf("changed definition: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	rec := wantSuccess(t, c, "mine")
+	if rec.PreviousConfig != "mine" || rec.PreviousConfigHash != first.ConfigHash || rec.ConfigHash == first.ConfigHash || rec.ConfigHash == "" {
+		t.Errorf("record config %q previousConfig %q, hash %q previousConfigHash %q; first hash %q",
+			rec.Config, rec.PreviousConfig, rec.ConfigHash, rec.PreviousConfigHash, first.ConfigHash)
+	}
+	if !slices.Equal(rec.GPUsChanged, []int{0, 1}) {
+		t.Errorf("gpusChanged %v, want [0 1]", rec.GPUsChanged)
+	}
+	if c.d.Journal.State.AppliedHash != rec.ConfigHash {
+		t.Errorf("journal applied hash %q, want %q", c.d.Journal.State.AppliedHash, rec.ConfigHash)
+	}
+	if got := c.cluster.count(record.ReasonDrift); got != 0 {
+		t.Errorf("%d drift events for a changed definition, want 0", got)
+	}
+	// Checked again: nothing more to do.
+	records = len(c.cluster.records)
+	if oc := drift(); oc != outSuccess || len(c.cluster.records) != records {
+		t.Errorf("after the new definition: outcome %v, %d new records", oc, len(c.cluster.records)-records)
+	}
+	// A hand-made change on the GPUs: drift, not re-applied
+	// (--reapply-on-drift is off).
+	other := parseSpec(t, "version: v1\nmig-configs:\n  other:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"7g.141gb\": 1}\n")
+	if _, err := applyConfig(t, c.sim, other, "other", gpus.ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if oc := drift(); oc != outSuccess || c.cluster.count(record.ReasonDrift) != 1 || len(c.cluster.records) != records {
+		t.Errorf("hand-made change: outcome %v, drift events %d, %d new records", oc, c.cluster.count(record.ReasonDrift), len(c.cluster.records)-records)
+	}
+
+	// At start, a definition changed while the agent was away is acted on
+	// too, even where the GPUs happen to match (only the hash differs).
+	write("7g.141gb", 1) // GPU 1 holds this by hand; GPU 0 does not
+	c.restart(t, nvmlx.SimOptions{})
+	c.d.S.ConfigFile = file
+	if oc := c.pass(true, false); oc != outSuccess {
+		t.Fatalf("start pass: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	rec2 := wantSuccess(t, c, "mine")
+	if rec2.PreviousConfigHash != rec.ConfigHash || rec2.ConfigHash == rec.ConfigHash {
+		t.Errorf("start: hash %q previousConfigHash %q, want previous %q", rec2.ConfigHash, rec2.PreviousConfigHash, rec.ConfigHash)
+	}
+}
+
+// fakeCDI records its calls; fail makes the next ones fail.
+type fakeCDI struct {
+	calls int
+	fail  error
+}
+
+func (f *fakeCDI) Refresh(context.Context) (bool, error) {
+	f.calls++
+	return true, f.fail
+}
+
+// The CDI step runs once after a change that touched GPUs, not for a
+// config already applied; a failure is a named, retryable failure whose
+// retry runs the step again (the change stays journaled) and then succeeds.
+func TestCoreCDIAfterChange(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	f := &fakeCDI{}
+	c.d.CDI = f
+	c.applied(t, "all-1g.18gb")
+	if f.calls != 1 {
+		t.Fatalf("CDI refreshed %d times after a change, want 1", f.calls)
+	}
+	c.cluster.setLabel("all-1g.18gb")
+	c.d.Journal.State.Handled = ""
+	if oc := c.pass(false, false); oc != outSuccess || f.calls != 1 {
+		t.Fatalf("config already applied: outcome %v, CDI calls %d, want 1", oc, f.calls)
+	}
+	f.fail = errors.New("nvidia-ctk system create-device-nodes: exit status 1: permission denied")
+	c.cluster.setLabel("all-balanced")
+	if oc := c.pass(false, false); oc != outRetry {
+		t.Fatalf("outcome %v, want a retry", oc)
+	}
+	rec := c.cluster.last()
+	if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "refreshing CDI failed: nvidia-ctk system create-device-nodes") {
+		t.Fatalf("record %+v", rec)
+	}
+	if c.d.Journal.State.Change == nil {
+		t.Fatal("the change left the journal: its retry would not refresh CDI")
+	}
+	f.fail = nil
+	if oc := c.pass(false, true); oc != outSuccess {
+		t.Fatalf("retry: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	wantSuccess(t, c, "all-balanced")
+	if f.calls != 3 {
+		t.Errorf("CDI calls %d, want 3", f.calls)
+	}
+}
+
+// downGPU is a GPU whose NVML cannot be opened while down is set (the
+// driver unloaded).
+type downGPU struct {
+	nvmlx.GPU
+	down bool
+}
+
+func (g *downGPU) Begin() error {
+	if g.down {
+		return errors.New("NVML: Driver Not Loaded")
+	}
+	return g.GPU.Begin()
+}
+
+// /healthz (Live) fails once NVML has been unavailable for
+// --nvml-unavailable-restart, counted from the first failure, and passes
+// again once it opens; 0 never fails it.
+func TestCoreLiveAfterNVMLUnavailable(t *testing.T) {
+	c := newCore(t, "h200x1", nvmlx.SimOptions{}, "")
+	g := &downGPU{GPU: c.d.GPU, down: true}
+	c.d.GPU = g
+	c.d.S.NVMLUnavailableRestart = 5 * time.Minute
+	if err := c.d.Live(); err != nil {
+		t.Fatalf("Live before any failure: %v", err)
+	}
+	if c.d.openNVML() {
+		t.Fatal("NVML opened while down")
+	}
+	c.clock.Step(4 * time.Minute)
+	if c.d.openNVML() || c.d.Live() != nil {
+		t.Fatalf("Live after 4m down: %v, want nil", c.d.Live())
+	}
+	c.clock.Step(time.Minute)
+	err := c.d.Live()
+	if err == nil || !strings.Contains(err.Error(), "NVML has been unavailable for 5m0s") {
+		t.Fatalf("Live after 5m down = %v", err)
+	}
+	c.d.S.NVMLUnavailableRestart = 0
+	if err := c.d.Live(); err != nil {
+		t.Errorf("Live with the setting off: %v", err)
+	}
+	c.d.S.NVMLUnavailableRestart = 5 * time.Minute
+	g.down = false
+	if !c.d.openNVML() {
+		t.Fatal("NVML did not open")
+	}
+	c.d.GPU.End()
+	if err := c.d.Live(); err != nil {
+		t.Errorf("Live once NVML is back: %v", err)
+	}
+	// A new outage counts from its own start.
+	g.down = true
+	c.d.openNVML()
+	c.clock.Step(time.Minute)
+	if err := c.d.Live(); err != nil {
+		t.Errorf("Live 1m into a new outage: %v", err)
+	}
+}
+
+// fakeUnits plays systemd for host GPU client units: stopping a unit ends
+// its process on the simulated GPU (as stopping nvidia-dcgm ends
+// nv-hostengine).
+type fakeUnits struct {
+	sim            *nvmlx.Sim
+	pid            map[string]uint32 // unit → its process, on GPU 0
+	stopped, start []string
+}
+
+func (f *fakeUnits) StopActive(_ context.Context, names []string) ([]string, error) {
+	for _, n := range names {
+		if pid, ok := f.pid[n]; ok {
+			if err := f.sim.RemoveProcess(0, pid); err != nil {
+				return f.stopped, err
+			}
+			f.stopped = append(f.stopped, n)
+		}
+	}
+	return f.stopped, nil
+}
+
+func (f *fakeUnits) Start(_ context.Context, names []string) error {
+	f.start = append(f.start, names...)
+	return nil
+}
+
+// Host GPU clients are stopped for a change without a mode change too
+// where their processes block it, and started again after; without them
+// the failure says what to do.
+func TestCoreHostClientsStoppedForBlockingProcesses(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c.applied(t, "all-balanced")
+	n, err := gpus.Discover(c.sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(n.Instances[0], func(gi nvmlx.GPUInstance) bool { return gi.Profile != "1g.18gb" })
+	gi := n.Instances[0][i]
+	engine := nvmlx.Process{PID: 777, GIID: gi.ID, CIID: gi.ComputeInstances[0].ID, Name: "nv-hostengine"}
+	if err := c.sim.AddProcess(0, engine); err != nil {
+		t.Fatal(err)
+	}
+	// No host clients configured: a failure that names the holder and
+	// what to do.
+	c.cluster.setLabel("all-1g.18gb")
+	if oc := c.pass(false, false); oc != outRetry {
+		t.Fatalf("outcome %v, want a retry", oc)
+	}
+	if r := c.cluster.last().Reason; !strings.Contains(r, "pid 777 (nv-hostengine)") || !strings.Contains(r, "--host-gpu-clients") {
+		t.Fatalf("reason %q", r)
+	}
+	units := &fakeUnits{sim: c.sim, pid: map[string]uint32{"nvidia-dcgm.service": 777}}
+	c.d.Units, c.d.S.HostGPUClients = units, []string{"nvidia-dcgm.service"}
+	if oc := c.pass(false, true); oc != outSuccess {
+		t.Fatalf("with host clients: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	wantSuccess(t, c, "all-1g.18gb")
+	if !slices.Equal(units.stopped, []string{"nvidia-dcgm.service"}) || !slices.Equal(units.start, []string{"nvidia-dcgm.service"}) {
+		t.Errorf("stopped %v, started %v", units.stopped, units.start)
 	}
 }

@@ -30,6 +30,7 @@ type Daemon struct {
 	Disrupt Disruptor // nil in standalone mode
 	Reboot  Rebooter
 	Units   HostUnits // nil when no host GPU clients are configured
+	CDI     CDI       // nil: no CDI step
 	Notify  Notifier
 	Metrics Metrics
 	Journal *journal.Journal
@@ -52,7 +53,9 @@ type Daemon struct {
 	ready    atomic.Bool
 	nvmlDown atomic.Bool // the last attempt to open NVML failed
 	nvmlFail int         // consecutive failures to open NVML
-	drifted  bool
+	// nvmlDownSince: when NVML became unavailable (UnixNano; 0 while up).
+	nvmlDownSince atomic.Int64
+	drifted       bool
 	// stateDecided: migagent_state shows a state (showState); before, all 0.
 	stateDecided bool
 	// published is the generated config text last written to the ConfigMap.
@@ -102,6 +105,31 @@ func (d *Daemon) Ready() error {
 	return d.degraded()
 }
 
+// markNVMLDown notes NVML unavailable, and since when.
+func (d *Daemon) markNVMLDown() {
+	d.nvmlDown.Store(true)
+	d.nvmlDownSince.CompareAndSwap(0, d.Clock.Now().UnixNano())
+}
+
+// Live is the liveness of /healthz: an error once NVML has been
+// unavailable for --nvml-unavailable-restart (0: never). The container
+// restarted then gets the driver's library again: the NVIDIA container
+// runtime injects it when a container is created, so a container created
+// while the driver was away (a driver reload by the GPU Operator) never
+// sees it, however long it waits (cf. gpu-operator issue 2854 for DCGM).
+func (d *Daemon) Live() error {
+	since := d.nvmlDownSince.Load()
+	if d.S == nil || d.S.NVMLUnavailableRestart <= 0 || since == 0 {
+		return nil
+	}
+	down := d.Clock.Since(time.Unix(0, since))
+	if down < d.S.NVMLUnavailableRestart {
+		return nil
+	}
+	return fmt.Errorf("NVML has been unavailable for %s (--nvml-unavailable-restart %s): restart the agent so that its container gets the driver's library again",
+		down.Round(time.Second), d.S.NVMLUnavailableRestart)
+}
+
 // openNVML opens an NVML session for one pass (End closes it: an idle
 // agent holds none, so a driver upgrade can unload the module). When NVML
 // cannot be opened (no driver yet, the module unloaded) the agent is not
@@ -109,6 +137,7 @@ func (d *Daemon) Ready() error {
 func (d *Daemon) openNVML() bool {
 	err := d.GPU.Begin()
 	if err == nil {
+		d.nvmlDownSince.Store(0)
 		if d.nvmlDown.Swap(false) {
 			d.Log.Info("NVML is open again", "after", d.nvmlFail)
 		}
@@ -117,7 +146,7 @@ func (d *Daemon) openNVML() bool {
 		return true
 	}
 	d.nvmlFail++
-	d.nvmlDown.Store(true)
+	d.markNVMLDown()
 	d.Metrics.SetNVMLUp(false)
 	if d.nvmlFail == 1 {
 		d.Log.Error("NVML cannot be opened; not ready, retrying with backoff", "err", err)
@@ -132,7 +161,7 @@ func (d *Daemon) openNVML() bool {
 // reset): not ready and migagent_nvml_up 0 until a Begin succeeds again.
 func (d *Daemon) nvmlLost(err error) {
 	d.nvmlFail = max(d.nvmlFail, 1)
-	d.nvmlDown.Store(true)
+	d.markNVMLDown()
 	d.Metrics.SetNVMLUp(false)
 	d.Log.Error("NVML is not back after a GPU reset; not ready, opening it again with backoff", "err", err)
 	_ = d.notify().Status("NVML not back after a GPU reset: %v", err)
@@ -245,7 +274,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *Node, start, retry bool, v
 				v, _ = d.look(n, desired)
 			}
 		}
-		if v != nil && !gpus.PlanChanges(v.plan) {
+		if v != nil && !gpus.PlanChanges(v.plan) && !d.redefined(v) {
 			return outSuccess
 		}
 	case !retry && j.Waiting(desired, d.Clock.Now()):

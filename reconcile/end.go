@@ -105,7 +105,7 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 	}
 	if ch != nil {
 		rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
-		rec.ConfigHash, rec.ConfigSource = ch.Hash, ch.Source
+		rec.ConfigHash, rec.ConfigSource, rec.PreviousConfigHash = ch.Hash, ch.Source, ch.PreviousHash
 		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
 		rec.Reboot = d.rebooted(ch) || result == record.StateRebooting
 		rec.AffectedBy, rec.DisruptedAt = ch.AffectedBy, ch.DisruptedAt

@@ -183,6 +183,13 @@ type Rebooter interface {
 	Reboot(ctx context.Context, reason string) error
 }
 
+// CDI refreshes what containers get of the GPUs through the Container
+// Device Interface after a change (package cdi); done is false where CDI
+// is not in use on the node (nothing was run). The error names the step.
+type CDI interface {
+	Refresh(ctx context.Context) (done bool, err error)
+}
+
 // HostUnits stops and starts the host's GPU client services.
 type HostUnits interface {
 	StopActive(ctx context.Context, names []string) (stopped []string, err error)

@@ -197,6 +197,13 @@ func (d *Daemon) publish(ctx context.Context, n *gpus.Inventory) {
 	d.published = string(cfg)
 }
 
+// redefined reports whether v plans the applied config with a definition
+// other than the one applied (its hash differs from the journal's).
+func (d *Daemon) redefined(v *view) bool {
+	j := d.Journal.State
+	return v != nil && v.config == j.Applied && j.AppliedHash != "" && v.plan.Hash != j.AppliedHash
+}
+
 // checkDrift compares the GPUs with the applied config and, with
 // --reapply-on-drift, re-applies it once the Node was seen; it returns that
 // attempt's outcome (outSuccess when there was nothing to do), for the
@@ -218,6 +225,18 @@ func (d *Daemon) checkDrift(ctx context.Context, node *Node, seen bool) outcome 
 		return outSuccess
 	}
 	plan := v.plan
+	if d.redefined(v) {
+		// The config file now defines the applied config otherwise: a new
+		// request, whatever --reapply-on-drift says (that is for changes
+		// made on the GPUs by hand).
+		d.Log.Info("the applied config's definition changed; applying it as a new request",
+			"config", j.Applied, "previousHash", j.AppliedHash, "hash", plan.Hash)
+		d.Journal.State.Handled = ""
+		if seen {
+			return d.reconcile(ctx, node, false, true, v)
+		}
+		return outSuccess
+	}
 	drift := gpus.PlanChanges(plan)
 	d.Metrics.SetDrift(drift)
 	if drift && !d.drifted {

@@ -39,19 +39,38 @@ type Settings struct {
 	PauseGPUOperator    bool
 	RestartDevicePlugin bool
 	HostGPUClients      []string
-	Taint               bool
-	EvictUnmanagedPods  bool
-	PodResourcesSocket  string
+	// GPUClientSelector: a label selector of pods on the node that use the
+	// GPUs without requesting a GPU resource (monitoring agents, sidecars):
+	// they are evicted with the pods a change affects.
+	GPUClientSelector  string
+	Taint              bool
+	EvictUnmanagedPods bool
+	PodResourcesSocket string
 
 	RebootMethod  string
 	DBusAddress   string
 	MaxConcurrent int
-	LeaseDuration time.Duration
+	// MaxConcurrentPercent: --max-concurrent P%, of the agents' pool.
+	MaxConcurrentPercent int
+	LeaseDuration        time.Duration
 
-	DriftInterval        time.Duration
-	ReapplyOnDrift       bool
-	RetryBackoffMax      time.Duration
-	AllowOtherMigManager bool
+	// NVMLUnavailableRestart: after NVML has been unavailable this long,
+	// /healthz fails (0: never).
+	NVMLUnavailableRestart time.Duration
+	DriftInterval          time.Duration
+	ReapplyOnDrift         bool
+	RetryBackoffMax        time.Duration
+	AllowOtherMigManager   bool
+
+	// CDI after a change (package cdi): auto, on or off; where the specs
+	// are; the driver root on the host and where the agent sees it; where
+	// nvidia-ctk is looked for first; the host path of nvidia-cdi-hook.
+	CDI             string
+	CDISpecDir      string
+	DriverRoot      string
+	DriverRootMount string
+	ToolkitDirs     []string
+	CDIHookPath     string
 }
 
 // Reboot methods (docs/reference.md#disruption-and-reboot).
@@ -94,6 +113,7 @@ func (s *Settings) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"--drain-timeout": s.DrainTimeout, "--resource-wait-timeout": s.ResourceWaitTimeout,
 		"--drift-interval": s.DriftInterval, "--eviction-retry-delay": s.EvictionRetryDelay,
+		"--nvml-unavailable-restart": s.NVMLUnavailableRestart,
 	} {
 		if d < 0 {
 			add("%s must not be negative", name)
@@ -101,6 +121,17 @@ func (s *Settings) Validate() error {
 	}
 	if s.MaxConcurrent < 0 {
 		add("--max-concurrent must not be negative")
+	}
+	if s.MaxConcurrentPercent < 0 || s.MaxConcurrentPercent > 100 {
+		add("--max-concurrent must be a percentage from 1%% to 100%%, not %d%%", s.MaxConcurrentPercent)
+	}
+	switch s.CDI {
+	case "", "auto", "on", "off":
+	default:
+		add("--cdi must be auto, on or off, not %q", s.CDI)
+	}
+	if s.DriverRoot != "" && !strings.HasPrefix(s.DriverRoot, "/") {
+		add("--driver-root must be an absolute path, not %q", s.DriverRoot)
 	}
 	if s.Standalone {
 		if s.SelectedConfig == "" {

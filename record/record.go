@@ -75,6 +75,10 @@ type ChangeRecord struct {
 	AgentVersion  string     `json:"agentVersion"`
 	DriverVersion string     `json:"driverVersion"`
 	ConfigHash    string     `json:"configHash"`
+	// PreviousConfigHash is the configHash applied before the change; with
+	// config equal to previousConfig, it tells a changed definition of the
+	// same config (a new request) apart.
+	PreviousConfigHash string `json:"previousConfigHash,omitempty"`
 	// ConfigSource is "generated", or the config file and its digest:
 	// "/etc/mig-agent/config.yaml@sha256:<hex>".
 	ConfigSource string `json:"configSource"`

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/migagent/mig-agent/cdi"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/journal"
@@ -100,7 +101,7 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		if err != nil {
 			return fmt.Errorf("metrics address: %w", err)
 		}
-		srv = metrics.NewServer(s.MetricsAddress, m, d.Ready)
+		srv = metrics.NewServer(s.MetricsAddress, m, d.Ready, d.Live)
 		go func() {
 			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics server failed", "address", s.MetricsAddress, "err", err)
@@ -143,7 +144,8 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 	case reconcile.RebootNone:
 		d.Reboot = noReboot{}
 	}
-	if s.RebootMethod == reconcile.RebootLogind || len(s.HostGPUClients) > 0 {
+	var cdiUnits cdi.UnitStarter // standalone: the host's nvidia-cdi-refresh.service
+	if s.RebootMethod == reconcile.RebootLogind || len(s.HostGPUClients) > 0 || s.Standalone && newCDI(s, log, nil) != nil {
 		conn, err := systemd.ConnectSystemBus(s.DBusAddress)
 		if err != nil {
 			log.Warn("D-Bus unavailable: logind reboots and host GPU client control will fail", "err", err)
@@ -159,8 +161,12 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 			if len(s.HostGPUClients) > 0 {
 				d.Units = systemd.NewUnits(conn, log)
 			}
+			if s.Standalone {
+				cdiUnits = systemd.NewUnits(conn, log)
+			}
 		}
 	}
+	d.CDI = newCDI(s, log, cdiUnits)
 
 	var client kclient.Interface // nil standalone
 	if !s.Standalone {
@@ -185,8 +191,8 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		// as JSON into unstructured objects (no operator types in the agent).
 		d.Others = &kube.Others{Client: client, Policies: kube.RESTClusterPolicies(client), Node: s.NodeName,
 			Read: cluster.CachedNode}
-		if s.MaxConcurrent > 0 {
-			slots := &kube.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent,
+		if s.MaxConcurrent > 0 || s.MaxConcurrentPercent > 0 {
+			slots := &kube.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent, Percent: s.MaxConcurrentPercent,
 				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
 			d.Slots = slots
 		}
@@ -278,4 +284,18 @@ type failingRebooter struct{ err error }
 
 func (f failingRebooter) Reboot(context.Context, string) error {
 	return fmt.Errorf("cannot reach logind over D-Bus: %w", f.err)
+}
+
+// newCDI is the CDI step of the daemon (nil: none). On simulated GPUs it
+// runs only when asked for (--cdi=on): the host's CDI is not theirs.
+func newCDI(s *reconcile.Settings, log *slog.Logger, units cdi.UnitStarter) reconcile.CDI {
+	if s.CDI == cdi.ModeOff || strings.HasPrefix(s.NVML, "sim:") && s.CDI != cdi.ModeOn {
+		return nil
+	}
+	mode := s.CDI
+	if mode == "" {
+		mode = cdi.ModeAuto
+	}
+	return &cdi.Refresher{Log: log, Mode: mode, SpecDir: s.CDISpecDir, DriverRoot: s.DriverRoot,
+		DriverRootMount: s.DriverRootMount, ToolkitDirs: s.ToolkitDirs, HookPath: s.CDIHookPath, Units: units}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
 	"github.com/migagent/mig-agent/gpus"
@@ -57,17 +58,26 @@ var runSettings = []setting{
 	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin and GPU Feature Discovery pods so they see the new MIG devices", func(s *reconcile.Settings) any { return &s.RestartDevicePlugin }},
 	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *reconcile.Settings) any { return &s.PauseGPUOperator }},
 	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *reconcile.Settings) any { return &s.HostGPUClients }},
+	{"gpu-client-selector", "", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects", func(s *reconcile.Settings) any { return &s.GPUClientSelector }},
 	{"taint", "", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change", func(s *reconcile.Settings) any { return &s.Taint }},
 	{"evict-unmanaged-pods", "", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)", func(s *reconcile.Settings) any { return &s.EvictUnmanagedPods }},
 	{"pod-resources-socket", "", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket", func(s *reconcile.Settings) any { return &s.PodResourcesSocket }},
 	{"reboot-method", "", "logind", "logind, systemctl, none or sim", func(s *reconcile.Settings) any { return &s.RebootMethod }},
 	{"dbus-address", "", "", "D-Bus address for logind and systemd (default the system bus)", func(s *reconcile.Settings) any { return &s.DBusAddress }},
-	{"max-concurrent", "", 0, "at most N nodes of the cluster disrupted at once (Lease slots; 0 = no limit)", func(s *reconcile.Settings) any { return &s.MaxConcurrent }},
+	// A count or a percentage: parsed by loadSettings itself (field nil).
+	{"max-concurrent", "", "0", "at most N nodes of the cluster disrupted at once, or P% of the nodes running the agent (rounded down, at least 1) (Lease slots; 0 = no limit)", func(*reconcile.Settings) any { return nil }},
 	{"lease-duration", "", 60 * time.Second, "duration of a rollout slot Lease; a crashed holder's slot expires after it", func(s *reconcile.Settings) any { return &s.LeaseDuration }},
 	{"drift-interval", "", time.Minute, "how often the GPUs are compared with the applied config (0 turns it off)", func(s *reconcile.Settings) any { return &s.DriftInterval }},
 	{"reapply-on-drift", "", false, "re-apply the config when the GPUs drift from it", func(s *reconcile.Settings) any { return &s.ReapplyOnDrift }},
+	{"nvml-unavailable-restart", "", 5 * time.Minute, "after NVML has been unavailable this long, /healthz fails so that the container is restarted and gets the driver's library again (0: never)", func(s *reconcile.Settings) any { return &s.NVMLUnavailableRestart }},
 	{"retry-backoff-max", "", 5 * time.Minute, "longest wait between retries of a failed change", func(s *reconcile.Settings) any { return &s.RetryBackoffMax }},
 	{"allow-other-mig-manager", "", false, "act even where another MIG manager is detected (with a warning)", func(s *reconcile.Settings) any { return &s.AllowOtherMigManager }},
+	{"cdi", "", "auto", "refresh CDI after a change: auto (where the CDI spec directory holds an NVIDIA spec, or standalone where the host has nvidia-cdi-refresh.service), on or off", func(s *reconcile.Settings) any { return &s.CDI }},
+	{"cdi-spec-dir", "", "/var/run/cdi", "the CDI spec directory the management spec is written to", func(s *reconcile.Settings) any { return &s.CDISpecDir }},
+	{"driver-root", "", "/", "the NVIDIA driver root on the host (/run/nvidia/driver for the GPU Operator's driver container)", func(s *reconcile.Settings) any { return &s.DriverRoot }},
+	{"driver-root-mount", "", "", "where the agent sees --driver-root (default: the same path)", func(s *reconcile.Settings) any { return &s.DriverRootMount }},
+	{"toolkit-dir", "", []string{"/usr/local/nvidia/toolkit"}, "directories nvidia-ctk is looked for in first (then the driver root's bin directories, then PATH)", func(s *reconcile.Settings) any { return &s.ToolkitDirs }},
+	{"cdi-hook-path", "", "", "host path of nvidia-cdi-hook written into the management spec (default: nvidia-ctk's)", func(s *reconcile.Settings) any { return &s.CDIHookPath }},
 }
 
 // addFlags declares the flags of settings on fs.
@@ -258,6 +268,19 @@ func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
 		}
 	}
 	if cmd.Flags().Lookup("state-dir") != nil {
+		if _, err := labels.Parse(s.GPUClientSelector); err != nil {
+			errs = append(errs, fmt.Sprintf("gpu-client-selector: %v", err))
+		}
+		// --max-concurrent is a count or a percentage of the pool.
+		if raw := strings.TrimSpace(fmt.Sprint(v.Get("max-concurrent"))); strings.HasSuffix(raw, "%") {
+			var p int
+			if _, err := fmt.Sscan(strings.TrimSuffix(raw, "%"), &p); err != nil || fmt.Sprint(p)+"%" != raw {
+				errs = append(errs, fmt.Sprintf("max-concurrent: %q is not an integer or a percentage", raw))
+			}
+			s.MaxConcurrentPercent = p
+		} else {
+			s.MaxConcurrent = integer("max-concurrent")
+		}
 		if s.NodeName == "" {
 			s.NodeName = os.Getenv("NODE_NAME")
 		}

@@ -73,6 +73,7 @@ type DevicePlugin struct {
 	ns       string
 	strategy string
 	read     func() ([]PluginGPU, error)
+	cfg      PluginConfig
 
 	mu      sync.Mutex
 	running string // UID of the pod whose plugin runs, "" none
@@ -91,8 +92,19 @@ type DevicePlugin struct {
 // strategy is the plugin's MIG strategy (none, single, mixed).
 func StartDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, strategy string, read func() ([]PluginGPU, error)) *DevicePlugin {
 	t.Helper()
+	return StartSharingDevicePlugin(t, client, node, ns, strategy, PluginConfig{}, read)
+}
+
+// StartSharingDevicePlugin is StartDevicePlugin for a plugin run with a
+// config: its pod gets the config-manager container and the ConfigMap
+// volume as the GPU Operator deploys them (CONFIG_FILE_SRCDIR
+// /available-configs, DEFAULT_CONFIG, FALLBACK_STRATEGIES=empty), and the
+// plugin, when it starts, shares its devices as that config says
+// (sharingOf).
+func StartSharingDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, strategy string, cfg PluginConfig, read func() ([]PluginGPU, error)) *DevicePlugin {
+	t.Helper()
 	ctx := context.Background()
-	p := &DevicePlugin{t: t, client: client, node: node, ns: ns, strategy: strategy, read: read,
+	p := &DevicePlugin{t: t, client: client, node: node, ns: ns, strategy: strategy, read: read, cfg: cfg,
 		capacity: map[string]int64{}, healthy: map[string]int64{}}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -150,6 +162,9 @@ func StartDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, stra
 				},
 			},
 		},
+	}
+	if cfg.ConfigMap != "" {
+		configManagerSpec(&ds.Spec.Template.Spec, cfg)
 	}
 	if _, err := client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("StartDevicePlugin: create DaemonSet: %v", err)
@@ -326,6 +341,16 @@ func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
 		return
 	}
 	adv := advertise(p.strategy, gpus)
+	if p.cfg.ConfigMap != "" {
+		shared, err := p.sharingOf(ctx)
+		if err != nil {
+			// The plugin exits on a config it cannot parse; the pod
+			// stays pending here (it crash-loops in a real cluster).
+			p.t.Logf("device plugin %s: config: %v", p.node, err)
+			return
+		}
+		adv = shared.apply(adv)
+	}
 	p.mu.Lock()
 	p.running = string(pod.UID)
 	p.starts++

@@ -49,20 +49,44 @@ The settings file: the chart's typed values under their flag names, and
   "node-name" "the downward API" "namespace" "the release namespace"
   "metrics-address" "metrics.port" "state-dir" "hostPaths.stateDir"
   "pod-resources-socket" "hostPaths.podResources" "settings" "the chart"
-  "nvml-library" "driver.root" }}
+  "nvml-library" "driver.root" "driver-root" "cdi.driverRoot" "driver-root-mount" "cdi.driverRoot"
+  "cdi-spec-dir" "cdi.enabled" "toolkit-dir" "cdi.toolkitDir" }}
+{{- /* The GPU Operator's value names (ClusterPolicy spec.migManager), each
+  mapped one to one; docs/install.md has the table. */}}
+{{- $mm := default dict .Values.migManager }}
+{{- with (default dict $mm.gpuClientsConfig).name }}
+{{- fail (printf "migManager.gpuClientsConfig.name (%s): the agent does not read a clients.yaml ConfigMap; list its systemd-services under settings.host-gpu-clients instead" .) }}
+{{- end }}
 {{- range $k, $v := .Values.settings }}
 {{- if hasKey $owned $k }}
 {{- fail (printf "settings.%s: set by the chart from %s; set that instead" $k (get $owned $k)) }}
 {{- end }}
 {{- end }}
+{{- $mc := .Values.maxConcurrent }}
+{{- if kindIs "string" $mc }}
+{{- if not (regexMatch "^([0-9]+|([1-9][0-9]?|100)%)$" $mc) }}
+{{- fail (printf "maxConcurrent: %q is neither a count nor a percentage from 1%% to 100%%" $mc) }}
+{{- end }}
+{{- else }}
+{{- $mc = int $mc }}
+{{- end }}
+{{- $mmc := default dict $mm.config }}
 {{- $s := dict
-  "max-concurrent" (int .Values.maxConcurrent)
+  "max-concurrent" $mc
   "pause-gpu-operator" .Values.pauseGpuOperator
-  "default-config" .Values.defaultConfig
+  "default-config" (ternary $mmc.default .Values.defaultConfig (hasKey $mmc "default"))
   "reboot-method" .Values.rebootMethod }}
+{{- if .Values.cdi.enabled }}
+{{- $_ := set $s "cdi-spec-dir" "/var/run/cdi" }}
+{{- $_ := set $s "toolkit-dir" (list .Values.cdi.toolkitDir) }}
+{{- if .Values.cdi.driverRoot }}
+{{- $_ := set $s "driver-root" .Values.cdi.driverRoot }}
+{{- $_ := set $s "driver-root-mount" "/cdi-driver-root" }}
+{{- end }}
+{{- end }}
 {{- if .Values.migConfig }}
 {{- $_ := set $s "config-file" "/etc/mig-agent/config.yaml" }}
-{{- else if .Values.migConfigMap.name }}
+{{- else if or .Values.migConfigMap.name $mmc.name }}
 {{- $_ := set $s "config-file" "/mig-parted-config/config.yaml" }}
 {{- end }}
 {{- if .Values.driver.root }}
@@ -160,4 +184,17 @@ rendered: requesterPolicy.enabled on Kubernetes 1.36 or later
 {{- if and .Values.admissionPolicy.enabled (semverCompare "<1.30.0-0" .Capabilities.KubeVersion.Version) }}
 {{- fail (printf "admissionPolicy.enabled needs Kubernetes 1.30 or later (ValidatingAdmissionPolicy v1 and the node-name token claim), this cluster is %s: set admissionPolicy.enabled=false (docs/install.md, \"Without the policy\")" .Capabilities.KubeVersion.Version) }}
 {{- end }}
+{{- end }}
+
+{{/*
+The ConfigMap holding the MIG config file: migConfigMap.name, else the GPU
+Operator's name for it, migManager.config.name (key config.yaml in both).
+*/}}
+{{- define "mig-agent.migConfigMapName" -}}
+{{- $mmc := default dict (default dict .Values.migManager).config -}}
+{{- if .Values.migConfigMap.name -}}
+{{- .Values.migConfigMap.name -}}
+{{- else if $mmc.name -}}
+{{- $mmc.name -}}
+{{- end -}}
 {{- end }}

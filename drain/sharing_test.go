@@ -1,0 +1,218 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func list(kv map[string]int64) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for k, v := range kv {
+		out[corev1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
+	}
+	return out
+}
+
+const timeSlicing4 = `version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: mig-1g.18gb
+      replicas: 4
+    - name: nvidia.com/gpu
+      replicas: 2
+`
+
+func TestParseSharing(t *testing.T) {
+	got, err := ParseSharing([]byte(timeSlicing4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[corev1.ResourceName]Replicated{
+		"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb"},
+		"nvidia.com/gpu":         {Replicas: 2, As: "nvidia.com/gpu"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseSharing = %v, want %v", got, want)
+	}
+	// renameByDefault, and "rename" ignored as the plugin does; MPS wins
+	// over time-slicing when set.
+	got, err = ParseSharing([]byte(`{"version":"v1","sharing":{"timeSlicing":{"resources":[{"name":"nvidia.com/gpu","replicas":9}]},
+"mps":{"renameByDefault":true,"resources":[{"name":"nvidia.com/gpu","replicas":3,"rename":"other"}]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Replicated{Replicas: 3, As: "nvidia.com/gpu.shared"}); got["nvidia.com/gpu"] != want || len(got) != 1 {
+		t.Errorf("ParseSharing(mps, renameByDefault) = %v", got)
+	}
+	// No sharing section: nothing shared.
+	if got, err := ParseSharing([]byte("version: v1\nflags:\n  migStrategy: mixed\n")); err != nil || len(got) != 0 {
+		t.Errorf("ParseSharing(no sharing) = %v, %v", got, err)
+	}
+	for name, bad := range map[string]string{
+		"one replica":  "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 1\n",
+		"no replicas":  "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n",
+		"no resources": "sharing:\n  timeSlicing:\n    renameByDefault: true\n",
+		"no name":      "sharing:\n  timeSlicing:\n    resources:\n    - replicas: 2\n",
+		"not yaml":     "sharing: [",
+	} {
+		if _, err := ParseSharing([]byte(bad)); err == nil {
+			t.Errorf("ParseSharing(%s) accepted it", name)
+		}
+	}
+}
+
+func TestMatchSharedKnown(t *testing.T) {
+	want := map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 7}
+	replicas := &Sharing{Resources: map[corev1.ResourceName]Replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb"}}}
+	renamed := &Sharing{Resources: map[corev1.ResourceName]Replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb.shared"}}}
+	for _, tc := range []struct {
+		name    string
+		sharing *Sharing
+		have    map[string]int64
+		miss    string // "" is a match
+	}{
+		{"replicas", replicas, map[string]int64{"nvidia.com/mig-1g.18gb": 28, "nvidia.com/gpu": 0}, ""},
+		{"replicas, plain count", replicas, map[string]int64{"nvidia.com/mig-1g.18gb": 7}, "nvidia.com/mig-1g.18gb: have 7, want 28"},
+		{"replicas, another multiple", replicas, map[string]int64{"nvidia.com/mig-1g.18gb": 14}, "have 14, want 28"},
+		{"renamed", renamed, map[string]int64{"nvidia.com/mig-1g.18gb.shared": 28, "nvidia.com/mig-1g.18gb": 0}, ""},
+		{"renamed, old name left", renamed, map[string]int64{"nvidia.com/mig-1g.18gb.shared": 28, "nvidia.com/mig-1g.18gb": 7}, "nvidia.com/mig-1g.18gb: have 7, want 0"},
+		{"none, plain", NoSharing, map[string]int64{"nvidia.com/mig-1g.18gb": 7}, ""},
+		{"none, shared leftover", NoSharing, map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/gpu.shared": 2}, "nvidia.com/gpu.shared: have 2, want 0"},
+	} {
+		got := strings.Join(MatchShared(list(tc.have), want, tc.sharing), "; ")
+		if (tc.miss == "") != (got == "") || !strings.Contains(got, tc.miss) {
+			t.Errorf("%s: MatchShared = %q, want %q", tc.name, got, tc.miss)
+		}
+	}
+}
+
+func TestMatchSharedDocumentedForms(t *testing.T) {
+	want := map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/mig-2g.35gb": 2}
+	for _, tc := range []struct {
+		name string
+		have map[string]int64
+		miss string
+	}{
+		{"plain counts", map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/mig-2g.35gb": 2}, ""},
+		{"replicas per resource", map[string]int64{"nvidia.com/mig-1g.18gb": 28, "nvidia.com/mig-2g.35gb": 2}, ""},
+		{"renamed", map[string]int64{"nvidia.com/mig-1g.18gb.shared": 28, "nvidia.com/mig-2g.35gb.shared": 6}, ""},
+		{"not a multiple", map[string]int64{"nvidia.com/mig-1g.18gb": 30, "nvidia.com/mig-2g.35gb": 2}, "nvidia.com/mig-1g.18gb: have 30, want 7 or a whole multiple"},
+		{"renamed, not a multiple", map[string]int64{"nvidia.com/mig-1g.18gb.shared": 27, "nvidia.com/mig-2g.35gb": 2}, "nvidia.com/mig-1g.18gb.shared: have 27"},
+		{"both names", map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/mig-1g.18gb.shared": 28, "nvidia.com/mig-2g.35gb": 2}, "want only one of them"},
+		{"missing", map[string]int64{"nvidia.com/mig-2g.35gb": 2}, "nvidia.com/mig-1g.18gb: have 0, want 7"},
+		{"a resource too many", map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/mig-2g.35gb": 2, "nvidia.com/mig-3g.71gb": 1}, "nvidia.com/mig-3g.71gb: have 1, want 0"},
+		{"a shared resource too many", map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/mig-2g.35gb": 2, "nvidia.com/gpu.shared": 4}, "nvidia.com/gpu.shared: have 4, want 0"},
+		{"another vendor", map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/mig-2g.35gb": 2, "example.com/fpga": 3}, ""},
+	} {
+		got := strings.Join(MatchShared(list(tc.have), want, nil), "; ")
+		if (tc.miss == "") != (got == "") || !strings.Contains(got, tc.miss) {
+			t.Errorf("%s: MatchShared = %q, want %q", tc.name, got, tc.miss)
+		}
+	}
+}
+
+// pluginPod is a device plugin pod as the GPU Operator deploys it
+// (assets/state-device-plugin/0500_daemonset.yaml).
+func pluginPod(node, cm, defaultConfig, fallbacks string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "gpu-operator", Name: "nvidia-device-plugin-daemonset-x", Labels: map[string]string{"app": "nvidia-device-plugin-daemonset"}},
+		Spec: corev1.PodSpec{
+			NodeName: node,
+			Containers: []corev1.Container{
+				{Name: "nvidia-device-plugin", Env: []corev1.EnvVar{{Name: "CONFIG_FILE", Value: "/config/config.yaml"}}},
+				{Name: "config-manager", Env: []corev1.EnvVar{
+					{Name: "CONFIG_FILE_SRCDIR", Value: "/available-configs"}, {Name: "DEFAULT_CONFIG", Value: defaultConfig},
+					{Name: "FALLBACK_STRATEGIES", Value: fallbacks},
+				}, VolumeMounts: []corev1.VolumeMount{{Name: "available-configs", MountPath: "/available-configs"}}},
+			},
+			Volumes: []corev1.Volume{{Name: "available-configs", VolumeSource: corev1.VolumeSource{
+				ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm}}}}},
+		},
+	}
+}
+
+func TestReadSharing(t *testing.T) {
+	ctx := context.Background()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "gpu-operator", Name: "plugin-config"},
+		Data: map[string]string{"ts4": timeSlicing4, "plain": "version: v1\n"}}
+	node := func(label string) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+		if label != "" {
+			n.Labels = map[string]string{DevicePluginConfigLabel: label}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name            string
+		label, def, fbs string
+		source          string // "" unknown
+		replicas        int64
+	}{
+		{name: "label", label: "ts4", source: `key "ts4"`, replicas: 4},
+		{name: "default", def: "ts4", source: `key "ts4"`, replicas: 4},
+		{name: "label over default", label: "plain", def: "ts4", source: `key "plain"`},
+		{name: "missing key keeps the old config", label: "gone", def: "ts4"},
+		{name: "empty fallback", fbs: "named,empty", source: "empty config"},
+		{name: "no fallback", fbs: "named,single"},
+	} {
+		c := fake.NewClientset(node(tc.label), cm, pluginPod("n1", "plugin-config", tc.def, tc.fbs))
+		s, err := ReadSharing(ctx, clientset.Wrap(c), "n1")
+		if tc.source == "" {
+			if s != nil || !errors.Is(err, ErrSharingUnknown) {
+				t.Errorf("%s: ReadSharing = %v, %v, want unknown", tc.name, s, err)
+			}
+			continue
+		}
+		if err != nil || !strings.Contains(s.Source, tc.source) || s.Resources["nvidia.com/mig-1g.18gb"].Replicas != tc.replicas {
+			t.Errorf("%s: ReadSharing = %+v, %v", tc.name, s, err)
+		}
+	}
+	// A plugin without config-manager or config file shares nothing.
+	bare := pluginPod("n1", "x", "", "")
+	bare.Spec.Containers = bare.Spec.Containers[:1]
+	bare.Spec.Containers[0].Env = nil
+	if s, err := ReadSharing(ctx, clientset.Wrap(fake.NewClientset(node(""), bare)), "n1"); s != NoSharing || err != nil {
+		t.Errorf("ReadSharing(no config) = %v, %v, want NoSharing", s, err)
+	}
+	// Its own config file (on the host): unknown.
+	bare.Spec.Containers[0].Args = []string{"--config-file=/etc/plugin.yaml"}
+	if s, err := ReadSharing(ctx, clientset.Wrap(fake.NewClientset(node(""), bare)), "n1"); s != nil || !errors.Is(err, ErrSharingUnknown) {
+		t.Errorf("ReadSharing(host file) = %v, %v", s, err)
+	}
+	// No plugin pod; a ConfigMap it may not read (absent here): unknown.
+	if _, err := ReadSharing(ctx, clientset.Wrap(fake.NewClientset(node(""))), "n1"); !errors.Is(err, ErrNoPluginPod) {
+		t.Errorf("ReadSharing(no pod) err = %v", err)
+	}
+	if _, err := ReadSharing(ctx, clientset.Wrap(fake.NewClientset(node("ts4"), pluginPod("n1", "absent", "", ""))), "n1"); !errors.Is(err, ErrSharingUnknown) {
+		t.Errorf("ReadSharing(no ConfigMap) err = %v", err)
+	}
+}
+
+// WaitAdvertised converges on a replicated count the plain wait refuses.
+func TestWaitAdvertisedShared(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{
+		Allocatable: list(map[string]int64{"nvidia.com/mig-1g.18gb.shared": 28})}}
+	c := fake.NewClientset(n)
+	want := map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 7}
+	if ok, err := WaitAllocatable(context.Background(), clientset.Wrap(c), "n1", want, 0); ok || !errors.Is(err, ErrResourcesTimeout) {
+		t.Errorf("WaitAllocatable = %v, %v, want a timeout", ok, err)
+	}
+	if ok, err := WaitAdvertised(context.Background(), clientset.Wrap(c), "n1", want, nil, 0); !ok || err != nil {
+		t.Errorf("WaitAdvertised(documented forms) = %v, %v", ok, err)
+	}
+	renamed := &Sharing{Resources: map[corev1.ResourceName]Replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb.shared"}}}
+	if ok, err := WaitAdvertised(context.Background(), clientset.Wrap(c), "n1", want, renamed, time.Second); !ok || err != nil {
+		t.Errorf("WaitAdvertised(renamed) = %v, %v", ok, err)
+	}
+}

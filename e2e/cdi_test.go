@@ -1,0 +1,66 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/record"
+)
+
+// e2eFakeCTK is an nvidia-ctk that records its arguments and writes what
+// --output names, as the real one does.
+const e2eFakeCTK = `#!/bin/sh
+echo "nvidia-ctk $*" >> "$CDI_CALLS"
+for a in "$@"; do case "$a" in --output=*) echo "kind: management.nvidia.com/gpu" > "${a#--output=}" ;; esac; done
+`
+
+const e2eFakeSMI = `#!/bin/sh
+echo "nvidia-smi $*" >> "$CDI_CALLS"
+`
+
+// The real binary runs NVIDIA's CDI steps after a change that touched
+// GPUs (--cdi=on; the toolkit's nvidia-ctk found in --toolkit-dir), and
+// not for a config already applied.
+func TestCDIAfterChange(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, nil)
+	dir := t.TempDir()
+	calls, toolkit, bin, specs := filepath.Join(dir, "calls"), filepath.Join(dir, "toolkit"), filepath.Join(dir, "bin"), filepath.Join(dir, "cdi")
+	for path, body := range map[string]string{filepath.Join(toolkit, "nvidia-ctk"): e2eFakeCTK, filepath.Join(bin, "nvidia-smi"): e2eFakeSMI} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("CDI_CALLS", calls)
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
+	o.Extra = append(o.Extra, "--cdi", "on", "--toolkit-dir", toolkit, "--cdi-spec-dir", specs, "--driver-root", "/")
+	StartAgent(t, o)
+	SelectConfig(t, c, node, "all-1g.18gb")
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 60*time.Second)
+	raw, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	want := []string{"nvidia-smi", "nvidia-ctk system create-device-nodes --control-devices --dev-root=/", "nvidia-ctk cdi generate --mode=management"}
+	if len(lines) != len(want) {
+		t.Fatalf("calls:\n%s", raw)
+	}
+	for i := range want {
+		if !strings.HasPrefix(strings.TrimSpace(lines[i]), want[i]) {
+			t.Errorf("call %d = %q, want %q", i, lines[i], want[i])
+		}
+	}
+	if _, err := os.Stat(filepath.Join(specs, "management.nvidia.com-gpu.yaml")); err != nil {
+		t.Errorf("management spec: %v", err)
+	}
+}
