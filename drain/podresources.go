@@ -35,10 +35,14 @@ type PodDevices struct {
 	Containers []ContainerDevices
 }
 
-// ContainerDevices is one container's devices: resource name → device ids.
+// ContainerDevices is one container's devices: resource name → device ids
+// (device plugins), and the devices of its ResourceClaims (DRA).
 type ContainerDevices struct {
 	Name    string
 	Devices map[string][]string
+	// Claims are the devices of the container's ResourceClaims, from
+	// PodResources dynamic_resources (every driver).
+	Claims []ClaimDevice
 }
 
 // Key is "namespace/name".
@@ -109,10 +113,41 @@ func ListPodResources(ctx context.Context, socket string) ([]PodDevices, error) 
 			for _, d := range c.GetDevices() {
 				cd.Devices[d.GetResourceName()] = append(cd.Devices[d.GetResourceName()], d.GetDeviceIds()...)
 			}
+			cd.Claims = claimDevicesOf(c.GetDynamicResources())
 			pd.Containers = append(pd.Containers, cd)
 		}
 		out = append(out, pd)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
 	return out, nil
+}
+
+// claimDevicesOf reads PodResources dynamic_resources (ContainerResources
+// field 5: per claim, claim_resources with driver_name, pool_name,
+// device_name), as the kubelet fills it from what the DRA driver prepared
+// (kubernetes pkg/kubelet/cm/container_manager_linux.go GetDynamicResources).
+func claimDevicesOf(drs []*podresourcesv1.DynamicResource) []ClaimDevice {
+	var out []ClaimDevice
+	for _, dr := range drs {
+		for _, r := range dr.GetClaimResources() {
+			out = append(out, ClaimDevice{Driver: r.GetDriverName(), Pool: r.GetPoolName(), Device: r.GetDeviceName()})
+		}
+	}
+	return out
+}
+
+// NVIDIAClaimDevices returns the devices the pod holds through claims on
+// the NVIDIA DRA driver, without repeats, in order.
+func (p PodDevices) NVIDIAClaimDevices() []ClaimDevice {
+	seen := map[ClaimDevice]bool{}
+	var out []ClaimDevice
+	for _, c := range p.Containers {
+		for _, d := range c.Claims {
+			if d.Driver == NVIDIADRADriver && !seen[d] {
+				seen[d] = true
+				out = append(out, d)
+			}
+		}
+	}
+	return out
 }
