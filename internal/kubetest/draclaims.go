@@ -222,6 +222,8 @@ func PublishNVIDIASlice(t TB, client kubernetes.Interface, node string, devices 
 	if err != nil {
 		t.Fatalf("PublishNVIDIASlice: %v", err)
 	}
-	t.Cleanup(func() { _ = client.ResourceV1().ResourceSlices().Delete(context.Background(), out.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = client.ResourceV1().ResourceSlices().Delete(context.Background(), out.Name, metav1.DeleteOptions{})
+	})
 	return out
 }
