@@ -228,7 +228,9 @@ func (f *fakeDisruptor) WaitResources(context.Context, string, *gpus.Inventory, 
 	return true, true, nil
 }
 
-func (f *fakeDisruptor) ServedBy(context.Context) (string, string, error) { return f.path, f.conflict, nil }
+func (f *fakeDisruptor) ServedBy(context.Context) (string, string, error) {
+	return f.path, f.conflict, nil
+}
 
 // fakeRebooter counts reboot requests.
 type fakeRebooter struct{ calls int }
