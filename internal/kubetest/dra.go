@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -225,5 +226,58 @@ func PublishNVIDIASlice(t TB, client kubernetes.Interface, node string, devices 
 	t.Cleanup(func() {
 		_ = client.ResourceV1().ResourceSlices().Delete(context.Background(), out.Name, metav1.DeleteOptions{})
 	})
+	return out
+}
+
+// DynamicMIGSlices are the ResourceSlices of node as the NVIDIA DRA driver
+// publishes them with its DynamicMIG feature gate on, for one GPU, in the
+// split form it uses on Kubernetes 1.35 and later (driver.go
+// generateSplitResourceSlices; the API server refuses counters and devices
+// in one slice): slice 0 holds only the counter set "gpu-0-counter-set"
+// (partitions.go: the GPU's memory slices), slice 1 the whole GPU and a MIG
+// device that may be made on it, both consuming those counters, neither with
+// a uuid (a DynamicMIG device does not exist until allocated). Their names
+// are name-0 and name-1.
+func DynamicMIGSlices(node, name string) []*resourcev1.ResourceSlice {
+	counters := func(slices ...int) map[string]resourcev1.Counter {
+		m := map[string]resourcev1.Counter{}
+		for _, i := range slices {
+			m[fmt.Sprintf("memory-slice-%d", i)] = resourcev1.Counter{Value: resource.MustParse("1")}
+		}
+		return m
+	}
+	all := counters(0, 1, 2, 3, 4, 5, 6, 7)
+	str := func(v string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: ptr.To(v)} }
+	pool := resourcev1.ResourcePool{Name: node, ResourceSliceCount: 2}
+	return []*resourcev1.ResourceSlice{
+		{ObjectMeta: metav1.ObjectMeta{Name: name + "-0"}, Spec: resourcev1.ResourceSliceSpec{
+			Driver: nvidiaDRADriver, NodeName: ptr.To(node), Pool: pool,
+			SharedCounters: []resourcev1.CounterSet{{Name: "gpu-0-counter-set", Counters: all}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: name + "-1"}, Spec: resourcev1.ResourceSliceSpec{
+			Driver: nvidiaDRADriver, NodeName: ptr.To(node), Pool: pool,
+			Devices: []resourcev1.Device{
+				{Name: "gpu-0", Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"type": str("gpu")},
+					ConsumesCounters: []resourcev1.DeviceCounterConsumption{{CounterSet: "gpu-0-counter-set", Counters: all}}},
+				{Name: "gpu-0-mig-1g18gb-19-0", Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"type": str("mig"), "profile": str("1g.18gb")},
+					ConsumesCounters: []resourcev1.DeviceCounterConsumption{{CounterSet: "gpu-0-counter-set", Counters: counters(0)}}},
+			}}},
+	}
+}
+
+// CreateSlices creates slices (deleted when the test ends) and returns them
+// as created.
+func CreateSlices(t TB, client kubernetes.Interface, slices ...*resourcev1.ResourceSlice) []*resourcev1.ResourceSlice {
+	t.Helper()
+	var out []*resourcev1.ResourceSlice
+	for _, s := range slices {
+		c, err := client.ResourceV1().ResourceSlices().Create(context.Background(), s, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("create ResourceSlice %s: %v", s.Name, err)
+		}
+		t.Cleanup(func() {
+			_ = client.ResourceV1().ResourceSlices().Delete(context.Background(), c.Name, metav1.DeleteOptions{})
+		})
+		out = append(out, c)
+	}
 	return out
 }
