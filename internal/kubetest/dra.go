@@ -211,14 +211,7 @@ func PublishNVIDIASlice(t TB, client kubernetes.Interface, node string, devices 
 		Spec: resourcev1.ResourceSliceSpec{Driver: nvidiaDRADriver, NodeName: ptr.To(node),
 			Pool: resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1}},
 	}
-	for _, d := range devices {
-		str := func(v string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: ptr.To(v)} }
-		attrs := map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"type": str("gpu"), "uuid": str(d.UUID)}
-		if d.ParentUUID != "" {
-			attrs["type"], attrs["parentUUID"], attrs["profile"] = str("mig"), str(d.ParentUUID), str(d.Profile)
-		}
-		s.Spec.Devices = append(s.Spec.Devices, resourcev1.Device{Name: d.Name, Attributes: attrs})
-	}
+	s.Spec.Devices = apiDevices(devices)
 	out, err := client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("PublishNVIDIASlice: %v", err)
