@@ -185,6 +185,22 @@ mig-configs:
 	stays := claimPod("stays", on0)
 	claimPod("goes", on1)
 
+	// The dry run names the claim-holding pod the change would evict.
+	out, errOut, code := RunCLI(t, "plan", "-f", cfg, "-c", "after", "--nvml", "sim:"+o.Sim, "--sim-state", o.SimState,
+		"--node-name", node, "--kubeconfig", o.Kubeconfig, "--pod-resources-socket", kl.Socket(), "--log-level", "error", "-o", "json")
+	if code != 0 {
+		t.Fatalf("plan: exit %d: %s", code, errOut)
+	}
+	for _, gp := range decodePlan(t, out).GPUs {
+		var want []string
+		if gp.Index == 1 {
+			want = []string{work + "/goes"}
+		}
+		if !slices.Equal(gp.Evict, want) {
+			t.Errorf("plan: GPU %d would evict %v, want %v", gp.Index, gp.Evict, want)
+		}
+	}
+
 	SelectConfig(t, c, node, "after")
 	rec = WaitState(t, c, node, record.StateSuccess, "after", 90*time.Second)
 	if !slices.Equal(rec.EvictedPods, []string{work + "/goes"}) || rec.AffectedBy != record.AffectedByPodResources || rec.ServedBy != record.ServedByDRA {
