@@ -221,3 +221,47 @@ mig-configs:
 		t.Errorf("slices announce %v, want exactly %v", got, names(after))
 	}
 }
+
+// A node served by the device plugin and the DRA driver at once is refused
+// before anything is touched (MigAllocationPathConflict); on the DRA path,
+// slices that never announce the new devices (the plugin not restarted)
+// fail the change with MigResourcesTimeout, naming the ResourceSlices.
+func TestDRAPathRefusals(t *testing.T) {
+	c := kubetest.Client(t)
+	start := func(t *testing.T, extra ...string) (string, *Opts) {
+		node := kubetest.NewName(t, "node")
+		kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
+		drv := kubetest.NewName(t, "dra")
+		kubetest.CreateNamespace(t, drv)
+		o := (&Opts{Node: node, Sim: "h200x2", Extra: extra}).Fill(t)
+		dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
+		WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Running() && len(announced(t, c, node)) == 2 })
+		return node, o
+	}
+	t.Run("both paths", func(t *testing.T) {
+		node, o := start(t)
+		gpuop := kubetest.NewName(t, "gpu-operator")
+		kubetest.CreateNamespace(t, gpuop)
+		dp := kubetest.StartDevicePlugin(t, c, node, gpuop, "mixed", pluginReader(t, o))
+		WaitFor(t, 60*time.Second, "the device plugin to advertise", func() bool { return dp.Running() && allocatable(t, c, node)["nvidia.com/gpu"] == 2 })
+		before := flReadSim(t, o.SimState)
+		StartAgent(t, o)
+		SelectConfig(t, c, node, "all-1g.18gb")
+		flExpectFailed(t, c, node, "all-1g.18gb", o.SimState, before, "served by both the device plugin and the NVIDIA DRA driver")
+		if len(nodeEvents(t, c, node, record.ReasonAllocationPathConflict)) == 0 {
+			t.Errorf("no %s Event", record.ReasonAllocationPathConflict)
+		}
+	})
+	t.Run("slices never converge", func(t *testing.T) {
+		node, o := start(t, "--restart-device-plugin=false", "--resource-wait-timeout", "3s")
+		StartAgent(t, o)
+		SelectConfig(t, c, node, "all-1g.18gb")
+		rec := WaitState(t, c, node, record.StateFailed, "all-1g.18gb", 60*time.Second)
+		if !strings.Contains(rec.Reason, "gpu.nvidia.com ResourceSlices did not announce exactly its devices") || rec.ServedBy != record.ServedByDRA {
+			t.Errorf("record reason %q servedBy %q", rec.Reason, rec.ServedBy)
+		}
+		WaitFor(t, 10*time.Second, "a MigResourcesTimeout Event", func() bool {
+			return len(nodeEvents(t, c, node, record.ReasonResourcesTimeout)) > 0
+		})
+	})
+}
