@@ -2,8 +2,10 @@ package drain
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 
@@ -72,19 +74,85 @@ func (a Affected) Names() []string { return podNames(a.Pods) }
 // FellBack reports whether PodResources could not be read.
 func (a Affected) FellBack() bool { return strings.HasPrefix(a.How, HowAllGPUPodsPrefix) }
 
-// Holders returns, for each pod that holds a device of the change under an
-// nvidia.com/ resource, the ids it holds ("namespace/name" → sorted ids).
-func Holders(pods []PodDevices, change Change) map[string][]string {
+// Holders returns, for each pod that holds a device of the change, the ids
+// it holds ("namespace/name" → sorted ids): devices under an nvidia.com/
+// resource (device plugin) by their UUID, and devices of claims on the
+// NVIDIA DRA driver by the UUID dra gives them. A claimed device dra cannot
+// resolve (not in the node's ResourceSlices, or they could not be read)
+// counts as taken away, named "gpu.nvidia.com/<pool>/<device>": a pod is
+// never left on a device that may go.
+func Holders(pods []PodDevices, change Change, dra DRAIndex) map[string][]string {
 	gone := change.set()
 	out := map[string][]string{}
 	for _, p := range pods {
+		ids := []string{}
 		for _, id := range p.GPUDeviceIDs() {
 			if gone[id] {
-				out[p.Key()] = append(out[p.Key()], id)
+				ids = append(ids, id)
 			}
+		}
+		for _, d := range p.NVIDIAClaimDevices() {
+			uuid, ok := dra.UUIDs[d]
+			switch {
+			case !ok:
+				ids = append(ids, d.String())
+			case gone[uuid] && !slices.Contains(ids, uuid):
+				ids = append(ids, uuid)
+			}
+		}
+		if len(ids) > 0 {
+			sort.Strings(ids)
+			out[p.Key()] = ids
 		}
 	}
 	return out
+}
+
+// DRAIndex resolves the NVIDIA DRA driver's devices on the node (pool and
+// device name, as claims and PodResources name them) to their UUIDs.
+type DRAIndex struct {
+	UUIDs map[ClaimDevice]string
+	// Pools are the driver's pools on the node (its pool is named after
+	// the node).
+	Pools map[string]bool
+}
+
+// String is "driver/pool/device".
+func (d ClaimDevice) String() string { return d.Driver + "/" + d.Pool + "/" + d.Device }
+
+// ReadDRAIndex reads the node's ResourceSlices into a DRAIndex: the NVIDIA
+// driver's uuid attribute of each device (GpuInfo.Attributes and
+// MigDeviceInfo.GetDevice in dra-driver-nvidia-gpu
+// cmd/gpu-kubelet-plugin/deviceinfo.go). No DRA API, or no right to read
+// it, gives an index that resolves nothing (so every claimed NVIDIA device
+// counts as taken away); the driver's pool is still known by the node's
+// name (publishResources names it so).
+func ReadDRAIndex(ctx context.Context, client kclient.Interface, log *slog.Logger, node string) (DRAIndex, error) {
+	x := DRAIndex{UUIDs: map[ClaimDevice]string{}, Pools: map[string]bool{node: true}}
+	sl, err := NodeSlices(ctx, client, node)
+	switch {
+	case errors.Is(err, ErrNoDRA) || apierrors.IsForbidden(err):
+		log.Warn("ResourceSlices unreadable; every claimed NVIDIA device counts as taken away", "error", err)
+		return x, nil
+	case err != nil:
+		return x, err
+	}
+	x.UUIDs = DRAUUIDs(sl)
+	for d := range x.UUIDs {
+		x.Pools[d.Pool] = true
+	}
+	return x, nil
+}
+
+// holdsClaims reports whether any pod holds a device of the NVIDIA DRA
+// driver through a claim.
+func holdsClaims(pods []PodDevices) bool {
+	for _, p := range pods {
+		if len(p.NVIDIAClaimDevices()) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // RequestsGPU reports whether pod requests (or limits) an nvidia.com/
@@ -120,9 +188,12 @@ func terminal(p *corev1.Pod) bool {
 // FindAffected returns the pods of node that a change disturbs. It asks the
 // kubelet PodResources API at socket which pod holds which device: a pod is
 // affected when any of its containers holds a GPU or MIG device of change
-// under an nvidia.com/ resource. When PodResources cannot be read (socket ""
+// under an nvidia.com/ resource, or through a ResourceClaim on the NVIDIA
+// DRA driver (dynamic_resources, resolved to UUIDs by the node's
+// ResourceSlices; see Holders). When PodResources cannot be read (socket ""
 // included), every pod on the node that requests an nvidia.com/ resource
-// counts as affected, and How says why. Finished pods (Succeeded, Failed)
+// counts as affected, and so does every pod a ResourceClaim holding a
+// device of the change is reserved for; How says why. Finished pods (Succeeded, Failed)
 // hold no device and are never returned. An error means the API server
 // could not be asked.
 func FindAffected(ctx context.Context, client kclient.Interface, log *slog.Logger, node, socket string,
@@ -136,9 +207,15 @@ func FindAffected(ctx context.Context, client kclient.Interface, log *slog.Logge
 	held, err := ListPodResources(ctx, socket)
 	if err != nil {
 		log.Warn("pod resources unreadable; every GPU pod of the node counts as affected", "error", err)
-		return allGPUPods(ctx, client, node, HowAllGPUPodsPrefix+err.Error())
+		return fallback(ctx, client, log, node, change, HowAllGPUPodsPrefix+err.Error())
 	}
-	holders := Holders(held, change)
+	var dra DRAIndex
+	if holdsClaims(held) {
+		if dra, err = ReadDRAIndex(ctx, client, log, node); err != nil {
+			return Affected{}, err
+		}
+	}
+	holders := Holders(held, change, dra)
 	out := Affected{How: HowPodResources, Devices: map[string][]string{}}
 	keys := make([]string, 0, len(holders))
 	for k := range holders {
@@ -163,6 +240,83 @@ func FindAffected(ctx context.Context, client kclient.Interface, log *slog.Logge
 		}
 		out.Pods = append(out.Pods, *pod)
 		out.Devices[key] = holders[key]
+	}
+	return out, nil
+}
+
+// fallback finds the affected pods without PodResources: every pod of the
+// node requesting an nvidia.com/ resource, and the pods a ResourceClaim is
+// reserved for (status.reservedFor) whose allocation (status.allocation)
+// holds a device of the change on this node's NVIDIA DRA pool.
+func fallback(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, change Change, how string) (Affected, error) {
+	out, err := allGPUPods(ctx, client, node, how)
+	if err != nil {
+		return out, err
+	}
+	claimed, err := claimHolders(ctx, client, log, node, change)
+	if err != nil {
+		return Affected{}, err
+	}
+	for _, p := range claimed {
+		if !slices.ContainsFunc(out.Pods, func(q corev1.Pod) bool { return q.UID == p.UID }) {
+			out.Pods = append(out.Pods, p)
+		}
+	}
+	sort.Slice(out.Pods, func(i, j int) bool {
+		return out.Pods[i].Namespace+"/"+out.Pods[i].Name < out.Pods[j].Namespace+"/"+out.Pods[j].Name
+	})
+	return out, nil
+}
+
+// claimHolders lists the running pods of node that ResourceClaims holding a
+// device of the change are reserved for. No DRA API, or no right to list
+// claims: none (the nvidia.com/ request rule stands alone, and says so in
+// the log).
+func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, change Change) ([]corev1.Pod, error) {
+	claims, err := Claims(ctx, client)
+	switch {
+	case errors.Is(err, ErrNoDRA):
+		return nil, nil
+	case apierrors.IsForbidden(err):
+		log.Warn("ResourceClaims unreadable; pods holding claims are not found without PodResources", "error", err)
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	var dra DRAIndex
+	gone := change.set()
+	var out []corev1.Pod
+	for _, c := range claims {
+		takes := false
+		for _, d := range c.Devices {
+			if d.Driver != NVIDIADRADriver {
+				continue
+			}
+			if dra.UUIDs == nil {
+				if dra, err = ReadDRAIndex(ctx, client, log, node); err != nil {
+					return nil, err
+				}
+			}
+			uuid, ok := dra.UUIDs[d]
+			if dra.Pools[d.Pool] && (!ok || gone[uuid]) {
+				takes = true
+			}
+		}
+		if !takes {
+			continue
+		}
+		for _, name := range c.Pods {
+			pod, err := client.CoreV1().Pods(c.Namespace).Get(ctx, name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				continue
+			case err != nil:
+				return nil, fmt.Errorf("get pod %s/%s: %w", c.Namespace, name, err)
+			}
+			if pod.Spec.NodeName == node && !terminal(pod) {
+				out = append(out, *pod)
+			}
+		}
 	}
 	return out, nil
 }

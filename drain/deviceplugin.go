@@ -48,6 +48,27 @@ var DevicePluginPods = []struct{ Key, Value string }{
 	{"app.kubernetes.io/name", "gpu-feature-discovery"},
 }
 
+// DRAPluginPods are the pod labels of NVIDIA's DRA driver kubelet plugin,
+// which, without DynamicMIG, announces the MIG devices that exist when it
+// starts and never looks again (publishResources in dra-driver-nvidia-gpu
+// cmd/gpu-kubelet-plugin/driver.go). Its chart labels the DaemonSet's pods
+// "<name>-component: kubelet-plugin" with name dra-driver-nvidia-gpu
+// (deployments/helm/dra-driver-nvidia-gpu/templates/_helpers.tpl
+// selectorLabels, templates/kubeletplugin.yaml).
+var DRAPluginPods = []struct{ Key, Value string }{
+	{"dra-driver-nvidia-gpu-component", "kubelet-plugin"},
+}
+
+// IsDRAPluginPod reports whether p is one of DRAPluginPods.
+func IsDRAPluginPod(p *corev1.Pod) bool {
+	for _, l := range DRAPluginPods {
+		if p.Labels[l.Key] == l.Value {
+			return true
+		}
+	}
+	return false
+}
+
 // IsDevicePluginPod reports whether p is one of DevicePluginPods.
 func IsDevicePluginPod(p *corev1.Pod) bool {
 	for _, l := range DevicePluginPods {
@@ -58,8 +79,9 @@ func IsDevicePluginPod(p *corev1.Pod) bool {
 	return false
 }
 
-// ListDevicePlugins lists the device plugin and GPU Feature Discovery pods
-// of node (DevicePluginPods) that are not terminating, as
+// ListDevicePlugins lists the device plugin, GPU Feature Discovery and DRA
+// kubelet plugin pods of node (DevicePluginPods, DRAPluginPods) that are
+// not terminating, as
 // "namespace/name/uid". Take the list before the GPUs change: those pods
 // enumerated the old geometry. (Comparing creation times with the time of
 // the change instead would trust the node's clock to agree with the API
@@ -77,7 +99,7 @@ func ListDevicePlugins(ctx context.Context, client kclient.Interface, node strin
 	var out []string
 	for i := range list.Items {
 		p := &list.Items[i]
-		if IsDevicePluginPod(p) && p.DeletionTimestamp == nil {
+		if (IsDevicePluginPod(p) || IsDRAPluginPod(p)) && p.DeletionTimestamp == nil {
 			out = append(out, p.Namespace+"/"+p.Name+"/"+string(p.UID))
 		}
 	}

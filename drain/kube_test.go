@@ -802,3 +802,62 @@ func TestWaitAllocatableSurvivesAPIServerRestart(t *testing.T) {
 		t.Errorf("WaitAllocatable = %v, %v", r.ok, r.err)
 	}
 }
+
+// Pods holding MIG devices and a whole GPU through ResourceClaims on the
+// NVIDIA DRA driver: the kubelet stand-in reports them in PodResources
+// dynamic_resources, the node's ResourceSlice gives their UUIDs, and only
+// the pods whose claimed devices go are affected.
+func TestClaimsOnDevicesThatGoAreAffected(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	gpu0, gpu1 := gpuUUID(0), gpuUUID(1)
+	kubetest.PublishNVIDIASlice(t, e.c, e.node,
+		kubetest.NVIDIADevice{Name: "gpu-0-mig-1g18gb-19-0", UUID: "MIG-go", ParentUUID: gpu0, Profile: "1g.18gb"},
+		kubetest.NVIDIADevice{Name: "gpu-0-mig-1g18gb-19-1", UUID: "MIG-stay", ParentUUID: gpu0, Profile: "1g.18gb"},
+		kubetest.NVIDIADevice{Name: "gpu-1", UUID: gpu1})
+	claimPod := func(name string, devices ...string) {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, OwnerReferences: []metav1.OwnerReference{*rsOwner("rs")}},
+			Spec: corev1.PodSpec{
+				ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name + "-claim")}},
+				Containers: []corev1.Container{{Name: kubetest.PodContainer, Image: "registry.k8s.io/pause:3.10",
+					Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}}}}
+		created := e.k.CreatePod(t, pod)
+		var devs []kubetest.AllocatedDevice
+		for _, d := range devices {
+			devs = append(devs, kubetest.AllocatedDevice{Driver: drain.NVIDIADRADriver, Pool: e.node, Device: d})
+		}
+		kubetest.AllocateClaim(t, e.c, e.ns, name+"-claim", "mig.nvidia.com", created, devs...)
+		e.k.PrepareClaims(t, created)
+	}
+	claimPod("on-go", "gpu-0-mig-1g18gb-19-0")
+	claimPod("on-stay", "gpu-0-mig-1g18gb-19-1")
+	claimPod("whole", "gpu-1")
+
+	for _, tc := range []struct {
+		name   string
+		change drain.Change
+		want   []string
+	}{
+		{"MIG device destroyed", drain.Change{GPUs: []string{gpu0}, MIGDevices: []string{"MIG-go"}}, keys(e.ns, "on-go")},
+		{"whole GPU changes", drain.Change{GPUs: []string{gpu1}}, keys(e.ns, "whole")},
+	} {
+		aff, err := drain.FindAffected(ctx, clientset.Wrap(e.c), testLog(t), e.node, e.k.Socket(), tc.change)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if aff.How != drain.HowPodResources || !slices.Equal(aff.Names(), tc.want) {
+			t.Fatalf("%s: FindAffected = %v by %q, want %v by pod-resources", tc.name, aff.Names(), aff.How, tc.want)
+		}
+	}
+	aff, err := drain.FindAffected(ctx, clientset.Wrap(e.c), testLog(t), e.node, e.k.Socket(), drain.Change{MIGDevices: []string{"MIG-go"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evicted, err := drain.Evict(ctx, clientset.Wrap(e.c), testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	if err != nil || !slices.Equal(evicted, keys(e.ns, "on-go")) {
+		t.Fatalf("Evict = %v, %v", evicted, err)
+	}
+	if got, stay := remaining(t, e), keys(e.ns, "on-stay", "whole"); !slices.Equal(got, stay) {
+		t.Errorf("pods left %v, want %v", got, stay)
+	}
+}

@@ -39,6 +39,9 @@ type ContainerDevices struct {
 	// Dynamic is what DRA allocated to the container, one entry per claim
 	// (ContainerResources.dynamic_resources).
 	Dynamic []DynamicResource
+	// Claims are the devices of Dynamic by driver, pool and device, the
+	// key the node's ResourceSlices name them by (every driver).
+	Claims []ClaimDevice
 }
 
 // DynamicResource is one ResourceClaim's devices in one container
@@ -120,4 +123,34 @@ func ListPodResources(ctx context.Context, socket string) ([]PodDevices, error) 
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
 	return out, nil
+}
+
+// claimDevicesOf reads PodResources dynamic_resources (ContainerResources
+// field 5: per claim, claim_resources with driver_name, pool_name,
+// device_name), as the kubelet fills it from what the DRA driver prepared
+// (kubernetes pkg/kubelet/cm/container_manager_linux.go GetDynamicResources).
+func claimDevicesOf(drs []DynamicResource) []ClaimDevice {
+	var out []ClaimDevice
+	for _, dr := range drs {
+		for _, r := range dr.Claims {
+			out = append(out, ClaimDevice{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
+		}
+	}
+	return out
+}
+
+// NVIDIAClaimDevices returns the devices the pod holds through claims on
+// the NVIDIA DRA driver, without repeats, in order.
+func (p PodDevices) NVIDIAClaimDevices() []ClaimDevice {
+	seen := map[ClaimDevice]bool{}
+	var out []ClaimDevice
+	for _, c := range p.Containers {
+		for _, d := range c.Claims {
+			if d.Driver == NVIDIADRADriver && !seen[d] {
+				seen[d] = true
+				out = append(out, d)
+			}
+		}
+	}
+	return out
 }

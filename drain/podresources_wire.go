@@ -92,6 +92,7 @@ func decodeContainer(b []byte) (ContainerDevices, error) {
 		}
 		return nil
 	})
+	c.Claims = claimDevicesOf(c.Dynamic)
 	return c, err
 }
 

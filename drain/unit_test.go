@@ -52,23 +52,53 @@ func TestHolders(t *testing.T) {
 			{Name: "c", Devices: map[string][]string{"example.com/gpu": {"GPU-1"}}},
 		}},
 		{Namespace: "b", Name: "cpu-only"},
+		// Claims on the NVIDIA DRA driver, as PodResources dynamic_resources
+		// names them (device names of dra-driver-nvidia-gpu deviceinfo.go,
+		// mig.go ToCanonicalName).
+		{Namespace: "c", Name: "claim-mig", Containers: []ContainerDevices{
+			{Name: "c", Claims: []ClaimDevice{{NVIDIADRADriver, "n1", "gpu-0-mig-1g18gb-19-0"}}},
+		}},
+		{Namespace: "c", Name: "claim-gpu", Containers: []ContainerDevices{
+			{Name: "a", Claims: []ClaimDevice{{NVIDIADRADriver, "n1", "gpu-1"}}},
+			{Name: "b", Claims: []ClaimDevice{{NVIDIADRADriver, "n1", "gpu-1"}}}, // one claim, two containers
+		}},
+		{Namespace: "c", Name: "claim-unknown", Containers: []ContainerDevices{
+			{Name: "c", Claims: []ClaimDevice{{NVIDIADRADriver, "n1", "gpu-0-mig-1g18gb-19-1"}}},
+		}},
+		{Namespace: "c", Name: "claim-other-driver", Containers: []ContainerDevices{
+			{Name: "c", Claims: []ClaimDevice{{"example.com/gpu", "n1", "gpu-0-mig-1g18gb-19-0"}}},
+		}},
+	}
+	dra := DRAIndex{UUIDs: map[ClaimDevice]string{
+		{NVIDIADRADriver, "n1", "gpu-0-mig-1g18gb-19-0"}: "MIG-c",
+		{NVIDIADRADriver, "n1", "gpu-1"}:                 "GPU-1",
+	}}
+	// A claimed device the node's slices do not resolve counts as taken away.
+	unknown := map[string][]string{"c/claim-unknown": {"gpu.nvidia.com/n1/gpu-0-mig-1g18gb-19-1"}}
+	with := func(m map[string][]string) map[string][]string {
+		out := maps.Clone(m)
+		maps.Copy(out, unknown)
+		return out
 	}
 	tests := []struct {
 		name   string
 		change Change
 		want   map[string][]string
 	}{
-		{"nothing", Change{}, map[string][]string{}},
-		{"one whole GPU", Change{GPUs: []string{"GPU-1"}}, map[string][]string{"a/whole": {"GPU-1"}}},
-		{"shared replica", Change{GPUs: []string{"GPU-2"}}, map[string][]string{"a/shared": {"GPU-2"}}},
-		{"MIG device of an init container", Change{MIGDevices: []string{"MIG-a"}}, map[string][]string{"b/mig": {"MIG-a"}}},
-		{"MIG device kept", Change{MIGDevices: []string{"MIG-zzz"}}, map[string][]string{}},
+		{"nothing", Change{}, with(map[string][]string{})},
+		{"one whole GPU", Change{GPUs: []string{"GPU-1"}}, with(map[string][]string{"a/whole": {"GPU-1"}, "c/claim-gpu": {"GPU-1"}})},
+		{"shared replica", Change{GPUs: []string{"GPU-2"}}, with(map[string][]string{"a/shared": {"GPU-2"}})},
+		{"MIG device of an init container", Change{MIGDevices: []string{"MIG-a"}}, with(map[string][]string{"b/mig": {"MIG-a"}})},
+		{"MIG device kept", Change{MIGDevices: []string{"MIG-zzz"}}, with(map[string][]string{})},
+		{"claimed MIG device taken", Change{MIGDevices: []string{"MIG-c"}}, with(map[string][]string{"c/claim-mig": {"MIG-c"}})},
+		// The GPU of a claimed MIG device changes, the MIG device stays.
+		{"claimed MIG device kept on a changing GPU", Change{GPUs: []string{"GPU-0"}}, with(map[string][]string{})},
 		{"both", Change{GPUs: []string{"GPU-1", "GPU-9"}, MIGDevices: []string{"MIG-b", "MIG-a"}},
-			map[string][]string{"a/whole": {"GPU-1"}, "b/mig": {"MIG-a", "MIG-b"}}},
+			with(map[string][]string{"a/whole": {"GPU-1"}, "b/mig": {"MIG-a", "MIG-b"}, "c/claim-gpu": {"GPU-1"}})},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Holders(pods, tc.change)
+			got := Holders(pods, tc.change, dra)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("Holders = %v, want %v", got, tc.want)
 			}

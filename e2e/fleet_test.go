@@ -17,11 +17,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/kube"
@@ -387,26 +385,10 @@ func TestFleetOtherManager(t *testing.T) {
 	})
 	t.Run("DRA driver", func(t *testing.T) {
 		node, _, o := start(t, nil)
-		slice := &resourcev1.ResourceSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: node + "-gpu.nvidia.com"},
-			Spec: resourcev1.ResourceSliceSpec{
-				Driver:   kube.NVIDIADRADriver,
-				NodeName: ptr.To(node),
-				Pool:     resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1},
-				Devices: []resourcev1.Device{
-					{Name: "gpu-0", Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"type": {StringValue: ptr.To("gpu")}}},
-					{Name: "gpu-1-mig-1g-18gb-0", Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"type": {StringValue: ptr.To("mig")}}},
-				},
-			},
-		}
-		if _, err := c.ResourceV1().ResourceSlices().Create(context.Background(), slice, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating the ResourceSlice: %v", err)
-		}
-		t.Cleanup(func() {
-			_ = c.ResourceV1().ResourceSlices().Delete(context.Background(), slice.Name, metav1.DeleteOptions{})
-		})
+		// The driver in DynamicMIG mode: it makes MIG devices itself.
+		slice := kubetest.CreateSlices(t, c, kubetest.DynamicMIGSlices(node, node+"-gpu.nvidia.com")...)[0]
 		before := flReadSim(t, o.SimState)
 		SelectConfig(t, c, node, "all-balanced")
-		flExpectFailed(t, c, node, "all-balanced", o.SimState, before, "ResourceSlice "+slice.Name+" advertises MIG device gpu-1-mig-1g-18gb-0", "NVIDIA DRA driver")
+		flExpectFailed(t, c, node, "all-balanced", o.SimState, before, "ResourceSlice "+slice.Name+" carries 1 shared counter sets", "NVIDIA DRA driver in DynamicMIG mode")
 	})
 }

@@ -20,7 +20,6 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -343,21 +342,9 @@ func TestRBAC(t *testing.T) {
 
 	// A DRA driver that makes MIG devices: the agent must see it (list
 	// ResourceSlices) and refuse.
-	slice := &resourcev1.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: kubetest.NewName(t, "slice")},
-		Spec: resourcev1.ResourceSliceSpec{
-			Driver:   kube.NVIDIADRADriver,
-			Pool:     resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1},
-			NodeName: ptr.To(node),
-			Devices:  []resourcev1.Device{{Name: "gpu-0-mig-1g18gb-0"}},
-		},
-	}
-	if slice, err = c.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create ResourceSlice: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = c.ResourceV1().ResourceSlices().Delete(context.Background(), slice.Name, metav1.DeleteOptions{})
-	})
+	// (DynamicMIG: shared counters.)
+	dynamic := kubetest.CreateSlices(t, c, kubetest.DynamicMIGSlices(node, kubetest.NewName(t, "slice"))...)
+	slice := dynamic[0]
 
 	o := &Opts{Node: node, Namespace: rbacNamespace, Kubeconfig: kubeconfig,
 		Extra: []string{"--pod-resources-socket", kl.Socket(), "--max-concurrent", "1"}}
@@ -367,8 +354,10 @@ func TestRBAC(t *testing.T) {
 	if !strings.Contains(rec.Reason, "DRA") || !strings.Contains(rec.Reason, slice.Name) {
 		t.Errorf("with a MIG-making DRA driver: reason %q, want it named", rec.Reason)
 	}
-	if err := c.ResourceV1().ResourceSlices().Delete(ctx, slice.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+	for _, s := range dynamic {
+		if err := c.ResourceV1().ResourceSlices().Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// The full change: taint, Lease, eviction, NVML, record, Events.

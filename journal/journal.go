@@ -45,7 +45,9 @@ type Change struct {
 	GPUsUntouched []int      `json:"gpusUntouched"`
 	Evicted       []string   `json:"evicted,omitempty"`
 	AffectedBy    string     `json:"affectedBy,omitempty"`
-	TaintAdded    bool       `json:"taintAdded,omitempty"`
+	// ServedBy: the allocation path that serves the node (record.ServedBy*).
+	ServedBy   string `json:"servedBy,omitempty"`
+	TaintAdded bool   `json:"taintAdded,omitempty"`
 	// Operands holds the GPU Operator labels' values before the pause.
 	Operands     json.RawMessage `json:"operands,omitempty"`
 	StoppedUnits []string        `json:"stoppedUnits,omitempty"`

@@ -19,6 +19,7 @@ import (
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
+	"github.com/migagent/mig-agent/record"
 )
 
 // Disruptor is the reconcile.Disruptor over the drain package.
@@ -29,6 +30,9 @@ type Disruptor struct {
 	S      *reconcile.Settings
 	// OperandWait bounds the wait for paused operand pods to leave.
 	OperandWait time.Duration
+
+	// path is what ServedBy found last (record.ServedBy*).
+	path string
 }
 
 var _ reconcile.Disruptor = (*Disruptor)(nil)
@@ -126,10 +130,16 @@ func (k *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]
 	return drain.RestartDevicePlugins(ctx, k.Client, k.Log, pods)
 }
 
-// WaitResources implements reconcile.Disruptor: the Node's allocatable
-// must show exactly what the device plugin advertises for n's geometry
-// under strategy.
+// WaitResources implements reconcile.Disruptor. On the DRA path (as
+// ServedBy found it) the node's gpu.nvidia.com ResourceSlices must announce
+// exactly the GPUs and MIG devices of n (ExpectedDRAUUIDs); otherwise the
+// Node's allocatable must show exactly what the device plugin advertises
+// for n's geometry under strategy.
 func (k *Disruptor) WaitResources(ctx context.Context, strategy string, n *gpus.Inventory, timeout time.Duration) (waited, ok bool, err error) {
+	if k.path == record.ServedByDRA {
+		ok, err = k.waitSlices(ctx, ExpectedDRAUUIDs(n), timeout)
+		return true, ok, err
+	}
 	want, err := ExpectedResources(strategy, n)
 	if err != nil {
 		return false, false, err

@@ -2,10 +2,11 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
 	corev1 "k8s.io/api/core/v1"
@@ -33,7 +34,7 @@ const LabelDeployMigManager = "nvidia.com/gpu.deploy.mig-manager"
 const OperatorMigManagerApp = "nvidia-mig-manager"
 
 // NVIDIADRADriver is the NVIDIA DRA driver's name in ResourceSlices.
-const NVIDIADRADriver = "gpu.nvidia.com"
+const NVIDIADRADriver = drain.NVIDIADRADriver
 
 // ClusterPolicyResource is the GPU Operator's ClusterPolicy
 // (clusterpolicies.nvidia.com, cluster-scoped).
@@ -51,8 +52,10 @@ var ClusterPolicyResource = schema.GroupVersionResource{Group: "nvidia.com", Ver
 //     deploy label is "false", the operator's per-node opt-out. policies nil, no
 //     ClusterPolicy API on the cluster (404) or no right to read it (403)
 //     leave this unknown: the pod check stands alone;
-//   - the NVIDIA DRA driver advertising MIG devices in this node's
-//     ResourceSlices (skipped where there is no DRA API or no right to list).
+//   - the NVIDIA DRA driver creating MIG devices itself on this node: its
+//     DynamicMIG mode, seen as shared counters in its ResourceSlices
+//     (draCreatesMIG; skipped where there is no DRA API or no right to
+//     list). Pre-created MIG devices the driver only announces are not.
 //
 // The deploy label nvidia.com/gpu.deploy.mig-manager=true by itself is never
 // a conflict: the operator sets it on every MIG-capable node.
@@ -101,29 +104,31 @@ func operatorMigManagerPod(ctx context.Context, c kclient.Interface, node *corev
 	return finding{}
 }
 
-// draMIGDevices: the NVIDIA DRA driver advertising MIG devices of the node.
+// draMIGDevices: the NVIDIA DRA driver creating MIG devices on the node.
 func draMIGDevices(ctx context.Context, c kclient.Interface, node *corev1.Node) finding {
-	slices, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node.Name).String(),
-	})
-	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
-		return finding{} // no DRA API on this cluster, or not allowed to look
+	other, err := draCreatesMIG(ctx, c, node.Name)
+	return finding{other: other, err: err}
+}
+
+// draCreatesMIG names the NVIDIA DRA driver when it creates and destroys MIG
+// devices on node itself (DynamicMIG: its slices carry shared counters, or
+// devices that consume them), or "". Pre-created MIG devices the driver only
+// announces are not a conflict: the agent serves them (see Disruptor). Every
+// served version of resource.k8s.io is read (v1, else v1beta2, else
+// v1beta1); no DRA API, or no right to list ResourceSlices, leaves this
+// unknown.
+func draCreatesMIG(ctx context.Context, c kclient.Interface, node string) (string, error) {
+	slices, err := drain.NodeSlices(ctx, c, node)
+	if errors.Is(err, drain.ErrNoDRA) || apierrors.IsForbidden(err) {
+		return "", nil // no DRA API on this cluster, or not allowed to look
 	}
 	if err != nil {
-		return finding{err: fmt.Errorf("listing ResourceSlices: %w", err)}
+		return "", err
 	}
-	for _, s := range slices.Items {
-		if s.Spec.Driver != NVIDIADRADriver {
-			continue
-		}
-		for _, dev := range s.Spec.Devices {
-			t := dev.Attributes["type"]
-			if (t.StringValue != nil && strings.Contains(*t.StringValue, "mig")) || strings.Contains(dev.Name, "mig") {
-				return finding{other: fmt.Sprintf("the NVIDIA DRA driver (ResourceSlice %s advertises MIG device %s)", s.Name, dev.Name)}
-			}
-		}
+	if why := drain.Partitionable(slices); why != "" {
+		return "the NVIDIA DRA driver in DynamicMIG mode, which creates and destroys MIG devices itself (" + why + ")", nil
 	}
-	return finding{}
+	return "", nil
 }
 
 // operatorMigManagerEnabled reads the GPU Operator's ClusterPolicies and

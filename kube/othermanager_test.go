@@ -9,7 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	resourcev1beta1 "k8s.io/api/resource/v1beta1"
+	resourcev1beta2 "k8s.io/api/resource/v1beta2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -65,6 +68,7 @@ func TestOtherManager(t *testing.T) {
 		return u
 	}
 	on, off := ptr.To(true), ptr.To(false)
+	notServed := apierrors.NewNotFound(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceslices"}, "")
 	mm := map[string]string{"app": "nvidia-mig-manager"}
 	deployTrue := map[string]string{LabelDeployMigManager: "true"}
 	cpForbidden := apierrors.NewForbidden(ClusterPolicyResource.GroupResource(), "", nil)
@@ -74,7 +78,7 @@ func TestOtherManager(t *testing.T) {
 		objects  []runtime.Object
 		policies []runtime.Object // nil: no ClusterPolicy API (dyn nil)
 		failCP   error            // answer of the ClusterPolicy list
-		failDRA  error            // answer of the ResourceSlice list
+		failDRA  map[string]error // answer of the ResourceSlice list, by resource.k8s.io version
 		want     string
 		wantErr  string
 	}{
@@ -116,23 +120,42 @@ func TestOtherManager(t *testing.T) {
 			objects: []runtime.Object{pod("nvidia-mig-manager-abcde", mm, corev1.PodRunning, false)}, want: "pod gpu-operator/nvidia-mig-manager-abcde"},
 		{name: "ClusterPolicies unreadable", node: node(deployTrue), policies: []runtime.Object{}, failCP: apierrors.NewServiceUnavailable("down"),
 			wantErr: "listing the GPU Operator's ClusterPolicies"},
-		{name: "DRA MIG device by type", node: node(nil), objects: []runtime.Object{slice(NVIDIADRADriver, dev("gpu-0", "gpu"), dev("gpu-1-part-0", "mig"))},
-			want: "the NVIDIA DRA driver (ResourceSlice n1-gpu.nvidia.com advertises MIG device gpu-1-part-0)"},
-		{name: "DRA MIG device by name", node: node(nil), objects: []runtime.Object{slice(NVIDIADRADriver, dev("gpu-0-mig-1g-18gb-0", ""))}, want: "MIG device gpu-0-mig-1g-18gb-0"},
-		{name: "DRA MIG device, MIG manager disabled", node: node(deployTrue), objects: []runtime.Object{slice(NVIDIADRADriver, dev("gpu-0-mig-1g-18gb-0", ""))},
-			policies: []runtime.Object{policy("cluster-policy", off, "ready")}, want: "the NVIDIA DRA driver"},
+		// Pre-created MIG devices, as the driver announces them without
+		// DynamicMIG: the agent serves them, no conflict.
+		{name: "DRA pre-created MIG devices", node: node(nil), objects: []runtime.Object{slice(NVIDIADRADriver, dev("gpu-0", "gpu"), dev("gpu-1-mig-1g18gb-19-0", "mig"))}},
 		{name: "DRA whole GPUs only", node: node(nil), objects: []runtime.Object{slice(NVIDIADRADriver, dev("gpu-0", "gpu"), dev("gpu-1", "gpu"))}},
-		{name: "another DRA driver", node: node(nil), objects: []runtime.Object{slice("example.com/gpu", dev("gpu-0-mig-0", "mig"))}},
-		{name: "no DRA API", node: node(nil), failDRA: apierrors.NewNotFound(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceslices"}, "")},
-		{name: "no right to list slices", node: node(nil), failDRA: apierrors.NewForbidden(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceslices"}, "", nil)},
-		{name: "slices unreadable", node: node(nil), failDRA: apierrors.NewServiceUnavailable("down"), wantErr: "listing ResourceSlices"},
+		// DynamicMIG, combined slices (Kubernetes 1.34): counters and devices in one slice.
+		{name: "DRA DynamicMIG combined", node: node(nil), objects: []runtime.Object{dynamicMIG(slice(NVIDIADRADriver, dev("gpu-0", "gpu"), dev("gpu-0-mig-1g18gb-19-0", "mig")), true, true)},
+			want: "the NVIDIA DRA driver in DynamicMIG mode, which creates and destroys MIG devices itself (ResourceSlice n1-gpu.nvidia.com carries 1 shared counter sets)"},
+		// DynamicMIG, split slices (1.35+): the counters alone in slice 0, devices consuming them elsewhere.
+		{name: "DRA DynamicMIG split, counters slice", node: node(nil), objects: []runtime.Object{dynamicMIG(slice(NVIDIADRADriver), true, false)}, want: "DynamicMIG"},
+		{name: "DRA DynamicMIG split, devices slice", node: node(nil), objects: []runtime.Object{dynamicMIG(slice(NVIDIADRADriver, dev("gpu-0-mig-1g18gb-19-0", "mig")), false, true)},
+			want: "device gpu-0-mig-1g18gb-19-0 consumes shared counters"},
+		{name: "DRA DynamicMIG, MIG manager disabled", node: node(deployTrue), objects: []runtime.Object{dynamicMIG(slice(NVIDIADRADriver, dev("gpu-0-mig-1g18gb-19-0", "mig")), true, true)},
+			policies: []runtime.Object{policy("cluster-policy", off, "ready")}, want: "the NVIDIA DRA driver in DynamicMIG mode"},
+		{name: "another DRA driver with counters", node: node(nil), objects: []runtime.Object{dynamicMIG(slice("example.com/gpu", dev("gpu-0-mig-0", "mig")), true, true)}},
+		// Older clusters serve v1beta2 or v1beta1 only: each is read.
+		{name: "DynamicMIG through v1beta2", node: node(nil), objects: []runtime.Object{v1beta2Counters()},
+			failDRA: map[string]error{"v1": notServed}, want: "ResourceSlice b2 carries 1 shared counter sets"},
+		{name: "DynamicMIG through v1beta1", node: node(nil), objects: []runtime.Object{v1beta1Consumer()},
+			failDRA: map[string]error{"v1": notServed, "v1beta2": notServed}, want: "ResourceSlice b1: device gpu-0-mig-1g18gb-19-0 consumes shared counters"},
+		{name: "v1beta2 not served, v1beta1 empty", node: node(nil), objects: []runtime.Object{v1beta2Counters()},
+			failDRA: map[string]error{"v1": notServed, "v1beta2": notServed}},
+		{name: "no DRA API", node: node(nil), objects: []runtime.Object{v1beta2Counters()},
+			failDRA: map[string]error{"v1": notServed, "v1beta2": notServed, "v1beta1": notServed}},
+		{name: "no right to list slices", node: node(nil), objects: []runtime.Object{v1beta2Counters()},
+			failDRA: map[string]error{"v1": apierrors.NewForbidden(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceslices"}, "", nil)}},
+		{name: "slices unreadable", node: node(nil), failDRA: map[string]error{"v1": apierrors.NewServiceUnavailable("down")}, wantErr: "listing ResourceSlices (resource.k8s.io/v1)"},
+		{name: "v1beta2 unreadable", node: node(nil), failDRA: map[string]error{"v1": notServed, "v1beta2": apierrors.NewServiceUnavailable("down")},
+			wantErr: "listing ResourceSlices (resource.k8s.io/v1beta2)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientset(tc.objects...)
 			if tc.failDRA != nil {
-				c.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
-					return true, nil, tc.failDRA
+				c.PrependReactor("list", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					err := tc.failDRA[a.GetResource().Version]
+					return err != nil, nil, err
 				})
 			}
 			var policies ClusterPolicies
@@ -194,4 +217,40 @@ func TestRESTClusterPolicies(t *testing.T) {
 	if got, err := operatorMigManagerEnabled(context.Background(), RESTClusterPolicies(c)); err != nil || got != "" {
 		t.Fatalf("no CRD: %q, %v", got, err)
 	}
+}
+
+// dynamicMIG gives s the DynamicMIG shape of dra-driver-nvidia-gpu
+// (driver.go generateCombinedResourceSlices / generateSplitResourceSlices,
+// partitions.go): a counter set "gpu-<minor>-counter-set" (counters
+// "memory", "memory-slice-<i>", ...) and/or devices consuming it.
+func dynamicMIG(s *resourcev1.ResourceSlice, counters, consumers bool) *resourcev1.ResourceSlice {
+	one := map[string]resourcev1.Counter{"memory-slice-0": {Value: resource.MustParse("1")}}
+	if counters {
+		s.Spec.SharedCounters = []resourcev1.CounterSet{{Name: "gpu-0-counter-set", Counters: one}}
+	}
+	if consumers {
+		for i := range s.Spec.Devices {
+			s.Spec.Devices[i].ConsumesCounters = []resourcev1.DeviceCounterConsumption{{CounterSet: "gpu-0-counter-set", Counters: one}}
+		}
+	}
+	return s
+}
+
+// v1beta2Counters is a DynamicMIG counters slice as resource.k8s.io/v1beta2 serves it.
+func v1beta2Counters() *resourcev1beta2.ResourceSlice {
+	return &resourcev1beta2.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "b2"},
+		Spec: resourcev1beta2.ResourceSliceSpec{Driver: NVIDIADRADriver, NodeName: ptr.To("n1"), Pool: resourcev1beta2.ResourcePool{Name: "n1"},
+			SharedCounters: []resourcev1beta2.CounterSet{{Name: "gpu-0-counter-set",
+				Counters: map[string]resourcev1beta2.Counter{"memory": {Value: resource.MustParse("80Gi")}}}}}}
+}
+
+// v1beta1Consumer is a DynamicMIG device as resource.k8s.io/v1beta1 serves
+// it (under basic).
+func v1beta1Consumer() *resourcev1beta1.ResourceSlice {
+	return &resourcev1beta1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "b1"},
+		Spec: resourcev1beta1.ResourceSliceSpec{Driver: NVIDIADRADriver, NodeName: "n1", Pool: resourcev1beta1.ResourcePool{Name: "n1"},
+			Devices: []resourcev1beta1.Device{{Name: "gpu-0-mig-1g18gb-19-0", Basic: &resourcev1beta1.BasicDevice{
+				Attributes: map[resourcev1beta1.QualifiedName]resourcev1beta1.DeviceAttribute{"type": {StringValue: ptr.To("mig")}},
+				ConsumesCounters: []resourcev1beta1.DeviceCounterConsumption{{CounterSet: "gpu-0-counter-set",
+					Counters: map[string]resourcev1beta1.Counter{"memory": {Value: resource.MustParse("10Gi")}}}}}}}}}
 }

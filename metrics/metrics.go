@@ -146,7 +146,7 @@ func newMetrics(version, goVersion string, runtimeCollectors bool) *Metrics {
 		resourcesOK: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace,
 			Name:      "resources_converged",
-			Help:      "1 when, after the last change, the Node's allocatable showed exactly the new geometry's GPU and MIG resources (or there was nothing to wait for); 0 while the device plugin has not advertised them within --resource-wait-timeout.",
+			Help:      "1 when, after the last change, the Node's allocatable (device plugin) or its gpu.nvidia.com ResourceSlices (DRA driver) showed exactly the new geometry's devices (or there was nothing to wait for); 0 while they did not within --resource-wait-timeout.",
 		}),
 		collectorErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace,

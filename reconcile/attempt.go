@@ -263,6 +263,9 @@ func (a *attempt) checkNode() error {
 	if err := geometry.CheckStrategy(node.Strategy, a.v.n.GPUs, a.v.reqs); err != nil {
 		return invalid("the node's MIG strategy %q cannot serve config %q: %v", node.Strategy, desired, err)
 	}
+	if err := a.checkPath(); err != nil {
+		return err
+	}
 	if d.Others == nil {
 		return nil
 	}
@@ -278,6 +281,28 @@ func (a *attempt) checkNode() error {
 				Event: record.ReasonManagerConflict}
 		}
 		d.Log.Warn("another MIG manager is at work on this node; acting anyway (--allow-other-mig-manager)", "other", other)
+	}
+	return nil
+}
+
+// checkPath notes which allocation path serves the node, and refuses a node
+// that both the device plugin and the DRA driver serve.
+func (a *attempt) checkPath() error {
+	d := a.d
+	if d.Disrupt == nil {
+		return nil
+	}
+	var path, conflict string
+	err := d.retryAPI(a.ctx, func() (err error) { path, conflict, err = d.Disrupt.ServedBy(a.ctx); return err })
+	if err != nil {
+		return failed("finding the allocation path of the node", err)
+	}
+	if conflict != "" {
+		return &StepError{Reason: "the node's GPUs are served by both the device plugin and the NVIDIA DRA driver, which NVIDIA does not support: " +
+			conflict + " (serve this node's GPUs through one of them)", Event: record.ReasonAllocationPathConflict}
+	}
+	if path != "" {
+		a.ch.ServedBy = path
 	}
 	return nil
 }
@@ -607,7 +632,11 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	if d.S.ResourceWaitTimeout <= 0 {
 		return nil, ""
 	}
-	_ = d.notify().Status("waiting for the device plugin to advertise the new resources")
+	what := "the device plugin to advertise the new resources"
+	if ch.ServedBy == record.ServedByDRA {
+		what = "the DRA driver to announce the new MIG devices"
+	}
+	_ = d.notify().Status("waiting for %s", what)
 	waited, ok, err := d.Disrupt.WaitResources(ctx, node.Strategy, n, d.S.ResourceWaitTimeout)
 	if !waited {
 		d.Log.Warn("computing the expected resources failed; not waiting for them", "err", err)
@@ -626,6 +655,10 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 		ch.StalePlugins = pods
 	}
 	d.saveJournal()
+	if ch.ServedBy == record.ServedByDRA {
+		return &ok, fmt.Sprintf("the GPUs hold config %q, but the node's %s ResourceSlices did not announce exactly its devices within %s "+
+			"(is the NVIDIA DRA driver's kubelet plugin running on this node?): %v", ch.Config, "gpu.nvidia.com", d.S.ResourceWaitTimeout, err)
+	}
 	return &ok, fmt.Sprintf("the GPUs hold config %q, but the Node's allocatable did not show exactly its resources within %s "+
 		"(is the device plugin running on this node?): %v", ch.Config, d.S.ResourceWaitTimeout, err)
 }

@@ -144,6 +144,10 @@ type fakeDisruptor struct {
 	tainted   bool
 	plugins   []string   // what DevicePlugins lists
 	restarted [][]string // RestartDevicePlugins calls
+	// path and conflict are what ServedBy answers; converge is what
+	// WaitResources answers (nil: true).
+	path, conflict string
+	converge       *bool
 	// duringEvict runs inside Evict before the pods go (once).
 	duringEvict func()
 }
@@ -219,7 +223,14 @@ func (f *fakeDisruptor) RestartDevicePlugins(_ context.Context, pods []string) (
 }
 
 func (f *fakeDisruptor) WaitResources(context.Context, string, *gpus.Inventory, time.Duration) (bool, bool, error) {
+	if f.converge != nil && !*f.converge {
+		return true, false, errors.New("announced [MIG-old], want [MIG-new]")
+	}
 	return true, true, nil
+}
+
+func (f *fakeDisruptor) ServedBy(context.Context) (string, string, error) {
+	return f.path, f.conflict, nil
 }
 
 // fakeRebooter counts reboot requests.
@@ -911,4 +922,53 @@ func TestCoreHostClientsStoppedForBlockingProcesses(t *testing.T) {
 	if !slices.Equal(units.stopped, []string{"nvidia-dcgm.service"}) || !slices.Equal(units.start, []string{"nvidia-dcgm.service"}) {
 		t.Errorf("stopped %v, started %v", units.stopped, units.start)
 	}
+}
+
+// The allocation path: a node served by the device plugin and the DRA
+// driver at once is refused before anything is touched; on the DRA path
+// the record says so, and a wait that does not converge fails the change
+// with the DRA driver named.
+func TestCoreAllocationPath(t *testing.T) {
+	t.Run("both refused", func(t *testing.T) {
+		c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+		c.applied(t, "all-balanced")
+		pods := c.runPods(t, "1g.18gb", 0, 1)
+		c.disrupt.conflict = "nvidia.com/gpu in the Node's allocatable and gpu.nvidia.com ResourceSlice s1"
+		c.cluster.setLabel("all-1g.18gb")
+		c.disrupt.affected = 0
+		if oc := c.pass(true, false); oc == outSuccess {
+			t.Fatal("a node served by both paths was changed")
+		}
+		rec := c.cluster.last()
+		if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "both the device plugin and the NVIDIA DRA driver") {
+			t.Fatalf("record %+v", rec)
+		}
+		if c.cluster.count(record.ReasonAllocationPathConflict) != 1 || c.disrupt.affected != 0 || len(c.disrupt.evicted) != 0 || !c.holds(t, "all-balanced") {
+			t.Fatalf("events %v, affected %d, evicted %v: something was touched", c.cluster.events, c.disrupt.affected, c.disrupt.evicted)
+		}
+		if len(pods) == 0 {
+			t.Fatal("no pods to keep")
+		}
+	})
+	t.Run("dra", func(t *testing.T) {
+		c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+		c.disrupt.path = record.ServedByDRA
+		c.applied(t, "all-balanced")
+		if rec := c.cluster.last(); rec.ServedBy != record.ServedByDRA {
+			t.Fatalf("record servedBy %q", rec.ServedBy)
+		}
+		no := false
+		c.disrupt.converge = &no
+		c.cluster.setLabel("all-1g.18gb")
+		if oc := c.pass(true, false); oc == outSuccess {
+			t.Fatal("success without the slices converging")
+		}
+		rec := c.cluster.last()
+		if !strings.Contains(rec.Reason, "gpu.nvidia.com ResourceSlices did not announce exactly its devices") || rec.ServedBy != record.ServedByDRA {
+			t.Fatalf("record %+v", rec)
+		}
+		if c.cluster.count(record.ReasonResourcesTimeout) != 1 {
+			t.Fatalf("events %v", c.cluster.events)
+		}
+	})
 }

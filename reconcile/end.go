@@ -108,7 +108,7 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 		rec.ConfigHash, rec.ConfigSource, rec.PreviousConfigHash = ch.Hash, ch.Source, ch.PreviousHash
 		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
 		rec.Reboot = d.rebooted(ch) || result == record.StateRebooting
-		rec.AffectedBy, rec.DisruptedAt = ch.AffectedBy, ch.DisruptedAt
+		rec.AffectedBy, rec.DisruptedAt, rec.ServedBy = ch.AffectedBy, ch.DisruptedAt, ch.ServedBy
 		if ch.GPUsChanged != nil {
 			rec.GPUsChanged = ch.GPUsChanged
 		}

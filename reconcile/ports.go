@@ -141,18 +141,24 @@ type Disruptor interface {
 	PauseOperands(ctx context.Context, saved json.RawMessage) error
 	// RestoreOperands restores what PauseOperands saved.
 	RestoreOperands(ctx context.Context, saved json.RawMessage) error
-	// DevicePlugins lists the node's device plugin and GPU Feature
-	// Discovery pods ("namespace/name/uid"): they read the MIG devices only
-	// when they start.
+	// DevicePlugins lists the node's device plugin, GPU Feature Discovery
+	// and DRA kubelet plugin pods ("namespace/name/uid"): they read the
+	// MIG devices only when they start.
 	DevicePlugins(ctx context.Context) (pods []string, err error)
 	// RestartDevicePlugins evicts those of pods that still run (same UID),
 	// so that their DaemonSets start new ones. Safe to repeat.
 	RestartDevicePlugins(ctx context.Context, pods []string) (restarted []string, err error)
-	// WaitResources waits until the Node shows exactly the resources that
-	// the GPUs as n holds them imply under the MIG strategy; ok is false
-	// on timeout. waited is false when nothing could be expected (nothing
-	// was awaited).
+	// WaitResources waits until the node advertises exactly what the GPUs
+	// as n holds them imply, on the path that serves it: the device
+	// plugin's resources under the MIG strategy in the Node's allocatable,
+	// or the DRA driver's devices in the node's ResourceSlices. ok is
+	// false on timeout. waited is false when nothing could be expected
+	// (nothing was awaited).
 	WaitResources(ctx context.Context, strategy string, n *gpus.Inventory, timeout time.Duration) (waited, ok bool, err error)
+	// ServedBy says which allocation path hands the node's GPUs to pods
+	// (record.ServedByDevicePlugin, record.ServedByDRA, "" when neither is
+	// seen); conflict describes both at once on the node (refused).
+	ServedBy(ctx context.Context) (path, conflict string, err error)
 }
 
 // OtherManagers finds another MIG manager at work on the node.

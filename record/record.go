@@ -91,6 +91,9 @@ type ChangeRecord struct {
 	// AffectedBy says how affected pods were found: "pod-resources", or
 	// "all-gpu-pods: <why PodResources could not be read>".
 	AffectedBy string `json:"affectedBy,omitempty"`
+	// ServedBy is the allocation path that hands the node's GPUs to pods:
+	// ServedByDevicePlugin or ServedByDRA ("" standalone, or none seen).
+	ServedBy string `json:"servedBy,omitempty"`
 	// Geometry is the per-GPU geometry after the change ("0": ["3g.71gb@0", ...]).
 	Geometry map[string][]string `json:"geometry,omitempty"`
 	// GPUsUnusable are the GPUs NVML counts but could not open, left alone.
@@ -110,6 +113,9 @@ const (
 	ReasonDrift            = "MigGeometryDrift"
 	ReasonResourcesTimeout = "MigResourcesTimeout"
 	ReasonManagerConflict  = "MigManagerConflict"
+	// ReasonAllocationPathConflict: the node's GPUs are served by both the
+	// device plugin and the NVIDIA DRA driver (Warning, change refused).
+	ReasonAllocationPathConflict = "MigAllocationPathConflict"
 	// ReasonGPUUnusable: a GPU NVML counts but cannot open (Warning,
 	// posted when the set of such GPUs changes).
 	ReasonGPUUnusable = "MigGPUUnusable"
@@ -195,6 +201,15 @@ func MaxDisrupted(recs []ChangeRecord) int {
 	}
 	return most
 }
+
+// Values of ChangeRecord.ServedBy: the path that hands the GPUs to pods.
+const (
+	// ServedByDevicePlugin: NVIDIA's device plugin (nvidia.com/ resources
+	// in the Node's allocatable).
+	ServedByDevicePlugin = "device-plugin"
+	// ServedByDRA: NVIDIA's DRA driver (gpu.nvidia.com ResourceSlices).
+	ServedByDRA = "dra"
+)
 
 // Values of ChangeRecord.AffectedBy: how the affected pods were found.
 const (

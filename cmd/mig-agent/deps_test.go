@@ -13,6 +13,9 @@ var apiGroups = map[string]bool{
 	"k8s.io/api/coordination/v1": true,
 	"k8s.io/api/policy/v1":       true,
 	"k8s.io/api/resource/v1":     true,
+	// Read where a cluster serves DRA only in an older version.
+	"k8s.io/api/resource/v1beta2": true,
+	"k8s.io/api/resource/v1beta1": true,
 }
 
 // unwanted are packages that once made most of the binary (docs/bench.md,

@@ -96,6 +96,9 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 		if r.AffectedBy != "" {
 			row("Pods found by", clean(r.AffectedBy))
 		}
+		if r.ServedBy != "" {
+			row("Served by", clean(r.ServedBy))
+		}
 		row("Reboot", yesNo(r.Reboot))
 		if r.ResourcesConverged != nil {
 			row("Resources advertised", yesNo(*r.ResourcesConverged))

@@ -66,7 +66,7 @@ func TestStatusTextGolden(t *testing.T) {
 }
 
 func TestStatusTextProfileSummary(t *testing.T) {
-	rec := record.ChangeRecord{Config: "c", Result: record.StateSuccess,
+	rec := record.ChangeRecord{Config: "c", Result: record.StateSuccess, ServedBy: record.ServedByDRA,
 		Geometry: map[string][]string{"1": {"1g.18gb@6", "3g.71gb@0", "1g.18gb@4", "1g.18gb@5"}, "0": nil}}
 	b, _ := json.Marshal(rec)
 	s, err := kube.StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
@@ -81,6 +81,9 @@ func TestStatusTextProfileSummary(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "1x 3g.71gb, 3x 1g.18gb") {
 		t.Errorf("profile summary missing:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "Served by") || !strings.Contains(out.String(), "dra") {
+		t.Errorf("allocation path missing:\n%s", out.String())
 	}
 }
 

@@ -25,6 +25,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	resourcev1beta1 "k8s.io/api/resource/v1beta1"
+	resourcev1beta2 "k8s.io/api/resource/v1beta2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -41,6 +43,10 @@ type Interface interface {
 	CoordinationV1() CoordinationV1
 	PolicyV1() PolicyV1
 	ResourceV1() ResourceV1
+	// ResourceV1beta2 and ResourceV1beta1 are read where the cluster
+	// serves DRA only in an older version (Kubernetes 1.32-1.33).
+	ResourceV1beta2() ResourceV1beta2
+	ResourceV1beta1() ResourceV1beta1
 }
 
 // CoreV1 is the core API group, version v1.
@@ -112,12 +118,28 @@ type Evictions interface {
 // ResourceV1 is resource.k8s.io/v1 (DRA).
 type ResourceV1 interface {
 	ResourceSlices() ResourceSlices
+	ResourceClaims(namespace string) Lister[resourcev1.ResourceClaimList]
+}
+
+// ResourceV1beta2 is resource.k8s.io/v1beta2.
+type ResourceV1beta2 interface {
+	ResourceSlices() Lister[resourcev1beta2.ResourceSliceList]
+	ResourceClaims(namespace string) Lister[resourcev1beta2.ResourceClaimList]
+}
+
+// ResourceV1beta1 is resource.k8s.io/v1beta1.
+type ResourceV1beta1 interface {
+	ResourceSlices() Lister[resourcev1beta1.ResourceSliceList]
+	ResourceClaims(namespace string) Lister[resourcev1beta1.ResourceClaimList]
+}
+
+// Lister is a resource the agent only lists (L: its list type).
+type Lister[L any] interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*L, error)
 }
 
 // ResourceSlices is the agent's use of the ResourceSlice resource.
-type ResourceSlices interface {
-	List(ctx context.Context, opts metav1.ListOptions) (*resourcev1.ResourceSliceList, error)
-}
+type ResourceSlices = Lister[resourcev1.ResourceSliceList]
 
 // Scheme holds the API types of the groups above, and only those.
 var Scheme = runtime.NewScheme()
@@ -131,7 +153,7 @@ var (
 func init() {
 	metav1.AddToGroupVersion(Scheme, schema.GroupVersion{Version: "v1"})
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, coordinationv1.AddToScheme,
-		policyv1.AddToScheme, resourcev1.AddToScheme} {
+		policyv1.AddToScheme, resourcev1.AddToScheme, resourcev1beta2.AddToScheme, resourcev1beta1.AddToScheme} {
 		if err := add(Scheme); err != nil {
 			panic(fmt.Sprintf("kclient scheme: %v", err))
 		}
@@ -141,7 +163,7 @@ func init() {
 // client is Interface over one REST client per group, sharing one HTTP
 // client (connection pool), as kubernetes.NewForConfig shares it.
 type client struct {
-	core, coordination, policy, resource rest.Interface
+	core, coordination, policy, resource, resourceV1beta2, resourceV1beta1 rest.Interface
 }
 
 // New returns the client for cfg.
@@ -164,6 +186,8 @@ func New(cfg *rest.Config) (Interface, error) {
 		{&c.coordination, coordinationv1.SchemeGroupVersion, "/apis"},
 		{&c.policy, policyv1.SchemeGroupVersion, "/apis"},
 		{&c.resource, resourcev1.SchemeGroupVersion, "/apis"},
+		{&c.resourceV1beta2, resourcev1beta2.SchemeGroupVersion, "/apis"},
+		{&c.resourceV1beta1, resourcev1beta1.SchemeGroupVersion, "/apis"},
 	} {
 		if *g.rc, err = groupClient(&cfgCopy, hc, g.gv, g.apiPath); err != nil {
 			return nil, fmt.Errorf("client for %s: %w", g.gv, err)
@@ -182,10 +206,12 @@ func groupClient(cfg *rest.Config, hc *http.Client, gv schema.GroupVersion, apiP
 	return rest.RESTClientForConfigAndClient(&c, hc)
 }
 
-func (c *client) CoreV1() CoreV1                 { return coreV1{c.core} }
-func (c *client) CoordinationV1() CoordinationV1 { return coordinationV1{c.coordination} }
-func (c *client) PolicyV1() PolicyV1             { return policyV1{c.policy} }
-func (c *client) ResourceV1() ResourceV1         { return resourceV1{c.resource} }
+func (c *client) CoreV1() CoreV1                   { return coreV1{c.core} }
+func (c *client) CoordinationV1() CoordinationV1   { return coordinationV1{c.coordination} }
+func (c *client) PolicyV1() PolicyV1               { return policyV1{c.policy} }
+func (c *client) ResourceV1() ResourceV1           { return resourceV1{c.resource} }
+func (c *client) ResourceV1beta2() ResourceV1beta2 { return resourceV1beta2{c.resourceV1beta2} }
+func (c *client) ResourceV1beta1() ResourceV1beta1 { return resourceV1beta1{c.resourceV1beta1} }
 
 type coreV1 struct{ rc rest.Interface }
 
@@ -242,4 +268,43 @@ func (g resourceV1) ResourceSlices() ResourceSlices {
 		func() *resourcev1.ResourceSlice { return &resourcev1.ResourceSlice{} },
 		func() *resourcev1.ResourceSliceList { return &resourcev1.ResourceSliceList{} },
 		gentype.PrefersProtobuf[*resourcev1.ResourceSlice]())
+}
+
+func (g resourceV1) ResourceClaims(namespace string) Lister[resourcev1.ResourceClaimList] {
+	return gentype.NewClientWithList("resourceclaims", g.rc, parameterCodec, namespace,
+		func() *resourcev1.ResourceClaim { return &resourcev1.ResourceClaim{} },
+		func() *resourcev1.ResourceClaimList { return &resourcev1.ResourceClaimList{} },
+		gentype.PrefersProtobuf[*resourcev1.ResourceClaim]())
+}
+
+type resourceV1beta2 struct{ rc rest.Interface }
+
+func (g resourceV1beta2) ResourceSlices() Lister[resourcev1beta2.ResourceSliceList] {
+	return gentype.NewClientWithList("resourceslices", g.rc, parameterCodec, "",
+		func() *resourcev1beta2.ResourceSlice { return &resourcev1beta2.ResourceSlice{} },
+		func() *resourcev1beta2.ResourceSliceList { return &resourcev1beta2.ResourceSliceList{} },
+		gentype.PrefersProtobuf[*resourcev1beta2.ResourceSlice]())
+}
+
+func (g resourceV1beta2) ResourceClaims(namespace string) Lister[resourcev1beta2.ResourceClaimList] {
+	return gentype.NewClientWithList("resourceclaims", g.rc, parameterCodec, namespace,
+		func() *resourcev1beta2.ResourceClaim { return &resourcev1beta2.ResourceClaim{} },
+		func() *resourcev1beta2.ResourceClaimList { return &resourcev1beta2.ResourceClaimList{} },
+		gentype.PrefersProtobuf[*resourcev1beta2.ResourceClaim]())
+}
+
+type resourceV1beta1 struct{ rc rest.Interface }
+
+func (g resourceV1beta1) ResourceSlices() Lister[resourcev1beta1.ResourceSliceList] {
+	return gentype.NewClientWithList("resourceslices", g.rc, parameterCodec, "",
+		func() *resourcev1beta1.ResourceSlice { return &resourcev1beta1.ResourceSlice{} },
+		func() *resourcev1beta1.ResourceSliceList { return &resourcev1beta1.ResourceSliceList{} },
+		gentype.PrefersProtobuf[*resourcev1beta1.ResourceSlice]())
+}
+
+func (g resourceV1beta1) ResourceClaims(namespace string) Lister[resourcev1beta1.ResourceClaimList] {
+	return gentype.NewClientWithList("resourceclaims", g.rc, parameterCodec, namespace,
+		func() *resourcev1beta1.ResourceClaim { return &resourcev1beta1.ResourceClaim{} },
+		func() *resourcev1beta1.ResourceClaimList { return &resourcev1beta1.ResourceClaimList{} },
+		gentype.PrefersProtobuf[*resourcev1beta1.ResourceClaim]())
 }

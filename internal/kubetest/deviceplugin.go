@@ -103,47 +103,9 @@ func StartDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, stra
 // (sharingOf).
 func StartSharingDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, strategy string, cfg PluginConfig, read func() ([]PluginGPU, error)) *DevicePlugin {
 	t.Helper()
-	ctx := context.Background()
 	p := &DevicePlugin{t: t, client: client, node: node, ns: ns, strategy: strategy, read: read, cfg: cfg,
 		capacity: map[string]int64{}, healthy: map[string]int64{}}
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if n.Labels == nil {
-			n.Labels = map[string]string{}
-		}
-		n.Labels[nodeLabel] = node
-		if _, ok := n.Labels[DevicePluginDeployLabel]; !ok {
-			n.Labels[DevicePluginDeployLabel] = "true"
-		}
-		// The node lifecycle controller lifts the not-ready taint (that the
-		// API server's TaintNodesByCondition admission put on the new Node)
-		// once the kubelet reports Ready; DaemonSet pods do not tolerate it.
-		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool {
-			return t.Key == corev1.TaintNodeNotReady && t.Effect == corev1.TaintEffectNoSchedule
-		})
-		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("StartDevicePlugin: label node %s: %v", node, err)
-	}
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		now := metav1.Now()
-		n.Status.Conditions = append(slices.DeleteFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady }),
-			corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now})
-		_, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("StartDevicePlugin: node %s Ready: %v", node, err)
-	}
+	readyForDaemonSet(t, client, node, map[string]string{DevicePluginDeployLabel: "true"})
 	labels := map[string]string{"app": DevicePluginApp}
 	ds := &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: DevicePluginApp + "-" + shortName(node), Labels: labels},
@@ -166,9 +128,81 @@ func StartSharingDevicePlugin(t testing.TB, client kubernetes.Interface, node, n
 	if cfg.ConfigMap != "" {
 		configManagerSpec(&ds.Spec.Template.Spec, cfg)
 	}
-	if _, err := client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("StartDevicePlugin: create DaemonSet: %v", err)
+	runDaemonSet(t, client, node, ds, p.start, p.stop)
+	return p
+}
+
+// readyForDaemonSet labels node for a test's DaemonSet (nodeLabel, and
+// labels it does not carry yet) and reports it Ready, lifting the
+// not-ready taint, as the kubelet and the node lifecycle controller do.
+func readyForDaemonSet(t testing.TB, client kubernetes.Interface, node string, labels map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels[nodeLabel] = node
+		for k, v := range labels {
+			if _, ok := n.Labels[k]; !ok {
+				n.Labels[k] = v
+			}
+		}
+		// The node lifecycle controller lifts the not-ready taint (that the
+		// API server's TaintNodesByCondition admission put on the new Node)
+		// once the kubelet reports Ready; DaemonSet pods do not tolerate it.
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+			return t.Key == corev1.TaintNodeNotReady && t.Effect == corev1.TaintEffectNoSchedule
+		})
+		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("label node %s: %v", node, err)
 	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		n.Status.Conditions = append(slices.DeleteFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady }),
+			corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now})
+		_, err = client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("node %s Ready: %v", node, err)
+	}
+}
+
+// podLoop plays, for the pods of one test DaemonSet on one node (those
+// labelled nodeLabel=node in ns), kube-scheduler (bind) and the kubelet
+// (start the daemon when its pod is bound, stop it and remove the pod when
+// it is deleted or evicted).
+type podLoop struct {
+	t           testing.TB
+	client      kubernetes.Interface
+	node, ns    string
+	start, stop func(ctx context.Context, pod *corev1.Pod)
+}
+
+// runDaemonSet creates ds (its pod template labelled nodeLabel=node) and
+// runs its pods on node until the test ends; then the DaemonSet and its
+// pods are deleted.
+func runDaemonSet(t testing.TB, client kubernetes.Interface, node string, ds *appsv1.DaemonSet,
+	start, stop func(ctx context.Context, pod *corev1.Pod)) *podLoop {
+	t.Helper()
+	ctx := context.Background()
+	ns := ds.Namespace
+	if _, err := client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create DaemonSet %s/%s: %v", ns, ds.Name, err)
+	}
+	p := &podLoop{t: t, client: client, node: node, ns: ns, start: start, stop: stop}
 	loopCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -221,7 +255,7 @@ func shortName(node string) string {
 
 // once lists and watches the DaemonSet's pods (bound or not) and acts on
 // each event; it returns when the watch ends.
-func (p *DevicePlugin) once(ctx context.Context) error {
+func (p *podLoop) once(ctx context.Context) error {
 	opts := metav1.ListOptions{LabelSelector: nodeLabel + "=" + p.node}
 	list, err := p.client.CoreV1().Pods(p.ns).List(ctx, opts)
 	if err != nil {
@@ -255,7 +289,7 @@ func (p *DevicePlugin) once(ctx context.Context) error {
 	}
 }
 
-func (p *DevicePlugin) handle(ctx context.Context, pod *corev1.Pod, deleted bool) {
+func (p *podLoop) handle(ctx context.Context, pod *corev1.Pod, deleted bool) {
 	switch {
 	case deleted || pod.DeletionTimestamp != nil:
 		p.stop(ctx, pod)
@@ -265,7 +299,7 @@ func (p *DevicePlugin) handle(ctx context.Context, pod *corev1.Pod, deleted bool
 				GracePeriodSeconds: ptr.To[int64](0), Preconditions: &metav1.Preconditions{UID: &pod.UID},
 			})
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil {
-				p.t.Logf("device plugin %s: finishing pod %s: %v", p.node, pod.Name, err)
+				p.t.Logf("kubelet %s: finishing pod %s: %v", p.node, pod.Name, err)
 			}
 		}
 	case pod.Spec.NodeName == "":
@@ -276,7 +310,7 @@ func (p *DevicePlugin) handle(ctx context.Context, pod *corev1.Pod, deleted bool
 }
 
 // bind plays kube-scheduler for a DaemonSet pod aimed at this node.
-func (p *DevicePlugin) bind(ctx context.Context, pod *corev1.Pod) {
+func (p *podLoop) bind(ctx context.Context, pod *corev1.Pod) {
 	if !affinityNames(pod, p.node) {
 		return
 	}
@@ -297,7 +331,7 @@ func (p *DevicePlugin) bind(ctx context.Context, pod *corev1.Pod) {
 		Target:     corev1.ObjectReference{Kind: "Node", Name: p.node},
 	}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsConflict(err) && ctx.Err() == nil {
-		p.t.Logf("device plugin %s: binding pod %s: %v", p.node, pod.Name, err)
+		p.t.Logf("scheduler %s: binding pod %s: %v", p.node, pod.Name, err)
 	}
 }
 
@@ -335,10 +369,30 @@ func affinityNames(pod *corev1.Pod, node string) bool {
 
 // start runs the plugin of pod: enumerate, register, mark the pod Running.
 func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
+	if p.startPlugin(ctx, pod) {
+		markRunning(ctx, p.t, p.client, pod)
+	}
+}
+
+// markRunning sets a daemon pod Running and Ready, as the kubelet does once
+// its container started.
+func markRunning(ctx context.Context, t testing.TB, client kubernetes.Interface, pod *corev1.Pod) {
+	now := metav1.Now()
+	pod = pod.DeepCopy()
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.StartTime = &now
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}
+	if _, err := client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil {
+		t.Logf("kubelet %s: pod %s status: %v", pod.Spec.NodeName, pod.Name, err)
+	}
+}
+
+// startPlugin enumerates and advertises; false when it could not enumerate.
+func (p *DevicePlugin) startPlugin(ctx context.Context, pod *corev1.Pod) bool {
 	gpus, err := p.read()
 	if err != nil {
 		p.t.Logf("device plugin %s: enumerating the GPUs: %v", p.node, err)
-		return
+		return false
 	}
 	adv := advertise(p.strategy, gpus)
 	if p.cfg.ConfigMap != "" {
@@ -347,7 +401,7 @@ func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
 			// The plugin exits on a config it cannot parse; the pod
 			// stays pending here (it crash-loops in a real cluster).
 			p.t.Logf("device plugin %s: config: %v", p.node, err)
-			return
+			return false
 		}
 		adv = shared.apply(adv)
 	}
@@ -361,14 +415,7 @@ func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
 	status := p.statusLocked()
 	p.mu.Unlock()
 	p.writeStatus(ctx, status)
-	now := metav1.Now()
-	pod = pod.DeepCopy()
-	pod.Status.Phase = corev1.PodRunning
-	pod.Status.StartTime = &now
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}
-	if _, err := p.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil {
-		p.t.Logf("device plugin %s: pod %s status: %v", p.node, pod.Name, err)
-	}
+	return true
 }
 
 // stop ends the plugin of pod, if it is the one running: every device of

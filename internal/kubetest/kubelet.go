@@ -63,6 +63,7 @@ type Kubelet struct {
 	pods        map[types.NamespacedName]map[string]map[string][]string // pod → container → resource → ids
 	allocatable map[string][]string                                     // resource → ids
 	keep        map[types.UID]bool                                      // left Terminating
+	claims      map[types.NamespacedName]map[string][]preparedClaim     // pod → container → claims (DRA)
 	finished    []string
 	listCalls   int
 
@@ -86,6 +87,7 @@ func StartKubelet(t TB, client kubernetes.Interface, node string) *Kubelet {
 		pods:        map[types.NamespacedName]map[string]map[string][]string{},
 		allocatable: map[string][]string{},
 		keep:        map[types.UID]bool{},
+		claims:      map[types.NamespacedName]map[string][]preparedClaim{},
 	}
 	lis, err := net.Listen("unix", k.socket)
 	if err != nil {
@@ -341,7 +343,8 @@ func (k *Kubelet) podResources(key types.NamespacedName) *podresourcesv1.PodReso
 	}
 	sort.Strings(containers)
 	for _, c := range containers {
-		pr.Containers = append(pr.Containers, &podresourcesv1.ContainerResources{Name: c, Devices: devicesOf(k.pods[key][c])})
+		pr.Containers = append(pr.Containers, &podresourcesv1.ContainerResources{Name: c, Devices: devicesOf(k.pods[key][c]),
+			DynamicResources: dynamicResourcesOf(k.claims[key][c])})
 	}
 	return pr
 }
@@ -440,6 +443,7 @@ func (k *Kubelet) forget(p *corev1.Pod) {
 	defer k.mu.Unlock()
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 	delete(k.pods, key)
+	delete(k.claims, key)
 	name := key.String()
 	if !slices.Contains(k.finished, name) && p.DeletionTimestamp != nil {
 		k.finished = append(k.finished, name)

@@ -2,6 +2,7 @@ package kubetest_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
 )
@@ -241,5 +243,56 @@ func TestServesAdmissionPolicies(t *testing.T) {
 		if !slices.Contains(names, want) {
 			t.Errorf("admissionregistration.k8s.io/v1 does not serve %s (serves %v)", want, names)
 		}
+	}
+}
+
+// The kubelet stand-in's PodResources dynamic_resources, as the kubelet's
+// GetDynamicResources builds them: per container only the claims it names,
+// one ClaimResource per device, with the NVIDIA driver's CDI ids (and the
+// kubelet's per-driver CDI list, which the second device repeats); a claim
+// not reserved for the pod is not prepared.
+func TestKubeletDynamicResources(t *testing.T) {
+	c := kubetest.Client(t)
+	ctx := context.Background()
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, nil)
+	ns := kubetest.NewName(t, "ns")
+	kubetest.CreateNamespace(t, ns)
+	k := kubetest.StartKubelet(t, c, node)
+	pod := k.CreatePod(t, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}, Spec: corev1.PodSpec{
+		ResourceClaims: []corev1.PodResourceClaim{{Name: "migs", ResourceClaimName: ptr.To("two")}},
+		Containers: []corev1.Container{
+			{Name: "uses", Image: "registry.k8s.io/pause:3.10", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "migs"}}}},
+			{Name: "sidecar", Image: "registry.k8s.io/pause:3.10"},
+		}}})
+	claim := kubetest.AllocateClaim(t, c, ns, "two", "mig.nvidia.com", pod,
+		kubetest.AllocatedDevice{Driver: "gpu.nvidia.com", Pool: node, Device: "gpu-0-mig-1g18gb-19-0"},
+		kubetest.AllocatedDevice{Driver: "gpu.nvidia.com", Pool: node, Device: "gpu-0-mig-1g18gb-19-1"})
+	k.PrepareClaims(t, pod)
+	resp, err := podResourcesClient(t, k.Socket()).Get(ctx, &podresourcesv1.GetPodResourcesRequest{PodNamespace: ns, PodName: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ctr := range resp.GetPodResources().GetContainers() {
+		for _, dr := range ctr.GetDynamicResources() {
+			for _, r := range dr.GetClaimResources() {
+				var cdi []string
+				for _, d := range r.GetCdiDevices() {
+					cdi = append(cdi, d.GetName())
+				}
+				got = append(got, fmt.Sprintf("%s %s/%s %s/%s/%s %v", ctr.GetName(), dr.GetClaimNamespace(), dr.GetClaimName(),
+					r.GetDriverName(), r.GetPoolName(), r.GetDeviceName(), cdi))
+			}
+		}
+	}
+	cdi0 := "k8s.gpu.nvidia.com/claim=" + string(claim.UID) + "-gpu-0-mig-1g18gb-19-0"
+	cdi1 := "k8s.gpu.nvidia.com/claim=" + string(claim.UID) + "-gpu-0-mig-1g18gb-19-1"
+	want := []string{
+		fmt.Sprintf("uses %s/two gpu.nvidia.com/%s/gpu-0-mig-1g18gb-19-0 [%s]", ns, node, cdi0),
+		fmt.Sprintf("uses %s/two gpu.nvidia.com/%s/gpu-0-mig-1g18gb-19-1 [%s %s]", ns, node, cdi0, cdi1),
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("dynamic_resources = %q, want %q", got, want)
 	}
 }

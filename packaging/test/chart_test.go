@@ -46,12 +46,19 @@ var cases = []renderCase{
 	// The values file the chart ships for clusters that run the GPU
 	// Operator, as docs/install.md installs it.
 	{"gpu-operator", "mig-agent", "mig-agent", gpuOperatorValues},
+	// The values file the chart ships for clusters whose GPUs NVIDIA's DRA
+	// driver serves, as docs/install.md installs it.
+	{"dra", "mig-agent", "mig-agent", draValues},
 	// The OpenShift SecurityContextConstraints.
 	{"openshift", "mig-agent", "mig-agent", ""},
 }
 
 // gpuOperatorValues is the chart's values file for GPU Operator clusters.
 const gpuOperatorValues = chartDir + "/values-gpu-operator.yaml"
+
+// draValues is the chart's values file for clusters served by the NVIDIA
+// DRA driver.
+const draValues = chartDir + "/values-dra.yaml"
 
 func (c renderCase) valuesFile() string {
 	if c.values != "" {

@@ -45,9 +45,29 @@ func TestGPUOperatorOverlay(t *testing.T) {
 	if base, plain := kustomizeBuild(t, plainDir), readPlain(t); len(base) != len(plain) {
 		t.Errorf("kustomize builds %d objects from %s, the directory holds %d", len(base), plainDir, len(plain))
 	}
-	c := gpuOperatorCase()
+	sameAsChart(t, gpuOperatorCase(), gpuOperatorOverlay)
+}
+
+// draOverlay is the plain manifests' counterpart of values-dra.yaml.
+const draOverlay = "../kubernetes-dra"
+
+// TestDRAOverlay: `kubectl apply -k packaging/kubernetes-dra` creates what
+// the chart renders with values-dra.yaml, as TestGPUOperatorOverlay.
+func TestDRAOverlay(t *testing.T) {
+	for _, c := range cases {
+		if c.name == "dra" {
+			sameAsChart(t, c, draOverlay)
+			return
+		}
+	}
+	t.Fatal("no dra case")
+}
+
+// sameAsChart compares the overlay's objects with the chart's render of c.
+func sameAsChart(t *testing.T, c renderCase, overlayDir string) {
+	t.Helper()
 	chart := objects(t, mustRender(t, c, readValues(t, c.name)))
-	overlay := kustomizeBuild(t, gpuOperatorOverlay)
+	overlay := kustomizeBuild(t, overlayDir)
 	key := func(o map[string]any) string {
 		return fmt.Sprintf("%s/%v/%v", o["kind"], get(o, "metadata", "namespace"), get(o, "metadata", "name"))
 	}

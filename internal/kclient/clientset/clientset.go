@@ -5,11 +5,16 @@
 package clientset
 
 import (
+	apiresourcev1 "k8s.io/api/resource/v1"
+	apiresourcev1beta1 "k8s.io/api/resource/v1beta1"
+	apiresourcev1beta2 "k8s.io/api/resource/v1beta2"
 	"k8s.io/client-go/kubernetes"
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	policyv1 "k8s.io/client-go/kubernetes/typed/policy/v1"
 	resourcev1 "k8s.io/client-go/kubernetes/typed/resource/v1"
+	resourcev1beta1 "k8s.io/client-go/kubernetes/typed/resource/v1beta1"
+	resourcev1beta2 "k8s.io/client-go/kubernetes/typed/resource/v1beta2"
 	"k8s.io/client-go/rest"
 
 	"github.com/migagent/mig-agent/internal/kclient"
@@ -24,6 +29,12 @@ func (w wrapped) CoreV1() kclient.CoreV1                 { return core{w.c.CoreV
 func (w wrapped) CoordinationV1() kclient.CoordinationV1 { return coordination{w.c.CoordinationV1()} }
 func (w wrapped) PolicyV1() kclient.PolicyV1             { return policy{w.c.PolicyV1()} }
 func (w wrapped) ResourceV1() kclient.ResourceV1         { return resource{w.c.ResourceV1()} }
+func (w wrapped) ResourceV1beta2() kclient.ResourceV1beta2 {
+	return resourceBeta2{w.c.ResourceV1beta2()}
+}
+func (w wrapped) ResourceV1beta1() kclient.ResourceV1beta1 {
+	return resourceBeta1{w.c.ResourceV1beta1()}
+}
 
 // IsWatchListSemanticsUnSupported passes on what the clientset says of the
 // watch-list protocol (a fake one does not support it), for informers.
@@ -55,3 +66,28 @@ type resource struct {
 }
 
 func (g resource) ResourceSlices() kclient.ResourceSlices { return g.c.ResourceSlices() }
+func (g resource) ResourceClaims(ns string) kclient.Lister[apiresourcev1.ResourceClaimList] {
+	return g.c.ResourceClaims(ns)
+}
+
+type resourceBeta2 struct {
+	c resourcev1beta2.ResourceV1beta2Interface
+}
+
+func (g resourceBeta2) ResourceSlices() kclient.Lister[apiresourcev1beta2.ResourceSliceList] {
+	return g.c.ResourceSlices()
+}
+func (g resourceBeta2) ResourceClaims(ns string) kclient.Lister[apiresourcev1beta2.ResourceClaimList] {
+	return g.c.ResourceClaims(ns)
+}
+
+type resourceBeta1 struct {
+	c resourcev1beta1.ResourceV1beta1Interface
+}
+
+func (g resourceBeta1) ResourceSlices() kclient.Lister[apiresourcev1beta1.ResourceSliceList] {
+	return g.c.ResourceSlices()
+}
+func (g resourceBeta1) ResourceClaims(ns string) kclient.Lister[apiresourcev1beta1.ResourceClaimList] {
+	return g.c.ResourceClaims(ns)
+}

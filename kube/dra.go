@@ -1,0 +1,147 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/migagent/mig-agent/drain"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/record"
+)
+
+// The DRA path: a node whose GPUs NVIDIA's DRA driver hands to pods
+// (gpu.nvidia.com ResourceSlices) instead of the device plugin (nvidia.com/
+// resources in the Node's allocatable). Without DynamicMIG the driver
+// announces the MIG devices that exist when its kubelet plugin starts and
+// never looks again (publishResources in dra-driver-nvidia-gpu
+// cmd/gpu-kubelet-plugin/driver.go): after a change its pod is restarted
+// (DevicePlugins lists it) and the change succeeds only when the slices
+// announce exactly the new devices.
+
+// DRAPollInterval is how often WaitResources reads the node's ResourceSlices
+// on the DRA path.
+const DRAPollInterval = time.Second
+
+// ServedBy implements reconcile.Disruptor: the DRA path when the NVIDIA DRA
+// driver announces GPUs or MIG devices of the node, the device plugin's when
+// the Node's allocatable has an nvidia.com/ resource; both at once is a
+// conflict. No DRA API, or no right to read it, counts as no DRA.
+func (k *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err error) {
+	node, err := k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+	if err != nil {
+		return "", "", fmt.Errorf("reading node %s: %w", k.Node, err)
+	}
+	dp := devicePluginResources(node)
+	sl, err := drain.NodeSlices(ctx, k.Client, k.Node)
+	switch {
+	case errors.Is(err, drain.ErrNoDRA) || apierrors.IsForbidden(err):
+		sl = nil
+	case err != nil:
+		return "", "", err
+	}
+	dra := drain.ServesDevices(sl)
+	switch {
+	case dra && len(dp) > 0:
+		return "", fmt.Sprintf("the Node's allocatable has %s, and the NVIDIA DRA driver announces %d devices in the node's ResourceSlices",
+			strings.Join(dp, ", "), len(drain.AnnouncedUUIDs(sl))), nil
+	case dra:
+		k.path = record.ServedByDRA
+	case len(dp) > 0:
+		k.path = record.ServedByDevicePlugin
+	default:
+		k.path = ""
+	}
+	return k.path, "", nil
+}
+
+// devicePluginResources lists the nvidia.com/ resources the Node's
+// allocatable holds a non-zero amount of (what NVIDIA's device plugin
+// advertises), sorted.
+func devicePluginResources(node *corev1.Node) []string {
+	var out []string
+	for name, q := range node.Status.Allocatable {
+		if strings.HasPrefix(string(name), drain.GPUResourcePrefix) && !q.IsZero() {
+			out = append(out, string(name))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ExpectedDRAUUIDs is what the NVIDIA DRA driver announces for the GPUs as
+// n holds them, without DynamicMIG: each MIG device (one per compute
+// instance: the driver walks the MIG device handles) of a GPU whose MIG
+// mode is on, the whole GPU of every other GPU (nvlib.go
+// enumerateAllPossibleDevices: "if !gpuInfo.migEnabled" only the full GPU,
+// else only the existing MIG devices). Sorted.
+func ExpectedDRAUUIDs(n *gpus.Inventory) []string {
+	var out []string
+	for i, dev := range n.Devices {
+		if !(dev.MigCapable && dev.MigMode.Current) {
+			out = append(out, dev.UUID)
+			continue
+		}
+		for _, gi := range n.Instances[i] {
+			for _, ci := range gi.ComputeInstances {
+				out = append(out, ci.UUID)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// waitSlices waits until the node's gpu.nvidia.com ResourceSlices announce
+// exactly want (by UUID); ok is false on timeout, with err saying what was
+// announced last.
+func (k *Disruptor) waitSlices(ctx context.Context, want []string, timeout time.Duration) (ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last string
+	for {
+		sl, err := drain.NodeSlices(ctx, k.Client, k.Node)
+		if err == nil {
+			got := drain.AnnouncedUUIDs(sl)
+			if slices.Equal(got, want) {
+				return true, nil
+			}
+			last = describeMismatch(got, want)
+		} else if ctx.Err() == nil {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			if last == "" {
+				last = ctx.Err().Error()
+			}
+			return false, errors.New(last)
+		case <-time.After(DRAPollInterval):
+		}
+	}
+}
+
+// describeMismatch names what the slices announce that they should not,
+// and what they lack.
+func describeMismatch(got, want []string) string {
+	var extra, missing []string
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			extra = append(extra, g)
+		}
+	}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			missing = append(missing, w)
+		}
+	}
+	return fmt.Sprintf("the ResourceSlices announce %d devices: %d not on the GPUs %v, %d missing %v", len(got), len(extra), extra, len(missing), missing)
+}
