@@ -113,6 +113,12 @@ const (
 	// geometry were restarted after a change.
 	ReasonDevicePluginRestarted = "MigDevicePluginRestarted"
 	ReasonJournal               = "MigJournalUnwritable"
+	// ReasonSlotLost: the rollout slot (--max-concurrent) was lost
+	// mid-change; the change stopped before its next disruptive step.
+	ReasonSlotLost = "MigRolloutSlotLost"
+	// ReasonNodeLost: another agent holds the node (its node Lease); the
+	// change stopped before its next GPU-mutating step.
+	ReasonNodeLost = "MigNodeLeaseLost"
 )
 
 // ReasonPreflight is the Event reason of a change refused because the agent
