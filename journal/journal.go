@@ -33,7 +33,9 @@ type Change struct {
 	PreviousConfig string     `json:"previousConfig"`
 	RequestedBy    string     `json:"requestedBy"`
 	RequestedVia   string     `json:"requestedVia,omitempty"`
-	RequestedAt    *time.Time `json:"requestedAt,omitempty"`
+	// RequestedBySource: where RequestedBy comes from (record.RequesterSource*).
+	RequestedBySource string     `json:"requestedBySource,omitempty"`
+	RequestedAt       *time.Time `json:"requestedAt,omitempty"`
 	StartedAt      time.Time  `json:"startedAt"`
 	// DisruptedAt: the rollout slot was taken and the disruption began.
 	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`

@@ -119,7 +119,7 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	j := &d.Journal.State
 	ch := j.Change
 	if ch == nil {
-		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, RequestedBy: req.By, RequestedVia: req.Via,
+		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, RequestedBy: req.By, RequestedVia: req.Via, RequestedBySource: req.Source,
 			RequestedAt: req.At, StartedAt: d.Clock.Now(), Phase: journal.PhasePending}
 	} else {
 		ch.Attempt++
@@ -282,7 +282,7 @@ func (a *attempt) begin() error {
 		if len(a.v.named) > 0 {
 			return d.partial(ch, plan, a.v.named)
 		}
-		return endPass(d.success(a.ctx, a.node, ch, plan, a.v.n, nil, "config already applied; nothing changed", record.ReasonUnchanged))
+		return d.success(a.ctx, a.node, ch, plan, a.v.n, nil, "config already applied; nothing changed", record.ReasonUnchanged)
 	}
 	// Nothing is disrupted that cannot be recorded: the rights to write the
 	// state, the record, the taint and Events are proven first.
@@ -298,7 +298,8 @@ func (a *attempt) begin() error {
 			return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal}
 		}
 		d.setState(a.ctx, record.StatePending)
-		d.event(a.ctx, a.node, EventNormal, record.ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched", ch.Config, ch.GPUsChanged, ch.GPUsUntouched))
+		d.event(a.ctx, a.node, EventNormal, record.ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched; %s",
+			ch.Config, ch.GPUsChanged, ch.GPUsUntouched, requestedBy(ch.RequestedBy, ch.RequestedVia, ch.RequestedBySource)))
 	}
 	j.Change = ch
 	return nil
@@ -566,7 +567,7 @@ func (d *Daemon) finish(ctx context.Context, node *Node, ch *journal.Change, pla
 		return d.partial(ch, plan, named)
 	}
 	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
-	return endPass(d.success(ctx, node, ch, plan, applied.After, converged, msg, record.ReasonApplied))
+	return d.success(ctx, node, ch, plan, applied.After, converged, msg, record.ReasonApplied)
 }
 
 // refresh makes the device plugin see the new MIG devices (it reads them

@@ -212,3 +212,50 @@ func TestCoreNoRebootWithoutSlot(t *testing.T) {
 		t.Errorf("reboot mark kept for a reboot never asked for: %+v", c.d.Journal.State.RebootFor)
 	}
 }
+
+// recordRefused is a Cluster whose Record fails (the record did not land)
+// while refuse is set.
+type recordRefused struct {
+	*fakeCluster
+	refuse bool
+}
+
+func (r *recordRefused) Record(ctx context.Context, rec record.ChangeRecord, state string) error {
+	if r.refuse {
+		return errors.New("the change record did not land: Node annotations too large")
+	}
+	return r.fakeCluster.Record(ctx, rec, state)
+}
+
+// Finding 7: a change whose success record cannot land does not report
+// success: the pass is a failure naming why (retried), the journal does
+// not hold the config as handled, and no MigConfigApplied Event is posted.
+func TestCoreSuccessNeedsItsRecord(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c.applied(t, "all-balanced")
+	rc := &recordRefused{fakeCluster: c.cluster, refuse: true}
+	c.d.Cluster = rc
+	c.cluster.setLabel("all-1g.18gb")
+	applied := c.cluster.count(record.ReasonApplied)
+	if oc := c.pass(false, false); oc == outSuccess {
+		t.Fatal("a change whose record did not land reported success")
+	}
+	if c.cluster.count(record.ReasonApplied) != applied {
+		t.Error("a MigConfigApplied Event for a change without its record")
+	}
+	if c.cluster.count(record.ReasonRecordFailed) == 0 {
+		t.Errorf("events %v, want %s", c.cluster.events, record.ReasonRecordFailed)
+	}
+	if j := c.d.Journal.State; j.Handled == "all-1g.18gb" {
+		t.Errorf("journal %+v: the change counts as handled", j)
+	}
+	// Once records land again, the retry records the config applied.
+	rc.refuse = false
+	c.clock.Step(c.d.S.RetryBackoffMax)
+	if oc := c.pass(false, true); oc != outSuccess {
+		t.Fatalf("retry: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	if rec := c.cluster.last(); rec.Result != record.StateSuccess || rec.Config != "all-1g.18gb" || rec.RequestedBySource != "" && rec.RequestedBy != "test" {
+		t.Fatalf("record %+v", rec)
+	}
+}

@@ -45,6 +45,8 @@ type Request struct {
 	By     string
 	// Via is the field manager of the write that asked, where known.
 	Via string
+	// Source says where By comes from (record.RequesterSource*).
+	Source string
 	At  *time.Time
 	// Asked is false when nothing is asked (no label, no default); a label
 	// set to "" asks, and fails with a reason.
