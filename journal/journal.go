@@ -27,16 +27,16 @@ const (
 
 // Change is the journaled state of the change in progress.
 type Change struct {
-	Config         string     `json:"config"`
-	Hash           string     `json:"hash"`
-	Source         string     `json:"source"`
-	PreviousConfig string     `json:"previousConfig"`
-	RequestedBy    string     `json:"requestedBy"`
-	RequestedVia   string     `json:"requestedVia,omitempty"`
+	Config         string `json:"config"`
+	Hash           string `json:"hash"`
+	Source         string `json:"source"`
+	PreviousConfig string `json:"previousConfig"`
+	RequestedBy    string `json:"requestedBy"`
+	RequestedVia   string `json:"requestedVia,omitempty"`
 	// RequestedBySource: where RequestedBy comes from (record.RequesterSource*).
 	RequestedBySource string     `json:"requestedBySource,omitempty"`
 	RequestedAt       *time.Time `json:"requestedAt,omitempty"`
-	StartedAt      time.Time  `json:"startedAt"`
+	StartedAt         time.Time  `json:"startedAt"`
 	// DisruptedAt: the rollout slot was taken and the disruption began.
 	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
 	Phase         Phase      `json:"phase"`

@@ -59,7 +59,7 @@ func TestRequesterOf(t *testing.T) {
 			by: record.RequesterUnknown, source: record.RequesterSourceUnknown, ignoredWhy: true},
 		{name: "a stamp without user", stamp: `{"config":"all-balanced"}`, config: "all-balanced",
 			managed: []metav1.ManagedFieldsEntry{labelBy("alice@example.com", 300)},
-			by: record.RequesterUnknown, source: record.RequesterSourceUnknown, ignoredWhy: true},
+			by:      record.RequesterUnknown, source: record.RequesterSourceUnknown, ignoredWhy: true},
 		// An escaped control character (the policy's stamp) parses: the
 		// name is the user's, as the API server authenticated it.
 		{name: "an escaped control character", stamp: `{"user":"mallory\u0001","via":"x","config":"all-balanced"}`,

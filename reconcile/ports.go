@@ -47,7 +47,7 @@ type Request struct {
 	Via string
 	// Source says where By comes from (record.RequesterSource*).
 	Source string
-	At  *time.Time
+	At     *time.Time
 	// Asked is false when nothing is asked (no label, no default); a label
 	// set to "" asks, and fails with a reason.
 	Asked bool

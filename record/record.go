@@ -73,11 +73,11 @@ type ChangeRecord struct {
 	EvictedPods   []string   `json:"evictedPods"`
 	// EvictedPodsOmitted counts the evicted pods beyond MaxRecordPods that
 	// EvictedPods does not name (the agent's log and its Events do).
-	EvictedPodsOmitted int `json:"evictedPodsOmitted,omitempty"`
-	Reboot        bool       `json:"reboot"`
-	AgentVersion  string     `json:"agentVersion"`
-	DriverVersion string     `json:"driverVersion"`
-	ConfigHash    string     `json:"configHash"`
+	EvictedPodsOmitted int    `json:"evictedPodsOmitted,omitempty"`
+	Reboot             bool   `json:"reboot"`
+	AgentVersion       string `json:"agentVersion"`
+	DriverVersion      string `json:"driverVersion"`
+	ConfigHash         string `json:"configHash"`
 	// ConfigSource is "generated", or the config file and its digest:
 	// "/etc/mig-agent/config.yaml@sha256:<hex>".
 	ConfigSource string `json:"configSource"`
