@@ -46,14 +46,16 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 		if how == "" {
 			how = "neither the requester stamp nor managedFields name who set the label, or the stamp does not parse"
 		}
-		if r.Source != "" {
-			how += "; requestedBySource " + clean(r.Source)
-		}
+
 		at := ""
 		if r.At != nil {
 			at = " at " + formatTime(*r.At)
 		}
-		p("Requested: %s%s (%s)\n", requester(r.By, r.Via, ""), at, how)
+		src := ""
+		if r.Source != "" {
+			src = " [" + clean(r.Source) + "]"
+		}
+		p("Requested: %s%s (%s)%s\n", requester(r.By, r.Via, ""), at, how, src)
 	}
 
 	p("\nGPU geometry")
