@@ -65,8 +65,15 @@ func OtherManager(ctx context.Context, c kubernetes.Interface, dyn dynamic.Inter
 		return "", fmt.Errorf("listing pods on the node: %w", err)
 	}
 	for _, p := range pods.Items {
-		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		// A pod whose containers all ended (Succeeded, Failed) runs nothing.
+		// A terminating one may: its process runs through the grace period
+		// (and past it until the kubelet kills it), so it is a conflict
+		// until the pod is gone.
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
+		}
+		if p.DeletionTimestamp != nil {
+			return fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s, terminating: its process may still run until the pod is gone)", p.Namespace, p.Name), nil
 		}
 		return fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s)", p.Namespace, p.Name), nil
 	}
