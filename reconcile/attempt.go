@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/migagent/mig-agent/geometry"
@@ -505,6 +506,12 @@ func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *g
 		}
 	}
 	gpus, migs := gpus.Takes(n, plan)
+	if slices.Contains(migs, "") {
+		// NVML could not read a MIG device's UUID (the backend leaves it
+		// empty): the pods using that device cannot be found.
+		return &StepError{Reason: "a MIG device the change takes away has no UUID NVML could read: cannot tell which pods use it; not changing it",
+			Retryable: true, Event: record.ReasonFailed}
+	}
 	var pods []string
 	var how string
 	err := d.retryAPI(ctx, func() (err error) { pods, how, err = d.Disrupt.Affected(ctx, gpus, migs); return err })
