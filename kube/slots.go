@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -118,6 +120,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	case <-s.Clock.After(rand.N(spread)):
 	}
 	exists := map[string]bool{} // created by another while absent from the cache
+	losses := 0                 // races lost in this Acquire: the window widens
 	for {
 		free, next := s.scan(ctx, store)
 		trouble := false // an error or a lost race: look again after a jittered wait
@@ -133,11 +136,13 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			case errors.Is(err, errSlotExists):
 				exists[c.name] = true
 				trouble = true
+				losses++
 			case err != nil:
 				s.Log.Debug("rollout slot", "lease", c.name, "err", err)
 				trouble = true
 			default:
 				trouble = true // another node won it; its write reaches the cache
+				losses++
 			}
 		}
 		if !logged {
@@ -157,17 +162,48 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-changed:
-			// Every queued node saw the same change: each waits its own
-			// random part of spread, then looks at its cache again.
+			// Every queued node saw the same change. A slot it freed is
+			// tried in an order all of them agree on (turn): the first in
+			// it takes the slot, and the others find it taken in their
+			// caches when their turn comes, without a request.
+			wait := time.Duration(0)
+			if free, _ := s.scan(ctx, store); len(free) > 0 {
+				wait = s.turn(free[0], spread, losses)
+			}
 			select {
 			case <-ctx.Done():
 				return nil, ctx.Err()
-			case <-s.Clock.After(rand.N(spread)):
+			case <-s.Clock.After(wait):
 			}
 		case <-expiry:
 		case <-retry:
 		}
 	}
+}
+
+// maxWidening bounds how far lost races widen a node's window (2^n times
+// the spread).
+const maxWidening = 4
+
+// turn is how long this node waits before trying slot c, which the cache
+// shows freed. Every queued node computes the same order from the Lease
+// data: a hash of the slot's name and resourceVersion (a new order for each
+// release: no node is always last) and the node's own name, scaled over the
+// spread. The first in that order tries at once, the next a fraction of the
+// spread later, by when the first one's write is in its cache: so a bounded
+// number try each freed slot (those whose turns fall within the time a
+// write takes to reach the caches), however long the queue. A node that
+// lost races widens its window (doubling, up to 2^maxWidening), which
+// spreads a queue too long for the spread.
+func (s *Slots) turn(c candidate, spread time.Duration, losses int) time.Duration {
+	rv := "absent"
+	if c.lease != nil {
+		rv = c.lease.ResourceVersion
+	}
+	sum := sha256.Sum256([]byte(c.name + "\x00" + rv + "\x00" + s.Holder))
+	u := float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53) // in [0, 1)
+	window := spread << min(losses, maxWidening)
+	return time.Duration(u * float64(window))
 }
 
 // watch starts an informer on the slot Leases of the namespace; changed
