@@ -2,11 +2,12 @@ package drain
 
 import (
 	"context"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"io"
 	"log/slog"
 	"reflect"
 	"testing"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"

@@ -255,7 +255,7 @@ func checkRecord(t testing.TB, m map[string]any, notBefore time.Time) {
 	t.Helper()
 	for _, k := range []string{"config", "previousConfig", "result", "startedAt", "finishedAt", "gpusChanged",
 		"gpusUntouched", "evictedPods", "reboot", "agentVersion", "driverVersion", "configHash", "configSource",
-		"requestedBy", "requestedAt"} {
+		"requestedBy", "requestedBySource", "requestedAt"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("record has no %q: %v", k, m)
 		}

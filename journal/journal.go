@@ -32,11 +32,13 @@ type Change struct {
 	Source         string `json:"source"`
 	PreviousConfig string `json:"previousConfig"`
 	// PreviousHash is the applied config's hash when the change began.
-	PreviousHash string     `json:"previousHash,omitempty"`
-	RequestedBy  string     `json:"requestedBy"`
-	RequestedVia string     `json:"requestedVia,omitempty"`
-	RequestedAt  *time.Time `json:"requestedAt,omitempty"`
-	StartedAt    time.Time  `json:"startedAt"`
+	PreviousHash string `json:"previousHash,omitempty"`
+	RequestedBy  string `json:"requestedBy"`
+	RequestedVia string `json:"requestedVia,omitempty"`
+	// RequestedBySource: where RequestedBy comes from (record.RequesterSource*).
+	RequestedBySource string     `json:"requestedBySource,omitempty"`
+	RequestedAt       *time.Time `json:"requestedAt,omitempty"`
+	StartedAt         time.Time  `json:"startedAt"`
 	// DisruptedAt: the rollout slot was taken and the disruption began.
 	DisruptedAt   *time.Time `json:"disruptedAt,omitempty"`
 	Phase         Phase      `json:"phase"`

@@ -2,10 +2,11 @@ package kube
 
 import (
 	"context"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"

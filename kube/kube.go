@@ -61,10 +61,10 @@ func (k *Cluster) desired(node *corev1.Node) reconcile.Request {
 	seq := k.removals.Load()
 	if v, ok := node.Labels[record.LabelConfig]; ok {
 		r := k.requester(node, v)
-		return reconcile.Request{Config: v, By: r.By, Via: r.Via, At: r.At, Asked: true, Seq: seq}
+		return reconcile.Request{Config: v, By: r.By, Via: r.Via, Source: r.Source, At: r.At, Asked: true, Seq: seq}
 	}
 	if k.DefaultConfig != "" {
-		return reconcile.Request{Config: k.DefaultConfig, By: record.RequesterDefaultConfig, Asked: true, Seq: seq}
+		return reconcile.Request{Config: k.DefaultConfig, By: record.RequesterDefaultConfig, Source: record.RequesterSourceDefaultConfig, Asked: true, Seq: seq}
 	}
 	return reconcile.Request{Seq: seq}
 }

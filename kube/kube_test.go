@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -121,8 +122,8 @@ func TestSlots(t *testing.T) {
 	before := len(c.Actions())
 	// A renewal by b is a Lease change that frees nothing: c looks at its
 	// cache, not at the API server.
-	if ok, err := b.try(ctx, SlotLeaseName(1)); !ok || err != nil {
-		if ok, err = b.try(ctx, SlotLeaseName(0)); !ok || err != nil {
+	if ok, err := b.try(ctx, SlotLeaseName(1)); ok == nil || err != nil {
+		if ok, err = b.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
 			t.Fatalf("renewing b: %v %v", ok, err)
 		}
 	}
@@ -139,7 +140,7 @@ func TestSlots(t *testing.T) {
 	if extra := c.Actions()[before+renewal:]; len(extra) != 0 {
 		t.Fatalf("a queued holder sent %d requests while the slots stayed held: %v", len(extra), extra)
 	}
-	relA()
+	relA.Release()
 	for range 50 {
 		select {
 		case err := <-got:
@@ -159,15 +160,15 @@ func TestSlotExpires(t *testing.T) {
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
-	if ok, err := crashed.try(ctx, SlotLeaseName(0)); !ok || err != nil {
+	if ok, err := crashed.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
 		t.Fatal(ok, err)
 	}
 	other := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
-	if ok, _ := other.try(ctx, SlotLeaseName(0)); ok {
+	if ok, _ := other.try(ctx, SlotLeaseName(0)); ok != nil {
 		t.Fatal("took a live slot")
 	}
 	clk.Step(31 * time.Second)
-	if ok, err := other.try(ctx, SlotLeaseName(0)); !ok || err != nil {
+	if ok, err := other.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
 		t.Fatalf("expired slot not taken: %v %v", ok, err)
 	}
 }
@@ -273,7 +274,7 @@ func TestSlotExpiresWhileQueued(t *testing.T) {
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
-	if ok, err := crashed.try(ctx, SlotLeaseName(0)); !ok || err != nil {
+	if ok, err := crashed.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
 		t.Fatal(ok, err)
 	}
 	got := make(chan error, 1)
@@ -306,10 +307,10 @@ func TestSlotExpiresWhileQueued(t *testing.T) {
 
 // acquireStepping takes a slot, moving the fake clock past the spread of
 // the first try.
-func acquireStepping(t *testing.T, clk *clocktesting.FakeClock, s *Slots) (func(), error) {
+func acquireStepping(t *testing.T, clk *clocktesting.FakeClock, s *Slots) (reconcile.Slot, error) {
 	t.Helper()
 	type res struct {
-		release func()
+		release reconcile.Slot
 		err     error
 	}
 	got := make(chan res, 1)

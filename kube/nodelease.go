@@ -9,13 +9,18 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
@@ -49,10 +54,20 @@ type NodeLease struct {
 	Clock            clock.Clock
 	Log              *slog.Logger
 
-	held, forbidden bool // set by Take, read by Keep (same goroutine order)
+	obs leaseObserver
+	// op serialises the writes (Keep's renewals, Confirm's re-take); mu
+	// guards the fields below, read by Confirm on the core's goroutine.
+	op              sync.Mutex
+	mu              sync.Mutex
+	held, forbidden bool // set by Take and Keep
 	// last is the Lease as the last write returned it: a renewal updates it
 	// without reading it first (one request), and reads only on a conflict.
 	last *coordinationv1.Lease
+	// renewed is when the last successful write was sent: until a lease
+	// duration after it, no other agent can have judged the Lease expired.
+	renewed time.Time
+	// lost says why the node is no longer this agent's (nil while it is).
+	lost error
 }
 
 // NodeLeaseDuration is how long an unrenewed node Lease keeps another
@@ -61,6 +76,19 @@ type NodeLease struct {
 // a minute (the kubelet renews its own
 // node Lease every 10 seconds).
 const NodeLeaseDuration = 10 * time.Minute
+
+// nodeLeaseSkew is how far a node Lease's renewTime may lie from this
+// machine's clock and still be honoured as the other holder's word: a
+// renewTime further in the future is implausible (the Lease is judged only
+// by when this agent saw it change, leaseObserver), and a Lease whose
+// renewTime ended more than this long ago is stale at once (its holder
+// stopped long ago, even with that much clock skew).
+const nodeLeaseSkew = time.Minute
+
+// errImplausibleLease: another identity holds the node Lease with a
+// renewTime this agent does not honour; it is taken over once it has not
+// changed for its duration.
+var errImplausibleLease = errors.New("the node Lease holds an implausible renew time")
 
 // LabelLease marks the agent's node Leases (value "node"); the rollout slot
 // Leases do not carry it.
@@ -110,14 +138,18 @@ func (l *NodeLease) duration() time.Duration {
 // agent that may not use Leases at all (RBAC of an older install) warns
 // once; the state dir lock still holds.
 func (l *NodeLease) Take(ctx context.Context) error {
-	err := l.try(ctx)
+	err := l.write(ctx, false)
 	switch {
 	case err == nil:
-		l.held = true
 	case errors.Is(err, journal.ErrAnotherAgent):
 		return err
+	case errors.Is(err, errImplausibleLease):
+		l.Log.Warn("another agent's node lease has an implausible renew time; taking it over if it stays unchanged for its duration",
+			"lease", NodeLeaseName(l.Node), "err", err)
 	case apierrors.IsForbidden(err):
+		l.mu.Lock()
 		l.forbidden = true
+		l.mu.Unlock()
 		l.Log.Warn("the agent may not use Leases; the one-agent-per-node check across state dirs is off",
 			"lease", NodeLeaseName(l.Node), "err", err)
 	default:
@@ -126,22 +158,54 @@ func (l *NodeLease) Take(ctx context.Context) error {
 	return nil
 }
 
+// write takes or renews the Lease (renew: from the Lease as last written,
+// one request; else, or on any failure, try reads it first) and notes the
+// outcome: held, when it was sent, or lost to another agent.
+func (l *NodeLease) write(ctx context.Context, renew bool) error {
+	l.op.Lock()
+	defer l.op.Unlock()
+	sent := l.Clock.Now()
+	var err error
+	if renew {
+		err = l.renew(ctx)
+	} else {
+		err = l.try(ctx)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case err == nil:
+		l.held, l.renewed, l.lost = true, sent, nil
+	case errors.Is(err, journal.ErrAnotherAgent) || errors.Is(err, errImplausibleLease):
+		l.held, l.renewed, l.lost = false, time.Time{}, err
+	}
+	return err
+}
+
 // renew writes the Lease as last held, renewed: one request. Any failure
 // (a conflict: someone else wrote it) falls back to try, which reads it.
 func (l *NodeLease) renew(ctx context.Context) error {
-	if l.last == nil || ptr.Deref(l.last.Spec.HolderIdentity, "") != l.Identity {
+	l.mu.Lock()
+	last := l.last
+	l.mu.Unlock()
+	if last == nil || ptr.Deref(last.Spec.HolderIdentity, "") != l.Identity {
 		return l.try(ctx)
 	}
-	cur := l.last.DeepCopy()
+	cur := last.DeepCopy()
 	now := metav1.NewMicroTime(l.Clock.Now())
 	cur.Spec.RenewTime = &now
 	got, err := l.Client.CoordinationV1().Leases(l.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
 	if err != nil {
-		l.last = nil
 		return l.try(ctx)
 	}
-	l.last = got
+	l.setLast(got)
 	return nil
+}
+
+func (l *NodeLease) setLast(got *coordinationv1.Lease) {
+	l.mu.Lock()
+	l.last = got
+	l.mu.Unlock()
 }
 
 func (l *NodeLease) try(ctx context.Context) error {
@@ -149,18 +213,19 @@ func (l *NodeLease) try(ctx context.Context) error {
 	name := NodeLeaseName(l.Node)
 	now := metav1.NewMicroTime(l.Clock.Now())
 	secs := int32(l.duration() / time.Second)
-	l.last = nil
+	l.setLast(nil)
 	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		l.last, err = leases.Create(ctx, &coordinationv1.Lease{
+		var got *coordinationv1.Lease
+		got, err = leases.Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: l.Namespace,
 				Labels:      map[string]string{LabelLease: "node", record.LabelNode: l.Node},
 				Annotations: map[string]string{AnnotationLeaseHolder: l.Holder}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(l.Identity), LeaseDurationSeconds: &secs,
 				AcquireTime: &now, RenewTime: &now},
 		}, metav1.CreateOptions{})
-		if err != nil {
-			l.last = nil
+		if err == nil {
+			l.setLast(got)
 		}
 		if apierrors.IsAlreadyExists(err) {
 			return apierrors.NewConflict(coordinationv1.Resource("leases"), name, err) // lost a race: read again
@@ -172,9 +237,8 @@ func (l *NodeLease) try(ctx context.Context) error {
 	}
 	holder := ptr.Deref(cur.Spec.HolderIdentity, "")
 	if holder != "" && holder != l.Identity {
-		if end := leaseExpiry(cur); l.Clock.Now().Before(end) {
-			return fmt.Errorf("%w on node %s: Lease %s/%s is held by %s (%s) until %s unless it is renewed; one agent per node: stop the other one first",
-				journal.ErrAnotherAgent, l.Node, l.Namespace, name, holder, cur.Annotations[AnnotationLeaseHolder], end.UTC().Format(time.RFC3339))
+		if err := l.othersLive(cur, holder); err != nil {
+			return err
 		}
 		l.Log.Info("taking over the node lease of an agent that stopped renewing it", "lease", name, "previous", holder)
 	}
@@ -188,9 +252,86 @@ func (l *NodeLease) try(ctx context.Context) error {
 	cur.Spec.HolderIdentity, cur.Spec.LeaseDurationSeconds, cur.Spec.RenewTime = ptr.To(l.Identity), &secs, &now
 	got, err := leases.Update(ctx, cur, metav1.UpdateOptions{})
 	if err == nil {
-		l.last = got
+		l.setLast(got)
 	}
 	return err
+}
+
+// othersLive says why cur, held by another identity, may not be taken
+// (nil: it expired). Expiry is judged by when this agent saw its record
+// change (leaseObserver), not by the holder's clock; only a renewTime
+// that ended well in the past (nodeLeaseSkew) ends it sooner. A renewTime
+// in the future beyond nodeLeaseSkew is not honoured: errImplausibleLease,
+// not journal.ErrAnotherAgent, so that the agent stays and takes it over
+// once it stayed unchanged.
+func (l *NodeLease) othersLive(cur *coordinationv1.Lease, holder string) error {
+	now := l.Clock.Now()
+	longest := max(l.duration(), NodeLeaseDuration)
+	end := l.obs.expiry(cur, now, longest)
+	if !now.Before(end) {
+		return nil
+	}
+	name := NodeLeaseName(l.Node)
+	if cur.Spec.RenewTime != nil {
+		renew := cur.Spec.RenewTime.Time
+		d := min(time.Duration(max(ptr.Deref(cur.Spec.LeaseDurationSeconds, 0), 0))*time.Second, longest)
+		switch {
+		case renew.After(now.Add(nodeLeaseSkew)):
+			return fmt.Errorf("%w: Lease %s/%s is held by %s with renewTime %s, ahead of this machine's clock; taken over unless it changes before %s",
+				errImplausibleLease, l.Namespace, name, holder, renew.UTC().Format(time.RFC3339), end.UTC().Format(time.RFC3339))
+		case renew.Add(d + nodeLeaseSkew).Before(now):
+			return nil // stopped long ago, whatever the skew
+		}
+	}
+	return fmt.Errorf("%w on node %s: Lease %s/%s is held by %s (%s) until %s unless it is renewed; one agent per node: stop the other one first",
+		journal.ErrAnotherAgent, l.Node, l.Namespace, name, holder, cur.Annotations[AnnotationLeaseHolder], end.UTC().Format(time.RFC3339))
+}
+
+// Confirm says whether this agent still holds its node, before a
+// GPU-mutating step: a read of the Lease (one request). A deleted Lease is
+// taken again; one held by another identity, or known lost, is an error. A
+// read that fails is no loss while the last renewal is within the lease
+// duration (no other agent can have judged it expired yet). An agent that
+// may not use Leases (older RBAC) confirms nothing.
+func (l *NodeLease) Confirm(ctx context.Context) error {
+	l.mu.Lock()
+	forbidden, lost, renewed := l.forbidden, l.lost, l.renewed
+	l.mu.Unlock()
+	if forbidden {
+		return nil
+	}
+	if lost != nil {
+		return lost
+	}
+	name := NodeLeaseName(l.Node)
+	cur, err := l.Client.CoordinationV1().Leases(l.Namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		l.Log.Warn("the node lease was deleted; taking it again", "lease", name)
+		if err := l.write(ctx, false); err != nil {
+			return fmt.Errorf("the node lease %s/%s was deleted and could not be taken again: %w", l.Namespace, name, err)
+		}
+		return nil
+	case err != nil:
+		if !renewed.IsZero() && l.Clock.Since(renewed) < l.duration() {
+			return nil
+		}
+		return fmt.Errorf("confirming the node lease %s/%s: %w", l.Namespace, name, err)
+	}
+	if holder := ptr.Deref(cur.Spec.HolderIdentity, ""); holder != l.Identity {
+		err := fmt.Errorf("%w on node %s: Lease %s/%s is held by %q (%s)", journal.ErrAnotherAgent, l.Node, l.Namespace, name, holder, cur.Annotations[AnnotationLeaseHolder])
+		if holder == "" {
+			// Released by someone (an operator): take it again.
+			if werr := l.write(ctx, false); werr == nil {
+				return nil
+			}
+		}
+		l.mu.Lock()
+		l.held, l.lost = false, err
+		l.mu.Unlock()
+		return err
+	}
+	return nil
 }
 
 // Keep renews the Lease every quarter to third of its duration (at random)
@@ -200,36 +341,89 @@ func (l *NodeLease) try(ctx context.Context) error {
 // another agent holds it (ours expired while the API server was away, or
 // the other one took it while the API server was away at our start): the
 // caller stops, as the second agent would have.
+//
+// A watch of the Lease notices within seconds when it is deleted or
+// written by another identity (an operator cleaning Leases, a second
+// install): the Lease is then read and taken again at once, or, held by
+// another, Keep returns.
 func (l *NodeLease) Keep(ctx context.Context) error {
-	if l.forbidden {
+	l.mu.Lock()
+	forbidden := l.forbidden
+	l.mu.Unlock()
+	if forbidden {
 		return nil
 	}
 	defer l.release(context.WithoutCancel(ctx))
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	poked := make(chan struct{}, 1)
+	if err := l.watch(wctx, poked); err != nil {
+		l.Log.Warn("watching the node lease failed; its loss is noticed at the next renewal", "lease", NodeLeaseName(l.Node), "err", err)
+	}
 	for {
 		// Between a quarter and a third of the duration, at random: agents
 		// started together (a pool, a DaemonSet rollout) do not renew in step.
 		d := l.duration()
 		every := d/4 + rand.N(d/3-d/4+1)
-		if !l.held {
+		l.mu.Lock()
+		held := l.held
+		l.mu.Unlock()
+		if !held {
 			every = wait.Jitter(nodeLeaseRetry, backoff.Jitter)
 		}
+		renew := true
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-l.Clock.After(every):
+		case <-poked:
+			renew = false // read it: deleted, or written by another
 		}
-		err := l.renew(ctx)
+		err := l.write(ctx, renew)
 		switch {
 		case err == nil:
-			l.held = true
 		case ctx.Err() != nil:
 		case errors.Is(err, journal.ErrAnotherAgent):
-			l.held = false
 			return err
 		default:
 			l.Log.Warn("renewing the node lease failed; retrying", "lease", NodeLeaseName(l.Node), "err", err)
 		}
 	}
+}
+
+// watch pokes when the node Lease is deleted, or written with another
+// holder: an informer on that one Lease (a field selector on its name).
+func (l *NodeLease) watch(ctx context.Context, poked chan<- struct{}) error {
+	name := NodeLeaseName(l.Node)
+	sel := fields.OneTermEqualSelector("metadata.name", name).String()
+	leases := l.Client.CoordinationV1().Leases(l.Namespace)
+	inf := kclient.NewInformer(l.Client, &coordinationv1.Lease{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return leases.List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return leases.Watch(ctx, o)
+		})
+	poke := func() {
+		select {
+		case poked <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(any) { poke() },
+		UpdateFunc: func(_, n any) {
+			if cur, ok := n.(*coordinationv1.Lease); ok && ptr.Deref(cur.Spec.HolderIdentity, "") != l.Identity {
+				poke()
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	go inf.RunWithContext(ctx)
+	return nil
 }
 
 // nodeLeaseRetry is the wait between tries to take the node Lease while it

@@ -96,8 +96,15 @@ func operatorMigManagerPod(ctx context.Context, c kclient.Interface, node *corev
 		return finding{err: fmt.Errorf("listing pods on the node: %w", err)}
 	}
 	for _, p := range pods.Items {
-		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		// A pod whose containers all ended (Succeeded, Failed) runs nothing.
+		// A terminating one may: its process runs through the grace period
+		// (and past it until the kubelet kills it), so it is a conflict
+		// until the pod is gone.
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
+		}
+		if p.DeletionTimestamp != nil {
+			return finding{other: fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s, terminating: its process may still run until the pod is gone)", p.Namespace, p.Name)}
 		}
 		return finding{other: fmt.Sprintf("the GPU Operator's MIG manager (pod %s/%s)", p.Namespace, p.Name)}
 	}

@@ -97,7 +97,11 @@ func TestOtherManager(t *testing.T) {
 			policies: []runtime.Object{policy("cluster-policy", off, "ready")}, want: "pod gpu-operator/nvidia-mig-manager-abcde"},
 		{name: "operator pod finished", node: node(nil), objects: []runtime.Object{pod("nvidia-mig-manager-abcde", mm, corev1.PodSucceeded, false)}},
 		{name: "operator pod failed", node: node(nil), objects: []runtime.Object{pod("nvidia-mig-manager-abcde", mm, corev1.PodFailed, false)}},
-		{name: "operator pod terminating", node: node(nil), objects: []runtime.Object{pod("nvidia-mig-manager-abcde", mm, corev1.PodRunning, true)}},
+		// Finding 10: a terminating MIG manager pod may still run its
+		// process (grace period): a conflict until it is gone.
+		{name: "operator pod terminating", node: node(nil), objects: []runtime.Object{pod("nvidia-mig-manager-abcde", mm, corev1.PodRunning, true)},
+			want: "the GPU Operator's MIG manager (pod gpu-operator/nvidia-mig-manager-abcde, terminating: its process may still run until the pod is gone)"},
+		{name: "operator pod terminating, its containers ended", node: node(nil), objects: []runtime.Object{pod("nvidia-mig-manager-abcde", mm, corev1.PodSucceeded, true)}},
 		{name: "look-alike name without the label", node: node(nil), objects: []runtime.Object{pod("nvidia-mig-manager-debug", nil, corev1.PodRunning, false)}},
 		{name: "another operand pod", node: node(deployTrue), objects: []runtime.Object{pod("nvidia-device-plugin-x", map[string]string{"app": "nvidia-device-plugin-daemonset"}, corev1.PodRunning, false)}},
 		{name: "MIG manager enabled", node: node(deployTrue), policies: []runtime.Object{policy("cluster-policy", on, "ready")},

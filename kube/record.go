@@ -25,6 +25,7 @@ const recordRetry = 2 * time.Minute
 // with a Warning Event that names the record; the error is returned then.
 // state "" keeps the Node's state label (pending when it has none).
 func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state string) error {
+	rec = rec.Bounded() // whatever the caller built: a bounded record lands
 	var node *corev1.Node
 	write := func(r record.ChangeRecord) error {
 		return k.retry(ctx, func() error {
@@ -63,12 +64,15 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 		}
 		k.log().Error("writing the shortened change record failed", "err", err2)
 	}
-	if state != "" {
+	// The state label alone, except success: a change whose record did
+	// not land is not reported a success (the core records its failure).
+	if state != "" && state != record.StateSuccess {
 		if err2 := k.retry(ctx, func() error { return k.SetState(ctx, state) }); err2 != nil {
 			k.log().Error("setting the state label failed", "state", state, "err", err2)
 		}
 	}
-	k.warn(ctx, node, record.ReasonRecordFailed, fmt.Sprintf("the %s record of config %q could not be written: %v", rec.Result, rec.Config, err))
+	k.warn(ctx, node, record.ReasonRecordFailed, fmt.Sprintf("the %s record of config %q (%s) could not be written: %v",
+		rec.Result, rec.Config, requestedByText(rec), err))
 	return fmt.Errorf("the change record did not land: %w", err)
 }
 

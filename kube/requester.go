@@ -17,6 +17,12 @@ import (
 // (a name the client chooses, and the API server keeps no entry for a
 // label set by a plain patch or update of a Node that was never
 // server-side applied); failing both, the requester is unknown.
+//
+// A stamp that is there but does not parse, or names no user, is no
+// reason to believe a client-chosen name: the requester is unknown then,
+// never the managedFields name. Every Requester says where its name comes
+// from (Source: record.RequesterSource*), and the name is bounded
+// (record.MaxRequester, marked when cut).
 
 // RequesterStamp is the value of record.AnnotationRequestedBy, as the policy
 // writes it.
@@ -39,17 +45,18 @@ type Requester struct {
 	// At is when the request was made: the managedFields time of the label
 	// where the API server kept one, else when the agent first saw it.
 	At *time.Time
-	// Source says where By comes from: "admission", "managed-fields" or "".
+	// Source says where By comes from: record.RequesterSourceStamp,
+	// RequesterSourceManagedFields or RequesterSourceUnknown.
 	Source string
 	// Ignored says why a stamp on the Node was not used ("" when none was
 	// ignored).
 	Ignored string
 }
 
-// Sources of Requester.By.
+// Sources of Requester.By (the record's requestedBySource).
 const (
-	RequesterFromAdmission     = "admission"
-	RequesterFromManagedFields = "managed-fields"
+	RequesterFromAdmission     = record.RequesterSourceStamp
+	RequesterFromManagedFields = record.RequesterSourceManagedFields
 )
 
 // RequesterOf reads who asked for config, the value of the desired label
@@ -63,13 +70,20 @@ func RequesterOf(node *corev1.Node, config string) Requester {
 		var s RequesterStamp
 		switch err := json.Unmarshal([]byte(raw), &s); {
 		case err != nil:
+			// Only the policy writes the stamp (mig-agent-records): one that
+			// does not parse is the policy's for a name it could not encode.
+			// The field manager, a name the client chose, must not stand in.
 			r.Ignored = "the stamp is not valid JSON: " + err.Error()
+			r.By, r.Source = record.RequesterUnknown, record.RequesterSourceUnknown
+			return r
 		case s.User == "":
 			r.Ignored = "the stamp names no user"
+			r.By, r.Source = record.RequesterUnknown, record.RequesterSourceUnknown
+			return r
 		case s.Config != config:
 			r.Ignored = "the stamp is for config " + quote(s.Config) + ", an earlier request"
 		default:
-			r.By, r.Via, r.Source = s.User, s.Via, RequesterFromAdmission
+			r.By, r.Via, r.Source = record.BoundText(s.User, record.MaxRequester), record.BoundText(s.Via, record.MaxRequester), RequesterFromAdmission
 			// The managedFields entry of the label is this write's when it
 			// is the same field manager's.
 			if manager == s.Via && s.Via != "" {
@@ -79,9 +93,10 @@ func RequesterOf(node *corev1.Node, config string) Requester {
 		}
 	}
 	if manager == record.RequesterUnknown {
-		r.By = record.RequesterUnknown
+		r.By, r.Source = record.RequesterUnknown, record.RequesterSourceUnknown
 		return r
 	}
+	manager = record.BoundText(manager, record.MaxRequester)
 	r.By, r.Via, r.At, r.Source = manager, manager, at, RequesterFromManagedFields
 	return r
 }
@@ -128,7 +143,7 @@ func (k *Cluster) requester(node *corev1.Node, config string) Requester {
 			k.log().Info("the requester stamp on the Node is not this request's; not used", "annotation", record.AnnotationRequestedBy,
 				"config", config, "why", r.Ignored)
 		}
-		k.log().Info("desired config requested", "config", config, "requestedBy", r.By, "requestedVia", r.Via, "source", r.Source)
+		k.log().Info("desired config requested", "config", config, "requestedBy", r.By, "requestedVia", r.Via, "requestedBySource", r.Source)
 	}
 	return r
 }

@@ -1,13 +1,20 @@
 package kube
 
 import (
+	"context"
+	"fmt"
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/migagent/mig-agent/internal/text"
+	"github.com/migagent/mig-agent/record"
 )
 
 func TestRequesterOf(t *testing.T) {
@@ -42,15 +49,26 @@ func TestRequesterOf(t *testing.T) {
 			managed: []metav1.ManagedFieldsEntry{labelBy("gitops", 300)},
 			by:      "gitops", via: "gitops", at: 300, source: RequesterFromManagedFields, ignoredWhy: true},
 		{name: "a stale stamp and no managedFields is unknown", stamp: stamp, config: "all-disabled",
-			by: record.RequesterUnknown, ignoredWhy: true},
+			by: record.RequesterUnknown, source: record.RequesterSourceUnknown, ignoredWhy: true},
 		{name: "a stamp that does not parse", stamp: `{"user":`, config: "all-balanced",
-			by: record.RequesterUnknown, ignoredWhy: true},
+			by: record.RequesterUnknown, source: record.RequesterSourceUnknown, ignoredWhy: true},
+		// Finding 6: a stamp the policy could not encode (a control
+		// character in the user name, before the policy escaped them) is
+		// unknown, never the field manager the client chose.
+		{name: "a stamp that does not parse is never replaced by managedFields", stamp: "{\"user\":\"mallory\x01\",\"via\":\"x\",\"config\":\"all-balanced\"}",
+			config: "all-balanced", managed: []metav1.ManagedFieldsEntry{labelBy("alice@example.com", 300)},
+			by: record.RequesterUnknown, source: record.RequesterSourceUnknown, ignoredWhy: true},
 		{name: "a stamp without user", stamp: `{"config":"all-balanced"}`, config: "all-balanced",
-			by: record.RequesterUnknown, ignoredWhy: true},
+			managed: []metav1.ManagedFieldsEntry{labelBy("alice@example.com", 300)},
+			by:      record.RequesterUnknown, source: record.RequesterSourceUnknown, ignoredWhy: true},
+		// An escaped control character (the policy's stamp) parses: the
+		// name is the user's, as the API server authenticated it.
+		{name: "an escaped control character", stamp: `{"user":"mallory\u0001","via":"x","config":"all-balanced"}`,
+			config: "all-balanced", by: "mallory\x01", via: "x", source: RequesterFromAdmission},
 		{name: "no stamp: managedFields", config: "all-balanced",
 			managed: []metav1.ManagedFieldsEntry{labelBy("alice", 100), labelBy("bob", 200)},
 			by:      "bob", via: "bob", at: 200, source: RequesterFromManagedFields},
-		{name: "neither", config: "all-balanced", by: record.RequesterUnknown},
+		{name: "neither", config: "all-balanced", by: record.RequesterUnknown, source: record.RequesterSourceUnknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{ManagedFields: tc.managed}}
@@ -110,5 +128,33 @@ func TestKubeDesiredRequester(t *testing.T) {
 	}
 	if r = (&Cluster{DefaultConfig: "all-1g.18gb"}).desired(&corev1.Node{}); r.By != record.RequesterDefaultConfig || r.Config != "all-1g.18gb" {
 		t.Fatalf("default config: %+v", r)
+	}
+}
+
+// Finding 7: a 90 KB user name no longer leaves a change without a record,
+// nor pushes earlier records out: the record is bounded, lands, and the
+// history keeps the records before it; the name keeps its start, marked.
+func TestRecordHugeRequesterLands(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0)), Component: "mig-agent", Log: discard()}
+	for i := range 4 {
+		if err := k.Record(ctx, record.ChangeRecord{Config: fmt.Sprintf("c%d", i), Result: record.StateSuccess, RequestedBy: "alice"}, record.StateSuccess); err != nil {
+			t.Fatal(err)
+		}
+	}
+	huge := strings.Repeat("m", 90<<10)
+	if err := k.Record(ctx, record.ChangeRecord{Config: "c4", Result: record.StateSuccess, RequestedBy: huge,
+		RequestedBySource: record.RequesterSourceStamp}, record.StateSuccess); err != nil {
+		t.Fatalf("the record of a 90 KB user name did not land: %v", err)
+	}
+	n, _ := c.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	recs := record.Trail(n.Annotations)
+	if len(recs) != 5 || recs[0].Config != "c4" || recs[4].Config != "c0" {
+		t.Fatalf("history of %d records (%v), want all five", len(recs), recs)
+	}
+	if by := recs[0].RequestedBy; len(by) > record.MaxRequester || !strings.Contains(by, record.TruncatedMark) ||
+		recs[0].RequestedBySource != record.RequesterSourceStamp {
+		t.Errorf("requestedBy %d bytes %q (source %q), want a marked start within %d", len(by), text.Truncate(by, 40), recs[0].RequestedBySource, record.MaxRequester)
 	}
 }

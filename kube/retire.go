@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -31,14 +34,36 @@ func retiredMessage(raw json.RawMessage) string {
 		return fmt.Sprintf("a record that was not valid JSON left %s (the history keeps %d records, %d bytes): %s",
 			record.AnnotationHistory, record.HistoryMaxRecords, record.HistoryMaxBytes, text.Truncate(string(raw), 512))
 	}
-	by := r.RequestedBy
-	if r.RequestedVia != "" && r.RequestedVia != r.RequestedBy {
-		by += " via " + r.RequestedVia
-	}
+	by := requestedByText(r)
 	if r.RequestedAt != nil {
 		by += " at " + r.RequestedAt.UTC().Format(time.RFC3339)
 	}
 	return fmt.Sprintf("the record of config %q (%s, started %s, finished %s, requested by %s, configHash %s) left %s, which keeps the newest %d records within %d bytes; the whole record is in the agent's log",
 		r.Config, r.Result, r.StartedAt.UTC().Format(time.RFC3339), r.FinishedAt.UTC().Format(time.RFC3339), by,
 		r.ConfigHash, record.AnnotationHistory, record.HistoryMaxRecords, record.HistoryMaxBytes)
+}
+
+// requestedByText names who asked for a record's change and how the agent
+// knows, for Events and logs: "requested by alice via kubectl-label
+// (stamp)"; control characters are escaped, the name bounded.
+func requestedByText(r record.ChangeRecord) string {
+	by := "requested by " + escapeControl(record.BoundText(r.RequestedBy, record.MaxRequester))
+	if r.RequestedVia != "" && r.RequestedVia != r.RequestedBy {
+		by += " via " + escapeControl(record.BoundText(r.RequestedVia, record.MaxRequester))
+	}
+	src := r.RequestedBySource
+	if src == "" {
+		src = record.RequesterSourceUnknown
+	}
+	return by + " (" + src + ")"
+}
+
+// escapeControl writes the control characters of s as Go escapes (\n,
+// \x01): an Event or a terminal shows them, never acts on them.
+func escapeControl(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }

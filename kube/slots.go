@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -21,13 +24,23 @@ import (
 
 	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
 
 // Slots is a cluster-wide semaphore of N Leases (coordination.k8s.io) in
 // the agent's namespace: a node takes one before it evicts or reboots, so
 // at most N nodes are disrupted at once. A holder renews its Lease while it
-// works; a crashed holder's slot expires after the lease duration.
+// works (Slot.Check before each disruptive step confirms it still does).
+//
+// A slot passes to another node only when it is free: released, absent,
+// or expired as this reader judges it (leaseObserver: unchanged since this
+// reader saw it for its duration, whatever the holder's clock says) AND the
+// holder's Node is whole again. A holder that died mid-change leaves its
+// Node tainted or in state pending/rebooting: that node is still disrupted
+// and keeps counting against the bound until its agent, back, finishes the
+// change (it takes its own slot again at once), or the Node is gone, or
+// the slot was unchanged for RebootHold (a node that never comes back).
 //
 // A node waiting for a slot costs the API server nothing while nothing
 // changes: it watches the slot Leases (an informer on the agent's namespace,
@@ -53,9 +66,20 @@ type Slots struct {
 	// turn, instead of all asking at once and all but one losing a conflict.
 	Spread time.Duration
 
-	mu   sync.Mutex
-	held string // the slot Lease taken by Acquire, until released
-	keep bool   // ExtendForReboot ran: release keeps the Lease
+	obs leaseObserver
+	mu  sync.Mutex
+	cur *slotHold // the slot taken by Acquire, until released
+	// nodes caches, per slot, whether its expired holder's Node is still
+	// disrupted, for the record it was judged on.
+	nodes map[string]nodeVerdict
+}
+
+// nodeVerdict: whether the holder's Node was disrupted when the slot's
+// record was as it is (at: when it was read).
+type nodeVerdict struct {
+	record    string
+	disrupted bool
+	at        time.Time
 }
 
 // LabelRolloutSlot marks the slot Leases (value "true"); the queued nodes'
@@ -81,21 +105,32 @@ func (s *Slots) PoolShare(ctx context.Context) (n, pool int, err error) {
 		return 0, 0, err
 	}
 	for i := range l.Items {
-		if !leaseExpiry(&l.Items[i]).Before(s.Clock.Now()) {
+		if !renewedUntil(&l.Items[i]).Before(s.Clock.Now()) {
 			pool++
 		}
 	}
 	return max(1, pool*s.Percent/100), pool, nil
 }
 
+// renewedUntil is when l ends by its holder's own clock (renewTime plus
+// duration; the zero time without them). Only the pool count reads it: a
+// skewed clock there moves a node in or out of the count by a little,
+// while slot expiry never compares another machine's clock (leaseobs.go).
+func renewedUntil(l *coordinationv1.Lease) time.Time {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return time.Time{}
+	}
+	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
+}
+
 // SlotLeaseName is the name of slot i.
 func SlotLeaseName(i int) string { return fmt.Sprintf("mig-agent-slot-%d", i) }
 
-// Acquire blocks until a slot is taken (or ctx ends) and returns its release.
+// Acquire blocks until a slot is taken (or ctx ends) and returns it.
 // While it waits it holds one watch on the slot Leases and sends nothing
 // else: a try follows a Lease change or an expiry, and only when the cache
 // shows a slot free (released, expired, absent, or this holder's own).
-func (s *Slots) Acquire(ctx context.Context) (func(), error) {
+func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	if s.Percent > 0 {
 		n, pool, err := s.PoolShare(ctx)
 		if err != nil {
@@ -125,29 +160,29 @@ func (s *Slots) Acquire(ctx context.Context) (func(), error) {
 	case <-s.Clock.After(rand.N(spread)):
 	}
 	exists := map[string]bool{} // created by another while absent from the cache
+	losses := 0                 // races lost in this Acquire: the window widens
 	for {
-		free, next := s.scan(store)
+		free, next := s.scan(ctx, store)
 		trouble := false // an error or a lost race: look again after a jittered wait
 		// One try a round: a node that lost a race waits for the winner's
 		// write to reach its cache instead of trying every other slot.
 		if len(free) > 0 {
 			c := free[0]
-			ok, err := s.take(ctx, c.name, c.lease, exists[c.name])
+			got, err := s.take(ctx, c.name, c.lease, exists[c.name])
 			switch {
-			case ok:
+			case got != nil:
 				s.Log.Info("took rollout slot", "lease", c.name)
-				s.mu.Lock()
-				s.held, s.keep = c.name, false
-				s.mu.Unlock()
-				return s.hold(ctx, c.name), nil
+				return s.hold(ctx, got), nil
 			case errors.Is(err, errSlotExists):
 				exists[c.name] = true
 				trouble = true
+				losses++
 			case err != nil:
 				s.Log.Debug("rollout slot", "lease", c.name, "err", err)
 				trouble = true
 			default:
 				trouble = true // another node won it; its write reaches the cache
+				losses++
 			}
 		}
 		if !logged {
@@ -167,17 +202,48 @@ func (s *Slots) Acquire(ctx context.Context) (func(), error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-changed:
-			// Every queued node saw the same change: each waits its own
-			// random part of spread, then looks at its cache again.
+			// Every queued node saw the same change. A slot it freed is
+			// tried in an order all of them agree on (turn): the first in
+			// it takes the slot, and the others find it taken in their
+			// caches when their turn comes, without a request.
+			wait := time.Duration(0)
+			if free, _ := s.scan(ctx, store); len(free) > 0 {
+				wait = s.turn(free[0], spread, losses)
+			}
 			select {
 			case <-ctx.Done():
 				return nil, ctx.Err()
-			case <-s.Clock.After(rand.N(spread)):
+			case <-s.Clock.After(wait):
 			}
 		case <-expiry:
 		case <-retry:
 		}
 	}
+}
+
+// maxWidening bounds how far lost races widen a node's window (2^n times
+// the spread).
+const maxWidening = 4
+
+// turn is how long this node waits before trying slot c, which the cache
+// shows freed. Every queued node computes the same order from the Lease
+// data: a hash of the slot's name and resourceVersion (a new order for each
+// release: no node is always last) and the node's own name, scaled over the
+// spread. The first in that order tries at once, the next a fraction of the
+// spread later, by when the first one's write is in its cache: so a bounded
+// number try each freed slot (those whose turns fall within the time a
+// write takes to reach the caches), however long the queue. A node that
+// lost races widens its window (doubling, up to 2^maxWidening), which
+// spreads a queue too long for the spread.
+func (s *Slots) turn(c candidate, spread time.Duration, losses int) time.Duration {
+	rv := "absent"
+	if c.lease != nil {
+		rv = c.lease.ResourceVersion
+	}
+	sum := sha256.Sum256([]byte(c.name + "\x00" + rv + "\x00" + s.Holder))
+	u := float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53) // in [0, 1)
+	window := spread << min(losses, maxWidening)
+	return time.Duration(u * float64(window))
 }
 
 // watch starts an informer on the slot Leases of the namespace; changed
@@ -195,7 +261,11 @@ func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store
 			o.LabelSelector = sel
 			return leases.Watch(ctx, o)
 		})
-	poke := func(any) {
+	poke := func(obj any) {
+		// Seen now: expiry counts from here (leaseObserver).
+		if l, ok := obj.(*coordinationv1.Lease); ok {
+			s.obs.observe(l, s.Clock.Now())
+		}
 		select {
 		case changed <- struct{}{}:
 		default:
@@ -222,8 +292,8 @@ type candidate struct {
 
 // scan reads the cache: the slots free for this holder, in random order (two
 // queued nodes rarely pick the same one), and the earliest moment a slot held
-// by another expires (zero when none is).
-func (s *Slots) scan(store cache.Store) ([]candidate, time.Time) {
+// by another may be free (zero when none is).
+func (s *Slots) scan(ctx context.Context, store cache.Store) ([]candidate, time.Time) {
 	var free []candidate
 	var next time.Time
 	for _, i := range rand.Perm(s.N) {
@@ -234,41 +304,127 @@ func (s *Slots) scan(store cache.Store) ([]candidate, time.Time) {
 			continue
 		}
 		l := obj.(*coordinationv1.Lease)
-		holder := ptr.Deref(l.Spec.HolderIdentity, "")
-		if holder == "" || holder == s.Holder || s.expired(l) {
+		isFree, at := s.free(ctx, l)
+		if isFree {
 			free = append(free, candidate{name: name, lease: l})
 			continue
 		}
-		if end := leaseExpiry(l); next.IsZero() || end.Before(next) {
-			next = end
+		if next.IsZero() || at.Before(next) {
+			next = at
 		}
 	}
 	return free, next
+}
+
+// free says whether slot l may be taken by this holder: released, its own,
+// or expired with its holder's Node whole again. When not, at is when to
+// look again.
+func (s *Slots) free(ctx context.Context, l *coordinationv1.Lease) (bool, time.Time) {
+	holder := ptr.Deref(l.Spec.HolderIdentity, "")
+	if holder == "" || holder == s.Holder {
+		return true, time.Time{}
+	}
+	now := s.Clock.Now()
+	end := s.obs.expiry(l, now, s.longest())
+	if now.Before(end) {
+		return false, end
+	}
+	// Expired: its holder stopped renewing. A node left mid-change is
+	// still disrupted and keeps the slot, up to RebootHold unchanged.
+	if seen := s.obs.observe(l, now); !now.Before(seen.Add(RebootHold)) {
+		s.Log.Warn("taking a rollout slot whose holder has not renewed it for a long time", "lease", l.Name, "holder", holder, "for", RebootHold)
+		return true, time.Time{}
+	}
+	if s.holderDisrupted(ctx, l, holder, now) {
+		return false, now.Add(max(s.Duration, time.Second))
+	}
+	return true, time.Time{}
+}
+
+// longest is the longest duration a slot Lease honestly carries: the
+// reboot hold, or the lease duration if longer.
+func (s *Slots) longest() time.Duration { return max(RebootHold, s.Duration) }
+
+// holderDisrupted says whether the Node of a slot's holder is still in the
+// middle of a change: tainted by the agent, or in state pending or
+// rebooting. A Node that is gone is not; a Node that cannot be read is
+// (the safe side). The verdict is read once per Lease record and lease
+// duration.
+func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, holder string, now time.Time) bool {
+	rec := leaseRecord(l)
+	s.mu.Lock()
+	v, ok := s.nodes[l.Name]
+	s.mu.Unlock()
+	if ok && v.record == rec && now.Sub(v.at) < max(s.Duration, time.Second) {
+		return v.disrupted
+	}
+	disrupted := true
+	node, err := s.Client.CoreV1().Nodes().Get(ctx, holder, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		disrupted = false
+	case err != nil:
+		s.Log.Warn("reading the Node of an expired rollout slot's holder failed; counting it as disrupted", "lease", l.Name, "holder", holder, "err", err)
+	default:
+		disrupted = nodeMidChange(node)
+	}
+	if disrupted {
+		s.Log.Info("a rollout slot's holder stopped renewing it mid-change; its node still counts", "lease", l.Name, "holder", holder)
+	}
+	s.mu.Lock()
+	if s.nodes == nil {
+		s.nodes = map[string]nodeVerdict{}
+	}
+	s.nodes[l.Name] = nodeVerdict{record: rec, disrupted: disrupted, at: now}
+	s.mu.Unlock()
+	return disrupted
+}
+
+// nodeMidChange: the agent's taint is on the Node, or its state label says
+// a change is under way (pending) or waits for its reboot.
+func nodeMidChange(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == record.TaintReconfiguring {
+			return true
+		}
+	}
+	st := n.Labels[record.LabelState]
+	return st == record.StatePending || st == record.StateRebooting
 }
 
 // errSlotExists: the slot Lease the cache does not show exists.
 var errSlotExists = errors.New("rollout slot exists")
 
 // take tries slot name as the cache shows it (nil: absent): an update on
-// its resourceVersion or a create. (false, nil) when another node was first.
+// its resourceVersion or a create. It returns the Lease as written, or nil
+// (and no error) when another node was first.
 // A create that finds the Lease there returns errSlotExists: taken a moment
 // ago (its write is on its way to the cache), or, when it happens again
 // (read), a slot Lease from before LabelRolloutSlot that the watch does not
 // see: then it is read, and taken if free (which labels it).
-func (s *Slots) take(ctx context.Context, name string, cached *coordinationv1.Lease, read bool) (bool, error) {
+func (s *Slots) take(ctx context.Context, name string, cached *coordinationv1.Lease, read bool) (*coordinationv1.Lease, error) {
 	leases := s.Client.CoordinationV1().Leases(s.Namespace)
 	if cached == nil {
 		if read {
 			return s.try(ctx, name)
 		}
-		_, err := leases.Create(ctx, s.claim(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.Namespace}}), metav1.CreateOptions{})
+		got, err := leases.Create(ctx, s.claim(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.Namespace}}), metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			return false, errSlotExists
+			return nil, errSlotExists
 		}
-		return err == nil, ignoreConflict(err)
+		return written(got, err)
 	}
-	_, err := leases.Update(ctx, s.claim(cached.DeepCopy()), metav1.UpdateOptions{})
-	return err == nil, ignoreConflict(err)
+	got, err := leases.Update(ctx, s.claim(cached.DeepCopy()), metav1.UpdateOptions{})
+	return written(got, err)
+}
+
+// written is a write's result for take and try: the Lease, or nil with no
+// error when another node was first (a conflict).
+func written(l *coordinationv1.Lease, err error) (*coordinationv1.Lease, error) {
+	if err != nil {
+		return nil, ignoreConflict(err)
+	}
+	return l, nil
 }
 
 // claim makes l this holder's, from now, for the lease duration, labelled
@@ -280,60 +436,44 @@ func (s *Slots) claim(l *coordinationv1.Lease) *coordinationv1.Lease {
 		l.Labels = map[string]string{}
 	}
 	l.Labels[record.LabelManagedBy], l.Labels[LabelRolloutSlot] = "mig-agent", "true"
+	if ptr.Deref(l.Spec.HolderIdentity, "") != s.Holder {
+		l.Spec.AcquireTime = &now
+	}
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = ptr.To(s.Holder), &secs
-	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+	l.Spec.RenewTime = &now
 	return l
 }
 
 // try reads slot name and takes it when it is free for this holder (also
 // renewing it, when this holder has it): a Get and an update or a create.
-func (s *Slots) try(ctx context.Context, name string) (bool, error) {
+func (s *Slots) try(ctx context.Context, name string) (*coordinationv1.Lease, error) {
 	leases := s.Client.CoordinationV1().Leases(s.Namespace)
 	l, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = leases.Create(ctx, s.claim(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.Namespace}}), metav1.CreateOptions{})
-		return err == nil, ignoreConflict(err)
+		return written(leases.Create(ctx, s.claim(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.Namespace}}), metav1.CreateOptions{}))
 	}
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	holder := ptr.Deref(l.Spec.HolderIdentity, "")
-	if holder != "" && holder != s.Holder && !s.expired(l) {
-		return false, nil
+	if ok, _ := s.free(ctx, l); !ok {
+		return nil, nil
 	}
-	_, err = leases.Update(ctx, s.claim(l), metav1.UpdateOptions{})
-	return err == nil, ignoreConflict(err)
+	return written(leases.Update(ctx, s.claim(l), metav1.UpdateOptions{}))
 }
 
 // ExtendForReboot keeps the slot this holder took through a reboot: the
 // Lease is renewed now for RebootHold (or the lease duration, if longer),
 // and the release that follows stops renewing it without freeing it. After
 // the reboot, Acquire takes it again (a holder always may take its own).
+// It fails when no slot is held or the slot was lost.
 func (s *Slots) ExtendForReboot(ctx context.Context) error {
 	s.mu.Lock()
-	name := s.held
+	h := s.cur
 	s.mu.Unlock()
-	if name == "" {
+	if h == nil {
 		return fmt.Errorf("no rollout slot held")
 	}
-	leases := s.Client.CoordinationV1().Leases(s.Namespace)
-	l, err := leases.Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("rollout slot %s: %w", name, err)
-	}
-	if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != s.Holder {
-		return fmt.Errorf("rollout slot %s is held by %q", name, h)
-	}
-	secs := int32(max(RebootHold, s.Duration) / time.Second)
-	now := metav1.NewMicroTime(s.Clock.Now())
-	l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &secs, &now
-	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("rollout slot %s: %w", name, err)
-	}
-	s.mu.Lock()
-	s.keep = true
-	s.mu.Unlock()
-	return nil
+	return h.extend(ctx)
 }
 
 func ignoreConflict(err error) error {
@@ -343,64 +483,197 @@ func ignoreConflict(err error) error {
 	return err
 }
 
-func (s *Slots) expired(l *coordinationv1.Lease) bool {
-	return s.Clock.Now().After(leaseExpiry(l))
+// slotHold is a slot taken by Acquire: renewed in the background until
+// released; lost when a renewal finds it held by another, or when no
+// renewal succeeded for the lease duration (another node may have judged
+// it expired).
+type slotHold struct {
+	s    *Slots
+	name string
+	ctx  context.Context
+
+	mu      sync.Mutex
+	last    *coordinationv1.Lease // as last written
+	renewed time.Time             // when the last successful write was sent
+	lost    error
+	keep    bool // ExtendForReboot ran: release keeps the Lease
+	done    chan struct{}
+	stopped chan struct{}
 }
 
-// leaseExpiry is when l ends unless renewed (the zero time when it has no
-// renew time or duration: long expired).
-func leaseExpiry(l *coordinationv1.Lease) time.Time {
-	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return time.Time{}
-	}
-	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
+var _ reconcile.Slot = (*slotHold)(nil)
+
+// hold starts renewing l, just written by this holder.
+func (s *Slots) hold(ctx context.Context, l *coordinationv1.Lease) *slotHold {
+	h := &slotHold{s: s, name: l.Name, ctx: context.WithoutCancel(ctx), last: l, renewed: s.Clock.Now(),
+		done: make(chan struct{}), stopped: make(chan struct{})}
+	s.mu.Lock()
+	s.cur = h
+	s.mu.Unlock()
+	go h.loop(ctx)
+	return h
 }
 
-// hold renews the lease until released, then frees it.
-func (s *Slots) hold(ctx context.Context, name string) func() {
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		every := max(s.Duration/3, time.Second)
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-s.Clock.After(every):
-				s.mu.Lock()
-				keep := s.keep
-				s.mu.Unlock()
-				if keep {
-					continue // stretched for the reboot; renewing would shorten it
-				}
-				if ok, err := s.try(context.WithoutCancel(ctx), name); !ok || err != nil {
-					s.Log.Warn("renewing the rollout slot failed", "lease", name, "err", err)
-				}
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-stopped
-		s.mu.Lock()
-		keep := s.keep
-		s.held, s.keep = "", false
-		s.mu.Unlock()
-		if keep {
-			s.Log.Info("keeping the rollout slot through the reboot", "lease", name, "for", RebootHold)
+// renewEvery is the renewal period: a third of the duration (client-go's
+// leader election renews well within its lease too).
+func (h *slotHold) renewEvery() time.Duration { return max(h.s.Duration/3, time.Second) }
+
+func (h *slotHold) loop(ctx context.Context) {
+	defer close(h.stopped)
+	for {
+		select {
+		case <-h.done:
 			return
-		}
-		leases := s.Client.CoordinationV1().Leases(s.Namespace)
-		bg := context.WithoutCancel(ctx)
-		if l, err := leases.Get(bg, name, metav1.GetOptions{}); err == nil && ptr.Deref(l.Spec.HolderIdentity, "") == s.Holder {
-			l.Spec.HolderIdentity = ptr.To("")
-			if _, err := leases.Update(bg, l, metav1.UpdateOptions{}); err != nil {
-				s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", name, "err", err)
+		case <-ctx.Done():
+			return
+		case <-h.s.Clock.After(h.renewEvery()):
+			h.mu.Lock()
+			idle := h.keep || h.lost != nil // stretched for the reboot, or gone
+			h.mu.Unlock()
+			if idle {
+				continue
+			}
+			if err := h.renew(h.ctx); err != nil {
+				h.s.Log.Warn("renewing the rollout slot failed", "lease", h.name, "err", err)
 			}
 		}
-		s.Log.Info("released rollout slot", "lease", name)
 	}
+}
+
+// renew writes the Lease as last written, renewed: one request. A conflict
+// reads it: still this holder's (written by ExtendForReboot) is renewed
+// again; another's means the slot is lost. A failure for longer than the
+// lease duration loses it too. It returns the failure, nil when renewed.
+func (h *slotHold) renew(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost != nil {
+		return h.lost
+	}
+	leases := h.s.Client.CoordinationV1().Leases(h.s.Namespace)
+	sent := h.s.Clock.Now()
+	got, err := leases.Update(ctx, h.s.claim(h.last.DeepCopy()), metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		var cur *coordinationv1.Lease
+		cur, err = leases.Get(ctx, h.name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			h.lost = fmt.Errorf("rollout slot %s was deleted", h.name)
+			return h.lost
+		case err == nil && ptr.Deref(cur.Spec.HolderIdentity, "") != h.s.Holder:
+			h.lost = fmt.Errorf("rollout slot %s is held by %q now", h.name, ptr.Deref(cur.Spec.HolderIdentity, ""))
+			return h.lost
+		case err == nil:
+			got, err = leases.Update(ctx, h.s.claim(cur), metav1.UpdateOptions{})
+		}
+	}
+	if err != nil {
+		if since := h.s.Clock.Since(h.renewed); since >= h.s.Duration {
+			h.lost = fmt.Errorf("rollout slot %s not renewed for %s (another node may have taken it): %w", h.name, since.Round(time.Second), err)
+			return h.lost
+		}
+		return err
+	}
+	h.last, h.renewed = got, sent
+	return nil
+}
+
+// Check confirms the slot before a disruptive step: nil while the last
+// successful renewal is recent enough to vouch for it (within half the
+// lease duration: no request), else it renews now and answers with that.
+// A renewal that fails for a passing cause while the slot is still within
+// its duration does not lose it.
+func (h *slotHold) Check(ctx context.Context) error {
+	h.mu.Lock()
+	lost, fresh := h.lost, h.s.Clock.Since(h.renewed) < h.s.Duration/2
+	keep := h.keep
+	h.mu.Unlock()
+	if lost != nil {
+		return lost
+	}
+	if fresh || keep {
+		return nil
+	}
+	err := h.renew(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost != nil {
+		return h.lost
+	}
+	if err != nil {
+		h.s.Log.Warn("renewing the rollout slot failed; it is still within its duration", "lease", h.name, "err", err)
+	}
+	return nil
+}
+
+// extend stretches the Lease for the reboot (see ExtendForReboot).
+func (h *slotHold) extend(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost != nil {
+		return h.lost
+	}
+	leases := h.s.Client.CoordinationV1().Leases(h.s.Namespace)
+	l, err := leases.Get(ctx, h.name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("rollout slot %s: %w", h.name, err)
+	}
+	if holder := ptr.Deref(l.Spec.HolderIdentity, ""); holder != h.s.Holder {
+		h.lost = fmt.Errorf("rollout slot %s is held by %q now", h.name, holder)
+		return h.lost
+	}
+	secs := int32(h.s.longest() / time.Second)
+	now := metav1.NewMicroTime(h.s.Clock.Now())
+	l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &secs, &now
+	got, err := leases.Update(ctx, l, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("rollout slot %s: %w", h.name, err)
+	}
+	h.last, h.keep = got, true
+	return nil
+}
+
+// Release stops renewing the slot and frees it, if this holder still holds
+// it; a slot kept for a reboot stays taken.
+func (h *slotHold) Release() {
+	select {
+	case <-h.done:
+		return // released already
+	default:
+	}
+	close(h.done)
+	<-h.stopped
+	s := h.s
+	s.mu.Lock()
+	if s.cur == h {
+		s.cur = nil
+	}
+	s.mu.Unlock()
+	h.mu.Lock()
+	keep, lost := h.keep, h.lost
+	h.mu.Unlock()
+	switch {
+	case keep:
+		s.Log.Info("keeping the rollout slot through the reboot", "lease", h.name, "for", s.longest())
+		return
+	case lost != nil:
+		s.Log.Warn("the rollout slot was lost; nothing to release", "lease", h.name, "err", lost)
+		return
+	}
+	leases := s.Client.CoordinationV1().Leases(s.Namespace)
+	l, err := leases.Get(h.ctx, h.name, metav1.GetOptions{})
+	if err != nil {
+		s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", h.name, "err", err)
+		return
+	}
+	if holder := ptr.Deref(l.Spec.HolderIdentity, ""); holder != s.Holder {
+		s.Log.Warn("the rollout slot is held by another; not releasing it", "lease", h.name, "holder", holder)
+		return
+	}
+	l.Spec.HolderIdentity = ptr.To("")
+	if _, err := leases.Update(h.ctx, l, metav1.UpdateOptions{}); err != nil {
+		s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", h.name, "err", err)
+		return
+	}
+	s.Log.Info("released rollout slot", "lease", h.name)
 }

@@ -57,9 +57,9 @@ type StatusRequester struct {
 	By  string     `json:"by"`
 	Via string     `json:"via,omitempty"`
 	At  *time.Time `json:"at,omitempty"`
-	// Source is "admission" (the user the API server authenticated),
-	// "managed-fields" (a field manager: a name the client chose) or ""
-	// (unknown).
+	// Source is "stamp" (the user the API server authenticated),
+	// "managedFields" (a field manager: a name the client chose) or
+	// "unknown" (nothing names who asked, or a stamp that does not parse).
 	Source string `json:"source,omitempty"`
 }
 

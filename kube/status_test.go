@@ -72,7 +72,7 @@ func TestStatusGolden(t *testing.T) {
 				"GPU geometry is from the history record finished 2026-03-01T12:05:44Z",
 				`"x" is not a GPU index`,
 			},
-			requester: record.RequesterUnknown + "/"},
+			requester: record.RequesterUnknown + "/" + record.RequesterSourceUnknown},
 		{golden: "status-empty", node: "node-empty.json", notes: []string{
 			"label nvidia.com/mig.config is not set",
 			"label nvidia.com/mig.config.state is not set",
@@ -82,7 +82,7 @@ func TestStatusGolden(t *testing.T) {
 		{golden: "status-pending", node: "node-pending.json", lastChange: true,
 			notes: []string{`migagent.io/requested-by is not used: the stamp is for config "all-1g.18gb", an earlier request`,
 				"migagent.io/history is not a JSON array"},
-			requester: record.RequesterUnknown + "/"},
+			requester: record.RequesterUnknown + "/" + record.RequesterSourceUnknown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.golden, func(t *testing.T) {

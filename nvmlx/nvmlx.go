@@ -115,6 +115,11 @@ type GPU interface {
 	Close() error
 }
 
+// ErrProcessesUnknown: NVML cannot tell which processes use a GPU (none of
+// its process lists is supported there). Whoever must know that nothing
+// uses a GPU fails closed on it.
+var ErrProcessesUnknown = errors.New("NVML cannot list the processes on this GPU: cannot tell whether anything uses it")
+
 // UnusableGPU is a GPU NVML counts but the agent cannot read: it is left
 // alone (nothing is asked of it) and reported.
 type UnusableGPU struct {

@@ -234,7 +234,7 @@ func (g *realGPU) giProfiles(i int, dev nvml.Device, pciID uint32, total uint64)
 		p := &out[k].prof
 		pls, err := g.placements(i, dev, &out[k].info, canPlace)
 		if err != nil {
-			sp := realStaticByID(static, p.ID)
+			sp := realStaticMatch(static, *p)
 			if sp == nil {
 				return nil, fmt.Errorf("placements of profile %s: %w", p.Name, err)
 			}
@@ -260,7 +260,10 @@ func (g *realGPU) giProfiles(i int, dev nvml.Device, pciID uint32, total uint64)
 	}
 	out = kept
 	for k := range out {
-		out[k].prof.ComputeProfiles = realComputeProfiles(out[k].prof, realStaticByID(static, out[k].prof.ID))
+		out[k].prof.ComputeProfiles = realComputeProfiles(out[k].prof, realStaticMatch(static, out[k].prof))
+	}
+	if err := realUniqueNames(i, out); err != nil {
+		return nil, err
 	}
 	sort.SliceStable(out, func(a, b int) bool {
 		pa, pb := out[a].prof, out[b].prof
@@ -292,7 +295,7 @@ func (g *realGPU) fixA30Counts(i int, gps []realProfile, static *profiles.Catalo
 	}
 	for k := range gps {
 		p := &gps[k].prof
-		sp := realStaticByID(static, p.ID)
+		sp := realStaticMatch(static, *p)
 		if sp == nil {
 			if say {
 				g.log.Warn("A30: profile not in the static catalogue; keeping NVML's count",
@@ -344,15 +347,36 @@ func realStaticProfiles(c *profiles.Catalogue) []realProfile {
 	return out
 }
 
-func realStaticByID(c *profiles.Catalogue, id int) *profiles.Profile {
+// realStaticMatch is the static catalogue's profile that is p: the same
+// profile id, index and slice count (nil when none is). An id alone is not
+// enough: a driver or a GPU whose ids differ from the catalogue's would
+// otherwise take another profile's placements, counts or compute profiles.
+func realStaticMatch(c *profiles.Catalogue, p profiles.Profile) *profiles.Profile {
 	if c == nil {
 		return nil
 	}
-	p, ok := c.ByID(id)
-	if !ok {
+	sp, ok := c.ByID(p.ID)
+	if !ok || sp.Index != p.Index || sp.Slices != p.Slices {
 		return nil
 	}
-	return p
+	return sp
+}
+
+// realUniqueNames refuses a profile list in which two profiles have the
+// same canonical name: a config names profiles by name, so either could be
+// created for it. NVML would have to report two profiles of the same
+// slices and memory at different indices without an attribute that tells
+// them apart (ProfileName names +me and the others by index).
+func realUniqueNames(i int, gps []realProfile) error {
+	seen := map[string]int{}
+	for _, gp := range gps {
+		if idx, dup := seen[gp.prof.Name]; dup {
+			return fmt.Errorf("GPU %d: NVML reports two MIG profiles with the same name %s (profile indices %d and %d, ids differ or not): "+
+				"a config could not say which one it means; refusing to manage this GPU", i, gp.prof.Name, idx, gp.prof.Index)
+		}
+		seen[gp.prof.Name] = gp.prof.Index
+	}
+	return nil
 }
 
 // realCatalogueOf builds the catalogue; the memory slice count is where the

@@ -170,9 +170,17 @@ func (g *realGPU) migUUIDs(i int, dev nvml.Device) (map[[2]int]string, error) {
 		if ret != nvml.SUCCESS {
 			return nil, realError("GetComputeInstanceId", i, ret)
 		}
+		// The UUID names the MIG device to the pods that use it; reading the
+		// geometry needs none. One that cannot be read is left empty (and
+		// logged): a change that takes that device away cannot tell its
+		// pods and stops there (gpus.Takes' caller), instead of every read
+		// of the GPUs failing.
 		uuid, ret := mig.GetUUID()
 		if ret != nvml.SUCCESS {
-			return nil, realError("GetUUID", i, ret)
+			if g.firstTime(fmt.Sprintf("mig-uuid/%d/%d", giID, ciID), i) {
+				g.log.Warn("reading a MIG device's UUID failed; it stays unknown", "gpu", i, "gi", giID, "ci", ciID, "error", realError("GetUUID", i, ret))
+			}
+			continue
 		}
 		out[[2]int{giID, ciID}] = uuid
 	}
@@ -421,6 +429,7 @@ func (g *realGPU) Processes(i int) ([]Process, error) {
 	}
 	out := []Process{}
 	seen := map[Process]bool{}
+	answered := 0 // lists NVML could read
 	for _, l := range lists {
 		if !g.hasSymbol(l.symbols...) {
 			if l.op == "GetComputeRunningProcesses" {
@@ -431,6 +440,7 @@ func (g *realGPU) Processes(i int) ([]Process, error) {
 		ps, ret := l.get()
 		switch ret {
 		case nvml.SUCCESS:
+			answered++
 		case nvml.ERROR_NOT_SUPPORTED:
 			continue
 		default:
@@ -449,6 +459,11 @@ func (g *realGPU) Processes(i int) ([]Process, error) {
 			}
 			out = append(out, q)
 		}
+	}
+	if answered == 0 {
+		// No list answered: "no processes" would be a guess. The stray
+		// process check fails closed on this (the change waits, retried).
+		return nil, fmt.Errorf("%w: GPU %d: every process list answered NOT_SUPPORTED", ErrProcessesUnknown, i)
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].PID < out[b].PID })
 	return out, nil

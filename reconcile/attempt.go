@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/migagent/mig-agent/geometry"
@@ -109,7 +110,7 @@ type attempt struct {
 	ch      *journal.Change
 	v       *view         // nil until the plan step (or handed in by the pass)
 	applied *gpus.Applied // what the apply step did
-	release func()        // gives the rollout slot back (nil: none taken)
+	slot    Slot          // the rollout slot taken (nil: none)
 	touched bool          // the apply step began: the GPUs may have changed
 	// plugins brings the device plugin list started beside the drain
 	// (nil: none started).
@@ -128,7 +129,7 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	j := &d.Journal.State
 	ch := j.Change
 	if ch == nil {
-		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, PreviousHash: j.AppliedHash, RequestedBy: req.By, RequestedVia: req.Via,
+		ch = &journal.Change{Config: req.Config, PreviousConfig: j.Applied, PreviousHash: j.AppliedHash, RequestedBy: req.By, RequestedVia: req.Via, RequestedBySource: req.Source,
 			RequestedAt: req.At, StartedAt: d.Clock.Now(), Phase: journal.PhasePending}
 	} else {
 		ch.Attempt++
@@ -141,8 +142,8 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	defer func() {
 		// The slot is held until the outcome is recorded (a failure
 		// restores the node first).
-		if a.release != nil {
-			a.release()
+		if a.slot != nil {
+			a.slot.Release()
 		}
 	}()
 	return d.conclude(a, a.run())
@@ -324,7 +325,7 @@ func (a *attempt) begin() error {
 		if len(a.v.named) > 0 {
 			return d.partial(ch, plan, a.v.named)
 		}
-		return endPass(d.success(a.ctx, a.node, ch, plan, a.v.n, nil, "config already applied; nothing changed", record.ReasonUnchanged))
+		return d.success(a.ctx, a.node, ch, plan, a.v.n, nil, "config already applied; nothing changed", record.ReasonUnchanged)
 	}
 	// The change goes ahead unless the preflight refuses it: the device
 	// plugin list (noteDevicePlugins) starts now, beside the writes.
@@ -343,7 +344,8 @@ func (a *attempt) begin() error {
 			return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal}
 		}
 		d.setState(a.ctx, record.StatePending)
-		d.event(a.ctx, a.node, EventNormal, record.ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched", ch.Config, ch.GPUsChanged, ch.GPUsUntouched))
+		d.event(a.ctx, a.node, EventNormal, record.ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched; %s",
+			ch.Config, ch.GPUsChanged, ch.GPUsUntouched, requestedBy(ch.RequestedBy, ch.RequestedVia, ch.RequestedBySource)))
 	}
 	j.Change = ch
 	return nil
@@ -353,14 +355,17 @@ func (a *attempt) takeSlot() error {
 	d := a.d
 	if d.Slots != nil {
 		_ = d.notify().Status("waiting for a rollout slot")
-		release, err := d.Slots.Acquire(a.ctx)
+		if a.slot != nil {
+			return nil // taken already this attempt (before a reboot)
+		}
+		slot, err := d.Slots.Acquire(a.ctx)
 		if err != nil {
 			if a.ctx.Err() != nil {
 				return endPass(outParked)
 			}
 			return failed("taking a rollout slot", err)
 		}
-		a.release = release
+		a.slot = slot
 	}
 	if a.ch.DisruptedAt == nil {
 		// The slot is taken: the disruption begins.
@@ -374,7 +379,34 @@ func (a *attempt) drain() error {
 	if a.d.Disrupt == nil || (a.ch.Phase != journal.PhasePending && a.ch.Phase != journal.PhaseDraining) {
 		return nil
 	}
-	return a.d.drain(a.ctx, a.node, a.ch, a.v.n, a.v.plan)
+	return a.d.drain(a.ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
+}
+
+// confirm says whether the next disruptive step (what) may run: the
+// rollout slot is still this node's (Slot.Check) and the node still this
+// agent's (Owner.Confirm). A lost one stops the change before the step,
+// with the reason; the failure restores what the change paused and its
+// retry takes a slot again.
+func (a *attempt) confirm(what string) error {
+	if a.slot != nil {
+		if err := a.slot.Check(a.ctx); err != nil {
+			if a.ctx.Err() != nil {
+				return endPass(outParked)
+			}
+			return &StepError{Reason: fmt.Sprintf("the rollout slot was lost (%v): stopped before %s", err, what),
+				Retryable: true, Event: record.ReasonSlotLost, Err: err}
+		}
+	}
+	if a.d.Owner != nil {
+		if err := a.d.Owner.Confirm(a.ctx); err != nil {
+			if a.ctx.Err() != nil {
+				return endPass(outParked)
+			}
+			return &StepError{Reason: fmt.Sprintf("this agent no longer holds its node (%v): stopped before %s", err, what),
+				Retryable: true, Event: record.ReasonNodeLost, Err: err}
+		}
+	}
+	return nil
 }
 
 func (a *attempt) checkProcesses() error {
@@ -472,7 +504,11 @@ func (a *attempt) apply() error {
 		}
 	}
 	opts := gpus.ApplyOptions{Step: func(gpu int, what string) error {
-		ch.Step = fmt.Sprintf("GPU %d: %s", gpu, what)
+		step := fmt.Sprintf("GPU %d: %s", gpu, what)
+		if err := a.confirm(step); err != nil {
+			return err
+		}
+		ch.Step = step
 		if err := d.mustJournal(); err != nil {
 			return err
 		}
@@ -496,9 +532,15 @@ func (a *attempt) apply() error {
 	if release != nil {
 		_ = release()
 	}
+	var stop *StepError
+	var end endPass
 	switch {
 	case errors.Is(err, gpus.ErrRebootRequired):
-		return d.rebootFor(a.ctx, a.node, ch, applied)
+		return a.rebootFor(applied)
+	case errors.As(err, &stop):
+		return stop // a lost slot or node: stopped before a GPU step
+	case errors.As(err, &end):
+		return end
 	case err != nil:
 		return failed("applying", holderAdvice(err))
 	}
@@ -511,10 +553,14 @@ func (a *attempt) finish() error {
 }
 
 // drain taints the node, pauses operands and evicts the affected pods.
-func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, plan *geometry.Plan) error {
+// confirm is asked before each disruptive step (see attempt.confirm).
+func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, plan *geometry.Plan, confirm func(what string) error) error {
 	d.advance(ch, journal.PhaseDraining)
 	if err := d.mustJournal(); err != nil {
 		return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal, Always: true}
+	}
+	if err := confirm("draining the node"); err != nil {
+		return err
 	}
 	if d.S.Taint && !ch.TaintAdded {
 		err := d.retryAPI(ctx, func() error { _, err := d.Disrupt.Taint(ctx); return err })
@@ -541,6 +587,12 @@ func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *g
 		}
 	}
 	gpus, migs := gpus.Takes(n, plan)
+	if slices.Contains(migs, "") {
+		// NVML could not read a MIG device's UUID (the backend leaves it
+		// empty): the pods using that device cannot be found.
+		return &StepError{Reason: "a MIG device the change takes away has no UUID NVML could read: cannot tell which pods use it; not changing it",
+			Retryable: true, Event: record.ReasonFailed}
+	}
 	var pods []string
 	var how string
 	err := d.retryAPI(ctx, func() (err error) { pods, how, err = d.Disrupt.Affected(ctx, gpus, migs); return err })
@@ -552,6 +604,9 @@ func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *g
 		d.Metrics.SetCollectorError("pod-resources", strings.HasPrefix(how, record.AffectedByAllGPUPodsPrefix))
 	}
 	if len(pods) > 0 {
+		if err := confirm("evicting pods"); err != nil {
+			return err
+		}
 		msg := fmt.Sprintf("evicting %d pods on GPUs %v: %s", len(pods), ch.GPUsChanged, strings.Join(pods, ", "))
 		_ = d.notify().Status("%s", msg)
 		d.event(ctx, node, EventNormal, record.ReasonEvicting, msg)
@@ -600,7 +655,7 @@ func (d *Daemon) finish(ctx context.Context, node *Node, ch *journal.Change, pla
 		return d.partial(ch, plan, named)
 	}
 	msg := fmt.Sprintf("MIG config %q applied: GPUs %v changed, %v untouched, %d pods evicted", ch.Config, ch.GPUsChanged, ch.GPUsUntouched, len(ch.Evicted))
-	return endPass(d.success(ctx, node, ch, plan, applied.After, converged, msg, record.ReasonApplied))
+	return d.success(ctx, node, ch, plan, applied.After, converged, msg, record.ReasonApplied)
 }
 
 // refresh makes the device plugin see the new MIG devices (it reads them

@@ -46,6 +46,9 @@ type Daemon struct {
 	// Slots limits how many nodes are disrupted at once (optional;
 	// --max-concurrent).
 	Slots Slots
+	// Owner confirms the node is still this agent's before every
+	// GPU-mutating step (optional; nil: standalone).
+	Owner Owner
 	// Hooks are the nvidia-mig-parted hooks run around each change in
 	// standalone mode (S.HooksFile; nil: none).
 	Hooks gpus.Hooks

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/migagent/mig-agent/geometry"
@@ -18,18 +19,26 @@ import (
 // caller of Cluster.Record; end also posts the Event and reports metrics
 // and the journal.
 
-func (d *Daemon) success(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, n *gpus.Inventory, converged *bool, msg, reason string) outcome {
+// success ends a change whose GPUs hold its config: the record, the
+// state label, the Event. It ends the pass (endPass(outSuccess)) only when
+// the record landed; otherwise the change is no success: a failure that
+// says why (retried; the retry finds the config applied and records that).
+func (d *Daemon) success(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, n *gpus.Inventory, converged *bool, msg, reason string) error {
 	now := d.Clock.Now()
 	rec := d.record(ch, record.StateSuccess, "", now, n)
 	rec.ResourcesConverged = converged
-	// Metrics first: whoever sees the state label finds them current.
+	// Metrics first: whoever sees the state label finds them current. They
+	// say what the GPUs hold, which is so even when the record fails.
 	d.Metrics.ObserveReconfiguration(record.StateSuccess, now.Sub(ch.StartedAt))
 	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
 	d.Metrics.SetLastSuccess(now)
 	d.Metrics.SetDrift(false)
 	d.Metrics.SetRebootGuardTripped(false)
 	d.Metrics.SetLastFailure("")
-	d.end(ctx, node, record.StateSuccess, rec, EventNormal, reason, msg)
+	if err := d.end(ctx, node, record.StateSuccess, rec, EventNormal, reason, msg); err != nil {
+		return &StepError{Reason: "the GPUs hold the config, but its success record could not be written, so the change is not reported a success: " + err.Error(),
+			Retryable: true, Event: record.ReasonRecordFailed, Always: true, Err: err}
+	}
 	d.drifted = false
 	j := &d.Journal.State
 	j.Change = nil
@@ -38,7 +47,7 @@ func (d *Daemon) success(ctx context.Context, node *Node, ch *journal.Change, pl
 	d.saveJournal()
 	d.Log.Info("mig config applied", "config", ch.Config, "gpusChanged", ch.GPUsChanged, "evicted", len(ch.Evicted))
 	_ = d.notify().Status("config %s applied", ch.Config)
-	return outSuccess
+	return endPass(outSuccess)
 }
 
 // partial ends a change whose GPUs hold the config, except those named
@@ -107,6 +116,7 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 		rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
 		rec.ConfigHash, rec.ConfigSource, rec.PreviousConfigHash = ch.Hash, ch.Source, ch.PreviousHash
 		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
+		rec.RequestedBySource = ch.RequestedBySource
 		rec.Reboot = d.rebooted(ch) || result == record.StateRebooting
 		rec.AffectedBy, rec.DisruptedAt, rec.ServedBy = ch.AffectedBy, ch.DisruptedAt, ch.ServedBy
 		if ch.GPUsChanged != nil {
@@ -129,7 +139,22 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 		rec.Geometry = n.GeometryOf()
 		rec.GPUsUnusable = n.Unusable
 	}
-	return rec
+	// Bounded: no name, pod list or error can make it too large to land
+	// or push the other records out of the history.
+	return rec.Bounded()
+}
+
+// requestedBy names who asked and how the agent knows, for Events:
+// `requested by "alice" via "kubectl-label" (stamp)`.
+func requestedBy(by, via, source string) string {
+	s := "requested by " + strconv.Quote(record.BoundText(by, record.MaxRequester))
+	if via != "" && via != by {
+		s += " via " + strconv.Quote(record.BoundText(via, record.MaxRequester))
+	}
+	if source == "" {
+		source = record.RequesterSourceUnknown
+	}
+	return s + " (" + source + ")"
 }
 
 // end writes the record of a change with the state label (the one caller
@@ -145,7 +170,9 @@ func (d *Daemon) end(ctx context.Context, node *Node, state string, rec record.C
 	if err != nil {
 		d.Log.Error("writing the change record failed", "config", rec.Config, "result", rec.Result, "err", err)
 	}
-	if evType != "" {
+	if evType != "" && (err == nil || state != record.StateSuccess) {
+		// (A success whose record did not land is no success: its failure
+		// posts the Event.)
 		d.event(ctx, node, evType, reason, msg)
 	}
 	return err

@@ -45,7 +45,9 @@ type Request struct {
 	By     string
 	// Via is the field manager of the write that asked, where known.
 	Via string
-	At  *time.Time
+	// Source says where By comes from (record.RequesterSource*).
+	Source string
+	At     *time.Time
 	// Asked is false when nothing is asked (no label, no default); a label
 	// set to "" asks, and fails with a reason.
 	Asked bool
@@ -170,12 +172,32 @@ type OtherManagers interface {
 // Slots limits how many nodes of a pool are disrupted at once
 // (--max-concurrent).
 type Slots interface {
-	// Acquire takes a rollout slot, waiting for one; release gives it back.
-	Acquire(ctx context.Context) (release func(), err error)
+	// Acquire takes a rollout slot, waiting for one.
+	Acquire(ctx context.Context) (Slot, error)
 	// ExtendForReboot keeps the slot taken by Acquire through a reboot: the
 	// next release stops renewing it without freeing it, and the Lease is
-	// stretched to cover the reboot.
+	// stretched to cover the reboot. It fails when the slot is not held.
 	ExtendForReboot(ctx context.Context) error
+}
+
+// Slot is a rollout slot taken by Acquire. Its holder renews it in the
+// background; a renewal that fails past the lease duration, or finds the
+// slot held by another, loses it.
+type Slot interface {
+	// Check confirms the slot is still this node's before a disruptive
+	// step (an eviction, a GPU change, a reboot): nil while it is, else
+	// why it is not. It sends a renewal only when the last one is too old
+	// to vouch for the slot (a paused process, a failing API server).
+	Check(ctx context.Context) error
+	// Release gives the slot back, if it is still held.
+	Release()
+}
+
+// Owner is this agent's claim on its node (one agent per node: the node
+// Lease). Confirm is nil while the agent holds its node, else why not; the
+// core asks before every GPU-mutating step.
+type Owner interface {
+	Confirm(ctx context.Context) error
 }
 
 // Inhibitor holds off shutdown while NVML is mid-change.

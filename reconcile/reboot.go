@@ -115,7 +115,12 @@ func (a *attempt) awaitReboot() error {
 		// it: no reboot happened on this boot, so asking now is not a
 		// second one.
 		d.Log.Warn("the reboot journaled for this change was never requested; requesting it now", "config", ch.Config)
-		return d.rebootFor(a.ctx, a.node, ch, &gpus.Applied{RebootGPUs: gpus.ModeChangeGPUs(a.v.plan)})
+		// The node is disrupted until it is back: the reboot waits for a
+		// rollout slot like any disruption.
+		if err := a.takeSlot(); err != nil {
+			return err
+		}
+		return a.rebootFor(&gpus.Applied{RebootGPUs: gpus.ModeChangeGPUs(a.v.plan)})
 	}
 	d.Log.Info("waiting for the reboot requested for this change", "config", ch.Config)
 	d.setState(a.ctx, record.StateRebooting)
@@ -127,7 +132,11 @@ func (a *attempt) awaitReboot() error {
 // It returns the end of the pass (waiting for the reboot, or the sim
 // reboot made) or why no reboot is made, as a failure also when the pass is
 // interrupted: a resumed pass must not decide again.
-func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, applied *gpus.Applied) error {
+//
+// The rollout slot and the node must still be this agent's (confirm)
+// before the reboot is decided, and the slot is kept through it.
+func (a *attempt) rebootFor(applied *gpus.Applied) error {
+	d, ctx, node, ch := a.d, a.ctx, a.node, a.ch
 	spent, sameBoot, how := d.rebootSpent(node, ch.Config)
 	if d.rebooted(ch) || (spent && !sameBoot) {
 		// Whatever happened in between (a failure, a restart, a lost
@@ -149,6 +158,11 @@ func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, 
 		why = "no GPU reset: " + gpus.NoResetReason(applied.RebootGPUs, applied.NoReset)
 		d.Log.Info("MIG mode change needs a reboot", "gpus", applied.RebootGPUs, "why", why)
 	}
+	if !spent {
+		if err := a.confirm("rebooting"); err != nil {
+			return err
+		}
+	}
 	d.advance(ch, journal.PhaseRebooting)
 	if spent {
 		// Asked for on this boot already (the journal says so): wait for it.
@@ -168,14 +182,20 @@ func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, 
 	if d.S.RebootMethod == RebootNone {
 		d.Journal.State.RebootFor.Requested = true
 		d.saveJournal()
-		d.holdSlotForReboot(ctx)
+		if err := d.holdSlotForReboot(ctx); err != nil {
+			return err
+		}
 		rec := d.record(ch, record.StateRebooting, why, d.Clock.Now(), applied.After)
 		d.end(ctx, node, record.StateRebooting, rec, EventNormal, record.ReasonRebooting,
 			fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; --reboot-method none: waiting for someone to reboot the node", applied.RebootGPUs))
 		_ = d.notify().Status("waiting for reboot")
 		return endPass(outRebooting)
 	}
-	d.holdSlotForReboot(ctx)
+	if err := d.holdSlotForReboot(ctx); err != nil {
+		d.Journal.State.RebootFor = nil // not asked for: nothing to remember
+		d.saveJournal()
+		return err
+	}
 	rec := d.record(ch, record.StateRebooting, why, d.Clock.Now(), applied.After)
 	d.end(ctx, node, record.StateRebooting, rec, EventNormal, record.ReasonRebooting,
 		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
@@ -198,12 +218,16 @@ func (d *Daemon) rebootFor(ctx context.Context, node *Node, ch *journal.Change, 
 
 // holdSlotForReboot keeps the rollout slot through the reboot: a node that
 // goes down for its change is disrupted until it is back, so its slot must
-// not pass to another node meanwhile (--max-concurrent).
-func (d *Daemon) holdSlotForReboot(ctx context.Context) {
+// not pass to another node meanwhile (--max-concurrent). A slot that
+// cannot be kept (lost, or the API server away) means no reboot: the node
+// would be disrupted without counting against the bound.
+func (d *Daemon) holdSlotForReboot(ctx context.Context) error {
 	if d.Slots == nil {
-		return
+		return nil
 	}
 	if err := d.Slots.ExtendForReboot(context.WithoutCancel(ctx)); err != nil {
-		d.Log.Warn("keeping the rollout slot through the reboot failed; it expires after the lease duration", "err", err)
+		return &StepError{Reason: "not rebooting: keeping the rollout slot through the reboot failed: " + err.Error(),
+			Retryable: true, Event: record.ReasonSlotLost, Always: true, Err: err}
 	}
+	return nil
 }

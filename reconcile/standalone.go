@@ -24,7 +24,7 @@ func (s *Standalone) Watch(context.Context, WatchHandlers) (*NodeWatch, error) {
 
 // Desired implements Cluster: the selected config.
 func (s *Standalone) Desired(*Node) Request {
-	return Request{Config: s.Config, By: record.RequesterStandalone, Asked: s.Config != ""}
+	return Request{Config: s.Config, By: record.RequesterStandalone, Source: record.RequesterSourceStandalone, Asked: s.Config != ""}
 }
 
 // GetNode implements Cluster: there is no Node.

@@ -71,10 +71,13 @@ type ChangeRecord struct {
 	GPUsChanged   []int      `json:"gpusChanged"`
 	GPUsUntouched []int      `json:"gpusUntouched"`
 	EvictedPods   []string   `json:"evictedPods"`
-	Reboot        bool       `json:"reboot"`
-	AgentVersion  string     `json:"agentVersion"`
-	DriverVersion string     `json:"driverVersion"`
-	ConfigHash    string     `json:"configHash"`
+	// EvictedPodsOmitted counts the evicted pods beyond MaxRecordPods that
+	// EvictedPods does not name (the agent's log and its Events do).
+	EvictedPodsOmitted int    `json:"evictedPodsOmitted,omitempty"`
+	Reboot             bool   `json:"reboot"`
+	AgentVersion       string `json:"agentVersion"`
+	DriverVersion      string `json:"driverVersion"`
+	ConfigHash         string `json:"configHash"`
 	// PreviousConfigHash is the configHash applied before the change; with
 	// config equal to previousConfig, it tells a changed definition of the
 	// same config (a new request) apart.
@@ -84,8 +87,12 @@ type ChangeRecord struct {
 	ConfigSource string `json:"configSource"`
 	// RequestedBy is who asked (Requester.By); RequestedVia the field
 	// manager of that write, where known; RequestedAt when.
-	RequestedBy        string     `json:"requestedBy"`
-	RequestedVia       string     `json:"requestedVia,omitempty"`
+	RequestedBy  string `json:"requestedBy"`
+	RequestedVia string `json:"requestedVia,omitempty"`
+	// RequestedBySource says where RequestedBy comes from: one of the
+	// RequesterSource values (stamp, managedFields, default-config,
+	// standalone, unknown).
+	RequestedBySource  string     `json:"requestedBySource,omitempty"`
 	RequestedAt        *time.Time `json:"requestedAt,omitempty"`
 	ResourcesConverged *bool      `json:"resourcesConverged,omitempty"`
 	// AffectedBy says how affected pods were found: "pod-resources", or
@@ -123,6 +130,12 @@ const (
 	// geometry were restarted after a change.
 	ReasonDevicePluginRestarted = "MigDevicePluginRestarted"
 	ReasonJournal               = "MigJournalUnwritable"
+	// ReasonSlotLost: the rollout slot (--max-concurrent) was lost
+	// mid-change; the change stopped before its next disruptive step.
+	ReasonSlotLost = "MigRolloutSlotLost"
+	// ReasonNodeLost: another agent holds the node (its node Lease); the
+	// change stopped before its next GPU-mutating step.
+	ReasonNodeLost = "MigNodeLeaseLost"
 )
 
 // ReasonPreflight is the Event reason of a change refused because the agent
@@ -156,6 +169,101 @@ const (
 	// RequesterStandalone is requestedBy in standalone mode.
 	RequesterStandalone = "standalone"
 )
+
+// Where a record's requestedBy comes from (requestedBySource).
+const (
+	// RequesterSourceStamp: the user the API server authenticated, from the
+	// requester stamp that the admission policy wrote.
+	RequesterSourceStamp = "stamp"
+	// RequesterSourceManagedFields: the field manager of the write in the
+	// Node's managedFields, a name the client chose (no stamp policy).
+	RequesterSourceManagedFields = "managedFields"
+	// RequesterSourceDefaultConfig: the agent's --default-config.
+	RequesterSourceDefaultConfig = "default-config"
+	// RequesterSourceStandalone: standalone mode, no Kubernetes.
+	RequesterSourceStandalone = "standalone"
+	// RequesterSourceUnknown: nothing names who asked, or a stamp that does
+	// not parse (never replaced by a client-chosen name).
+	RequesterSourceUnknown = "unknown"
+)
+
+// Bounds of a record's fields: whatever a user name, a pod list or an
+// error says, one record stays within MaxRecordBytes, so it always lands
+// and never pushes more than its share out of the history.
+const (
+	// MaxRequester bounds requestedBy and requestedVia, in bytes; a longer
+	// name keeps its start and is marked (TruncatedMark).
+	MaxRequester = 256
+	// MaxRecordPods is how many evicted pods a record names; the rest are
+	// counted in evictedPodsOmitted.
+	MaxRecordPods = 10
+	// MaxRecordPod bounds one evicted pod's "namespace/name" (63 + 1 + 253
+	// bytes in Kubernetes), in bytes.
+	MaxRecordPod = 317
+	// MaxRecordField bounds the other free-text fields (configSource,
+	// affectedBy, versions), in bytes.
+	MaxRecordField = 256
+	// MaxRecordUnusable bounds an unusable GPU's reason in a record, in
+	// bytes (the whole error is in the agent's log and its Event).
+	MaxRecordUnusable = 128
+	// MaxRecordBytes is the most a bounded record encodes to.
+	MaxRecordBytes = 12 << 10
+)
+
+// TruncatedMark ends a requester name, or another field, cut to its bound:
+// " …[N bytes in all]".
+const TruncatedMark = " …["
+
+// Bounded returns r with every field within its bound (see MaxRequester
+// and the others): a cut text keeps its start and is marked with its whole
+// length; the evicted pods beyond MaxRecordPods are counted, not named.
+func (r ChangeRecord) Bounded() ChangeRecord {
+	r.Reason = CapReason(r.Reason)
+	r.RequestedBy = BoundText(r.RequestedBy, MaxRequester)
+	r.RequestedVia = BoundText(r.RequestedVia, MaxRequester)
+	r.Config = BoundText(r.Config, MaxRecordField)
+	r.PreviousConfig = BoundText(r.PreviousConfig, MaxRecordField)
+	r.ConfigSource = BoundText(r.ConfigSource, MaxRecordField)
+	r.ConfigHash = BoundText(r.ConfigHash, MaxRecordField)
+	r.AffectedBy = BoundText(r.AffectedBy, MaxRecordField)
+	r.AgentVersion = BoundText(r.AgentVersion, MaxRecordField)
+	r.DriverVersion = BoundText(r.DriverVersion, MaxRecordField)
+	r.RequestedBySource = BoundText(r.RequestedBySource, MaxRecordField)
+	if len(r.EvictedPods) > MaxRecordPods {
+		r.EvictedPodsOmitted += len(r.EvictedPods) - MaxRecordPods
+		r.EvictedPods = r.EvictedPods[:MaxRecordPods]
+	}
+	pods := make([]string, len(r.EvictedPods))
+	for i, p := range r.EvictedPods {
+		pods[i] = BoundText(p, MaxRecordPod)
+	}
+	if r.EvictedPods != nil {
+		r.EvictedPods = pods
+	}
+	if len(r.GPUsUnusable) > 0 {
+		u := slices.Clone(r.GPUsUnusable)
+		for i := range u {
+			u[i].Reason = BoundText(u[i].Reason, MaxRecordUnusable)
+			u[i].Return = BoundText(u[i].Return, MaxRecordField)
+		}
+		r.GPUsUnusable = u
+	}
+	return r
+}
+
+// BoundText cuts s to at most limit bytes (at a rune boundary), marked with
+// TruncatedMark and its whole length.
+func BoundText(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	suffix := fmt.Sprintf("%s%d bytes in all]", TruncatedMark, len(s))
+	cut := max(limit-len(suffix), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + suffix
+}
 
 // CapReason shortens reason to MaxRecordReason bytes (at a rune boundary),
 // saying how much was left out and where the whole text is.

@@ -44,13 +44,18 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 			kube.RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
 		}[r.Source]
 		if how == "" {
-			how = "neither the requester stamp nor managedFields name who set the label"
+			how = "neither the requester stamp nor managedFields name who set the label, or the stamp does not parse"
 		}
+
 		at := ""
 		if r.At != nil {
 			at = " at " + formatTime(*r.At)
 		}
-		p("Requested: %s%s (%s)\n", requester(r.By, r.Via), at, how)
+		src := ""
+		if r.Source != "" {
+			src = " [" + clean(r.Source) + "]"
+		}
+		p("Requested: %s%s (%s)%s\n", requester(r.By, r.Via, ""), at, how, src)
 	}
 
 	p("\nGPU geometry")
@@ -103,7 +108,7 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 		if r.ResourcesConverged != nil {
 			row("Resources advertised", yesNo(*r.ResourcesConverged))
 		}
-		req := requester(r.RequestedBy, r.RequestedVia)
+		req := requester(r.RequestedBy, r.RequestedVia, r.RequestedBySource)
 		if r.RequestedAt != nil {
 			req += " at " + formatTime(*r.RequestedAt)
 		}
@@ -124,7 +129,7 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 		for _, r := range s.History {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(r.FinishedAt), orDash(r.Config),
 				orDash(r.Result), formatInts(r.GPUsChanged), podList(r.EvictedPods, 2),
-				requester(r.RequestedBy, r.RequestedVia), orDash(r.Reason))
+				requester(r.RequestedBy, r.RequestedVia, r.RequestedBySource), orDash(r.Reason))
 		}
 		_ = tw.Flush()
 	}
@@ -188,11 +193,17 @@ func shortDigests(s string) string {
 
 // requester is "by via manager", or by alone where the field manager is
 // unknown or the same name.
-func requester(by, via string) string {
-	if via == "" || via == by {
-		return orDash(by)
+// requester names who asked, and where the name comes from (source, the
+// record's requestedBySource, when given).
+func requester(by, via, source string) string {
+	s := orDash(by)
+	if via != "" && via != by {
+		s += " via " + clean(via)
 	}
-	return orDash(by) + " via " + clean(via)
+	if source != "" {
+		s += " [" + clean(source) + "]"
+	}
+	return s
 }
 
 func orDash(s string) string {

@@ -211,6 +211,7 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		if terr := nl.Take(ctx); terr != nil {
 			return terr
 		}
+		d.Owner = nl // confirmed before every GPU-mutating step
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		lost := make(chan error, 1)

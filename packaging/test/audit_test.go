@@ -47,6 +47,9 @@ func TestAuditPolicies(t *testing.T) {
 	if !ok || stamp == "" || variable(records, "stamp") != stamp {
 		t.Errorf("the stamp of the records policy is not the requester policy's:\n%v\n%v", variable(records, "stamp"), stamp)
 	}
+	if req, ok := variable(mapol, "requester").(string); !ok || req == "" || variable(records, "requester") != req {
+		t.Errorf("the requester of the records policy is not the requester policy's:\n%v\n%v", variable(records, "requester"), req)
+	}
 	if got := variable(records, "agentUser"); got != "'system:serviceaccount:mig-agent:mig-agent'" {
 		t.Errorf("plain agentUser %v", got)
 	}

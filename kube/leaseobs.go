@@ -1,0 +1,73 @@
+package kube
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/utils/ptr"
+)
+
+// Expiry of another holder's Lease is judged as client-go's leader election
+// judges it (k8s.io/client-go/tools/leaderelection/leaderelection.go,
+// tryAcquireOrRenew: observedRecord and observedTime): by when THIS reader
+// saw the Lease's record change, on its own clock, plus the lease duration.
+// The holder's renewTime is another machine's clock: compared with the
+// reader's, a holder whose clock runs behind would lose its Lease while it
+// still works, and a renewTime far in the future (2099) would lock everyone
+// out. It is used only as part of the record: any change restarts the
+// reader's count.
+
+// leaseObservation is when a reader first saw a Lease's record as it is.
+type leaseObservation struct {
+	record string
+	at     time.Time
+}
+
+// leaseObserver remembers, per Lease, when its record last changed as this
+// reader saw it.
+type leaseObserver struct {
+	mu   sync.Mutex
+	seen map[string]leaseObservation
+}
+
+// leaseRecord is what identifies one write of a Lease's holder record: the
+// holder, its times, its duration and the resourceVersion (any write).
+func leaseRecord(l *coordinationv1.Lease) string {
+	var renew, acquire string
+	if l.Spec.RenewTime != nil {
+		renew = l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
+	}
+	if l.Spec.AcquireTime != nil {
+		acquire = l.Spec.AcquireTime.UTC().Format(time.RFC3339Nano)
+	}
+	return fmt.Sprintf("%s|%s|%s|%d|%s", ptr.Deref(l.Spec.HolderIdentity, ""), renew, acquire,
+		ptr.Deref(l.Spec.LeaseDurationSeconds, 0), l.ResourceVersion)
+}
+
+// observe notes l as seen now and returns when its record was first seen
+// as it is.
+func (o *leaseObserver) observe(l *coordinationv1.Lease, now time.Time) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.seen == nil {
+		o.seen = map[string]leaseObservation{}
+	}
+	key, rec := l.Namespace+"/"+l.Name, leaseRecord(l)
+	ob, ok := o.seen[key]
+	if !ok || ob.record != rec {
+		ob = leaseObservation{record: rec, at: now}
+		o.seen[key] = ob
+	}
+	return ob.at
+}
+
+// expiry is when l ends unless its record changes, as this reader judges
+// it: first seen as it is, plus its duration (at most longest: a duration
+// beyond what any holder writes is not honoured either; none or a negative
+// one counts as zero).
+func (o *leaseObserver) expiry(l *coordinationv1.Lease, now time.Time, longest time.Duration) time.Time {
+	d := time.Duration(max(ptr.Deref(l.Spec.LeaseDurationSeconds, 0), 0)) * time.Second
+	return o.observe(l, now).Add(min(d, longest))
+}

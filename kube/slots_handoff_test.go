@@ -1,0 +1,99 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+)
+
+// A slot hand-off that does not herd (issue #28): eight nodes queue for
+// one slot; when it is released, they try in the order all of them compute
+// from the Lease data (turn): the first in that order takes it, and the
+// Lease sees a bounded number of writes (not one per queued node).
+func TestSlotHandOffInAgreedOrder(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	slot := func(holder string) *Slots {
+		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: time.Second}
+	}
+	h, err := acquireStepping(t, clk, slot("holder"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const queued = 8
+	type won struct{ name string }
+	got := make(chan won, queued)
+	var qs []*Slots
+	for i := range queued {
+		s := slot(fmt.Sprintf("node-%d", i))
+		qs = append(qs, s)
+		go func() {
+			if _, err := s.Acquire(ctx); err == nil {
+				got <- won{s.Holder}
+			}
+		}()
+	}
+	// Every queued node has tried once (the first try's spread) and waits.
+	for range 30 {
+		time.Sleep(10 * time.Millisecond)
+		clk.Step(50 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	before := len(c.Actions())
+	h.Release()
+	l, _ := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
+	if ptr.Deref(l.Spec.HolderIdentity, "") != "" {
+		t.Fatal("not released")
+	}
+	first, best := "", time.Duration(1<<62)
+	for _, s := range qs {
+		if d := s.turn(candidate{name: l.Name, lease: l}, time.Second, 0); d < best {
+			first, best = s.Holder, d
+		}
+	}
+	var winner string
+	for range 400 {
+		select {
+		case w := <-got:
+			winner = w.name
+		default:
+		}
+		if winner != "" {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+		clk.Step(10 * time.Millisecond)
+	}
+	if winner == "" {
+		t.Fatal("no queued node took the released slot")
+	}
+	if winner != first {
+		t.Errorf("%s took the slot; %s is first in the agreed order", winner, first)
+	}
+	// Let the others' turns pass: they find it taken in their caches.
+	for range 150 {
+		time.Sleep(2 * time.Millisecond)
+		clk.Step(10 * time.Millisecond)
+	}
+	writes := 0
+	for _, a := range c.Actions()[before:] {
+		if a.GetResource().Resource == "leases" && (a.GetVerb() == "update" || a.GetVerb() == "create") {
+			writes++
+		}
+	}
+	// The release, the winner's take, and at most one loser that tried
+	// before the take reached its cache.
+	if writes > 3 {
+		t.Errorf("%d Lease writes for one hand-off among %d queued nodes", writes, queued)
+	}
+}

@@ -1,0 +1,70 @@
+package record
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/migagent/mig-agent/nvmlx"
+)
+
+// Finding 7: whatever a user name, a pod list or an error holds, a record
+// stays within MaxRecordBytes (it lands, and the history keeps at least
+// HistoryMaxBytes/MaxRecordBytes records besides it); cut names are marked
+// with their whole length; the pods beyond MaxRecordPods are counted.
+func TestBoundedWorstCase(t *testing.T) {
+	huge := strings.Repeat("m", 90<<10)
+	pods := make([]string, 1000)
+	for i := range pods {
+		pods[i] = fmt.Sprintf("%s/%s-%d", strings.Repeat("n", 63), strings.Repeat("p", 240), i)
+	}
+	geo := map[string][]string{}
+	for g := range 16 { // the most GPUs of one machine, all split in 7
+		for s := range 7 {
+			geo[fmt.Sprint(g)] = append(geo[fmt.Sprint(g)], fmt.Sprintf("1g.18gb@%d", s))
+		}
+	}
+	var unusable []nvmlx.UnusableGPU
+	for g := range 16 {
+		unusable = append(unusable, nvmlx.UnusableGPU{Index: g, Return: "ERROR_UNKNOWN", Reason: huge})
+	}
+	now := time.Now()
+	r := ChangeRecord{Config: strings.Repeat("c", 63), PreviousConfig: strings.Repeat("c", 63), Result: StateFailed, Reason: huge,
+		StartedAt: now, FinishedAt: now, DisruptedAt: &now, RequestedAt: &now,
+		GPUsChanged: []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, GPUsUntouched: []int{},
+		EvictedPods: pods, AgentVersion: huge, DriverVersion: huge, ConfigHash: huge, ConfigSource: huge,
+		RequestedBy: huge, RequestedVia: huge, RequestedBySource: RequesterSourceStamp, AffectedBy: huge,
+		Geometry: geo, GPUsUnusable: unusable}
+	b := r.Bounded()
+	raw, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(raw) > MaxRecordBytes {
+		t.Fatalf("a bounded record of %d bytes, bound %d", len(raw), MaxRecordBytes)
+	}
+	if HistoryMaxBytes/MaxRecordBytes < 2 {
+		t.Fatalf("the history (%d bytes) does not hold two records of the bound (%d)", HistoryMaxBytes, MaxRecordBytes)
+	}
+	if len(b.EvictedPods) != MaxRecordPods || b.EvictedPodsOmitted != 1000-MaxRecordPods || b.EvictedPods[0] != pods[0] {
+		t.Errorf("evicted %d named (first %q), %d omitted", len(b.EvictedPods), b.EvictedPods[0], b.EvictedPodsOmitted)
+	}
+	want := fmt.Sprintf("%s%d bytes in all]", TruncatedMark, len(huge))
+	if len(b.RequestedBy) > MaxRequester || !strings.HasPrefix(b.RequestedBy, "mmm") || !strings.HasSuffix(b.RequestedBy, want) {
+		t.Errorf("requestedBy %q: want the start of the name, marked %q, within %d bytes", b.RequestedBy, want, MaxRequester)
+	}
+	if len(r.EvictedPods) != 1000 || r.RequestedBy != huge {
+		t.Error("Bounded changed its receiver's fields")
+	}
+	// A record within its bounds is left as it is.
+	small := ChangeRecord{Config: "a", Result: StateSuccess, RequestedBy: "alice", EvictedPods: []string{"ns/p"}}
+	if got := small.Bounded(); got.RequestedBy != "alice" || len(got.EvictedPods) != 1 || got.EvictedPodsOmitted != 0 {
+		t.Errorf("a small record bounded to %+v", got)
+	}
+	// Cut at a rune boundary.
+	if got := BoundText(strings.Repeat("é", 200), 100); !strings.HasSuffix(got, "400 bytes in all]") || strings.ContainsRune(got, '\uFFFD') {
+		t.Errorf("BoundText cut a rune: %q", got)
+	}
+}
