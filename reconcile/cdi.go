@@ -22,7 +22,7 @@ func (a *attempt) refreshCDI() error {
 	_ = d.notify().Status("refreshing CDI")
 	done, err := d.CDI.Refresh(a.ctx)
 	if err != nil {
-		ch.Phase = journal.PhaseRefreshing
+		d.advance(ch, journal.PhaseRefreshing)
 		d.saveJournal()
 		return &StepError{Reason: fmt.Sprintf("the GPUs hold config %q, but refreshing CDI failed: %v", ch.Config, err),
 			Retryable: true, Event: record.ReasonFailed, Err: err}

@@ -23,8 +23,10 @@ var moves = map[journal.Phase][]journal.Phase{
 	// The Node deleted and created again mid-drain: drained again from
 	// pending (nodeuid.go).
 	journal.PhaseDraining: {journal.PhaseDraining, journal.PhaseApplying, journal.PhasePending},
-	// A mode change no GPU reset applied waits for a reboot (reboot.go).
-	journal.PhaseApplying: {journal.PhaseApplying, journal.PhaseRebooting, journal.PhaseRestoring},
+	// A mode change no GPU reset applied waits for a reboot (reboot.go); a
+	// CDI refresh that failed after the GPUs changed is retried from
+	// refreshing (cdi.go).
+	journal.PhaseApplying: {journal.PhaseApplying, journal.PhaseRebooting, journal.PhaseRestoring, journal.PhaseRefreshing},
 	// After the reboot the change applies on; a failure after it drains
 	// again (the reboot lifted nothing, restore lifts the taint).
 	journal.PhaseRebooting: {journal.PhaseRebooting, journal.PhaseApplying, journal.PhaseDraining},
