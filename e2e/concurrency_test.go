@@ -18,14 +18,14 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
 )
 
 // ccHolders returns the nodes holding an unexpired rollout slot Lease.
 func ccHolders(ctx context.Context, c kubernetes.Interface, ns string) (map[string]bool, error) {
 	// The slot Leases only (the agents' node Leases live beside them).
-	list, err := c.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: kube.LabelRolloutSlot + "=true"})
+	list, err := c.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: lease.LabelRolloutSlot + "=true"})
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +214,7 @@ func cmpErr(errs ...error) error {
 }
 
 // D: a node that reboots for its change is disrupted until it is back: it
-// keeps its slot (the Lease stretched to kube.RebootHold, unrenewed), so
+// keeps its slot (the Lease stretched to lease.RebootHold, unrenewed), so
 // with --max-concurrent 1 another node waits, then goes once the first one
 // resumed after its reboot and finished.
 func TestConcurrencySlotHeldThroughReboot(t *testing.T) {
@@ -227,23 +227,23 @@ func TestConcurrencySlotHeldThroughReboot(t *testing.T) {
 		node := kubetest.NewName(t, fmt.Sprintf("n%d", i))
 		kubetest.CreateNode(t, node, nil)
 		opts[i] = (&Opts{Node: node, Sim: "a100-40gbx2", Namespace: ns,
-			Extra: []string{"--sim-no-reset", "--max-concurrent", "1", "--lease-duration", "5s"}}).Fill(t)
+			Extra: []string{"--sim-no-reset", "--max-concurrent", "1", "--slotLease-duration", "5s"}}).Fill(t)
 	}
 	first, second := opts[0], opts[1]
 	a := StartAgent(t, first)
 	b := StartAgent(t, second)
 	SelectConfig(t, c, first.Node, "all-1g.5gb")
 	WaitState(t, c, first.Node, record.StateRebooting, "all-1g.5gb", 30*time.Second)
-	lease, err := c.CoordinationV1().Leases(ns).Get(ctx, kube.SlotLeaseName(0), metav1.GetOptions{})
+	slotLease, err := c.CoordinationV1().Leases(ns).Get(ctx, lease.SlotLeaseName(0), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, d := ptr.Deref(lease.Spec.HolderIdentity, ""), ptr.Deref(lease.Spec.LeaseDurationSeconds, 0); h != first.Node || d != int32(kube.RebootHold/time.Second) {
+	if h, d := ptr.Deref(slotLease.Spec.HolderIdentity, ""), ptr.Deref(slotLease.Spec.LeaseDurationSeconds, 0); h != first.Node || d != int32(lease.RebootHold/time.Second) {
 		t.Errorf("slot while rebooting: holder %q, duration %ds", h, d)
 	}
 
 	SelectConfig(t, c, second.Node, "all-1g.5gb")
-	// Well past the 5s lease duration and several slot polls.
+	// Well past the 5s slotLease duration and several slot polls.
 	deadline := time.Now().Add(8 * time.Second)
 	for time.Now().Before(deadline) {
 		n := GetNode(t, c, second.Node)
@@ -267,9 +267,9 @@ func TestConcurrencySlotHeldThroughReboot(t *testing.T) {
 		t.Error("first node's record lacks reboot:true")
 	}
 	WaitState(t, c, second.Node, record.StateRebooting, "all-1g.5gb", 30*time.Second)
-	lease, err = c.CoordinationV1().Leases(ns).Get(ctx, kube.SlotLeaseName(0), metav1.GetOptions{})
-	if err != nil || ptr.Deref(lease.Spec.HolderIdentity, "") != second.Node {
-		t.Errorf("slot after the first node finished: %v %v", lease.Spec.HolderIdentity, err)
+	slotLease, err = c.CoordinationV1().Leases(ns).Get(ctx, lease.SlotLeaseName(0), metav1.GetOptions{})
+	if err != nil || ptr.Deref(slotLease.Spec.HolderIdentity, "") != second.Node {
+		t.Errorf("slot after the first node finished: %v %v", slotLease.Spec.HolderIdentity, err)
 	}
 	if _, exited := b.Wait(0); exited {
 		t.Errorf("second agent exited: %d", b.ExitCode())

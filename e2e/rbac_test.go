@@ -29,7 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -381,7 +381,7 @@ func TestRBAC(t *testing.T) {
 	if _, err := c.CoreV1().ConfigMaps(rbacNamespace).Get(ctx, node+"-mig-config", metav1.GetOptions{}); err != nil {
 		t.Errorf("ConfigMap: %v", err)
 	}
-	lease, err := c.CoordinationV1().Leases(rbacNamespace).Get(ctx, kube.SlotLeaseName(0), metav1.GetOptions{})
+	lease, err := c.CoordinationV1().Leases(rbacNamespace).Get(ctx, lease.SlotLeaseName(0), metav1.GetOptions{})
 	if err != nil {
 		t.Errorf("rollout Lease: %v", err)
 	} else if lease.Spec.AcquireTime == nil || lease.Spec.AcquireTime.Time.Before(start.Add(-time.Second)) {

@@ -24,7 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -124,10 +124,10 @@ func roHoldSlot(t *testing.T, c kubernetes.Interface, ns string, i int, holder s
 	leases := c.CoordinationV1().Leases(ns)
 	now := metav1.NewMicroTime(time.Now())
 	spec := coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](3600), AcquireTime: &now, RenewTime: &now}
-	l, err := leases.Get(ctx, kube.SlotLeaseName(i), metav1.GetOptions{})
+	l, err := leases.Get(ctx, lease.SlotLeaseName(i), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: kube.SlotLeaseName(i),
-			Labels: map[string]string{record.LabelManagedBy: "mig-agent", kube.LabelRolloutSlot: "true"}}, Spec: spec}, metav1.CreateOptions{})
+		_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease.SlotLeaseName(i),
+			Labels: map[string]string{record.LabelManagedBy: "mig-agent", lease.LabelRolloutSlot: "true"}}, Spec: spec}, metav1.CreateOptions{})
 	} else if err == nil {
 		l.Spec = spec
 		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
@@ -149,7 +149,7 @@ func TestFleetRolloutBounded(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		for i := range slots {
-			_ = c.CoordinationV1().Leases(ns).Delete(context.Background(), kube.SlotLeaseName(i), metav1.DeleteOptions{})
+			_ = c.CoordinationV1().Leases(ns).Delete(context.Background(), lease.SlotLeaseName(i), metav1.DeleteOptions{})
 		}
 	})
 	var nodes []string

@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -49,7 +49,7 @@ func TestSlotHolderPausedMidChange(t *testing.T) {
 	if n := GetNode(t, c, nodeB); hasTaint(n.Spec.Taints) || n.Labels[record.LabelState] == record.StateSuccess {
 		t.Fatalf("B was disrupted while A, paused, was mid-change: state %q, taints %v", n.Labels[record.LabelState], n.Spec.Taints)
 	}
-	l, err := c.CoordinationV1().Leases(ns).Get(ctx, kube.SlotLeaseName(0), metav1.GetOptions{})
+	l, err := c.CoordinationV1().Leases(ns).Get(ctx, lease.SlotLeaseName(0), metav1.GetOptions{})
 	if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != nodeA {
 		t.Fatalf("slot %v (%v), want still A's", l, err)
 	}
@@ -131,7 +131,7 @@ func TestSlotHolderKilledMidChange(t *testing.T) {
 	if n := GetNode(t, c, nodeB); hasTaint(n.Spec.Taints) || n.Labels[record.LabelState] == record.StateSuccess {
 		t.Fatalf("B was disrupted while A, killed, was mid-change: state %q, taints %v", n.Labels[record.LabelState], n.Spec.Taints)
 	}
-	if l, err := c.CoordinationV1().Leases(ns).Get(ctx, kube.SlotLeaseName(0), metav1.GetOptions{}); err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != nodeA {
+	if l, err := c.CoordinationV1().Leases(ns).Get(ctx, lease.SlotLeaseName(0), metav1.GetOptions{}); err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != nodeA {
 		t.Fatalf("slot %v (%v), want still A's", l, err)
 	}
 	_ = c.CoreV1().Pods(podNS).Delete(ctx, "train-"+nodeA, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})

@@ -3,10 +3,11 @@
 // (Cluster, kube.go), the change records on the Node (record.go, bounded
 // history, retire.go), the requester of a change (requester.go), Events,
 // the rights check before a change (preflight.go), the pods a change
-// disturbs (Disruptor, over package drain), other MIG managers
-// (othermanager.go), the rollout slots (slots.go) and the node Lease
-// (nodelease.go), and the status a person reads (status.go).
+// disturbs (Disruptor, over package drain; dra.go on the DRA path), other
+// MIG managers (othermanager.go), and the status a person reads
+// (status.go). The Leases (rollout slots, the node Lease) are package
+// lease's.
 //
-// It may import client-go, drain, record, journal (the lock's error),
+// It may import client-go (through internal/kclient), drain, record,
 // gpus (the inventory) and reconcile (the interfaces it implements).
 package kube

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -74,102 +73,6 @@ func TestRequestedBy(t *testing.T) {
 	}
 	if by, _ := RequestedBy(&corev1.Node{}); by != "unknown" {
 		t.Fatalf("no managed fields: %s", by)
-	}
-}
-
-// Two slots, three holders: the third waits, sends no request while the
-// slots stay held (clock moving, Leases renewed), and takes the slot the
-// first releases.
-func TestSlots(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c := fake.NewClientset()
-	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	slot := func(holder string) *Slots {
-		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: 200 * time.Millisecond}
-	}
-	relA, err := acquireStepping(t, clk, slot("a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := slot("b")
-	if _, err := acquireStepping(t, clk, b); err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	go func() { _, err := slot("c").Acquire(ctx); got <- err }()
-	waitLog := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("timed out: " + what)
-			}
-		}
-	}
-	// c is queued once it has listed and watched the Leases.
-	watching := func() bool {
-		for _, a := range c.Actions() {
-			if a.GetVerb() == "watch" && a.GetResource().Resource == "leases" {
-				return true
-			}
-		}
-		return false
-	}
-	waitLog("the third holder's watch", func() bool { return watching() && clk.HasWaiters() })
-	time.Sleep(20 * time.Millisecond)
-	clk.Step(200 * time.Millisecond) // its first try's spread: it finds every slot taken
-	time.Sleep(50 * time.Millisecond)
-	before := len(c.Actions())
-	// A renewal by b is a Lease change that frees nothing: c looks at its
-	// cache, not at the API server.
-	if ok, err := b.try(ctx, SlotLeaseName(1)); ok == nil || err != nil {
-		if ok, err = b.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
-			t.Fatalf("renewing b: %v %v", ok, err)
-		}
-	}
-	renewal := len(c.Actions()) - before
-	for range 6 { // short of the holders' renewals (every 10 s)
-		clk.Step(time.Second) // spreads and retries due, slots still held
-		time.Sleep(5 * time.Millisecond)
-	}
-	select {
-	case err := <-got:
-		t.Fatalf("third holder got a slot while two are held (err %v)", err)
-	default:
-	}
-	if extra := c.Actions()[before+renewal:]; len(extra) != 0 {
-		t.Fatalf("a queued holder sent %d requests while the slots stayed held: %v", len(extra), extra)
-	}
-	relA.Release()
-	for range 50 {
-		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
-			}
-			return
-		case <-time.After(20 * time.Millisecond):
-			clk.Step(50 * time.Millisecond) // the spread after the release
-		}
-	}
-	t.Fatal("third holder did not get the released slot")
-}
-
-func TestSlotExpires(t *testing.T) {
-	ctx := context.Background()
-	c := fake.NewClientset()
-	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
-	if ok, err := crashed.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
-		t.Fatal(ok, err)
-	}
-	other := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
-	if ok, _ := other.try(ctx, SlotLeaseName(0)); ok != nil {
-		t.Fatal("took a live slot")
-	}
-	clk.Step(31 * time.Second)
-	if ok, err := other.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
-		t.Fatalf("expired slot not taken: %v %v", ok, err)
 	}
 }
 
@@ -264,65 +167,4 @@ func TestRecordRetiring(t *testing.T) {
 	if !strings.Contains(logs.String(), `\"config\":\"`+r.Config+`\"`) {
 		t.Errorf("the log does not hold the whole record %s:\n%s", r.Config, logs.String())
 	}
-}
-
-// A queued holder takes a slot whose holder crashed when its Lease expires,
-// though nothing changes on the API server: a timer stands for the expiry.
-func TestSlotExpiresWhileQueued(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c := fake.NewClientset()
-	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
-	if ok, err := crashed.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
-		t.Fatal(ok, err)
-	}
-	got := make(chan error, 1)
-	go func() {
-		_, err := (&Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}).Acquire(ctx)
-		got <- err
-	}()
-	for deadline := time.Now().Add(5 * time.Second); !clk.HasWaiters(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the queued holder never waited")
-		}
-	}
-	clk.Step(29 * time.Second) // past the first try's spread; the Lease lives on
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !clk.Now().After(time.Unix(1030, 0)) {
-				t.Fatalf("took a live slot at %v; it expires at %v", clk.Now(), time.Unix(1030, 0))
-			}
-			return
-		case <-time.After(20 * time.Millisecond):
-			clk.Step(100 * time.Millisecond)
-		}
-	}
-	t.Fatal("expired slot not taken by the queued holder")
-}
-
-// acquireStepping takes a slot, moving the fake clock past the spread of
-// the first try.
-func acquireStepping(t *testing.T, clk *clocktesting.FakeClock, s *Slots) (reconcile.Slot, error) {
-	t.Helper()
-	type res struct {
-		release reconcile.Slot
-		err     error
-	}
-	got := make(chan res, 1)
-	go func() { r, err := s.Acquire(context.Background()); got <- res{r, err} }()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-		select {
-		case r := <-got:
-			return r.release, r.err
-		case <-time.After(10 * time.Millisecond):
-			clk.Step(50 * time.Millisecond)
-		}
-	}
-	t.Fatal("no slot taken")
-	return nil, nil
 }

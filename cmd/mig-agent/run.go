@@ -24,6 +24,7 @@ import (
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/reconcile"
@@ -192,7 +193,7 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 		d.Others = &kube.Others{Client: client, Policies: kube.RESTClusterPolicies(client), Node: s.NodeName,
 			Read: cluster.CachedNode}
 		if s.MaxConcurrent > 0 || s.MaxConcurrentPercent > 0 {
-			slots := &kube.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent, Percent: s.MaxConcurrentPercent,
+			slots := &lease.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent, Percent: s.MaxConcurrentPercent,
 				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
 			d.Slots = slots
 		}
@@ -200,12 +201,12 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 	if client != nil {
 		// One agent per node across state dirs too (the lock above covers
 		// one state dir): the node Lease, renewed while the agent runs.
-		ident, ierr := kube.NodeLeaseIdentity(s.StateDir)
+		ident, ierr := lease.NodeLeaseIdentity(s.StateDir)
 		if ierr != nil {
 			return ierr
 		}
 		host, _ := os.Hostname()
-		nl := &kube.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
+		nl := &lease.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
 			Holder: fmt.Sprintf("host %s, pid %d, state dir %s, mig-agent %s", host, os.Getpid(), s.StateDir, version),
 			Clock:  clock.RealClock{}, Log: log}
 		if terr := nl.Take(ctx); terr != nil {

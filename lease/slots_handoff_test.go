@@ -1,11 +1,12 @@
-package kube
+package lease
 
 import (
 	"context"
 	"fmt"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"testing"
 	"time"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"

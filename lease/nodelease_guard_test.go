@@ -1,11 +1,12 @@
-package kube
+package lease
 
 import (
 	"context"
 	"errors"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"testing"
 	"time"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -1,13 +1,14 @@
-package kube
+package lease
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
