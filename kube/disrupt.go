@@ -20,6 +20,7 @@ import (
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/settings"
 )
 
 // Disruptor is the reconcile.Disruptor over the drain package.
@@ -27,7 +28,7 @@ type Disruptor struct {
 	Client kclient.Interface
 	Log    *slog.Logger
 	Node   string
-	S      *reconcile.Settings
+	S      *settings.Settings
 	// OperandWait bounds the wait for paused operand pods to leave.
 	OperandWait time.Duration
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/settings"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -18,7 +19,6 @@ import (
 
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/nvmlx"
-	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -59,7 +59,7 @@ func TestServedBy(t *testing.T) {
 			conflictPart: "the Node's allocatable has nvidia.com/mig-1g.18gb, and the NVIDIA DRA driver announces 1 devices"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			k := &Disruptor{Client: clientset.Wrap(fake.NewClientset(tc.objects...)), Log: discard(), Node: "n1", S: &reconcile.Settings{}}
+			k := &Disruptor{Client: clientset.Wrap(fake.NewClientset(tc.objects...)), Log: discard(), Node: "n1", S: &settings.Settings{}}
 			path, conflict, err := k.ServedBy(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -89,7 +89,7 @@ func TestWaitResourcesDRA(t *testing.T) {
 	}
 	old := nvidiaSlice([2]string{"gpu-0-mig-3g71gb-9-0", "MIG-old"}, [2]string{"gpu-1", "GPU-1"})
 	c := fake.NewClientset(gpuNode(nil), old)
-	k := &Disruptor{Client: clientset.Wrap(c), Log: discard(), Node: "n1", S: &reconcile.Settings{}}
+	k := &Disruptor{Client: clientset.Wrap(c), Log: discard(), Node: "n1", S: &settings.Settings{}}
 	if path, _, err := k.ServedBy(context.Background()); err != nil || path != record.ServedByDRA {
 		t.Fatalf("ServedBy = %q, %v", path, err)
 	}
@@ -120,7 +120,7 @@ func TestDevicePluginsListsDRAPlugin(t *testing.T) {
 	c := fake.NewClientset(pod("dra-driver-nvidia-gpu-kubelet-plugin-x7k2p", map[string]string{
 		"app.kubernetes.io/name": "dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu-component": "kubelet-plugin"}),
 		pod("dra-driver-nvidia-gpu-controller-1", map[string]string{"dra-driver-nvidia-gpu-component": "controller"}))
-	k := &Disruptor{Client: clientset.Wrap(c), Log: discard(), Node: "n1", S: &reconcile.Settings{}}
+	k := &Disruptor{Client: clientset.Wrap(c), Log: discard(), Node: "n1", S: &settings.Settings{}}
 	got, err := k.DevicePlugins(context.Background())
 	if err != nil || len(got) != 1 || got[0] != "nvidia-dra-driver-gpu/dra-driver-nvidia-gpu-kubelet-plugin-x7k2p/u-x" {
 		t.Fatalf("DevicePlugins = %v, %v", got, err)

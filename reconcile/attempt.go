@@ -418,7 +418,7 @@ func (a *attempt) checkProcesses() error {
 		return err
 	}
 	if len(strays) > 0 {
-		return &StepError{Reason: strayReason(strays),
+		return &StepError{Reason: gpus.StrayReason(strays),
 			Retryable: true, Event: record.ReasonFailed}
 	}
 	return nil
@@ -542,7 +542,7 @@ func (a *attempt) apply() error {
 	case errors.As(err, &end):
 		return end
 	case err != nil:
-		return failed("applying", holderAdvice(err))
+		return failed("applying", gpus.HolderAdvice(err))
 	}
 	a.applied = applied
 	return nil

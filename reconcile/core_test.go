@@ -22,6 +22,7 @@ import (
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/settings"
 )
 
 // The reconcile core on the simulator, with a fake clock and fake
@@ -251,9 +252,9 @@ type core struct {
 	clock    *clocktesting.FakeClock
 }
 
-func testSettings() *Settings {
-	return &Settings{NVML: "sim:test", Namespace: "mig-agent", Taint: true, EvictUnmanagedPods: true,
-		RestartDevicePlugin: true, ResourceWaitTimeout: time.Minute, RebootMethod: RebootNone,
+func testSettings() *settings.Settings {
+	return &settings.Settings{NVML: "sim:test", Namespace: "mig-agent", Taint: true, EvictUnmanagedPods: true,
+		RestartDevicePlugin: true, ResourceWaitTimeout: time.Minute, RebootMethod: settings.RebootNone,
 		DrainTimeout: time.Minute, RetryBackoffMax: 40 * time.Second, DriftInterval: time.Minute}
 }
 
@@ -613,7 +614,7 @@ func TestCoreRebootResume(t *testing.T) {
 	f := parseSpec(t, "version: v1\nmig-configs:\n  gpu1:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n")
 	setup := func() {
 		c.d.File = f
-		c.d.S.RebootMethod = RebootSystemctl
+		c.d.S.RebootMethod = settings.RebootSystemctl
 	}
 	setup()
 	c.cluster.setLabel("gpu1")

@@ -17,12 +17,13 @@ import (
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/settings"
 )
 
 // Daemon is `mig-agent run`: it converges the node to the desired config
 // and holds it. Build it with its dependencies and call Run.
 type Daemon struct {
-	S   *Settings
+	S   *settings.Settings
 	Log *slog.Logger
 	GPU nvmlx.GPU
 	// Cluster is the Kubernetes side (kube.Cluster), or Standalone.

@@ -19,7 +19,7 @@
 //   - core_test.go: the core on the simulator with a fake clock and fake
 //     adapters.
 //
-// It may import geometry, gpus, journal, record, metrics, nvmlx and
+// It may import geometry, gpus, journal, record, settings, metrics, nvmlx and
 // internal/backoff; never client-go (go list -deps shows no k8s.io package
 // but k8s.io/utils/clock).
 package reconcile

@@ -10,6 +10,7 @@ import (
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/settings"
 )
 
 // The core under a lost rollout slot or a lost node: it stops before its
@@ -196,7 +197,7 @@ func TestCoreNoRebootWithoutSlot(t *testing.T) {
 	noReset := nvmlx.SimOptions{NoReset: true}
 	c := newCore(t, "a100-40gbx2", noReset, "")
 	c.d.File = parseSpec(t, "version: v1\nmig-configs:\n  gpu1:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n")
-	c.d.S.RebootMethod = RebootSystemctl
+	c.d.S.RebootMethod = settings.RebootSystemctl
 	slots := &fakeSlots{okChecks: 1 << 20, extendErr: errors.New(`rollout slot mig-agent-slot-0 is held by "other" now`)}
 	c.d.Slots = slots
 	c.cluster.setLabel("gpu1")

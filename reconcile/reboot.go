@@ -14,6 +14,7 @@ import (
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/settings"
 )
 
 // rebootSpent says whether the reboot of the request for config was already
@@ -110,7 +111,7 @@ func (a *attempt) awaitReboot() error {
 	if !gpus.PlanChanges(a.v.plan) {
 		return nil
 	}
-	if m := d.rebootMark(ch); (m == nil || !m.Requested) && d.S.RebootMethod != RebootNone {
+	if m := d.rebootMark(ch); (m == nil || !m.Requested) && d.S.RebootMethod != settings.RebootNone {
 		// The agent stopped between journaling the reboot and asking for
 		// it: no reboot happened on this boot, so asking now is not a
 		// second one.
@@ -179,7 +180,7 @@ func (a *attempt) rebootFor(applied *gpus.Applied) error {
 		d.Journal.State.RebootFor = nil
 		return &StepError{Reason: "not rebooting: " + err.Error(), Retryable: true, Event: record.ReasonRebootFailed, Always: true}
 	}
-	if d.S.RebootMethod == RebootNone {
+	if d.S.RebootMethod == settings.RebootNone {
 		d.Journal.State.RebootFor.Requested = true
 		d.saveJournal()
 		if err := d.holdSlotForReboot(ctx); err != nil {
@@ -210,7 +211,7 @@ func (a *attempt) rebootFor(applied *gpus.Applied) error {
 	d.Journal.State.RebootFor.Requested = true
 	d.Journal.State.Reboots++ // counted once it was asked for: see Run
 	d.saveJournal()
-	if d.S.RebootMethod == RebootSim {
+	if d.S.RebootMethod == settings.RebootSim {
 		return endPass(outRebooted)
 	}
 	return endPass(outRebooting)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/reconcile"
+	"github.com/migagent/mig-agent/settings"
 )
 
 // Set at build time with -ldflags "-X main.version=... -X main.commit=...".
@@ -72,7 +72,7 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.Is(err, gpus.ErrRebootRequired):
 		return exitReboot
-	case errors.As(err, &in), errors.Is(err, geometry.ErrUnknownConfig), errors.Is(err, reconcile.ErrBadSettings):
+	case errors.As(err, &in), errors.Is(err, geometry.ErrUnknownConfig), errors.Is(err, settings.ErrBadSettings):
 		return exitBadInput
 	}
 	return exitFailed
@@ -131,7 +131,7 @@ func newRoot() *cobra.Command {
 	return root
 }
 
-func newLogger(s *reconcile.Settings) *slog.Logger {
+func newLogger(s *settings.Settings) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(s.LogLevel))
 	opts := &slog.HandlerOptions{Level: lvl}

@@ -19,19 +19,19 @@ import (
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/nvmlx"
-	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/settings"
 )
 
 // openGPUs opens the GPU backend the settings name, with NVML initialized
 // until Close (a command's lifetime).
-func openGPUs(s *reconcile.Settings, log *slog.Logger) (nvmlx.GPU, error) {
+func openGPUs(s *settings.Settings, log *slog.Logger) (nvmlx.GPU, error) {
 	return openBackend(s, log, false)
 }
 
 // openBackend opens the GPU backend; idle (the daemon) defers opening NVML
 // to each pass and closes it after, so an idle agent holds no NVML session.
-func openBackend(s *reconcile.Settings, log *slog.Logger, idle bool) (nvmlx.GPU, error) {
+func openBackend(s *settings.Settings, log *slog.Logger, idle bool) (nvmlx.GPU, error) {
 	g, err := nvmlx.Open(nvmlx.Options{
 		Backend: s.NVML, Library: s.NVMLLibrary, Logger: log, Idle: idle,
 		Sim: nvmlx.SimOptions{StatePath: s.SimState, Faults: s.SimFaults, NoReset: s.SimNoReset},
@@ -46,7 +46,7 @@ func openBackend(s *reconcile.Settings, log *slog.Logger, idle bool) (nvmlx.GPU,
 }
 
 // withNode loads settings, opens the GPUs and discovers them.
-func withNode(cmd *cobra.Command, fn func(s *reconcile.Settings, log *slog.Logger, g nvmlx.GPU, n *gpus.Inventory) error) error {
+func withNode(cmd *cobra.Command, fn func(s *settings.Settings, log *slog.Logger, g nvmlx.GPU, n *gpus.Inventory) error) error {
 	s, err := loadSettings(cmd)
 	if err != nil {
 		return err
@@ -91,7 +91,7 @@ func profilesCmd() *cobra.Command {
 			if format != "yaml" && format != "json" {
 				return badInput(fmt.Errorf("-o must be yaml or json"))
 			}
-			return withNode(cmd, func(_ *reconcile.Settings, _ *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
+			return withNode(cmd, func(_ *settings.Settings, _ *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				r, err := profilesReport(n)
 				if err != nil {
 					return err
@@ -135,7 +135,7 @@ func (x values) boolean(k string) (bool, error) {
 		case "false", "0", "no", "":
 			return false, nil
 		}
-		return false, badInput(fmt.Errorf("%w: %s: %q is not a boolean", reconcile.ErrBadSettings, k, fmt.Sprint(raw)))
+		return false, badInput(fmt.Errorf("%w: %s: %q is not a boolean", settings.ErrBadSettings, k, fmt.Sprint(raw)))
 	}
 }
 
@@ -182,7 +182,7 @@ func validateCmd() *cobra.Command {
 				fmt.Fprintf(out, "%s: valid, %d configs: %s\n", file, len(f.Spec.Names), strings.Join(f.Spec.Names, ", "))
 				return nil
 			}
-			return withNode(cmd, func(_ *reconcile.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
+			return withNode(cmd, func(_ *settings.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -240,7 +240,7 @@ func planCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withNode(cmd, func(_ *reconcile.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
+			return withNode(cmd, func(_ *settings.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -287,7 +287,7 @@ func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, s
 	if err != nil {
 		return err
 	}
-	d := &kube.Disruptor{Client: client, Log: log, Node: node, S: &reconcile.Settings{PodResourcesSocket: socket}}
+	d := &kube.Disruptor{Client: client, Log: log, Node: node, S: &settings.Settings{PodResourcesSocket: socket}}
 	how, err := gpus.PreviewEvictions(ctx, d, n, plan)
 	if err != nil {
 		return fmt.Errorf("listing the pods the change would evict: %w", err)
@@ -348,7 +348,7 @@ func applyCmd() *cobra.Command {
 			if err != nil {
 				return badInput(err)
 			}
-			return withNode(cmd, func(s *reconcile.Settings, log *slog.Logger, g nvmlx.GPU, n *gpus.Inventory) error {
+			return withNode(cmd, func(s *settings.Settings, log *slog.Logger, g nvmlx.GPU, n *gpus.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -408,7 +408,7 @@ func assertCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withNode(cmd, func(_ *reconcile.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
+			return withNode(cmd, func(_ *settings.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				plan, _, err := buildPlan(f, name, n)
 				if err != nil {
 					return err
@@ -452,7 +452,7 @@ func exportCmd() *cobra.Command {
 			if name == "" || strings.ContainsAny(name, " \t\n:") {
 				return badInput(fmt.Errorf("--config-name %q: want a config name", name))
 			}
-			return withNode(cmd, func(_ *reconcile.Settings, _ *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
+			return withNode(cmd, func(_ *settings.Settings, _ *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
 				spec := n.Export(name)
 				switch format {
 				case "yaml":

@@ -28,6 +28,7 @@ import (
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/reconcile"
+	"github.com/migagent/mig-agent/settings"
 	"github.com/migagent/mig-agent/systemd"
 )
 
@@ -61,7 +62,7 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", path)
 }
 
-func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (err error) {
+func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err error) {
 	file, err := loadFile(s.ConfigFile)
 	if err != nil {
 		return err
@@ -138,24 +139,24 @@ func runDaemon(ctx context.Context, s *reconcile.Settings, log *slog.Logger) (er
 	}
 
 	switch s.RebootMethod {
-	case reconcile.RebootSim:
+	case settings.RebootSim:
 		d.Reboot = simRebooter{path: s.SimState, log: log}
-	case reconcile.RebootSystemctl:
+	case settings.RebootSystemctl:
 		d.Reboot = systemd.NewSystemctlRebooter(nil)
-	case reconcile.RebootNone:
+	case settings.RebootNone:
 		d.Reboot = noReboot{}
 	}
 	var cdiUnits cdi.UnitStarter // standalone: the host's nvidia-cdi-refresh.service
-	if s.RebootMethod == reconcile.RebootLogind || len(s.HostGPUClients) > 0 || s.Standalone && newCDI(s, log, nil) != nil {
+	if s.RebootMethod == settings.RebootLogind || len(s.HostGPUClients) > 0 || s.Standalone && newCDI(s, log, nil) != nil {
 		conn, err := systemd.ConnectSystemBus(s.DBusAddress)
 		if err != nil {
 			log.Warn("D-Bus unavailable: logind reboots and host GPU client control will fail", "err", err)
-			if s.RebootMethod == reconcile.RebootLogind {
+			if s.RebootMethod == settings.RebootLogind {
 				d.Reboot = failingRebooter{err: err}
 			}
 		} else {
 			defer conn.Close()
-			if s.RebootMethod == reconcile.RebootLogind {
+			if s.RebootMethod == settings.RebootLogind {
 				lr := systemd.NewLogindRebooter(conn, log)
 				d.Reboot, d.Inhibit = lr, lr
 			}
@@ -290,7 +291,7 @@ func (f failingRebooter) Reboot(context.Context, string) error {
 
 // newCDI is the CDI step of the daemon (nil: none). On simulated GPUs it
 // runs only when asked for (--cdi=on): the host's CDI is not theirs.
-func newCDI(s *reconcile.Settings, log *slog.Logger, units cdi.UnitStarter) reconcile.CDI {
+func newCDI(s *settings.Settings, log *slog.Logger, units cdi.UnitStarter) reconcile.CDI {
 	if s.CDI == cdi.ModeOff || strings.HasPrefix(s.NVML, "sim:") && s.CDI != cdi.ModeOn {
 		return nil
 	}

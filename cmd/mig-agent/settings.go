@@ -15,69 +15,69 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/reconcile"
+	"github.com/migagent/mig-agent/settings"
 )
 
 // A setting is declared once, here: its flag (name, shorthand, default,
-// usage) and the field of reconcile.Settings it fills. The same name is
+// usage) and the field of settings.Settings it fills. The same name is
 // its settings-file key and, upper-cased with _ for -, its MIG_AGENT_*
 // variable; flag > environment > file > default (settingsViper).
 type setting struct {
 	name, short string
 	def         any // string, bool, int, time.Duration or []string
 	usage       string
-	field       func(s *reconcile.Settings) any // a pointer to the field
+	field       func(s *settings.Settings) any // a pointer to the field
 }
 
 // globalSettings are the flags every command shares.
 var globalSettings = []setting{
-	{"nvml", "", "real", "GPU backend: real, or sim:SPEC (e.g. sim:h200x8)", func(s *reconcile.Settings) any { return &s.NVML }},
-	{"nvml-library", "", "", "path of libnvidia-ml.so.1 or of a driver root holding it", func(s *reconcile.Settings) any { return &s.NVMLLibrary }},
-	{"sim-state", "", "", "simulated GPU state file (with --nvml sim:SPEC)", func(s *reconcile.Settings) any { return &s.SimState }},
-	{"sim-faults", "", "", "inject NVML failures: Op:N=ERROR_NAME,...", func(s *reconcile.Settings) any { return &s.SimFaults }},
-	{"sim-no-reset", "", false, "simulate GPUs that cannot be reset", func(s *reconcile.Settings) any { return &s.SimNoReset }},
-	{"log-level", "", "info", "debug, info, warn or error", func(s *reconcile.Settings) any { return &s.LogLevel }},
-	{"log-format", "", "text", "text or json", func(s *reconcile.Settings) any { return &s.LogFormat }},
+	{"nvml", "", "real", "GPU backend: real, or sim:SPEC (e.g. sim:h200x8)", func(s *settings.Settings) any { return &s.NVML }},
+	{"nvml-library", "", "", "path of libnvidia-ml.so.1 or of a driver root holding it", func(s *settings.Settings) any { return &s.NVMLLibrary }},
+	{"sim-state", "", "", "simulated GPU state file (with --nvml sim:SPEC)", func(s *settings.Settings) any { return &s.SimState }},
+	{"sim-faults", "", "", "inject NVML failures: Op:N=ERROR_NAME,...", func(s *settings.Settings) any { return &s.SimFaults }},
+	{"sim-no-reset", "", false, "simulate GPUs that cannot be reset", func(s *settings.Settings) any { return &s.SimNoReset }},
+	{"log-level", "", "info", "debug, info, warn or error", func(s *settings.Settings) any { return &s.LogLevel }},
+	{"log-format", "", "text", "text or json", func(s *settings.Settings) any { return &s.LogFormat }},
 }
 
 // runSettings are the daemon's flags (`mig-agent run`).
 var runSettings = []setting{
-	{"standalone", "", false, "no Kubernetes: apply -c NAME from -f FILE and hold it", func(s *reconcile.Settings) any { return &s.Standalone }},
-	{"config-file", "f", "", "MIG config file (nvidia-mig-parted v1 format)", func(s *reconcile.Settings) any { return &s.ConfigFile }},
-	{"selected-config", "c", "", "config name (standalone mode)", func(s *reconcile.Settings) any { return &s.SelectedConfig }},
-	{"hooks-file", "k", "", "nvidia-mig-parted hooks file run around each change (standalone mode)", func(s *reconcile.Settings) any { return &s.HooksFile }},
-	{"node-name", "", "", "this node's name (default $NODE_NAME)", func(s *reconcile.Settings) any { return &s.NodeName }},
-	{"kubeconfig", "", "", "kubeconfig file (default in-cluster config)", func(s *reconcile.Settings) any { return &s.Kubeconfig }},
-	{"namespace", "", "", "namespace of the ConfigMap and Leases (default the pod's own, else mig-agent)", func(s *reconcile.Settings) any { return &s.Namespace }},
-	{"default-config", "", "", "config applied while the Node has no nvidia.com/mig.config label", func(s *reconcile.Settings) any { return &s.DefaultConfig }},
-	{"metrics-address", "", ":9478", "address of /metrics, /healthz and /readyz (empty turns them off)", func(s *reconcile.Settings) any { return &s.MetricsAddress }},
-	{"state-dir", "", "/var/lib/mig-agent", "directory of the journal that survives crashes and reboots", func(s *reconcile.Settings) any { return &s.StateDir }},
-	{"drain-timeout", "", 5 * time.Minute, "how long evicted pods may take to go", func(s *reconcile.Settings) any { return &s.DrainTimeout }},
-	{"eviction-retry-delay", "", 5 * time.Second, "delay between eviction retries blocked by a PodDisruptionBudget", func(s *reconcile.Settings) any { return &s.EvictionRetryDelay }},
-	{"resource-wait-timeout", "", 2 * time.Minute, "wait for the node to advertise the new devices: the Node's allocatable (device plugin) or its gpu.nvidia.com ResourceSlices (DRA driver) (0 turns it off)", func(s *reconcile.Settings) any { return &s.ResourceWaitTimeout }},
-	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin, GPU Feature Discovery and DRA kubelet plugin pods so they see the new MIG devices", func(s *reconcile.Settings) any { return &s.RestartDevicePlugin }},
-	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *reconcile.Settings) any { return &s.PauseGPUOperator }},
-	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *reconcile.Settings) any { return &s.HostGPUClients }},
-	{"gpu-client-selector", "", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects", func(s *reconcile.Settings) any { return &s.GPUClientSelector }},
-	{"taint", "", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change", func(s *reconcile.Settings) any { return &s.Taint }},
-	{"evict-unmanaged-pods", "", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)", func(s *reconcile.Settings) any { return &s.EvictUnmanagedPods }},
-	{"pod-resources-socket", "", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket", func(s *reconcile.Settings) any { return &s.PodResourcesSocket }},
-	{"reboot-method", "", "logind", "logind, systemctl, none or sim", func(s *reconcile.Settings) any { return &s.RebootMethod }},
-	{"dbus-address", "", "", "D-Bus address for logind and systemd (default the system bus)", func(s *reconcile.Settings) any { return &s.DBusAddress }},
+	{"standalone", "", false, "no Kubernetes: apply -c NAME from -f FILE and hold it", func(s *settings.Settings) any { return &s.Standalone }},
+	{"config-file", "f", "", "MIG config file (nvidia-mig-parted v1 format)", func(s *settings.Settings) any { return &s.ConfigFile }},
+	{"selected-config", "c", "", "config name (standalone mode)", func(s *settings.Settings) any { return &s.SelectedConfig }},
+	{"hooks-file", "k", "", "nvidia-mig-parted hooks file run around each change (standalone mode)", func(s *settings.Settings) any { return &s.HooksFile }},
+	{"node-name", "", "", "this node's name (default $NODE_NAME)", func(s *settings.Settings) any { return &s.NodeName }},
+	{"kubeconfig", "", "", "kubeconfig file (default in-cluster config)", func(s *settings.Settings) any { return &s.Kubeconfig }},
+	{"namespace", "", "", "namespace of the ConfigMap and Leases (default the pod's own, else mig-agent)", func(s *settings.Settings) any { return &s.Namespace }},
+	{"default-config", "", "", "config applied while the Node has no nvidia.com/mig.config label", func(s *settings.Settings) any { return &s.DefaultConfig }},
+	{"metrics-address", "", ":9478", "address of /metrics, /healthz and /readyz (empty turns them off)", func(s *settings.Settings) any { return &s.MetricsAddress }},
+	{"state-dir", "", "/var/lib/mig-agent", "directory of the journal that survives crashes and reboots", func(s *settings.Settings) any { return &s.StateDir }},
+	{"drain-timeout", "", 5 * time.Minute, "how long evicted pods may take to go", func(s *settings.Settings) any { return &s.DrainTimeout }},
+	{"eviction-retry-delay", "", 5 * time.Second, "delay between eviction retries blocked by a PodDisruptionBudget", func(s *settings.Settings) any { return &s.EvictionRetryDelay }},
+	{"resource-wait-timeout", "", 2 * time.Minute, "wait for the node to advertise the new devices: the Node's allocatable (device plugin) or its gpu.nvidia.com ResourceSlices (DRA driver) (0 turns it off)", func(s *settings.Settings) any { return &s.ResourceWaitTimeout }},
+	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin, GPU Feature Discovery and DRA kubelet plugin pods so they see the new MIG devices", func(s *settings.Settings) any { return &s.RestartDevicePlugin }},
+	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *settings.Settings) any { return &s.PauseGPUOperator }},
+	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *settings.Settings) any { return &s.HostGPUClients }},
+	{"gpu-client-selector", "", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects", func(s *settings.Settings) any { return &s.GPUClientSelector }},
+	{"taint", "", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change", func(s *settings.Settings) any { return &s.Taint }},
+	{"evict-unmanaged-pods", "", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)", func(s *settings.Settings) any { return &s.EvictUnmanagedPods }},
+	{"pod-resources-socket", "", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket", func(s *settings.Settings) any { return &s.PodResourcesSocket }},
+	{"reboot-method", "", "logind", "logind, systemctl, none or sim", func(s *settings.Settings) any { return &s.RebootMethod }},
+	{"dbus-address", "", "", "D-Bus address for logind and systemd (default the system bus)", func(s *settings.Settings) any { return &s.DBusAddress }},
 	// A count or a percentage: parsed by loadSettings itself (field nil).
-	{"max-concurrent", "", "0", "at most N nodes of the cluster disrupted at once, or P% of the nodes running the agent (rounded down, at least 1) (Lease slots; 0 = no limit)", func(*reconcile.Settings) any { return nil }},
-	{"lease-duration", "", 60 * time.Second, "duration of a rollout slot Lease; a crashed holder's slot expires after it", func(s *reconcile.Settings) any { return &s.LeaseDuration }},
-	{"drift-interval", "", time.Minute, "how often the GPUs are compared with the applied config (0 turns it off)", func(s *reconcile.Settings) any { return &s.DriftInterval }},
-	{"reapply-on-drift", "", false, "re-apply the config when the GPUs drift from it", func(s *reconcile.Settings) any { return &s.ReapplyOnDrift }},
-	{"nvml-unavailable-restart", "", 5 * time.Minute, "after NVML has been unavailable this long, /healthz fails so that the container is restarted and gets the driver's library again (0: never)", func(s *reconcile.Settings) any { return &s.NVMLUnavailableRestart }},
-	{"retry-backoff-max", "", 5 * time.Minute, "longest wait between retries of a failed change", func(s *reconcile.Settings) any { return &s.RetryBackoffMax }},
-	{"allow-other-mig-manager", "", false, "act even where another MIG manager is detected (with a warning)", func(s *reconcile.Settings) any { return &s.AllowOtherMigManager }},
-	{"cdi", "", "auto", "refresh CDI after a change: auto (where the CDI spec directory holds an NVIDIA spec, or standalone where the host has nvidia-cdi-refresh.service), on or off", func(s *reconcile.Settings) any { return &s.CDI }},
-	{"cdi-spec-dir", "", "/var/run/cdi", "the CDI spec directory the management spec is written to", func(s *reconcile.Settings) any { return &s.CDISpecDir }},
-	{"driver-root", "", "/", "the NVIDIA driver root on the host (/run/nvidia/driver for the GPU Operator's driver container)", func(s *reconcile.Settings) any { return &s.DriverRoot }},
-	{"driver-root-mount", "", "", "where the agent sees --driver-root (default: the same path)", func(s *reconcile.Settings) any { return &s.DriverRootMount }},
-	{"toolkit-dir", "", []string{"/usr/local/nvidia/toolkit"}, "directories nvidia-ctk is looked for in first (then the driver root's bin directories, then PATH)", func(s *reconcile.Settings) any { return &s.ToolkitDirs }},
-	{"cdi-hook-path", "", "", "host path of nvidia-cdi-hook written into the management spec (default: nvidia-ctk's)", func(s *reconcile.Settings) any { return &s.CDIHookPath }},
+	{"max-concurrent", "", "0", "at most N nodes of the cluster disrupted at once, or P% of the nodes running the agent (rounded down, at least 1) (Lease slots; 0 = no limit)", func(*settings.Settings) any { return nil }},
+	{"lease-duration", "", 60 * time.Second, "duration of a rollout slot Lease; a crashed holder's slot expires after it", func(s *settings.Settings) any { return &s.LeaseDuration }},
+	{"drift-interval", "", time.Minute, "how often the GPUs are compared with the applied config (0 turns it off)", func(s *settings.Settings) any { return &s.DriftInterval }},
+	{"reapply-on-drift", "", false, "re-apply the config when the GPUs drift from it", func(s *settings.Settings) any { return &s.ReapplyOnDrift }},
+	{"nvml-unavailable-restart", "", 5 * time.Minute, "after NVML has been unavailable this long, /healthz fails so that the container is restarted and gets the driver's library again (0: never)", func(s *settings.Settings) any { return &s.NVMLUnavailableRestart }},
+	{"retry-backoff-max", "", 5 * time.Minute, "longest wait between retries of a failed change", func(s *settings.Settings) any { return &s.RetryBackoffMax }},
+	{"allow-other-mig-manager", "", false, "act even where another MIG manager is detected (with a warning)", func(s *settings.Settings) any { return &s.AllowOtherMigManager }},
+	{"cdi", "", "auto", "refresh CDI after a change: auto (where the CDI spec directory holds an NVIDIA spec, or standalone where the host has nvidia-cdi-refresh.service), on or off", func(s *settings.Settings) any { return &s.CDI }},
+	{"cdi-spec-dir", "", "/var/run/cdi", "the CDI spec directory the management spec is written to", func(s *settings.Settings) any { return &s.CDISpecDir }},
+	{"driver-root", "", "/", "the NVIDIA driver root on the host (/run/nvidia/driver for the GPU Operator's driver container)", func(s *settings.Settings) any { return &s.DriverRoot }},
+	{"driver-root-mount", "", "", "where the agent sees --driver-root (default: the same path)", func(s *settings.Settings) any { return &s.DriverRootMount }},
+	{"toolkit-dir", "", []string{"/usr/local/nvidia/toolkit"}, "directories nvidia-ctk is looked for in first (then the driver root's bin directories, then PATH)", func(s *settings.Settings) any { return &s.ToolkitDirs }},
+	{"cdi-hook-path", "", "", "host path of nvidia-cdi-hook written into the management spec (default: nvidia-ctk's)", func(s *settings.Settings) any { return &s.CDIHookPath }},
 }
 
 // addFlags declares the flags of settings on fs.
@@ -176,7 +176,7 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 
 // loadSettings merges defaults, the settings file, MIG_AGENT_* variables and
 // flags (lowest to highest precedence) into Settings.
-func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
+func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 	// Offline commands read (and warn about) their own flags through
 	// commandValues; run reads them here.
 	v, err := settingsViper(cmd, cmd.Flags().Lookup("state-dir") != nil)
@@ -249,7 +249,7 @@ func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
 		}
 		return clean
 	}
-	s := &reconcile.Settings{}
+	s := &settings.Settings{}
 	for _, st := range append(slices.Clone(globalSettings), runSettings...) {
 		if cmd.Flags().Lookup(st.name) == nil {
 			continue // not a flag of this command
@@ -289,7 +289,7 @@ func loadSettings(cmd *cobra.Command) (*reconcile.Settings, error) {
 		}
 	}
 	if len(errs) > 0 {
-		return nil, badInput(fmt.Errorf("%w: %s", reconcile.ErrBadSettings, strings.Join(errs, "; ")))
+		return nil, badInput(fmt.Errorf("%w: %s", settings.ErrBadSettings, strings.Join(errs, "; ")))
 	}
 	return s, nil
 }

@@ -8,16 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/migagent/mig-agent/settings"
 	"github.com/spf13/cobra"
-
-	"github.com/migagent/mig-agent/reconcile"
 )
 
 // settingsFor parses args for `run` and loads the settings as the daemon would.
-func settingsFor(t *testing.T, args ...string) (*reconcile.Settings, error) {
+func settingsFor(t *testing.T, args ...string) (*settings.Settings, error) {
 	t.Helper()
 	root := newRoot()
-	var got *reconcile.Settings
+	var got *settings.Settings
 	var loadErr error
 	for _, c := range root.Commands() {
 		if c.Name() == "run" {

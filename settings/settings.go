@@ -1,4 +1,8 @@
-package reconcile
+// Package settings is the Settings struct of mig-agent, every setting in
+// one typed struct, and its validation. Each setting is declared once, with
+// its flag, its settings-file key and its MIG_AGENT_* variable, in the table
+// of cmd/mig-agent/settings.go. It may import the standard library only.
+package settings
 
 import (
 	"errors"
