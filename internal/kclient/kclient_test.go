@@ -49,8 +49,8 @@ func TestEveryResourceOnARealAPIServer(t *testing.T) {
 		t.Fatalf("get node: %v %v", n, err)
 	}
 	n.Labels["b"] = "2"
-	if n, err = c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("update node: %v", err)
+	if n, err = c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil || n.Labels["b"] != "2" {
+		t.Fatalf("update node: %v %v", n, err)
 	}
 	n, err = c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(`{"metadata":{"labels":{"c":"3"}}}`), metav1.PatchOptions{})
 	if err != nil || n.Labels["b"] != "2" || n.Labels["c"] != "3" {
