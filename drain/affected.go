@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
@@ -77,11 +78,11 @@ func (a Affected) FellBack() bool { return strings.HasPrefix(a.How, HowAllGPUPod
 // Holders returns, for each pod that holds a device of the change, the ids
 // it holds ("namespace/name" → sorted ids): devices under an nvidia.com/
 // resource (device plugin) by their UUID, and devices of claims on the
-// NVIDIA DRA driver by the UUID dra gives them. A claimed device dra cannot
+// NVIDIA DRA driver by the UUID idx gives them. A claimed device idx cannot
 // resolve (not in the node's ResourceSlices, or they could not be read)
 // counts as taken away, named "gpu.nvidia.com/<pool>/<device>": a pod is
 // never left on a device that may go.
-func Holders(pods []PodDevices, change Change, dra DRAIndex) map[string][]string {
+func Holders(pods []PodDevices, change Change, idx DRAIndex) map[string][]string {
 	gone := change.set()
 	out := map[string][]string{}
 	for _, p := range pods {
@@ -92,7 +93,7 @@ func Holders(pods []PodDevices, change Change, dra DRAIndex) map[string][]string
 			}
 		}
 		for _, d := range p.NVIDIAClaimDevices() {
-			uuid, ok := dra.UUIDs[d]
+			uuid, ok := idx.UUIDs[d]
 			switch {
 			case !ok:
 				ids = append(ids, d.String())
@@ -111,14 +112,11 @@ func Holders(pods []PodDevices, change Change, dra DRAIndex) map[string][]string
 // DRAIndex resolves the NVIDIA DRA driver's devices on the node (pool and
 // device name, as claims and PodResources name them) to their UUIDs.
 type DRAIndex struct {
-	UUIDs map[ClaimDevice]string
+	UUIDs map[dra.ClaimDevice]string
 	// Pools are the driver's pools on the node (its pool is named after
 	// the node).
 	Pools map[string]bool
 }
-
-// String is "driver/pool/device".
-func (d ClaimDevice) String() string { return d.Driver + "/" + d.Pool + "/" + d.Device }
 
 // ReadDRAIndex reads the node's ResourceSlices into a DRAIndex: the NVIDIA
 // driver's uuid attribute of each device (GpuInfo.Attributes and
@@ -128,16 +126,16 @@ func (d ClaimDevice) String() string { return d.Driver + "/" + d.Pool + "/" + d.
 // counts as taken away); the driver's pool is still known by the node's
 // name (publishResources names it so).
 func ReadDRAIndex(ctx context.Context, client kclient.Interface, log *slog.Logger, node string) (DRAIndex, error) {
-	x := DRAIndex{UUIDs: map[ClaimDevice]string{}, Pools: map[string]bool{node: true}}
-	sl, err := NodeSlices(ctx, client, node)
+	x := DRAIndex{UUIDs: map[dra.ClaimDevice]string{}, Pools: map[string]bool{node: true}}
+	sl, err := dra.NodeSlices(ctx, client, node)
 	switch {
-	case errors.Is(err, ErrNoDRA) || apierrors.IsForbidden(err):
+	case errors.Is(err, dra.ErrNoDRA) || apierrors.IsForbidden(err):
 		log.Warn("ResourceSlices unreadable; every claimed NVIDIA device counts as taken away", "error", err)
 		return x, nil
 	case err != nil:
 		return x, err
 	}
-	x.UUIDs = DRAUUIDs(sl)
+	x.UUIDs = dra.DRAUUIDs(sl)
 	for d := range x.UUIDs {
 		x.Pools[d.Pool] = true
 	}
@@ -209,13 +207,13 @@ func FindAffected(ctx context.Context, client kclient.Interface, log *slog.Logge
 		log.Warn("pod resources unreadable; every GPU pod of the node counts as affected", "error", err)
 		return fallback(ctx, client, log, node, change, HowAllGPUPodsPrefix+err.Error())
 	}
-	var dra DRAIndex
+	var idx DRAIndex
 	if holdsClaims(held) {
-		if dra, err = ReadDRAIndex(ctx, client, log, node); err != nil {
+		if idx, err = ReadDRAIndex(ctx, client, log, node); err != nil {
 			return Affected{}, err
 		}
 	}
-	holders := Holders(held, change, dra)
+	holders := Holders(held, change, idx)
 	out := Affected{How: HowPodResources, Devices: map[string][]string{}}
 	keys := make([]string, 0, len(holders))
 	for k := range holders {
@@ -273,9 +271,9 @@ func fallback(ctx context.Context, client kclient.Interface, log *slog.Logger, n
 // claims: none (the nvidia.com/ request rule stands alone, and says so in
 // the log).
 func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, change Change) ([]corev1.Pod, error) {
-	claims, err := Claims(ctx, client)
+	claims, err := dra.Claims(ctx, client)
 	switch {
-	case errors.Is(err, ErrNoDRA):
+	case errors.Is(err, dra.ErrNoDRA):
 		return nil, nil
 	case apierrors.IsForbidden(err):
 		log.Warn("ResourceClaims unreadable; pods holding claims are not found without PodResources", "error", err)
@@ -283,22 +281,22 @@ func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logge
 	case err != nil:
 		return nil, err
 	}
-	var dra DRAIndex
+	var idx DRAIndex
 	gone := change.set()
 	var out []corev1.Pod
 	for _, c := range claims {
 		takes := false
 		for _, d := range c.Devices {
-			if d.Driver != NVIDIADRADriver {
+			if d.Driver != dra.NVIDIADRADriver {
 				continue
 			}
-			if dra.UUIDs == nil {
-				if dra, err = ReadDRAIndex(ctx, client, log, node); err != nil {
+			if idx.UUIDs == nil {
+				if idx, err = ReadDRAIndex(ctx, client, log, node); err != nil {
 					return nil, err
 				}
 			}
-			uuid, ok := dra.UUIDs[d]
-			if dra.Pools[d.Pool] && (!ok || gone[uuid]) {
+			uuid, ok := idx.UUIDs[d]
+			if idx.Pools[d.Pool] && (!ok || gone[uuid]) {
 				takes = true
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,12 +31,12 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // type and uuid attributes of deviceinfo.go. devs: name → uuid.
 func staticSlice(node string, devs map[string]string) *resourcev1.ResourceSlice {
 	s := &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "00000-gpu.nvidia.com-" + node + "-x"},
-		Spec: resourcev1.ResourceSliceSpec{Driver: NVIDIADRADriver, NodeName: ptr.To(node),
+		Spec: resourcev1.ResourceSliceSpec{Driver: dra.NVIDIADRADriver, NodeName: ptr.To(node),
 			Pool: resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1}}}
 	for name, uuid := range devs {
-		typ := DRATypeMIG
+		typ := dra.DRATypeMIG
 		if uuid[:4] == "GPU-" {
-			typ = DRATypeGPU
+			typ = dra.DRATypeGPU
 		}
 		s.Spec.Devices = append(s.Spec.Devices, resourcev1.Device{Name: name, Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
 			"type": {StringValue: ptr.To(typ)}, "uuid": {StringValue: ptr.To(uuid)}}})
@@ -50,7 +51,7 @@ func allocated(ns, name, pod, pool string, devices ...string) *resourcev1.Resour
 	c.Status.Allocation = &resourcev1.AllocationResult{}
 	for _, d := range devices {
 		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
-			resourcev1.DeviceRequestAllocationResult{Request: "mig", Driver: NVIDIADRADriver, Pool: pool, Device: d})
+			resourcev1.DeviceRequestAllocationResult{Request: "mig", Driver: dra.NVIDIADRADriver, Pool: pool, Device: d})
 	}
 	if pod != "" {
 		c.Status.ReservedFor = []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: types.UID(pod)}}
@@ -106,14 +107,14 @@ func TestFindAffectedClaimsWithoutPodResources(t *testing.T) {
 // resource.k8s.io/v1beta1 (Kubernetes 1.32, 1.33) is read the same way.
 func TestFindAffectedClaimsOlderAPI(t *testing.T) {
 	slice := &resourcev1beta1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "s"},
-		Spec: resourcev1beta1.ResourceSliceSpec{Driver: NVIDIADRADriver, NodeName: "n1", Pool: resourcev1beta1.ResourcePool{Name: "n1"},
+		Spec: resourcev1beta1.ResourceSliceSpec{Driver: dra.NVIDIADRADriver, NodeName: "n1", Pool: resourcev1beta1.ResourcePool{Name: "n1"},
 			Devices: []resourcev1beta1.Device{{Name: "gpu-0-mig-1g18gb-19-0", Basic: &resourcev1beta1.BasicDevice{
 				Attributes: map[resourcev1beta1.QualifiedName]resourcev1beta1.DeviceAttribute{
 					"type": {StringValue: ptr.To("mig")}, "uuid": {StringValue: ptr.To("MIG-gone")}}}}}}}
 	claim := &resourcev1beta1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "w", Name: "c"},
 		Status: resourcev1beta1.ResourceClaimStatus{
 			Allocation: &resourcev1beta1.AllocationResult{Devices: resourcev1beta1.DeviceAllocationResult{
-				Results: []resourcev1beta1.DeviceRequestAllocationResult{{Request: "r", Driver: NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}}},
+				Results: []resourcev1beta1.DeviceRequestAllocationResult{{Request: "r", Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}}},
 			ReservedFor: []resourcev1beta1.ResourceClaimConsumerReference{{Resource: "pods", Name: "p"}}}}
 	c := fake.NewClientset(slice, claim, runningPod("w", "p", "n1"))
 	notServed := func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -146,24 +147,5 @@ func TestFindAffectedClaimsUnreadable(t *testing.T) {
 	})
 	if _, err := FindAffected(context.Background(), clientset.Wrap(c), quiet(), "n1", "", Change{MIGDevices: []string{"MIG-x"}}); err == nil {
 		t.Fatal("FindAffected succeeded without the claims")
-	}
-}
-
-func TestPartitionableAndAnnounced(t *testing.T) {
-	s := []Slice{
-		{Name: "a", Driver: NVIDIADRADriver, Pool: "n1", Devices: []SliceDevice{
-			{Name: "gpu-1", Type: "gpu", UUID: "GPU-1"}, {Name: "gpu-0-mig-1g18gb-19-0", Type: "mig", UUID: "MIG-a"},
-			{Name: "gpu-vfio-2", Type: "vfio", UUID: "GPU-2"}}},
-		{Name: "b", Driver: "example.com/gpu", CounterSets: 1, Devices: []SliceDevice{{Name: "x", Type: "mig", UUID: "MIG-x"}}},
-	}
-	if got := Partitionable(s); got != "" {
-		t.Fatalf("Partitionable = %q for pre-created devices", got)
-	}
-	if got := AnnouncedUUIDs(s); !reflect.DeepEqual(got, []string{"GPU-1", "MIG-a"}) {
-		t.Fatalf("AnnouncedUUIDs = %v", got)
-	}
-	s[0].Devices[1].ConsumesCounters = true
-	if got := Partitionable(s); got == "" {
-		t.Fatal("Partitionable missed a device consuming counters")
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
@@ -824,7 +825,7 @@ func TestClaimsOnDevicesThatGoAreAffected(t *testing.T) {
 		created := e.k.CreatePod(t, pod)
 		var devs []kubetest.AllocatedDevice
 		for _, d := range devices {
-			devs = append(devs, kubetest.AllocatedDevice{Driver: drain.NVIDIADRADriver, Pool: e.node, Device: d})
+			devs = append(devs, kubetest.AllocatedDevice{Driver: dra.NVIDIADRADriver, Pool: e.node, Device: d})
 		}
 		kubetest.AllocateClaim(t, e.c, e.ns, name+"-claim", "mig.nvidia.com", created, devs...)
 		e.k.PrepareClaims(t, created)

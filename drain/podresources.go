@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/migagent/mig-agent/dra"
 )
 
 const (
@@ -41,7 +43,7 @@ type ContainerDevices struct {
 	Dynamic []DynamicResource
 	// Claims are the devices of Dynamic by driver, pool and device, the
 	// key the node's ResourceSlices name them by (every driver).
-	Claims []ClaimDevice
+	Claims []dra.ClaimDevice
 }
 
 // DynamicResource is one ResourceClaim's devices in one container
@@ -129,11 +131,11 @@ func ListPodResources(ctx context.Context, socket string) ([]PodDevices, error) 
 // field 5: per claim, claim_resources with driver_name, pool_name,
 // device_name), as the kubelet fills it from what the DRA driver prepared
 // (kubernetes pkg/kubelet/cm/container_manager_linux.go GetDynamicResources).
-func claimDevicesOf(drs []DynamicResource) []ClaimDevice {
-	var out []ClaimDevice
+func claimDevicesOf(drs []DynamicResource) []dra.ClaimDevice {
+	var out []dra.ClaimDevice
 	for _, dr := range drs {
 		for _, r := range dr.Claims {
-			out = append(out, ClaimDevice{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
+			out = append(out, dra.ClaimDevice{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
 		}
 	}
 	return out
@@ -141,12 +143,12 @@ func claimDevicesOf(drs []DynamicResource) []ClaimDevice {
 
 // NVIDIAClaimDevices returns the devices the pod holds through claims on
 // the NVIDIA DRA driver, without repeats, in order.
-func (p PodDevices) NVIDIAClaimDevices() []ClaimDevice {
-	seen := map[ClaimDevice]bool{}
-	var out []ClaimDevice
+func (p PodDevices) NVIDIAClaimDevices() []dra.ClaimDevice {
+	seen := map[dra.ClaimDevice]bool{}
+	var out []dra.ClaimDevice
 	for _, c := range p.Containers {
 		for _, d := range c.Claims {
-			if d.Driver == NVIDIADRADriver && !seen[d] {
+			if d.Driver == dra.NVIDIADRADriver && !seen[d] {
 				seen[d] = true
 				out = append(out, d)
 			}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/migagent/mig-agent/dra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -58,7 +59,7 @@ func TestDecodeListPodResources(t *testing.T) {
 		Dynamic: []DynamicResource{{ClaimName: "gpu", ClaimNamespace: "ml", Claims: []ClaimResource{{
 			CDIDevices: []string{"k8s.gpu.nvidia.com/device=mig-0"},
 			Driver:     "gpu.nvidia.com", Pool: "node-1", Device: "gpu-0-mig-1g", ShareID: "share-1"}}}},
-		Claims: []ClaimDevice{{Driver: "gpu.nvidia.com", Pool: "node-1", Device: "gpu-0-mig-1g"}},
+		Claims: []dra.ClaimDevice{{Driver: "gpu.nvidia.com", Pool: "node-1", Device: "gpu-0-mig-1g"}},
 	}, {Name: "sidecar", Devices: map[string][]string{}}}}, {Namespace: "ml", Name: "idle"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)

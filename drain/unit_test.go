@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -56,22 +57,22 @@ func TestHolders(t *testing.T) {
 		// names them (device names of dra-driver-nvidia-gpu deviceinfo.go,
 		// mig.go ToCanonicalName).
 		{Namespace: "c", Name: "claim-mig", Containers: []ContainerDevices{
-			{Name: "c", Claims: []ClaimDevice{{NVIDIADRADriver, "n1", "gpu-0-mig-1g18gb-19-0"}}},
+			{Name: "c", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}},
 		}},
 		{Namespace: "c", Name: "claim-gpu", Containers: []ContainerDevices{
-			{Name: "a", Claims: []ClaimDevice{{NVIDIADRADriver, "n1", "gpu-1"}}},
-			{Name: "b", Claims: []ClaimDevice{{NVIDIADRADriver, "n1", "gpu-1"}}}, // one claim, two containers
+			{Name: "a", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}}},
+			{Name: "b", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}}}, // one claim, two containers
 		}},
 		{Namespace: "c", Name: "claim-unknown", Containers: []ContainerDevices{
-			{Name: "c", Claims: []ClaimDevice{{NVIDIADRADriver, "n1", "gpu-0-mig-1g18gb-19-1"}}},
+			{Name: "c", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-1"}}},
 		}},
 		{Namespace: "c", Name: "claim-other-driver", Containers: []ContainerDevices{
-			{Name: "c", Claims: []ClaimDevice{{"example.com/gpu", "n1", "gpu-0-mig-1g18gb-19-0"}}},
+			{Name: "c", Claims: []dra.ClaimDevice{{Driver: "example.com/gpu", Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}},
 		}},
 	}
-	dra := DRAIndex{UUIDs: map[ClaimDevice]string{
-		{NVIDIADRADriver, "n1", "gpu-0-mig-1g18gb-19-0"}: "MIG-c",
-		{NVIDIADRADriver, "n1", "gpu-1"}:                 "GPU-1",
+	idx := DRAIndex{UUIDs: map[dra.ClaimDevice]string{
+		{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}: "MIG-c",
+		{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}:                 "GPU-1",
 	}}
 	// A claimed device the node's slices do not resolve counts as taken away.
 	unknown := map[string][]string{"c/claim-unknown": {"gpu.nvidia.com/n1/gpu-0-mig-1g18gb-19-1"}}
@@ -98,7 +99,7 @@ func TestHolders(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Holders(pods, tc.change, dra)
+			got := Holders(pods, tc.change, idx)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("Holders = %v, want %v", got, tc.want)
 			}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
 )
@@ -88,7 +88,7 @@ func draDevices(t testing.TB, o *Opts) []kubetest.NVIDIADevice {
 // announced lists "name=uuid" of the NVIDIA DRA devices in the node's slices.
 func announced(t testing.TB, c kubernetes.Interface, node string) []string {
 	t.Helper()
-	sl, err := drain.NodeSlices(context.Background(), clientset.Wrap(c), node)
+	sl, err := dra.NodeSlices(context.Background(), clientset.Wrap(c), node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ mig-configs:
 					Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "mig"}}}}},
 			}})
 		kubetest.AllocateClaim(t, c, work, name+"-mig", "mig.nvidia.com", pod,
-			kubetest.AllocatedDevice{Driver: drain.NVIDIADRADriver, Pool: node, Device: dev.Name})
+			kubetest.AllocatedDevice{Driver: dra.NVIDIADRADriver, Pool: node, Device: dev.Name})
 		kl.PrepareClaims(t, pod)
 		return pod
 	}

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/record"
@@ -41,19 +42,19 @@ func (k *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err er
 		return "", "", fmt.Errorf("reading node %s: %w", k.Node, err)
 	}
 	dp := devicePluginResources(node)
-	sl, err := drain.NodeSlices(ctx, k.Client, k.Node)
+	sl, err := dra.NodeSlices(ctx, k.Client, k.Node)
 	switch {
-	case errors.Is(err, drain.ErrNoDRA) || apierrors.IsForbidden(err):
+	case errors.Is(err, dra.ErrNoDRA) || apierrors.IsForbidden(err):
 		sl = nil
 	case err != nil:
 		return "", "", err
 	}
-	dra := drain.ServesDevices(sl)
+	viaDRA := dra.ServesDevices(sl)
 	switch {
-	case dra && len(dp) > 0:
+	case viaDRA && len(dp) > 0:
 		return "", fmt.Sprintf("the Node's allocatable has %s, and the NVIDIA DRA driver announces %d devices in the node's ResourceSlices",
-			strings.Join(dp, ", "), len(drain.AnnouncedUUIDs(sl))), nil
-	case dra:
+			strings.Join(dp, ", "), len(dra.AnnouncedUUIDs(sl))), nil
+	case viaDRA:
 		k.path = record.ServedByDRA
 	case len(dp) > 0:
 		k.path = record.ServedByDevicePlugin
@@ -108,9 +109,9 @@ func (k *Disruptor) waitSlices(ctx context.Context, want []string, timeout time.
 	defer cancel()
 	var last string
 	for {
-		sl, err := drain.NodeSlices(ctx, k.Client, k.Node)
+		sl, err := dra.NodeSlices(ctx, k.Client, k.Node)
 		if err == nil {
-			got := drain.AnnouncedUUIDs(sl)
+			got := dra.AnnouncedUUIDs(sl)
 			if slices.Equal(got, want) {
 				return true, nil
 			}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/migagent/mig-agent/drain"
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
 	corev1 "k8s.io/api/core/v1"
@@ -34,7 +34,7 @@ const LabelDeployMigManager = "nvidia.com/gpu.deploy.mig-manager"
 const OperatorMigManagerApp = "nvidia-mig-manager"
 
 // NVIDIADRADriver is the NVIDIA DRA driver's name in ResourceSlices.
-const NVIDIADRADriver = drain.NVIDIADRADriver
+const NVIDIADRADriver = dra.NVIDIADRADriver
 
 // ClusterPolicyResource is the GPU Operator's ClusterPolicy
 // (clusterpolicies.nvidia.com, cluster-scoped).
@@ -125,14 +125,14 @@ func draMIGDevices(ctx context.Context, c kclient.Interface, node *corev1.Node) 
 // v1beta1); no DRA API, or no right to list ResourceSlices, leaves this
 // unknown.
 func draCreatesMIG(ctx context.Context, c kclient.Interface, node string) (string, error) {
-	slices, err := drain.NodeSlices(ctx, c, node)
-	if errors.Is(err, drain.ErrNoDRA) || apierrors.IsForbidden(err) {
+	slices, err := dra.NodeSlices(ctx, c, node)
+	if errors.Is(err, dra.ErrNoDRA) || apierrors.IsForbidden(err) {
 		return "", nil // no DRA API on this cluster, or not allowed to look
 	}
 	if err != nil {
 		return "", err
 	}
-	if why := drain.Partitionable(slices); why != "" {
+	if why := dra.Partitionable(slices); why != "" {
 		return "the NVIDIA DRA driver in DynamicMIG mode, which creates and destroys MIG devices itself (" + why + ")", nil
 	}
 	return "", nil

@@ -1,4 +1,4 @@
-package drain
+package dra
 
 import (
 	"context"
@@ -48,6 +48,10 @@ const (
 
 // ErrNoDRA: the API server serves no version of resource.k8s.io that the
 // agent reads (v1, v1beta2, v1beta1): a cluster without DRA.
+// errNoNode: a node name is needed to list its ResourceSlices.
+var errNoNode = errors.New("no node name")
+
+// ErrNoDRA: the API server serves no DRA version.
 var ErrNoDRA = errors.New("the API server serves no resource.k8s.io version (v1, v1beta2, v1beta1)")
 
 // Slice is one ResourceSlice as far as the agent reads it.
@@ -89,6 +93,9 @@ type ClaimDevice struct {
 	Driver, Pool, Device string
 }
 
+// String is "driver/pool/device".
+func (d ClaimDevice) String() string { return d.Driver + "/" + d.Pool + "/" + d.Device }
+
 // versioned lists T through one version of resource.k8s.io.
 type versioned[T any] struct {
 	version string
@@ -118,7 +125,7 @@ func listServed[T any](ctx context.Context, what string, opts metav1.ListOptions
 // forbidden list is returned as such (apierrors.IsForbidden).
 func NodeSlices(ctx context.Context, client kclient.Interface, node string) ([]Slice, error) {
 	if node == "" {
-		return nil, fmt.Errorf("list ResourceSlices: %w", ErrNoNode)
+		return nil, fmt.Errorf("list ResourceSlices: %w", errNoNode)
 	}
 	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()}
 	out, err := listServed(ctx, "ResourceSlices", opts, []versioned[Slice]{
