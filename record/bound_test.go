@@ -13,7 +13,7 @@ import (
 // Finding 7: whatever a user name, a pod list or an error holds, a record
 // stays within MaxRecordBytes (it lands, and the history keeps at least
 // HistoryMaxBytes/MaxRecordBytes records besides it); cut names are marked
-// with their whole length; the pods beyond MaxRecordPods are counted.
+// with their whole length; the pods beyond MaxRecordPodBytes are counted.
 func TestBoundedWorstCase(t *testing.T) {
 	huge := strings.Repeat("m", 90<<10)
 	pods := make([]string, 1000)
@@ -48,8 +48,20 @@ func TestBoundedWorstCase(t *testing.T) {
 	if HistoryMaxBytes/MaxRecordBytes < 2 {
 		t.Fatalf("the history (%d bytes) does not hold two records of the bound (%d)", HistoryMaxBytes, MaxRecordBytes)
 	}
-	if len(b.EvictedPods) != MaxRecordPods || b.EvictedPodsOmitted != 1000-MaxRecordPods || b.EvictedPods[0] != pods[0] {
+	if len(b.EvictedPods) == 0 || len(b.EvictedPods)+b.EvictedPodsOmitted != 1000 || b.EvictedPods[0] != pods[0] {
 		t.Errorf("evicted %d named (first %q), %d omitted", len(b.EvictedPods), b.EvictedPods[0], b.EvictedPodsOmitted)
+	}
+	podsJSON, _ := json.Marshal(b.EvictedPods)
+	if len(podsJSON) > MaxRecordPodBytes {
+		t.Errorf("the evicted pods take %d bytes, bound %d", len(podsJSON), MaxRecordPodBytes)
+	}
+	// A full node's pods of a usual length are all named: 8 GPUs in 7.
+	var full []string
+	for i := range 56 {
+		full = append(full, fmt.Sprintf("ml-training-team/llama-finetune-worker-7d9f8b6c5-%05d", i))
+	}
+	if got := (ChangeRecord{EvictedPods: full}).Bounded(); len(got.EvictedPods) != 56 || got.EvictedPodsOmitted != 0 {
+		t.Errorf("a full node: %d named, %d omitted", len(got.EvictedPods), got.EvictedPodsOmitted)
 	}
 	want := fmt.Sprintf("%s%d bytes in all]", TruncatedMark, len(huge))
 	if len(b.RequestedBy) > MaxRequester || !strings.HasPrefix(b.RequestedBy, "mmm") || !strings.HasSuffix(b.RequestedBy, want) {

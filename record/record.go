@@ -71,8 +71,8 @@ type ChangeRecord struct {
 	GPUsChanged   []int      `json:"gpusChanged"`
 	GPUsUntouched []int      `json:"gpusUntouched"`
 	EvictedPods   []string   `json:"evictedPods"`
-	// EvictedPodsOmitted counts the evicted pods beyond MaxRecordPods that
-	// EvictedPods does not name (the agent's log and its Events do).
+	// EvictedPodsOmitted counts the evicted pods beyond MaxRecordPodBytes
+	// that EvictedPods does not name (the agent's log and its Events do).
 	EvictedPodsOmitted int    `json:"evictedPodsOmitted,omitempty"`
 	Reboot             bool   `json:"reboot"`
 	AgentVersion       string `json:"agentVersion"`
@@ -194,9 +194,11 @@ const (
 	// MaxRequester bounds requestedBy and requestedVia, in bytes; a longer
 	// name keeps its start and is marked (TruncatedMark).
 	MaxRequester = 256
-	// MaxRecordPods is how many evicted pods a record names; the rest are
-	// counted in evictedPodsOmitted.
-	MaxRecordPods = 10
+	// MaxRecordPodBytes is how much of a record the names of its evicted
+	// pods may take (their JSON, in bytes): the pods that do not fit are
+	// counted in evictedPodsOmitted. Pods of a usual length all fit on a
+	// node of 8 GPUs split in 7 (56 pods); worst-case names, 16.
+	MaxRecordPodBytes = 5 << 10
 	// MaxRecordPod bounds one evicted pod's "namespace/name" (63 + 1 + 253
 	// bytes in Kubernetes), in bytes.
 	MaxRecordPod = 317
@@ -207,7 +209,7 @@ const (
 	// bytes (the whole error is in the agent's log and its Event).
 	MaxRecordUnusable = 128
 	// MaxRecordBytes is the most a bounded record encodes to.
-	MaxRecordBytes = 12 << 10
+	MaxRecordBytes = 14 << 10
 )
 
 // TruncatedMark ends a requester name, or another field, cut to its bound:
@@ -229,15 +231,16 @@ func (r ChangeRecord) Bounded() ChangeRecord {
 	r.AgentVersion = BoundText(r.AgentVersion, MaxRecordField)
 	r.DriverVersion = BoundText(r.DriverVersion, MaxRecordField)
 	r.RequestedBySource = BoundText(r.RequestedBySource, MaxRecordField)
-	if len(r.EvictedPods) > MaxRecordPods {
-		r.EvictedPodsOmitted += len(r.EvictedPods) - MaxRecordPods
-		r.EvictedPods = r.EvictedPods[:MaxRecordPods]
-	}
-	pods := make([]string, len(r.EvictedPods))
-	for i, p := range r.EvictedPods {
-		pods[i] = BoundText(p, MaxRecordPod)
-	}
 	if r.EvictedPods != nil {
+		pods, size := []string{}, 2 // []
+		for i, p := range r.EvictedPods {
+			p = BoundText(p, MaxRecordPod)
+			if size += len(p) + 3; size > MaxRecordPodBytes { // "p",
+				r.EvictedPodsOmitted += len(r.EvictedPods) - i
+				break
+			}
+			pods = append(pods, p)
+		}
 		r.EvictedPods = pods
 	}
 	if len(r.GPUsUnusable) > 0 {
