@@ -161,15 +161,18 @@ EOF
 	log "built $bindir/etcd in $((SECONDS - t0))s"
 }
 
-# ensure_binaries [with_kcm]: sets APISERVER, ETCD (and KCM) to usable binaries.
+# ensure_binaries [with_kcm [with_sched]]: sets APISERVER, ETCD (and KCM,
+# SCHEDULER) to usable binaries.
 ensure_binaries() {
-	local with_kcm=${1:-} cmds=()
+	local with_kcm=${1:-} with_sched=${2:-} cmds=()
 	APISERVER=${KUBE_TEST_APISERVER_BIN:-$(kube_bin_dir)/kube-apiserver}
 	ETCD=${KUBE_TEST_ETCD_BIN:-$(etcd_bin_dir)/etcd}
 	KCM=${KUBE_TEST_KCM_BIN:-$(kube_bin_dir)/kube-controller-manager}
+	SCHEDULER=${KUBE_TEST_SCHEDULER_BIN:-$(kube_bin_dir)/kube-scheduler}
 	[[ -n ${KUBE_TEST_APISERVER_BIN:-} || -x $APISERVER ]] || cmds+=(kube-apiserver)
 	[[ -z $with_kcm || -n ${KUBE_TEST_KCM_BIN:-} || -x $KCM ]] || cmds+=(kube-controller-manager)
-	if [[ ! -x $APISERVER || ! -x $ETCD || (-n $with_kcm && ! -x $KCM) ]]; then
+	[[ -z $with_sched || -n ${KUBE_TEST_SCHEDULER_BIN:-} || -x $SCHEDULER ]] || cmds+=(kube-scheduler)
+	if [[ ! -x $APISERVER || ! -x $ETCD || (-n $with_kcm && ! -x $KCM) || (-n $with_sched && ! -x $SCHEDULER) ]]; then
 		mkdir -p "$CACHE_DIR"
 		# One builder at a time (parallel test jobs may all call start).
 		exec 9>"$CACHE_DIR/.build.lock"
@@ -181,6 +184,7 @@ ensure_binaries() {
 	[[ -x $APISERVER ]] || die "no kube-apiserver at $APISERVER"
 	[[ -x $ETCD ]] || die "no etcd at $ETCD"
 	[[ -z $with_kcm || -x $KCM ]] || die "no kube-controller-manager at $KCM"
+	[[ -z $with_sched || -x $SCHEDULER ]] || die "no kube-scheduler at $SCHEDULER"
 }
 
 # ---------------------------------------------------------------- running --
@@ -443,11 +447,19 @@ cached)
 	[[ -x ${KUBE_TEST_APISERVER_BIN:-$(kube_bin_dir)/kube-apiserver} && -x ${KUBE_TEST_ETCD_BIN:-$(etcd_bin_dir)/etcd} ]]
 	;;
 build)
-	kcm=""
-	[[ ${1:-} == --with-controller-manager ]] && kcm=1
-	ensure_binaries "$kcm"
+	kcm="" sched=""
+	while (($#)); do
+		case $1 in
+		--with-controller-manager) kcm=1 ;;
+		--with-scheduler) sched=1 ;;
+		*) die "unknown build option: $1" ;;
+		esac
+		shift
+	done
+	ensure_binaries "$kcm" "$sched"
 	printf '%s\n' "$APISERVER" "$ETCD"
 	[[ -z $kcm ]] || echo "$KCM"
+	[[ -z $sched ]] || echo "$SCHEDULER"
 	;;
 start)
 	do_start "$@"
