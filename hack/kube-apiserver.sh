@@ -2,14 +2,19 @@
 # kube-apiserver.sh - run a REAL kube-apiserver + etcd on loopback for integration tests
 # (the project's copy of the proven recipe; internal/kubetest drives it from TestMain).
 #
-# No kubelet, no scheduler; controllers only on request (see --with-controller-manager).
+# No kubelet; controllers only on request (see --with-controller-manager); the
+# scheduler is only built here (--with-scheduler): tests start it themselves
+# with a profile of their own (internal/kubetest StartScheduler).
 # Binaries are built from the published Go modules k8s.io/kubernetes and
 # go.etcd.io/etcd/server/v3 through the Go module proxy (the only thing needed
 # from the network), once, and cached; later starts need no network at all.
 #
 # Usage:
-#   kube-apiserver.sh build [--with-controller-manager]
-#         Build (or reuse cached) binaries. Prints their paths, one per line.
+#   kube-apiserver.sh build [--with-controller-manager] [--with-scheduler]
+#         Build (or reuse cached) binaries: kube-apiserver, etcd, and on request
+#         kube-controller-manager and kube-scheduler, all from the same
+#         k8s.io/kubernetes module and version. Prints their paths, one per line,
+#         in that order.
 #   kube-apiserver.sh cached
 #         Exit 0 when kube-apiserver and etcd are built (start will not build).
 #   kube-apiserver.sh start [-k|--kubeconfig FILE] [-d|--dir DIR] [--owner-pid PID]
@@ -31,8 +36,8 @@
 #   KUBE_TEST_CACHE_DIR    binary cache (default ${XDG_CACHE_HOME:-$HOME/.cache}/kube-test-apiserver)
 #   KUBE_TEST_K8S_VERSION  k8s.io/kubernetes module version   (default v1.37.2)
 #   KUBE_TEST_ETCD_VERSION go.etcd.io/etcd/server/v3 version   (default v3.7.3)
-#   KUBE_TEST_APISERVER_BIN, KUBE_TEST_ETCD_BIN, KUBE_TEST_KCM_BIN
-#                          use these binaries instead of building
+#   KUBE_TEST_APISERVER_BIN, KUBE_TEST_ETCD_BIN, KUBE_TEST_KCM_BIN,
+#   KUBE_TEST_SCHEDULER_BIN  use these binaries instead of building
 #   (No ETCD_* names on purpose: etcd reads every ETCD_<FLAG> variable as a
 #   flag, e.g. ETCD_VERSION=x acts as --version. They are removed from etcd's
 #   environment.)
