@@ -247,9 +247,21 @@ mig-configs:
 	}
 	kl.PrepareClaims(t, bound)
 
+	// A pod for the default scheduler: not this scheduler's to place.
+	other, err := c.CoreV1().Pods(work).Create(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "other"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: kubetest.PodContainer, Image: "registry.k8s.io/pause:3.10"}}}},
+		metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	// A 3g.71gb claim: no such device is announced.
 	big := profileClaimPod(t, c, work, "big", "3g.71gb")
 	waitUnschedulable(t, c, big, 5*time.Second)
+	if p, err := c.CoreV1().Pods(work).Get(context.Background(), other.Name, metav1.GetOptions{}); err != nil ||
+		p.Spec.NodeName != "" || len(p.Status.Conditions) != 0 {
+		t.Fatalf("the test scheduler touched a default-scheduler pod: node %q conditions %v (%v)", p.Spec.NodeName, p.Status.Conditions, err)
+	}
 
 	// The agent makes GPU 1 two 3g.71gb devices and restarts the plugin;
 	// the scheduler then allocates the waiting claim.

@@ -55,8 +55,8 @@ func kubeBinary(t testing.TB, option string) string {
 	if err != nil {
 		t.Fatalf("%s build %s: %v", Script, option, err)
 	}
-	lines := strings.Fields(strings.TrimSpace(string(out)))
-	if len(lines) == 0 {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if lines[len(lines)-1] == "" {
 		t.Fatalf("%s build %s printed no path", Script, option)
 	}
 	return lines[len(lines)-1]
@@ -82,7 +82,9 @@ func StartScheduler(t testing.TB) {
 // StartControllers runs a kube-controller-manager of its own with only
 // these controllers (e.g. "resourceclaim-controller") against the test's
 // API server until the test ends; the one Main started keeps running
-// Controllers.
+// Controllers. They act on the whole server, so the package's other
+// tests must not run beside that test (none of the packages here runs
+// tests in parallel).
 func StartControllers(t testing.TB, controllers string) {
 	t.Helper()
 	skipIfDisabled(t)
