@@ -2,14 +2,19 @@
 # kube-apiserver.sh - run a REAL kube-apiserver + etcd on loopback for integration tests
 # (the project's copy of the proven recipe; internal/kubetest drives it from TestMain).
 #
-# No kubelet, no scheduler; controllers only on request (see --with-controller-manager).
+# No kubelet; controllers only on request (see --with-controller-manager); the
+# scheduler is only built here (--with-scheduler): tests start it themselves
+# with a profile of their own (internal/kubetest StartScheduler).
 # Binaries are built from the published Go modules k8s.io/kubernetes and
 # go.etcd.io/etcd/server/v3 through the Go module proxy (the only thing needed
 # from the network), once, and cached; later starts need no network at all.
 #
 # Usage:
-#   kube-apiserver.sh build [--with-controller-manager]
-#         Build (or reuse cached) binaries. Prints their paths, one per line.
+#   kube-apiserver.sh build [--with-controller-manager] [--with-scheduler]
+#         Build (or reuse cached) binaries: kube-apiserver, etcd, and on request
+#         kube-controller-manager and kube-scheduler, all from the same
+#         k8s.io/kubernetes module and version. Prints their paths, one per line,
+#         in that order.
 #   kube-apiserver.sh cached
 #         Exit 0 when kube-apiserver and etcd are built (start will not build).
 #   kube-apiserver.sh start [-k|--kubeconfig FILE] [-d|--dir DIR] [--owner-pid PID]
@@ -31,8 +36,8 @@
 #   KUBE_TEST_CACHE_DIR    binary cache (default ${XDG_CACHE_HOME:-$HOME/.cache}/kube-test-apiserver)
 #   KUBE_TEST_K8S_VERSION  k8s.io/kubernetes module version   (default v1.37.2)
 #   KUBE_TEST_ETCD_VERSION go.etcd.io/etcd/server/v3 version   (default v3.7.3)
-#   KUBE_TEST_APISERVER_BIN, KUBE_TEST_ETCD_BIN, KUBE_TEST_KCM_BIN
-#                          use these binaries instead of building
+#   KUBE_TEST_APISERVER_BIN, KUBE_TEST_ETCD_BIN, KUBE_TEST_KCM_BIN,
+#   KUBE_TEST_SCHEDULER_BIN  use these binaries instead of building
 #   (No ETCD_* names on purpose: etcd reads every ETCD_<FLAG> variable as a
 #   flag, e.g. ETCD_VERSION=x acts as --version. They are removed from etcd's
 #   environment.)
@@ -161,15 +166,18 @@ EOF
 	log "built $bindir/etcd in $((SECONDS - t0))s"
 }
 
-# ensure_binaries [with_kcm]: sets APISERVER, ETCD (and KCM) to usable binaries.
+# ensure_binaries [with_kcm [with_sched]]: sets APISERVER, ETCD (and KCM,
+# SCHEDULER) to usable binaries.
 ensure_binaries() {
-	local with_kcm=${1:-} cmds=()
+	local with_kcm=${1:-} with_sched=${2:-} cmds=()
 	APISERVER=${KUBE_TEST_APISERVER_BIN:-$(kube_bin_dir)/kube-apiserver}
 	ETCD=${KUBE_TEST_ETCD_BIN:-$(etcd_bin_dir)/etcd}
 	KCM=${KUBE_TEST_KCM_BIN:-$(kube_bin_dir)/kube-controller-manager}
+	SCHEDULER=${KUBE_TEST_SCHEDULER_BIN:-$(kube_bin_dir)/kube-scheduler}
 	[[ -n ${KUBE_TEST_APISERVER_BIN:-} || -x $APISERVER ]] || cmds+=(kube-apiserver)
 	[[ -z $with_kcm || -n ${KUBE_TEST_KCM_BIN:-} || -x $KCM ]] || cmds+=(kube-controller-manager)
-	if [[ ! -x $APISERVER || ! -x $ETCD || (-n $with_kcm && ! -x $KCM) ]]; then
+	[[ -z $with_sched || -n ${KUBE_TEST_SCHEDULER_BIN:-} || -x $SCHEDULER ]] || cmds+=(kube-scheduler)
+	if [[ ! -x $APISERVER || ! -x $ETCD || (-n $with_kcm && ! -x $KCM) || (-n $with_sched && ! -x $SCHEDULER) ]]; then
 		mkdir -p "$CACHE_DIR"
 		# One builder at a time (parallel test jobs may all call start).
 		exec 9>"$CACHE_DIR/.build.lock"
@@ -181,6 +189,7 @@ ensure_binaries() {
 	[[ -x $APISERVER ]] || die "no kube-apiserver at $APISERVER"
 	[[ -x $ETCD ]] || die "no etcd at $ETCD"
 	[[ -z $with_kcm || -x $KCM ]] || die "no kube-controller-manager at $KCM"
+	[[ -z $with_sched || -x $SCHEDULER ]] || die "no kube-scheduler at $SCHEDULER"
 }
 
 # ---------------------------------------------------------------- running --
@@ -443,11 +452,19 @@ cached)
 	[[ -x ${KUBE_TEST_APISERVER_BIN:-$(kube_bin_dir)/kube-apiserver} && -x ${KUBE_TEST_ETCD_BIN:-$(etcd_bin_dir)/etcd} ]]
 	;;
 build)
-	kcm=""
-	[[ ${1:-} == --with-controller-manager ]] && kcm=1
-	ensure_binaries "$kcm"
+	kcm="" sched=""
+	while (($#)); do
+		case $1 in
+		--with-controller-manager) kcm=1 ;;
+		--with-scheduler) sched=1 ;;
+		*) die "unknown build option: $1" ;;
+		esac
+		shift
+	done
+	ensure_binaries "$kcm" "$sched"
 	printf '%s\n' "$APISERVER" "$ETCD"
 	[[ -z $kcm ]] || echo "$KCM"
+	[[ -z $sched ]] || echo "$SCHEDULER"
 	;;
 start)
 	do_start "$@"

@@ -2,9 +2,11 @@
 // kube-apiserver backed by a real etcd, both started on loopback by
 // hack/kube-apiserver.sh (built once from the Go module proxy and cached in
 // ~/.cache/kube-test-apiserver), with kube-controller-manager running the
-// DaemonSet controller. There is no kubelet or scheduler: tests play the
-// kubelet with Kubelet (PodResources over its real gRPC protocol, pod status,
-// finishing evicted pods) and NVIDIA's device plugin with DevicePlugin.
+// DaemonSet controller. There is no kubelet: tests play the kubelet with
+// Kubelet (PodResources over its real gRPC protocol, pod status, finishing
+// evicted pods) and NVIDIA's device plugin with DevicePlugin. The real
+// kube-scheduler runs only for a test that starts it (StartScheduler), and
+// schedules only pods naming its profile (SchedulerName).
 //
 // A package uses it from TestMain:
 //
