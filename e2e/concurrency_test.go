@@ -227,7 +227,7 @@ func TestConcurrencySlotHeldThroughReboot(t *testing.T) {
 		node := kubetest.NewName(t, fmt.Sprintf("n%d", i))
 		kubetest.CreateNode(t, node, nil)
 		opts[i] = (&Opts{Node: node, Sim: "a100-40gbx2", Namespace: ns,
-			Extra: []string{"--sim-no-reset", "--max-concurrent", "1", "--slotLease-duration", "5s"}}).Fill(t)
+			Extra: []string{"--sim-no-reset", "--max-concurrent", "1", "--lease-duration", "5s"}}).Fill(t)
 	}
 	first, second := opts[0], opts[1]
 	a := StartAgent(t, first)

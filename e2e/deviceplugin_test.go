@@ -79,9 +79,11 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	o := (&Opts{Node: node, Sim: "h200x2"}).Fill(t)
 	dp := kubetest.StartDevicePlugin(t, c, node, ns, "mixed", pluginReader(t, o))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run", dp.Running)
-	if got := allocatable(t, c, node); !sameCounts(got, map[string]int64{"nvidia.com/gpu": 2}) {
-		t.Fatalf("allocatable before = %v", got)
-	}
+	// The kubelet writes the plugin's devices into the Node's status on its
+	// own schedule, not with the pod's: wait for them as a user would.
+	WaitFor(t, 30*time.Second, "the Node's allocatable to show the whole GPUs", func() bool {
+		return sameCounts(allocatable(t, c, node), map[string]int64{"nvidia.com/gpu": 2})
+	})
 	// The GPU Operator's validator runs on the node: NVIDIA's MIG manager
 	// restarts it after a change (restartValidatorPod); so does the agent.
 	validator := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nvidia-operator-validator-x",
