@@ -43,10 +43,26 @@ func agentFlags(t *testing.T) (names map[string]bool, defaults map[string]string
 		}
 	}
 	decl := regexp.MustCompile(`fs\.(\w+)\("([a-z0-9-]+)",\s*([^,]+),`)
+	// The settings table: {"name", "short", default, "usage", field}.
+	entry := regexp.MustCompile(`\{"([a-z0-9-]+)",\s*"[a-z]?",\s*([^,]+),\s*"`)
 	dur := regexp.MustCompile(`^(?:(\d+)\s*\*\s*)?time\.(Hour|Minute|Second|Millisecond)$`)
 	units := map[string]time.Duration{"Hour": time.Hour, "Minute": time.Minute, "Second": time.Second, "Millisecond": time.Millisecond}
 	defaults = map[string]string{}
-	for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
+	var found [][]string
+	found = append(found, decl.FindAllStringSubmatch(string(src), -1)...)
+	for _, m := range entry.FindAllStringSubmatch(string(src), -1) {
+		kind, def := "", strings.TrimSpace(m[2])
+		switch {
+		case dur.MatchString(def):
+			kind = "Duration"
+		case regexp.MustCompile(`^[0-9]+$`).MatchString(def):
+			kind = "Int"
+		case strings.HasPrefix(def, `"`):
+			kind, def = "String", strings.Trim(def, `"`)
+		}
+		found = append(found, []string{m[0], kind, m[1], def})
+	}
+	for _, m := range found {
 		kind, name, def := m[1], m[2], strings.TrimSpace(m[3])
 		names[name] = true
 		switch kind {
@@ -60,7 +76,7 @@ func agentFlags(t *testing.T) (names map[string]bool, defaults map[string]string
 				n, _ = strconv.Atoi(d[1])
 			}
 			defaults[name] = shortDuration(time.Duration(n) * units[d[2]])
-		case "Int":
+		case "Int", "String":
 			defaults[name] = def
 		}
 	}
@@ -164,4 +180,4 @@ func TestStuckPendingText(t *testing.T) {
 
 // agentReasonFile gives the reason of a change whose resources did not
 // show.
-const agentReasonFile = "../../agent/attempt.go"
+const agentReasonFile = "../../reconcile/attempt.go"
