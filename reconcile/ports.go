@@ -61,7 +61,7 @@ type Request struct {
 // Cluster is the Kubernetes side of the daemon behind one interface: the
 // watch of its Node, the state label and change records on the Node,
 // Events, the ConfigMap of generated configs and the API server's health.
-// kube.Cluster implements it over client-go; Standalone is the daemon
+// kube.Cluster implements it over client-go; standalone.Standalone is the daemon
 // without Kubernetes, which has no Node (node nil throughout the core).
 type Cluster interface {
 	// Watch follows the Node until ctx ends or Stop.

@@ -29,6 +29,7 @@ import (
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/settings"
+	"github.com/migagent/mig-agent/standalone"
 	"github.com/migagent/mig-agent/systemd"
 )
 
@@ -88,7 +89,7 @@ func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err
 	d := &reconcile.Daemon{
 		S: s, Log: log, Notify: notifier, Metrics: m, Journal: jnl, File: file,
 		Clock: clock.RealClock{}, Version: version, BootID: bootID,
-		Cluster: &reconcile.Standalone{Config: s.SelectedConfig, Log: log},
+		Cluster: &standalone.Standalone{Config: s.SelectedConfig, Log: log},
 	}
 	if s.Standalone {
 		// The hooks run around standalone changes only, as around

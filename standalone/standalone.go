@@ -1,9 +1,15 @@
-package reconcile
+// Package standalone is the Cluster of a daemon without Kubernetes
+// (mig-agent run --standalone): the desired config is --selected-config,
+// records go to the log, and there is no Node, no Event, no ConfigMap and
+// no API server. It may import reconcile (the interface it implements) and
+// record.
+package standalone
 
 import (
 	"context"
 	"log/slog"
 
+	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -15,20 +21,20 @@ type Standalone struct {
 	Log    *slog.Logger
 }
 
-var _ Cluster = (*Standalone)(nil)
+var _ reconcile.Cluster = (*Standalone)(nil)
 
 // Watch implements Cluster: nothing to watch.
-func (s *Standalone) Watch(context.Context, WatchHandlers) (*NodeWatch, error) {
-	return &NodeWatch{Node: func() (*Node, bool) { return nil, true }, Stop: func() {}}, nil
+func (s *Standalone) Watch(context.Context, reconcile.WatchHandlers) (*reconcile.NodeWatch, error) {
+	return &reconcile.NodeWatch{Node: func() (*reconcile.Node, bool) { return nil, true }, Stop: func() {}}, nil
 }
 
 // Desired implements Cluster: the selected config.
-func (s *Standalone) Desired(*Node) Request {
-	return Request{Config: s.Config, By: record.RequesterStandalone, Source: record.RequesterSourceStandalone, Asked: s.Config != ""}
+func (s *Standalone) Desired(*reconcile.Node) reconcile.Request {
+	return reconcile.Request{Config: s.Config, By: record.RequesterStandalone, Source: record.RequesterSourceStandalone, Asked: s.Config != ""}
 }
 
 // GetNode implements Cluster: there is no Node.
-func (s *Standalone) GetNode(context.Context) (*Node, error) { return nil, nil }
+func (s *Standalone) GetNode(context.Context) (*reconcile.Node, error) { return nil, nil }
 
 // SetState implements Cluster: the state is in the metrics only.
 func (s *Standalone) SetState(context.Context, string) error { return nil }
@@ -41,7 +47,9 @@ func (s *Standalone) Record(_ context.Context, rec record.ChangeRecord, _ string
 }
 
 // Event implements Cluster: no Events without an API server.
-func (s *Standalone) Event(context.Context, *Node, string, string, string) error { return nil }
+func (s *Standalone) Event(context.Context, *reconcile.Node, string, string, string) error {
+	return nil
+}
 
 // PublishConfigs implements Cluster: no ConfigMap.
 func (s *Standalone) PublishConfigs(context.Context, string) error { return nil }
