@@ -31,6 +31,9 @@ type Disruptor struct {
 	S      *settings.Settings
 	// OperandWait bounds the wait for paused operand pods to leave.
 	OperandWait time.Duration
+	// ReadNode reads the Node (nil: a GET); the agent passes the watch's
+	// cache (Cluster.CachedNode), which already holds its allocatable.
+	ReadNode func(ctx context.Context) (*corev1.Node, error)
 
 	// path is what ServedBy found last (record.ServedBy*).
 	path string

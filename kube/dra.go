@@ -37,7 +37,13 @@ const DRAPollInterval = time.Second
 // the Node's allocatable has an nvidia.com/ resource; both at once is a
 // conflict. No DRA API, or no right to read it, counts as no DRA.
 func (k *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err error) {
-	node, err := k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+	read := k.ReadNode
+	if read == nil {
+		read = func(ctx context.Context) (*corev1.Node, error) {
+			return k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+		}
+	}
+	node, err := read(ctx)
 	if err != nil {
 		return "", "", fmt.Errorf("reading node %s: %w", k.Node, err)
 	}

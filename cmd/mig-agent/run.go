@@ -189,7 +189,8 @@ func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err
 		cluster := &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
 			Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
 		d.Cluster = cluster
-		d.Disrupt = &kube.Disruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute}
+		d.Disrupt = &kube.Disruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute,
+			ReadNode: cluster.CachedNode}
 		// The GPU Operator's ClusterPolicy is a custom resource: read it
 		// as JSON into unstructured objects (no operator types in the agent).
 		d.Others = &kube.Others{Client: client, Policies: kube.RESTClusterPolicies(client), Node: s.NodeName,
