@@ -49,6 +49,12 @@
 #   KUBE_TEST_ETCD_ARGS       extra etcd flags (split on whitespace)
 #   KUBE_TEST_READY_TIMEOUT   seconds to wait for /readyz (default 120)
 #   KUBE_TEST_KEEP_DIR=1   keep the state dir (logs) on stop
+#   KUBE_TEST_AUDIT        what the API server's audit log (DIR/audit.log, JSON lines,
+#                          level Metadata, stage ResponseComplete) records:
+#                          leases (default: every Lease request outside kube-system
+#                          and kube-node-lease, so tests and the fleet bench count the
+#                          agents' Lease requests by name and verb), all (every request
+#                          outside those namespaces), none
 #   GOMODCACHE / GOCACHE / GOPROXY / GOTOOLCHAIN are used as the go command sees them.
 #
 # Requires: bash, go (>= the go line of k8s.io/kubernetes, 1.26 for v1.37), curl,
@@ -268,6 +274,34 @@ show_log() {
 	fi
 }
 
+# audit_policy DIR ARRAY: writes DIR/audit-policy.yaml for KUBE_TEST_AUDIT and
+# appends the audit flags to the array named ARRAY.
+audit_policy() {
+	local dir=$1 what=${KUBE_TEST_AUDIT:-leases} match
+	local -n flags=$2
+	case $what in
+	none) return 0 ;;
+	leases) match='    resources: [{group: coordination.k8s.io, resources: [leases]}]' ;;
+	all) match='' ;;
+	*) die "KUBE_TEST_AUDIT=$what: want leases, all or none" ;;
+	esac
+	cat >"$dir/audit-policy.yaml" <<POLICY
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    namespaces: [kube-system, kube-node-lease]
+  - level: Metadata
+$match
+  - level: None
+POLICY
+	# An empty match line would leave a rule with no selector: every request.
+	sed -i '/^$/d' "$dir/audit-policy.yaml"
+	flags+=(--audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log"
+		--audit-log-format json --audit-log-maxbackup 1 --audit-log-maxsize 512)
+}
+
 # start_servers DIR: one attempt with fresh ports. Returns 2 when a port was taken.
 start_servers() {
 	local dir=$1 t0 extra_etcd=() extra_api=()
@@ -276,6 +310,7 @@ start_servers() {
 	pick_port API_PORT
 	read -r -a extra_etcd <<<"${KUBE_TEST_ETCD_ARGS:-}"
 	read -r -a extra_api <<<"${KUBE_TEST_APISERVER_ARGS:-}"
+	audit_policy "$dir" extra_api
 	: >"$dir/etcd.log"
 	: >"$dir/kube-apiserver.log"
 	t0=$(date +%s%N)

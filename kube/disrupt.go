@@ -37,6 +37,10 @@ type Disruptor struct {
 
 	// path is what ServedBy found last (record.ServedBy*).
 	path string
+	// restarted: RestartDevicePlugins restarted a pod since the last
+	// WaitResources, so a new plugin pod is on its way (readSharing waits
+	// briefly for it).
+	restarted bool
 }
 
 var _ reconcile.Disruptor = (*Disruptor)(nil)
@@ -131,7 +135,11 @@ func (k *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
 
 // RestartDevicePlugins implements reconcile.Disruptor.
 func (k *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]string, error) {
-	return drain.RestartDevicePlugins(ctx, k.Client, k.Log, pods)
+	restarted, err := drain.RestartDevicePlugins(ctx, k.Client, k.Log, pods)
+	if len(restarted) > 0 {
+		k.restarted = true
+	}
+	return restarted, err
 }
 
 // WaitResources implements reconcile.Disruptor. On the DRA path (as
@@ -148,7 +156,8 @@ func (k *Disruptor) WaitResources(ctx context.Context, strategy string, n *gpus.
 	if err != nil {
 		return false, false, err
 	}
-	sharing := k.readSharing(ctx)
+	sharing := k.readSharing(ctx, k.restarted)
+	k.restarted = false
 	ok, err = drain.WaitAdvertised(ctx, k.Client, k.Node, want, sharing, timeout)
 	return true, ok, err
 }
@@ -162,9 +171,11 @@ const (
 
 // readSharing reads the device plugin's sharing config (drain.ReadSharing);
 // nil where it cannot be known, so that the plugin's documented forms are
-// accepted. No plugin pod at all is retried briefly: the restart may have
-// removed the old pod before the new one exists.
-func (k *Disruptor) readSharing(ctx context.Context) *drain.Sharing {
+// accepted. When this change restarted plugin pods (restarted), no plugin
+// pod at all is retried briefly: the restart removed the old pod, and its
+// DaemonSet has not made the new one yet. A node that had no plugin pod
+// before the change has none to wait for.
+func (k *Disruptor) readSharing(ctx context.Context, restarted bool) *drain.Sharing {
 	var err error
 	for try := 0; try < sharingReadTries; try++ {
 		var s *drain.Sharing
@@ -173,7 +184,7 @@ func (k *Disruptor) readSharing(ctx context.Context) *drain.Sharing {
 			k.Log.Debug("device plugin sharing config", "source", s.Source)
 			return s
 		}
-		if !errors.Is(err, drain.ErrNoPluginPod) {
+		if !restarted || !errors.Is(err, drain.ErrNoPluginPod) {
 			break
 		}
 		select {

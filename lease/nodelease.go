@@ -68,6 +68,11 @@ type NodeLease struct {
 	renewed time.Time
 	// lost says why the node is no longer this agent's (nil while it is).
 	lost error
+	// cache is Keep's watch of the Lease (nil before it started): Confirm
+	// reads it instead of the API server while it shows this agent's own
+	// last write.
+	cache  cache.Store
+	synced func() bool
 }
 
 // NodeLeaseDuration is how long an unrenewed node Lease keeps another
@@ -288,11 +293,16 @@ func (l *NodeLease) othersLive(cur *coordinationv1.Lease, holder string) error {
 }
 
 // Confirm says whether this agent still holds its node, before a
-// GPU-mutating step: a read of the Lease (one request). A deleted Lease is
-// taken again; one held by another identity, or known lost, is an error. A
-// read that fails is no loss while the last renewal is within the lease
-// duration (no other agent can have judged it expired yet). An agent that
-// may not use Leases (older RBAC) confirms nothing.
+// GPU-mutating step. While Keep's watch of the Lease shows exactly this
+// agent's last write, renewed within half the lease duration, that is the
+// answer and no request is sent: another agent takes a Lease only after it
+// saw it unchanged for the whole duration (othersLive), and a deletion or
+// another writer reaches the watch and makes the copy differ. Otherwise it
+// reads the Lease (one request). A deleted Lease is taken again; one held
+// by another identity, or known lost, is an error. A read that fails is no
+// loss while the last renewal is within the lease duration (no other agent
+// can have judged it expired yet). An agent that may not use Leases (older
+// RBAC) confirms nothing.
 func (l *NodeLease) Confirm(ctx context.Context) error {
 	l.mu.Lock()
 	forbidden, lost, renewed := l.forbidden, l.lost, l.renewed
@@ -302,6 +312,9 @@ func (l *NodeLease) Confirm(ctx context.Context) error {
 	}
 	if lost != nil {
 		return lost
+	}
+	if l.confirmedByWatch() {
+		return nil
 	}
 	name := NodeLeaseName(l.Node)
 	cur, err := l.Client.CoordinationV1().Leases(l.Namespace).Get(ctx, name, metav1.GetOptions{})
@@ -332,6 +345,24 @@ func (l *NodeLease) Confirm(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// confirmedByWatch: the watch's copy of the Lease is this agent's last
+// write (same resourceVersion, this identity), and that write is less than
+// half the lease duration old.
+func (l *NodeLease) confirmedByWatch() bool {
+	l.mu.Lock()
+	store, synced, last, renewed := l.cache, l.synced, l.last, l.renewed
+	l.mu.Unlock()
+	if store == nil || synced == nil || !synced() || last == nil || renewed.IsZero() || l.Clock.Since(renewed) >= l.duration()/2 {
+		return false
+	}
+	obj, ok, err := store.GetByKey(l.Namespace + "/" + NodeLeaseName(l.Node))
+	if err != nil || !ok {
+		return false
+	}
+	cur, ok := obj.(*coordinationv1.Lease)
+	return ok && cur.ResourceVersion == last.ResourceVersion && ptr.Deref(cur.Spec.HolderIdentity, "") == l.Identity
 }
 
 // Keep renews the Lease every quarter to third of its duration (at random)
@@ -422,7 +453,15 @@ func (l *NodeLease) watch(ctx context.Context, poked chan<- struct{}) error {
 	}); err != nil {
 		return err
 	}
-	go inf.RunWithContext(ctx)
+	l.mu.Lock()
+	l.cache, l.synced = inf.GetStore(), inf.HasSynced
+	l.mu.Unlock()
+	go func() {
+		inf.RunWithContext(ctx)
+		l.mu.Lock()
+		l.cache, l.synced = nil, nil // stopped: Confirm reads the API server
+		l.mu.Unlock()
+	}()
 	return nil
 }
 

@@ -661,6 +661,21 @@ func (h *slotHold) Release() {
 		return
 	}
 	leases := s.Client.CoordinationV1().Leases(s.Namespace)
+	// One write, from the Lease as this holder last wrote it; only when
+	// someone wrote it since (a conflict) is it read first.
+	h.mu.Lock()
+	last := h.last.DeepCopy()
+	h.mu.Unlock()
+	last.Spec.HolderIdentity = ptr.To("")
+	_, err := leases.Update(h.ctx, last, metav1.UpdateOptions{})
+	if err == nil {
+		s.Log.Info("released rollout slot", "lease", h.name)
+		return
+	}
+	if !apierrors.IsConflict(err) {
+		s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", h.name, "err", err)
+		return
+	}
 	l, err := leases.Get(h.ctx, h.name, metav1.GetOptions{})
 	if err != nil {
 		s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", h.name, "err", err)

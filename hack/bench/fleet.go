@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -66,8 +68,19 @@ type fleetRun struct {
 	RolloutRequests       float64 `json:"rolloutRequests"`
 	RolloutRequestsPerSec float64 `json:"rolloutRequestsPerSec"`
 	LeaseConflicts        float64 `json:"leaseConflicts"`
-	IdleRequestsPerSec    float64 `json:"idleRequestsPerSec"`
-	IdleWindowSeconds     float64 `json:"idleWindowSeconds"`
+	// From the API server's audit log (KUBE_TEST_AUDIT=all), the agents'
+	// own requests in the rollout (user agent mig-agent/…), by name: the
+	// rollout slots' Lease requests per node (the hand-off's cost: ≤ 3 is
+	// the target), the node Leases', their 409s, and every request by
+	// "verb resource[/subresource]".
+	SlotLeaseRequestsPerNode float64        `json:"slotLeaseRequestsPerNode"`
+	NodeLeaseRequestsPerNode float64        `json:"nodeLeaseRequestsPerNode"`
+	AgentRequestsPerNode     float64        `json:"agentRequestsPerNode"`
+	AgentLeaseConflicts      int            `json:"agentLeaseConflicts"`
+	ConflictShare            float64        `json:"conflictShare"` // agentLeaseConflicts / agent requests in the rollout
+	AgentRequests            map[string]int `json:"agentRequests,omitempty"`
+	IdleRequestsPerSec       float64        `json:"idleRequestsPerSec"`
+	IdleWindowSeconds        float64        `json:"idleWindowSeconds"`
 	// After an API server outage of OutageSeconds (run only where set):
 	// requests in the first 10 s once /readyz said ok.
 	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
@@ -87,6 +100,8 @@ type fleetOptions struct {
 	config      string
 	leaseDur    time.Duration
 	startStride time.Duration
+	logDir      string // each agent's log is written there after its run
+	logLevel    string
 }
 
 // countingTransport counts the bench's own requests, so that they are
@@ -218,6 +233,12 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 			go func() { defer wg.Done(); p.stop() }()
 		}
 		wg.Wait()
+		if f.o.logDir != "" {
+			_ = os.MkdirAll(f.o.logDir, 0o755)
+			for i, p := range procs {
+				_ = os.WriteFile(filepath.Join(f.o.logDir, names[i]+".log"), []byte(p.output()), 0o644)
+			}
+		}
 		_ = os.RemoveAll(dir)
 	}()
 	start := time.Now()
@@ -225,7 +246,7 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 		args := []string{"run", "--node-name", node, "--kubeconfig", f.api.kubeconfig, "--namespace", ns,
 			"--nvml", "sim:h200x8", "--sim-state", filepath.Join(dir, node, "sim.json"), "--state-dir", filepath.Join(dir, node, "state"),
 			"--metrics-address", "", "--reboot-method", "none", "--pod-resources-socket", filepath.Join(dir, "no-kubelet.sock"),
-			"--max-concurrent", strconv.Itoa(n), "--lease-duration", f.o.leaseDur.String(), "--log-level", "warn"}
+			"--max-concurrent", strconv.Itoa(n), "--lease-duration", f.o.leaseDur.String(), "--log-level", f.o.logLevel}
 		p, err := startProc(f.agentBin, args...)
 		if err != nil {
 			return nil, err
@@ -293,6 +314,9 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 		return r, err
 	}
 	r.RolloutSeconds, r.RolloutRequests, r.LeaseConflicts = took.Seconds(), reqs, conflicts
+	if err := f.auditRollout(r, k, time.Now().Add(-took)); err != nil {
+		return r, err
+	}
 	r.RolloutRequestsPerSec = reqs / took.Seconds()
 	var spans []float64
 	for _, rec := range recs {
@@ -343,6 +367,52 @@ func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun,
 		}
 	}
 	return r, nil
+}
+
+// auditRollout reads the agents' requests since from from the API server's
+// audit log into r.
+func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time) error {
+	time.Sleep(500 * time.Millisecond) // the last responses' events are written
+	evs, err := kubetest.ReadAudit(kubetest.AuditLogPath(f.api.dir), from.Add(-time.Second), time.Time{}, kubetest.AuditByUserAgent("mig-agent/"))
+	if err != nil {
+		return err
+	}
+	r.AgentRequests = map[string]int{}
+	var slot, node int
+	for _, e := range evs {
+		key := e.Verb + " " + e.Resource()
+		r.AgentRequests[key]++
+		if e.Resource() != "leases" {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(e.Name(), "mig-agent-slot-"):
+			slot++
+		case strings.HasPrefix(e.Name(), "mig-agent-node-"):
+			node++
+		}
+		if e.Code() == 409 {
+			r.AgentLeaseConflicts++
+		}
+	}
+	r.SlotLeaseRequestsPerNode = float64(slot) / float64(k)
+	r.NodeLeaseRequestsPerNode = float64(node) / float64(k)
+	r.AgentRequestsPerNode = float64(len(evs)) / float64(k)
+	if len(evs) > 0 {
+		r.ConflictShare = float64(r.AgentLeaseConflicts) / float64(len(evs))
+	}
+	keys := make([]string, 0, len(r.AgentRequests))
+	for key := range r.AgentRequests {
+		keys = append(keys, key)
+	}
+	sort.Slice(keys, func(i, j int) bool { return r.AgentRequests[keys[i]] > r.AgentRequests[keys[j]] })
+	var parts []string
+	for _, key := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.1f", key, float64(r.AgentRequests[key])/float64(k)))
+	}
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: the agents' requests per node, from the audit log: %.1f (slot Leases %.2f, node Leases %.2f, %d lease 409s = %.1f%%): %s\n",
+		k, r.MaxConcurrent, r.AgentRequestsPerNode, r.SlotLeaseRequestsPerNode, r.NodeLeaseRequestsPerNode, r.AgentLeaseConflicts, 100*r.ConflictShare, strings.Join(parts, ", "))
+	return nil
 }
 
 func (f *fleetBench) label(ctx context.Context, node string) error {

@@ -81,6 +81,8 @@ type options struct {
 	idle               time.Duration
 	strict             bool
 	fleet              bool
+	fleetLogDir        string
+	fleetLogLevel      string
 	fleetK, fleetN     string
 	fleetIdle          time.Duration
 	fleetOutage        time.Duration
@@ -104,6 +106,8 @@ func main() {
 	flag.DurationVar(&o.fleetOutage, "fleet-outage", 30*time.Second, "fleet bench: API server outage after the last N of each K (0: none)")
 	flag.BoolVar(&o.fleetOutageAll, "fleet-outage-every-run", false, "fleet bench: an outage after every run, not only after the last N of each K")
 	flag.DurationVar(&o.fleetStride, "fleet-start-stride", 50*time.Millisecond, "fleet bench: pause between agent starts")
+	flag.StringVar(&o.fleetLogDir, "fleet-log-dir", "", "fleet bench: write each agent's log to DIR/<node>.log")
+	flag.StringVar(&o.fleetLogLevel, "fleet-log-level", "warn", "fleet bench: the agents' --log-level")
 	flag.Parse()
 	if o.fleet {
 		if err := fleetMain(context.Background(), o, os.Stdout); err != nil {
@@ -318,7 +322,7 @@ func fleetMain(ctx context.Context, o options, w io.Writer) error {
 	if _, err := os.Stat(agentBin); err != nil {
 		return fmt.Errorf("the agent binary: %w (run make build)", err)
 	}
-	fo := fleetOptions{idle: o.fleetIdle, outage: o.fleetOutage, outageAll: o.fleetOutageAll, config: "all-balanced",
+	fo := fleetOptions{logDir: o.fleetLogDir, logLevel: o.fleetLogLevel, idle: o.fleetIdle, outage: o.fleetOutage, outageAll: o.fleetOutageAll, config: "all-balanced",
 		leaseDur: time.Minute, startStride: o.fleetStride}
 	if fo.ks, err = parseInts(o.fleetK); err != nil {
 		return err
@@ -332,6 +336,11 @@ func fleetMain(ctx context.Context, o options, w io.Writer) error {
 	}
 	defer os.RemoveAll(work)
 	fmt.Fprintln(os.Stderr, "fleet-bench: starting kube-apiserver")
+	// The audit log counts the agents' requests by name (slot or node
+	// Lease) and by resource (hack/kube-apiserver.sh, KUBE_TEST_AUDIT).
+	if err := os.Setenv("KUBE_TEST_AUDIT", "all"); err != nil {
+		return err
+	}
 	api, err := startAPIServer(ctx, o.script)
 	if err != nil {
 		return err
