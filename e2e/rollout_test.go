@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -219,5 +220,31 @@ func TestFleetRolloutBounded(t *testing.T) {
 	}
 	if most < 2 {
 		t.Errorf("at most %d node disrupted at a time: the queue never filled the slots, the bound was not exercised", most)
+	}
+
+	// What the hand-off cost, as the API server's audit log names it: the
+	// agents' requests on the slot Leases (takes, releases, lost races;
+	// the watch names none) and their conflicts.
+	time.Sleep(time.Second) // the last responses are logged
+	evs, err := kubetest.ReadAudit(kubetest.AuditLog(t), start, time.Time{}, func(e kubetest.AuditEvent) bool {
+		return e.Namespace() == ns && strings.HasPrefix(e.UserAgent, "mig-agent/") && e.Resource() == "leases" &&
+			strings.HasPrefix(e.Name(), "mig-agent-slot-")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := 0
+	for _, e := range evs {
+		if e.Code() == http.StatusConflict {
+			lost++
+		}
+	}
+	perNode, share := float64(len(evs))/agents, float64(lost)/rollReq
+	t.Logf("FLEET slot Lease requests: %d (%.2f per node), %d conflicts (%.1f %% of the fleet's %v requests)", len(evs), perNode, lost, 100*share, rollReq)
+	if perNode > 3 {
+		t.Errorf("%.2f slot Lease requests per node in the rollout; want at most 3 (a take, a release, and few lost races)", perNode)
+	}
+	if share > 0.10 {
+		t.Errorf("lease conflicts are %.1f %% of the rollout's requests; want at most 10 %%", 100*share)
 	}
 }

@@ -348,7 +348,7 @@ func (l *NodeLease) Confirm(ctx context.Context) error {
 }
 
 // confirmedByWatch: the watch's copy of the Lease is this agent's last
-// write (same resourceVersion, this identity), and that write is less than
+// write (this identity, the same times and resourceVersion), and that write is less than
 // half the lease duration old.
 func (l *NodeLease) confirmedByWatch() bool {
 	l.mu.Lock()
@@ -362,7 +362,7 @@ func (l *NodeLease) confirmedByWatch() bool {
 		return false
 	}
 	cur, ok := obj.(*coordinationv1.Lease)
-	return ok && cur.ResourceVersion == last.ResourceVersion && ptr.Deref(cur.Spec.HolderIdentity, "") == l.Identity
+	return ok && ptr.Deref(cur.Spec.HolderIdentity, "") == l.Identity && leaseRecord(cur) == leaseRecord(last)
 }
 
 // Keep renews the Lease every quarter to third of its duration (at random)

@@ -152,37 +152,63 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	}
 	retries := backoff.API()
 	logged := false
-	// A pool-wide change starts every queued node at once: the first try
-	// is spread too.
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-s.Clock.After(rand.N(spread)):
-	}
 	exists := map[string]bool{} // created by another while absent from the cache
-	losses := 0                 // races lost in this Acquire: the window widens
+	hand := handOffs{window: spread, freed: map[string]time.Time{}}
+	seenFree := map[string]time.Time{} // when this node first saw each slot free
 	for {
+		now := s.Clock.Now()
+		hand.observe(store, s.Namespace, s.N, s.Holder, now)
 		free, next := s.scan(ctx, store)
+		// Every queued node sees the same slots freed at about the same
+		// moment, and tries each in an order all of them agree on (turn),
+		// counted from that moment, over a window all of them size alike
+		// from the hand-offs they all saw: the first in that order takes
+		// the slot, and the others find it taken in their caches when
+		// their turn comes, without a request. A pool-wide change starts
+		// every queued node at once: the first slots are tried in turn
+		// too. This node goes for the free slot where its turn comes
+		// first.
+		var pick *candidate
+		var wait time.Duration
+		isFree := map[string]bool{}
+		for i := range free {
+			c := &free[i]
+			isFree[c.name] = true
+			at, ok := seenFree[c.name]
+			if !ok {
+				at, seenFree[c.name] = now, now
+			}
+			if w := s.turn(*c, hand.window) - now.Sub(at); pick == nil || w < wait {
+				pick, wait = c, w
+			}
+		}
+		for name := range seenFree {
+			if !isFree[name] {
+				delete(seenFree, name)
+			}
+		}
 		trouble := false // an error or a lost race: look again after a jittered wait
-		// One try a round: a node that lost a race waits for the winner's
-		// write to reach its cache instead of trying every other slot.
-		if len(free) > 0 {
-			c := free[0]
-			got, err := s.take(ctx, c.name, c.lease, exists[c.name])
+		var turn <-chan time.Time
+		switch {
+		case pick != nil && wait > 0:
+			turn = s.Clock.After(wait)
+		case pick != nil:
+			// One try a round: a node that lost a race waits for the
+			// winner's write to reach its cache instead of trying every
+			// other slot.
+			got, err := s.take(ctx, pick.name, pick.lease, exists[pick.name])
 			switch {
 			case got != nil:
-				s.Log.Info("took rollout slot", "lease", c.name)
+				s.Log.Info("took rollout slot", "lease", pick.name)
 				return s.hold(ctx, got), nil
 			case errors.Is(err, errSlotExists):
-				exists[c.name] = true
+				exists[pick.name] = true
 				trouble = true
-				losses++
 			case err != nil:
-				s.Log.Debug("rollout slot", "lease", c.name, "err", err)
+				s.Log.Debug("rollout slot", "lease", pick.name, "err", err)
 				trouble = true
 			default:
 				trouble = true // another node won it; its write reaches the cache
-				losses++
 			}
 		}
 		if !logged {
@@ -202,48 +228,87 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-changed:
-			// Every queued node saw the same change. A slot it freed is
-			// tried in an order all of them agree on (turn): the first in
-			// it takes the slot, and the others find it taken in their
-			// caches when their turn comes, without a request.
-			wait := time.Duration(0)
-			if free, _ := s.scan(ctx, store); len(free) > 0 {
-				wait = s.turn(free[0], spread, losses)
-			}
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-s.Clock.After(wait):
-			}
+		case <-turn:
 		case <-expiry:
 		case <-retry:
 		}
 	}
 }
 
-// maxWidening bounds how far lost races widen a node's window (2^n times
-// the spread).
-const maxWidening = 4
-
 // turn is how long this node waits before trying slot c, which the cache
 // shows freed. Every queued node computes the same order from the Lease
 // data: a hash of the slot's name and resourceVersion (a new order for each
 // release: no node is always last) and the node's own name, scaled over the
-// spread. The first in that order tries at once, the next a fraction of the
-// spread later, by when the first one's write is in its cache: so a bounded
-// number try each freed slot (those whose turns fall within the time a
-// write takes to reach the caches), however long the queue. A node that
-// lost races widens its window (doubling, up to 2^maxWidening), which
-// spreads a queue too long for the spread.
-func (s *Slots) turn(c candidate, spread time.Duration, losses int) time.Duration {
+// window. The first in that order tries at once, the next a fraction of the
+// window later, by when the first one's write is in its cache: so a bounded
+// number try each freed slot, however long the queue, and the slot goes to
+// the node whose turn it is. Every queued node uses the same window
+// (handOffs), so no node's turn is pushed back by its own bad luck.
+func (s *Slots) turn(c candidate, window time.Duration) time.Duration {
 	rv := "absent"
 	if c.lease != nil {
 		rv = c.lease.ResourceVersion
 	}
 	sum := sha256.Sum256([]byte(c.name + "\x00" + rv + "\x00" + s.Holder))
 	u := float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53) // in [0, 1)
-	window := spread << min(losses, maxWidening)
 	return time.Duration(u * float64(window))
+}
+
+// The window over which queued nodes spread their turns follows the
+// hand-offs every queued node sees alike: from the moment a slot is seen
+// freed to the moment it is seen taken (the gap). The first of Q queued
+// nodes tries about window/(Q+1) after the release, and the next one as
+// much later: a gap near HandOffGap means the turns are far enough apart
+// for the first one's write to reach the others' caches before their turn
+// (few lost races), and near enough for the slot not to stay idle. A gap
+// shorter than that widens the window (a long queue), a longer one narrows
+// it (the queue has drained): every queued node sees the same releases and
+// takes, so all of them keep about the same window, without a request.
+const (
+	// HandOffGap is the gap between a release and the next take that the
+	// window aims for.
+	HandOffGap = 60 * time.Millisecond
+	minWindow  = 2 * HandOffGap
+	maxWindow  = time.Minute
+)
+
+// handOffs tracks, per slot, when it was seen freed, and the window.
+type handOffs struct {
+	window time.Duration
+	freed  map[string]time.Time
+}
+
+// observe notes what the cache shows now: a slot freed (released or absent)
+// starts a hand-off; a freed slot taken by another ends it, and its gap
+// moves the window toward the one that gives HandOffGap (by at most a
+// factor of 2 a hand-off).
+func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now time.Time) {
+	for i := range n {
+		name := SlotLeaseName(i)
+		holder := ""
+		if obj, ok, _ := store.GetByKey(ns + "/" + name); ok {
+			holder = ptr.Deref(obj.(*coordinationv1.Lease).Spec.HolderIdentity, "")
+		}
+		at, freed := h.freed[name]
+		switch {
+		case holder == "" && !freed:
+			h.freed[name] = now
+		case holder != "" && freed:
+			delete(h.freed, name)
+			if holder != self {
+				h.window = nextWindow(h.window, now.Sub(at))
+			}
+		}
+	}
+}
+
+// nextWindow is the window after a hand-off that took gap: scaled by
+// HandOffGap/gap, that factor bounded to [1/2, 2], the window to
+// [minWindow, maxWindow].
+func nextWindow(window, gap time.Duration) time.Duration {
+	f := float64(HandOffGap) / float64(max(gap, time.Millisecond))
+	f = min(max(f, 0.5), 2)
+	return min(max(time.Duration(f*float64(window)), minWindow), maxWindow)
 }
 
 // watch starts an informer on the slot Leases of the namespace; changed

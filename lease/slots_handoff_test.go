@@ -3,10 +3,13 @@ package lease
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sort"
 	"testing"
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/reconcile"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -58,7 +61,7 @@ func TestSlotHandOffInAgreedOrder(t *testing.T) {
 	}
 	first, best := "", time.Duration(1<<62)
 	for _, s := range qs {
-		if d := s.turn(candidate{name: l.Name, lease: l}, time.Second, 0); d < best {
+		if d := s.turn(candidate{name: l.Name, lease: l}, time.Second); d < best {
 			first, best = s.Holder, d
 		}
 	}
@@ -96,5 +99,92 @@ func TestSlotHandOffInAgreedOrder(t *testing.T) {
 	// before the take reached its cache.
 	if writes > 3 {
 		t.Errorf("%d Lease writes for one hand-off among %d queued nodes", writes, queued)
+	}
+}
+
+// Fairness over a whole queue (issue #28): six nodes queue for one slot,
+// and it is handed on until every one of them had it. At each release the
+// slot goes to the node first in that release's agreed order among those
+// still queued (its turn), or, when two turns fall too close for the
+// first one's write to reach the other's cache, to one of the first three:
+// no node waits more than two rounds past its turn. Each hand-off costs
+// the release, the take and at most one lost race.
+func TestSlotHandOffFairOverAQueue(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	slot := func(holder string) *Slots {
+		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: time.Second}
+	}
+	cur, err := acquireStepping(t, clk, slot("holder"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type won struct {
+		name string
+		slot reconcile.Slot
+	}
+	got := make(chan won, 8)
+	queued := map[string]*Slots{}
+	for i := range 6 {
+		s := slot(fmt.Sprintf("node-%d", i))
+		queued[s.Holder] = s
+		go func() {
+			if h, err := s.Acquire(ctx); err == nil {
+				got <- won{s.Holder, h}
+			}
+		}()
+	}
+	for range 30 { // every queued node has tried once and waits
+		time.Sleep(10 * time.Millisecond)
+		clk.Step(50 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	for len(queued) > 0 {
+		before := len(c.Actions())
+		cur.Release()
+		l, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
+		if err != nil || ptr.Deref(l.Spec.HolderIdentity, "x") != "" {
+			t.Fatalf("not released: %v %v", l, err)
+		}
+		// The agreed order of this release among the nodes still queued.
+		var order []string
+		for name := range queued {
+			order = append(order, name)
+		}
+		sort.Slice(order, func(i, j int) bool {
+			return queued[order[i]].turn(candidate{name: l.Name, lease: l}, time.Second) < queued[order[j]].turn(candidate{name: l.Name, lease: l}, time.Second)
+		})
+		var w won
+		for deadline := time.Now().Add(10 * time.Second); w.name == ""; {
+			select {
+			case w = <-got:
+			case <-time.After(3 * time.Millisecond):
+				clk.Step(5 * time.Millisecond)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no queued node took the released slot; queued: %v", order)
+			}
+		}
+		if pos := slices.Index(order, w.name); pos < 0 || pos > 2 {
+			t.Errorf("%s took the slot at position %d of the agreed order %v: more than two rounds past the turn of %s", w.name, pos, order, order[0])
+		}
+		for range 50 { // the others' turns pass: they find it taken
+			time.Sleep(time.Millisecond)
+			clk.Step(5 * time.Millisecond)
+		}
+		writes := 0
+		for _, a := range c.Actions()[before:] {
+			if a.GetResource().Resource == "leases" && (a.GetVerb() == "update" || a.GetVerb() == "create") {
+				writes++
+			}
+		}
+		if writes > 3 {
+			t.Errorf("%d Lease writes for the hand-off to %s among %d queued nodes; want the release, the take and at most one lost race", writes, w.name, len(order))
+		}
+		delete(queued, w.name)
+		cur = w.slot
 	}
 }

@@ -79,8 +79,17 @@ type fleetRun struct {
 	AgentLeaseConflicts      int            `json:"agentLeaseConflicts"`
 	ConflictShare            float64        `json:"conflictShare"` // agentLeaseConflicts / agent requests in the rollout
 	AgentRequests            map[string]int `json:"agentRequests,omitempty"`
-	IdleRequestsPerSec       float64        `json:"idleRequestsPerSec"`
-	IdleWindowSeconds        float64        `json:"idleWindowSeconds"`
+	// From the same log, the slot Leases' successful writes in time order
+	// per slot: take, release, take, … (a renewal would break the pairs;
+	// at these holding times there is none). SlotHoldMsMedian: take →
+	// release, the per-node time a slot is busy; HandOffMsMedian: release →
+	// the next take, what the hand-off adds per node;
+	// RolloutOverHolds: the rollout time over ⌈K/N⌉ × SlotHoldMsMedian.
+	SlotHoldMsMedian   float64 `json:"slotHoldMsMedian"`
+	HandOffMsMedian    float64 `json:"handOffMsMedian"`
+	RolloutOverHolds   float64 `json:"rolloutOverHolds"`
+	IdleRequestsPerSec float64 `json:"idleRequestsPerSec"`
+	IdleWindowSeconds  float64 `json:"idleWindowSeconds"`
 	// After an API server outage of OutageSeconds (run only where set):
 	// requests in the first 10 s once /readyz said ok.
 	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
@@ -395,6 +404,32 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time) error {
 			r.AgentLeaseConflicts++
 		}
 	}
+	writes := map[string][]time.Time{} // per slot, successful writes
+	for _, e := range evs {
+		if e.Resource() == "leases" && strings.HasPrefix(e.Name(), "mig-agent-slot-") &&
+			(e.Verb == "update" || e.Verb == "create") && e.Code() < 300 {
+			writes[e.Name()] = append(writes[e.Name()], e.RequestReceivedT)
+		}
+	}
+	var holds, gaps []float64
+	for _, ts := range writes {
+		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+		for i := 0; i+1 < len(ts); i++ {
+			d := float64(ts[i+1].Sub(ts[i]).Microseconds()) / 1000
+			if i%2 == 0 {
+				holds = append(holds, d)
+			} else {
+				gaps = append(gaps, d)
+			}
+		}
+	}
+	r.SlotHoldMsMedian, r.HandOffMsMedian = median(holds), median(gaps)
+	if r.SlotHoldMsMedian > 0 {
+		rounds := (k + r.MaxConcurrent - 1) / r.MaxConcurrent
+		r.RolloutOverHolds = r.RolloutSeconds * 1000 / (float64(rounds) * r.SlotHoldMsMedian)
+	}
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: slot held %.0f ms a node (median), hand-off %.0f ms (median); rollout = %.2f × ⌈K/N⌉ × hold\n",
+		k, r.MaxConcurrent, r.SlotHoldMsMedian, r.HandOffMsMedian, r.RolloutOverHolds)
 	r.SlotLeaseRequestsPerNode = float64(slot) / float64(k)
 	r.NodeLeaseRequestsPerNode = float64(node) / float64(k)
 	r.AgentRequestsPerNode = float64(len(evs)) / float64(k)
@@ -544,15 +579,16 @@ func parallel(workers int, items []string, fn func(string) error) error {
 // printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
 func printFleet(w io.Writer, r *fleetResults) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| per node ms\t| req/s rollout\t| req/s idle\t| 409s\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
 	for _, x := range r.Runs {
 		after := "—"
 		if x.RequestsFirst10sAfter != nil {
 			after = fmt.Sprintf("%.0f (after %.0f s down)", *x.RequestsFirst10sAfter, x.OutageSeconds)
 		}
-		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.1f\t| %.2f\t| %.0f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
-			x.MaxDisrupted, x.DisruptionMsMedian, x.RolloutRequestsPerSec, x.IdleRequestsPerSec, x.LeaseConflicts, after, x.AgentRSSAnonMiBSum)
+		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
+			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
+			x.AgentLeaseConflicts, 100*x.ConflictShare, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nserver baseline (no agents): %.2f requests/s\n", r.ServerBaselinePerSec)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -116,4 +117,11 @@ func AuditInNamespace(ns string) func(AuditEvent) bool {
 // AuditByUserAgent keeps the requests whose user agent starts with prefix.
 func AuditByUserAgent(prefix string) func(AuditEvent) bool {
 	return func(e AuditEvent) bool { return strings.HasPrefix(e.UserAgent, prefix) }
+}
+
+// AuditLog is the audit log of the API server the tests run against.
+func AuditLog(t testing.TB) string {
+	t.Helper()
+	skipIfDisabled(t)
+	return AuditLogPath(os.Getenv(EnvStateDir))
 }

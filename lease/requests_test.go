@@ -1,0 +1,151 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/journal"
+)
+
+// What the rollout costs the API server in Lease requests (#28): the
+// checks before each GPU step send none while the watch vouches for the
+// node Lease, and a slot is released with one write.
+
+// leaseRequests counts the requests on Leases named name, by verb, from
+// the fake clientset's action log (watches and lists excluded: they name
+// no object).
+func leaseRequests(c *fake.Clientset, name string) map[string]int {
+	n := map[string]int{}
+	for _, a := range c.Actions() {
+		if a.GetResource().Resource != "leases" {
+			continue
+		}
+		switch x := a.(type) {
+		case k8stesting.GetAction:
+			if x.GetName() == name {
+				n[a.GetVerb()]++
+			}
+		case k8stesting.UpdateAction:
+			if x.GetObject().(metav1.Object).GetName() == name {
+				n[a.GetVerb()]++
+			}
+		case k8stesting.CreateAction:
+			if x.GetObject().(metav1.Object).GetName() == name {
+				n[a.GetVerb()]++
+			}
+		}
+	}
+	return n
+}
+
+func TestNodeLeaseConfirmFromWatch(t *testing.T) {
+	c := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	a := newNodeLease(c, clk, "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := a.Take(ctx); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = a.Keep(ctx) }()
+	name := NodeLeaseName("n")
+	for deadline := time.Now().Add(5 * time.Second); !a.confirmedByWatch(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch of the node Lease never showed the agent's own write")
+		}
+	}
+	before := leaseRequests(c, name)
+	for range 40 { // one change of eight GPUs: about 40 GPU steps
+		if err := a.Confirm(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := leaseRequests(c, name); after["get"] != before["get"] || after["update"] != before["update"] {
+		t.Errorf("40 confirmations with the watch showing the agent's write sent requests: %v then %v", before, after)
+	}
+
+	// Another identity writes it: the copy differs, Confirm reads and
+	// refuses (or Keep, poked by the watch, found it first).
+	l, err := c.CoordinationV1().Leases("ns").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.NewMicroTime(clk.Now())
+	l.Spec.HolderIdentity, l.Spec.RenewTime = ptr.To("b"), &now
+	if _, err := c.CoordinationV1().Leases("ns").Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); a.confirmedByWatch(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch kept vouching for a Lease another identity wrote")
+		}
+	}
+	if err := a.Confirm(ctx); !errors.Is(err, journal.ErrAnotherAgent) {
+		t.Fatalf("Confirm after another identity took the Lease: %v", err)
+	}
+}
+
+// Half the lease duration without a renewal: the watch no longer vouches,
+// and Confirm reads the Lease.
+func TestNodeLeaseConfirmStaleWatchReads(t *testing.T) {
+	c := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	a := newNodeLease(c, clk, "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := a.Take(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.watch(ctx, make(chan struct{}, 1)); err != nil { // Keep's watch, without its renewals
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !a.confirmedByWatch(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch of the node Lease never showed the agent's own write")
+		}
+	}
+	name := NodeLeaseName("n")
+	clk.Step(16 * time.Second)
+	if a.confirmedByWatch() {
+		t.Error("a write older than half the lease duration still vouches")
+	}
+	before := leaseRequests(c, name)["get"]
+	if err := a.Confirm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := leaseRequests(c, name)["get"]; got != before+1 {
+		t.Errorf("a stale watch copy: %d GETs, want %d", got, before+1)
+	}
+}
+
+func TestSlotReleaseIsOneWrite(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "a", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	slot, err := acquireStepping(t, clk, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := SlotLeaseName(0)
+	before := leaseRequests(c, name)
+	slot.Release()
+	after := leaseRequests(c, name)
+	if after["get"] != before["get"] || after["update"] != before["update"]+1 {
+		t.Errorf("release: %v then %v, want one update and nothing else", before, after)
+	}
+	l, err := c.CoordinationV1().Leases("ns").Get(ctx, name, metav1.GetOptions{})
+	if err != nil || ptr.Deref(l.Spec.HolderIdentity, "x") != "" {
+		t.Fatalf("after release: %v %v", l, err)
+	}
+}
