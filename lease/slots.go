@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -87,7 +88,7 @@ type nodeVerdict struct {
 const LabelRolloutSlot = "migagent.io/rollout-slot"
 
 // DefaultSlotSpread is Slots.Spread unless set.
-const DefaultSlotSpread = 500 * time.Millisecond
+const DefaultSlotSpread = 2 * time.Second
 
 // RebootHold is how long a slot stays taken, unrenewed, while its node
 // reboots for a change (ExtendForReboot): the node is disrupted until it is
@@ -155,6 +156,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	exists := map[string]bool{} // created by another while absent from the cache
 	hand := handOffs{window: spread, freed: map[string]time.Time{}}
 	seenFree := map[string]time.Time{} // when this node first saw each slot free
+	lost := map[string]lostRace{}      // per slot, the version a race was lost on
 	for {
 		now := s.Clock.Now()
 		hand.observe(store, s.Namespace, s.N, s.Holder, now)
@@ -165,20 +167,36 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		// from the hand-offs they all saw: the first in that order takes
 		// the slot, and the others find it taken in their caches when
 		// their turn comes, without a request. A pool-wide change starts
-		// every queued node at once: the first slots are tried in turn
+		// every queued node at once: the first slots are taken in turn
 		// too. This node goes for the free slot where its turn comes
-		// first.
+		// first; its own slot (kept through a reboot) at once.
 		var pick *candidate
 		var wait time.Duration
 		isFree := map[string]bool{}
 		for i := range free {
 			c := &free[i]
 			isFree[c.name] = true
+			if l, ok := lost[c.name]; ok && c.lease != nil && c.lease.ResourceVersion == l.rv && now.Before(l.until) {
+				continue // lost a race for it: the winner's write is on its way to the cache
+			}
 			at, ok := seenFree[c.name]
 			if !ok {
 				at, seenFree[c.name] = now, now
 			}
-			if w := s.turn(*c, hand.window) - now.Sub(at); pick == nil || w < wait {
+			turn := s.turn(*c, hand.window)
+			w := turn - now.Sub(at)
+			if w < -lateTurn {
+				// This node looks long after its turn: its process or its
+				// watch was held up (a loaded machine), so its cache is
+				// likely behind the slot's taker. It counts its turn again
+				// from now instead of trying at once with the others that
+				// were held up too.
+				seenFree[c.name], w = now, turn
+			}
+			if c.lease != nil && ptr.Deref(c.lease.Spec.HolderIdentity, "") == s.Holder {
+				w = 0
+			}
+			if pick == nil || w < wait {
 				pick, wait = c, w
 			}
 		}
@@ -208,7 +226,12 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				s.Log.Debug("rollout slot", "lease", pick.name, "err", err)
 				trouble = true
 			default:
-				trouble = true // another node won it; its write reaches the cache
+				// Another node won it; its write reaches the cache. Until
+				// it does, the cached version is not tried again.
+				trouble = true
+				if pick.lease != nil {
+					lost[pick.name] = lostRace{rv: pick.lease.ResourceVersion, until: now.Add(lostRaceHold)}
+				}
 			}
 		}
 		if !logged {
@@ -235,6 +258,20 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	}
 }
 
+// lostRace: a take of a slot's version rv lost to another node's write;
+// that version is not tried again until until (the winner's write reaches
+// the cache first, unless the watch is broken).
+type lostRace struct {
+	rv    string
+	until time.Time
+}
+
+// lateTurn is how late after its turn a node still tries a slot at once.
+const lateTurn = HandOffGap
+
+// lostRaceHold bounds how long a version a race was lost on is skipped.
+const lostRaceHold = 5 * time.Second
+
 // turn is how long this node waits before trying slot c, which the cache
 // shows freed. Every queued node computes the same order from the Lease
 // data: a hash of the slot's name and resourceVersion (a new order for each
@@ -256,32 +293,36 @@ func (s *Slots) turn(c candidate, window time.Duration) time.Duration {
 
 // The window over which queued nodes spread their turns follows the
 // hand-offs every queued node sees alike: from the moment a slot is seen
-// freed to the moment it is seen taken (the gap). The first of Q queued
-// nodes tries about window/(Q+1) after the release, and the next one as
-// much later: a gap near HandOffGap means the turns are far enough apart
-// for the first one's write to reach the others' caches before their turn
-// (few lost races), and near enough for the slot not to stay idle. A gap
-// shorter than that widens the window (a long queue), a longer one narrows
-// it (the queue has drained): every queued node sees the same releases and
-// takes, so all of them keep about the same window, without a request.
+// freed to the moment it is seen taken (the gap). The gap is the first
+// turn (about window/(Q+1) for Q queued nodes, and the next turn as much
+// later) plus the time a write takes to reach the caches (the delay; the
+// shortest recent gap stands for it). Turns closer than the delay race; the
+// window aims for a gap of three delays (at least HandOffGap), so that the
+// turns are about twice the delay apart: a shorter gap widens the window (a
+// long queue), a longer one narrows it (the queue has drained). Every
+// queued node sees the same releases and takes, so all of them keep about
+// the same window, without a request.
 const (
-	// HandOffGap is the gap between a release and the next take that the
-	// window aims for.
+	// HandOffGap is the shortest gap between a release and the next take
+	// that the window aims for.
 	HandOffGap = 60 * time.Millisecond
 	minWindow  = 2 * HandOffGap
 	maxWindow  = time.Minute
+	// delaySamples is how many recent gaps the delay is the least of.
+	delaySamples = 8
 )
 
-// handOffs tracks, per slot, when it was seen freed, and the window.
+// handOffs tracks, per slot, when it was seen freed, the recent gaps and
+// the window.
 type handOffs struct {
 	window time.Duration
 	freed  map[string]time.Time
+	gaps   []time.Duration // the last delaySamples gaps, oldest first
 }
 
 // observe notes what the cache shows now: a slot freed (released or absent)
 // starts a hand-off; a freed slot taken by another ends it, and its gap
-// moves the window toward the one that gives HandOffGap (by at most a
-// factor of 2 a hand-off).
+// moves the window (nextWindow).
 func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now time.Time) {
 	for i := range n {
 		name := SlotLeaseName(i)
@@ -296,17 +337,23 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 		case holder != "" && freed:
 			delete(h.freed, name)
 			if holder != self {
-				h.window = nextWindow(h.window, now.Sub(at))
+				gap := now.Sub(at)
+				if h.gaps = append(h.gaps, gap); len(h.gaps) > delaySamples {
+					h.gaps = h.gaps[1:]
+				}
+				h.window = nextWindow(h.window, gap, slices.Min(h.gaps))
 			}
 		}
 	}
 }
 
-// nextWindow is the window after a hand-off that took gap: scaled by
-// HandOffGap/gap, that factor bounded to [1/2, 2], the window to
-// [minWindow, maxWindow].
-func nextWindow(window, gap time.Duration) time.Duration {
-	f := float64(HandOffGap) / float64(max(gap, time.Millisecond))
+// nextWindow is the window after a hand-off that took gap, when writes take
+// about delay to reach the caches: scaled by target/gap, target being three
+// delays and at least HandOffGap, the factor bounded to [1/2, 2] and the
+// window to [minWindow, maxWindow].
+func nextWindow(window, gap, delay time.Duration) time.Duration {
+	target := max(HandOffGap, 3*delay)
+	f := float64(target) / float64(max(gap, time.Millisecond))
 	f = min(max(f, 0.5), 2)
 	return min(max(time.Duration(f*float64(window)), minWindow), maxWindow)
 }

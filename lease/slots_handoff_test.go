@@ -188,3 +188,29 @@ func TestSlotHandOffFairOverAQueue(t *testing.T) {
 		cur = w.slot
 	}
 }
+
+// The window every queued node sizes from the hand-offs it sees: a gap
+// shorter than its target widens it, a longer one narrows it, by at most
+// a factor of two a hand-off; when writes reach the caches slowly (a long
+// delay), the target grows with it, so that turns stay about two delays
+// apart instead of racing.
+func TestHandOffWindow(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		window, gap, delay, want time.Duration
+	}{
+		{time.Second, 60 * ms, 10 * ms, time.Second},       // on target
+		{time.Second, 30 * ms, 10 * ms, 2 * time.Second},   // a long queue: wider
+		{time.Second, 5 * ms, 5 * ms, 2 * time.Second},     // at most twice
+		{time.Second, 120 * ms, 10 * ms, 500 * ms},         // drained: narrower
+		{time.Second, 5 * time.Second, 10 * ms, 500 * ms},  // at most half
+		{200 * ms, 5 * time.Second, 10 * ms, minWindow},    // never below the floor
+		{50 * time.Second, ms, ms, maxWindow},              // nor above the ceiling
+		{time.Second, 150 * ms, 100 * ms, 2 * time.Second}, // slow caches: the target is 300 ms
+		{time.Second, 300 * ms, 100 * ms, time.Second},     // … and is met
+	} {
+		if got := nextWindow(c.window, c.gap, c.delay); got != c.want {
+			t.Errorf("nextWindow(%v, gap %v, delay %v) = %v, want %v", c.window, c.gap, c.delay, got, c.want)
+		}
+	}
+}
