@@ -157,6 +157,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	hand := handOffs{window: spread, freed: map[string]time.Time{}}
 	seenFree := map[string]time.Time{} // when this node first saw each slot free
 	lost := map[string]lostRace{}      // per slot, the version a race was lost on
+	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
 	for {
 		now := s.Clock.Now()
 		hand.observe(store, s.Namespace, s.N, s.Holder, now)
@@ -185,13 +186,14 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			}
 			turn := s.turn(*c, hand.window)
 			w := turn - now.Sub(at)
-			if w < -lateTurn {
+			if rv := slotVersion(c); w < -lateTurn && recounted[c.name] != rv {
 				// This node looks long after its turn: its process or its
 				// watch was held up (a loaded machine), so its cache is
 				// likely behind the slot's taker. It counts its turn again
 				// from now instead of trying at once with the others that
-				// were held up too.
-				seenFree[c.name], w = now, turn
+				// were held up too; once a slot version, so that a node
+				// always late still tries.
+				seenFree[c.name], w, recounted[c.name] = now, turn, rv
 			}
 			if c.lease != nil && ptr.Deref(c.lease.Spec.HolderIdentity, "") == s.Holder {
 				w = 0
@@ -258,6 +260,15 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	}
 }
 
+// slotVersion is the resourceVersion of a free slot as the cache shows it,
+// "absent" for one not created yet.
+func slotVersion(c *candidate) string {
+	if c.lease == nil {
+		return "absent"
+	}
+	return c.lease.ResourceVersion
+}
+
 // lostRace: a take of a slot's version rv lost to another node's write;
 // that version is not tried again until until (the winner's write reaches
 // the cache first, unless the watch is broken).
@@ -282,11 +293,7 @@ const lostRaceHold = 5 * time.Second
 // the node whose turn it is. Every queued node uses the same window
 // (handOffs), so no node's turn is pushed back by its own bad luck.
 func (s *Slots) turn(c candidate, window time.Duration) time.Duration {
-	rv := "absent"
-	if c.lease != nil {
-		rv = c.lease.ResourceVersion
-	}
-	sum := sha256.Sum256([]byte(c.name + "\x00" + rv + "\x00" + s.Holder))
+	sum := sha256.Sum256([]byte(c.name + "\x00" + slotVersion(&c) + "\x00" + s.Holder))
 	u := float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53) // in [0, 1)
 	return time.Duration(u * float64(window))
 }
