@@ -554,6 +554,46 @@ func taints(t *testing.T, e env) []string {
 	return out
 }
 
+// The taint from the agent's watch of its Node: one patch carrying the
+// watched resourceVersion. A Node changed since (a stale copy) is not
+// written: the caller reads it (AddTaint, RemoveTaint) instead.
+func TestTaintFromWatchedNode(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	before := taints(t, e)
+	read := func() *corev1.Node {
+		n, err := e.c.CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	stale := read()
+	added, done, err := drain.AddTaintFrom(ctx, e.a, stale)
+	if err != nil || !done || !added {
+		t.Fatalf("AddTaintFrom = %v, %v, %v", added, done, err)
+	}
+	if got := taints(t, e); len(got) != len(before)+1 || !slices.Contains(got, "migagent.io/reconfiguring=true:NoSchedule") {
+		t.Errorf("taints %v after AddTaintFrom; before %v", got, before)
+	}
+	// The copy from before the patch is stale: nothing is written.
+	fresh := read()
+	stale.Spec.Taints = fresh.Spec.Taints
+	if removed, done, err := drain.RemoveTaintFrom(ctx, e.a, stale); err != nil || done || removed {
+		t.Errorf("RemoveTaintFrom with a stale copy = %v, %v, %v; want nothing done", removed, done, err)
+	}
+	// A copy that already shows the taint is left to AddTaint.
+	if added, done, err := drain.AddTaintFrom(ctx, e.a, fresh); err != nil || done || added {
+		t.Errorf("AddTaintFrom over a copy with the taint = %v, %v, %v; want nothing done", added, done, err)
+	}
+	if removed, done, err := drain.RemoveTaintFrom(ctx, e.a, fresh); err != nil || !done || !removed {
+		t.Fatalf("RemoveTaintFrom = %v, %v, %v", removed, done, err)
+	}
+	if got := taints(t, e); !slices.Equal(got, before) {
+		t.Errorf("taints %v after RemoveTaintFrom, want %v", got, before)
+	}
+}
+
 func TestTaint(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/kclient"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -82,6 +83,12 @@ func ReadOperands(ctx context.Context, client kclient.Interface, node string) (S
 	if err != nil {
 		return nil, fmt.Errorf("read operand labels of node %s: %w", node, err)
 	}
+	return OperandsOf(n), nil
+}
+
+// OperandsOf is what ReadOperands saves, from a Node already read (the
+// agent's watch of its Node).
+func OperandsOf(n *corev1.Node) Saved {
 	saved := Saved{}
 	for _, op := range Operands() {
 		v, ok := n.Labels[op.Label]
@@ -94,7 +101,7 @@ func ReadOperands(ctx context.Context, client kclient.Interface, node string) (S
 			saved[op.Label] = ptr.To(v)
 		}
 	}
-	return saved, nil
+	return saved
 }
 
 // PauseOperands sets the labels of saved.Paused() to PausedValue and waits

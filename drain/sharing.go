@@ -176,6 +176,13 @@ func ReadSharing(ctx context.Context, client kclient.Interface, node string) (*S
 	if err != nil {
 		return nil, fmt.Errorf("%w: read node %s: %w", ErrSharingUnknown, node, err)
 	}
+	return ReadSharingOf(ctx, client, n)
+}
+
+// ReadSharingOf is ReadSharing with the Node already read (the agent's
+// watch of its Node holds the config label).
+func ReadSharingOf(ctx context.Context, client kclient.Interface, n *corev1.Node) (*Sharing, error) {
+	node := n.Name
 	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
 	})

@@ -2,10 +2,13 @@ package drain
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/migagent/mig-agent/internal/kclient"
@@ -93,4 +96,62 @@ func RemoveTaint(ctx context.Context, client kclient.Interface, node string) (re
 		return false, fmt.Errorf("remove taint %s from node %s: %w", TaintKey, node, err)
 	}
 	return removed, nil
+}
+
+// AddTaintFrom adds the taint with one request, from cached (the agent's
+// watch of its Node): a merge patch of the taints that carries cached's
+// resourceVersion, which the API server refuses (a conflict) if the Node
+// changed since. done is false, and nothing was written, when cached
+// already shows the taint (it may be stale: only a read tells whose it is)
+// or the Node changed since it was cached: the caller then uses AddTaint.
+func AddTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (added, done bool, err error) {
+	for _, t := range cached.Spec.Taints {
+		if t.Key == TaintKey && t.Effect == TaintEffect {
+			return false, false, nil
+		}
+	}
+	taints := append(append([]corev1.Taint{}, cached.Spec.Taints...), Taint())
+	return patchTaints(ctx, client, cached, taints)
+}
+
+// RemoveTaintFrom removes the taint with one request, from cached, as
+// AddTaintFrom adds it; done is false, and nothing was written, when cached
+// does not show the taint or the Node changed since it was cached: the
+// caller then uses RemoveTaint.
+func RemoveTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (removed, done bool, err error) {
+	want := Taint()
+	kept := []corev1.Taint{}
+	for _, t := range cached.Spec.Taints {
+		if t.Key == want.Key && t.Value == want.Value && t.Effect == want.Effect {
+			removed = true
+			continue
+		}
+		kept = append(kept, t)
+	}
+	if !removed {
+		return false, false, nil
+	}
+	return patchTaints(ctx, client, cached, kept)
+}
+
+// patchTaints sets the Node's taints to taints if it is still at cached's
+// resourceVersion: ok and done, or not done (a conflict: it changed), or an
+// error.
+func patchTaints(ctx context.Context, client kclient.Interface, cached *corev1.Node, taints []corev1.Taint) (ok, done bool, err error) {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": cached.ResourceVersion},
+		"spec":     map[string]any{"taints": taints},
+	})
+	if err != nil {
+		return false, false, err
+	}
+	_, err = client.CoreV1().Nodes().Patch(ctx, cached.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "mig-agent"})
+	switch {
+	case err == nil:
+		return true, true, nil
+	case apierrors.IsConflict(err):
+		return false, false, nil
+	default:
+		return false, true, fmt.Errorf("node %s taints: %w", cached.Name, err)
+	}
 }

@@ -90,22 +90,52 @@ func (k *Disruptor) Evict(ctx context.Context, names []string) ([]string, error)
 	return evicted, err
 }
 
-// Taint implements reconcile.Disruptor.
+// cachedNode is the Node as the agent's watch holds it (nil without one):
+// the taint, the operand labels and the device plugin's config label are
+// read from it instead of a GET each.
+func (k *Disruptor) cachedNode(ctx context.Context) *corev1.Node {
+	if k.ReadNode == nil {
+		return nil
+	}
+	n, err := k.ReadNode(ctx)
+	if err != nil || n == nil || n.Name != k.Node {
+		return nil
+	}
+	return n
+}
+
+// Taint implements reconcile.Disruptor: one patch from the watched Node, or,
+// when that Node is stale or already shows a taint, a read and an update.
 func (k *Disruptor) Taint(ctx context.Context) (bool, error) {
+	if n := k.cachedNode(ctx); n != nil {
+		if added, done, err := drain.AddTaintFrom(ctx, k.Client, n); done {
+			return added, err
+		}
+	}
 	return drain.AddTaint(ctx, k.Client, k.Node)
 }
 
-// Untaint implements reconcile.Disruptor.
+// Untaint implements reconcile.Disruptor, as Taint.
 func (k *Disruptor) Untaint(ctx context.Context) error {
+	if n := k.cachedNode(ctx); n != nil {
+		if _, done, err := drain.RemoveTaintFrom(ctx, k.Client, n); done {
+			return err
+		}
+	}
 	_, err := drain.RemoveTaint(ctx, k.Client, k.Node)
 	return err
 }
 
-// ReadOperands implements reconcile.Disruptor.
+// ReadOperands implements reconcile.Disruptor, from the watched Node.
 func (k *Disruptor) ReadOperands(ctx context.Context) (json.RawMessage, error) {
-	saved, err := drain.ReadOperands(ctx, k.Client, k.Node)
-	if err != nil {
-		return nil, err
+	var saved drain.Saved
+	if n := k.cachedNode(ctx); n != nil {
+		saved = drain.OperandsOf(n)
+	} else {
+		var err error
+		if saved, err = drain.ReadOperands(ctx, k.Client, k.Node); err != nil {
+			return nil, err
+		}
 	}
 	return json.Marshal(saved)
 }
@@ -179,7 +209,11 @@ func (k *Disruptor) readSharing(ctx context.Context, restarted bool) *drain.Shar
 	var err error
 	for try := 0; try < sharingReadTries; try++ {
 		var s *drain.Sharing
-		s, err = drain.ReadSharing(ctx, k.Client, k.Node)
+		if n := k.cachedNode(ctx); n != nil {
+			s, err = drain.ReadSharingOf(ctx, k.Client, n)
+		} else {
+			s, err = drain.ReadSharing(ctx, k.Client, k.Node)
+		}
 		if err == nil {
 			k.Log.Debug("device plugin sharing config", "source", s.Source)
 			return s
