@@ -61,10 +61,12 @@ type Slots struct {
 	Duration time.Duration
 	Clock    clock.Clock
 	Log      *slog.Logger
-	// Spread bounds the random wait between seeing a slot freed and trying
-	// it (default DefaultSlotSpread): of many queued nodes the first to try
-	// takes it, and the others see it taken in their caches before their
-	// turn, instead of all asking at once and all but one losing a conflict.
+	// Spread is the first window over which queued nodes spread their
+	// turns for a freed slot (default DefaultSlotSpread); the hand-offs an
+	// Acquire sees move it (handOffs): of many queued nodes the first in
+	// turn takes a slot, and the others see it taken in their caches before
+	// their turn, instead of all asking at once and all but one losing a
+	// conflict.
 	Spread time.Duration
 
 	obs leaseObserver
