@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
@@ -51,7 +52,13 @@ type PluginGPU struct {
 //   - Scheduling: the DaemonSet controller creates pods that name their node
 //     in a required node affinity on metadata.name; like kube-scheduler,
 //     this binds such a pod when it tolerates the node's NoSchedule and
-//     NoExecute taints.
+//     NoExecute taints, and, like kube-scheduler, tries a pod it could not
+//     place again when the node changes (its scheduling queue moves
+//     unschedulable pods back on a Node update, pkg/scheduler/backend/queue
+//     MoveAllToActiveOrBackoffQueue; here: the node is read again every
+//     200 ms until the pod is bound or gone). A pod the DaemonSet makes
+//     while the agent's taint is still on (operand labels restored a moment
+//     before the taint is lifted) is bound once the taint goes.
 //   - The plugin: when its pod runs, it enumerates the GPUs once (read), and
 //     advertises per MIG strategy what NVIDIA's does: resource managers are
 //     built once, in startPlugins (k8s-device-plugin
@@ -189,6 +196,9 @@ type podLoop struct {
 	client      kubernetes.Interface
 	node, ns    string
 	start, stop func(ctx context.Context, pod *corev1.Pod)
+
+	mu      sync.Mutex
+	waiting map[types.UID]bool // pods not placed yet, retried as the node changes
 }
 
 // runDaemonSet creates ds (its pod template labelled nodeLabel=node) and
@@ -303,27 +313,31 @@ func (p *podLoop) handle(ctx context.Context, pod *corev1.Pod, deleted bool) {
 			}
 		}
 	case pod.Spec.NodeName == "":
-		p.bind(ctx, pod)
+		if !p.bind(ctx, pod) {
+			p.retryBind(ctx, pod)
+		}
 	case pod.Spec.NodeName == p.node && pod.Status.Phase == corev1.PodPending:
 		p.start(ctx, pod)
 	}
 }
 
-// bind plays kube-scheduler for a DaemonSet pod aimed at this node.
-func (p *podLoop) bind(ctx context.Context, pod *corev1.Pod) {
+// bind plays kube-scheduler for a DaemonSet pod aimed at this node. It
+// says false when the pod could not be placed for now (an untolerated
+// taint, or the node unreadable).
+func (p *podLoop) bind(ctx context.Context, pod *corev1.Pod) bool {
 	if !affinityNames(pod, p.node) {
-		return
+		return true // not this node's: nothing to place
 	}
 	n, err := p.client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
 	if err != nil {
-		return // the watch brings the pod again when it changes; the retry loop relists
+		return false
 	}
 	for _, taint := range n.Spec.Taints {
 		if taint.Effect == corev1.TaintEffectPreferNoSchedule {
 			continue
 		}
 		if !tolerates(pod.Spec.Tolerations, &taint) {
-			return // unschedulable for now; kube-scheduler retries when the node changes
+			return false // unschedulable for now; kube-scheduler retries when the node changes
 		}
 	}
 	err = p.client.CoreV1().Pods(pod.Namespace).Bind(ctx, &corev1.Binding{
@@ -333,6 +347,43 @@ func (p *podLoop) bind(ctx context.Context, pod *corev1.Pod) {
 	if err != nil && !apierrors.IsConflict(err) && ctx.Err() == nil {
 		p.t.Logf("scheduler %s: binding pod %s: %v", p.node, pod.Name, err)
 	}
+	return true
+}
+
+// retryBind tries a pod bind could not place again as the node changes
+// (read every 200 ms), until it is bound, gone, or the loop ends.
+func (p *podLoop) retryBind(ctx context.Context, pod *corev1.Pod) {
+	p.mu.Lock()
+	if p.waiting == nil {
+		p.waiting = map[types.UID]bool{}
+	}
+	if p.waiting[pod.UID] {
+		p.mu.Unlock()
+		return
+	}
+	p.waiting[pod.UID] = true
+	p.mu.Unlock()
+	go func() {
+		defer func() {
+			p.mu.Lock()
+			delete(p.waiting, pod.UID)
+			p.mu.Unlock()
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			cur, err := p.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) || err == nil && (cur.UID != pod.UID || cur.Spec.NodeName != "" || cur.DeletionTimestamp != nil) {
+				return
+			}
+			if err == nil && p.bind(ctx, cur) {
+				return
+			}
+		}
+	}()
 }
 
 func tolerates(tols []corev1.Toleration, taint *corev1.Taint) bool {
