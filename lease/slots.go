@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -70,8 +72,11 @@ type Slots struct {
 	Spread time.Duration
 
 	obs leaseObserver
-	mu  sync.Mutex
-	cur *slotHold // the slot taken by Acquire, until released
+	// window is what this holder's take wrote as the slot's next turn
+	// window (AnnotationTurnWindow); its renewals keep it.
+	window time.Duration
+	mu     sync.Mutex
+	cur    *slotHold // the slot taken by Acquire, until released
 	// nodes caches, per slot, whether its expired holder's Node is still
 	// disrupted, for the record it was judged on.
 	nodes map[string]nodeVerdict
@@ -175,6 +180,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		// first; its own slot (kept through a reboot) at once.
 		var pick *candidate
 		var wait time.Duration
+		window := hand.shared(store, s.Namespace, s.N)
 		isFree := map[string]bool{}
 		for i := range free {
 			c := &free[i]
@@ -186,7 +192,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			if !ok {
 				at, seenFree[c.name] = now, now
 			}
-			turn := s.turn(*c, hand.window)
+			turn := s.turn(*c, window)
 			w := turn - now.Sub(at)
 			if rv := slotVersion(c); w < -lateTurn && recounted[c.name] != rv {
 				// This node looks long after its turn: its process or its
@@ -217,7 +223,9 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		case pick != nil:
 			// One try a round: a node that lost a race waits for the
 			// winner's write to reach its cache instead of trying every
-			// other slot.
+			// other slot. The take carries the window for the slot's next
+			// hand-off.
+			s.window = hand.next(window, s.order(*pick))
 			got, err := s.take(ctx, pick.name, pick.lease, exists[pick.name])
 			switch {
 			case got != nil:
@@ -295,9 +303,13 @@ const lostRaceHold = 5 * time.Second
 // the node whose turn it is. Every queued node uses the same window
 // (handOffs), so no node's turn is pushed back by its own bad luck.
 func (s *Slots) turn(c candidate, window time.Duration) time.Duration {
+	return time.Duration(s.order(c) * float64(window))
+}
+
+// order is this node's place in [0, 1) in the order of slot c's version.
+func (s *Slots) order(c candidate) float64 {
 	sum := sha256.Sum256([]byte(c.name + "\x00" + slotVersion(&c) + "\x00" + s.Holder))
-	u := float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53) // in [0, 1)
-	return time.Duration(u * float64(window))
+	return float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53)
 }
 
 // The window over which queued nodes spread their turns follows the
@@ -354,6 +366,66 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 			}
 		}
 	}
+}
+
+// AnnotationTurnWindow on a slot Lease is the window, in milliseconds, over
+// which the queued nodes spread their turns when it is next freed: the
+// taker writes it with its take (no request of its own), so that every
+// queued node, one that joined the queue a moment ago included, spreads
+// over the same window.
+const AnnotationTurnWindow = "migagent.io/turn-window"
+
+// windowFor is the window for slot l's next hand-off: as its last taker
+// wrote it, within [minWindow, maxWindow]; this node's own (h.window) for a
+// slot without one (absent, or written by an older agent).
+func (h *handOffs) windowFor(l *coordinationv1.Lease) time.Duration {
+	if l == nil {
+		return h.window
+	}
+	ms, err := strconv.ParseInt(l.Annotations[AnnotationTurnWindow], 10, 64)
+	if err != nil || ms <= 0 {
+		return h.window
+	}
+	return min(max(time.Duration(ms)*time.Millisecond, minWindow), maxWindow)
+}
+
+// shared is the window every queued node uses: the one written with the
+// latest take of any slot (by acquireTime; the same for every reader of the
+// same Leases), so that with many slots it follows every hand-off, not only
+// one slot's few; this node's own (h.window) while no slot carries one.
+func (h *handOffs) shared(store cache.Store, ns string, n int) time.Duration {
+	var latest *coordinationv1.Lease
+	for i := range n {
+		obj, ok, _ := store.GetByKey(ns + "/" + SlotLeaseName(i))
+		if !ok {
+			continue
+		}
+		l := obj.(*coordinationv1.Lease)
+		if _, has := l.Annotations[AnnotationTurnWindow]; !has || l.Spec.AcquireTime == nil {
+			continue
+		}
+		if latest == nil || l.Spec.AcquireTime.After(latest.Spec.AcquireTime.Time) {
+			latest = l
+		}
+	}
+	return h.windowFor(latest)
+}
+
+// next is the window a taker writes for the next hand-off. The
+// taker was first in c's order at place u (in [0, 1)): of Q queued nodes the
+// first falls near 1/(Q+1), so the window that puts turns a spacing apart is
+// about spacing/u; the spacing is two cache delays (the shortest recent gap
+// this node saw), at least HandOffGap. The window moves halfway there (in
+// ratio), by at most a factor of two.
+func (h *handOffs) next(cur time.Duration, u float64) time.Duration {
+	spacing := HandOffGap
+	if len(h.gaps) > 0 {
+		spacing = max(HandOffGap, 2*slices.Min(h.gaps))
+	}
+	ideal := float64(spacing) / max(u, 1e-6)
+	f := math.Sqrt(ideal / float64(cur))
+	f = min(max(f, 0.5), 2)
+	return min(max(time.Duration(f*float64(cur)), minWindow), maxWindow)
 }
 
 // nextWindow is the window after a hand-off that took gap, when writes take
@@ -557,6 +629,12 @@ func (s *Slots) claim(l *coordinationv1.Lease) *coordinationv1.Lease {
 		l.Labels = map[string]string{}
 	}
 	l.Labels[record.LabelManagedBy], l.Labels[LabelRolloutSlot] = "mig-agent", "true"
+	if s.window > 0 {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[AnnotationTurnWindow] = strconv.FormatInt(s.window.Milliseconds(), 10)
+	}
 	if ptr.Deref(l.Spec.HolderIdentity, "") != s.Holder {
 		l.Spec.AcquireTime = &now
 	}

@@ -5,14 +5,17 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/reconcile"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 )
@@ -212,5 +215,76 @@ func TestHandOffWindow(t *testing.T) {
 		if got := nextWindow(c.window, c.gap, c.delay); got != c.want {
 			t.Errorf("nextWindow(%v, gap %v, delay %v) = %v, want %v", c.window, c.gap, c.delay, got, c.want)
 		}
+	}
+}
+
+// The window of a slot's next hand-off travels in the slot Lease
+// (AnnotationTurnWindow), written by its taker with its take: every queued
+// node, one that has just joined the queue included, spreads its turn over
+// the same window. A taker early in the order (a long queue) widens it; one
+// late in it (a short queue) narrows it.
+func TestTurnWindowCarriedByLease(t *testing.T) {
+	h := handOffs{window: 2 * time.Second, freed: map[string]time.Time{}}
+	lease := func(v string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationTurnWindow: v}}}
+	}
+	for _, c := range []struct {
+		l    *coordinationv1.Lease
+		want time.Duration
+	}{
+		{nil, 2 * time.Second},
+		{lease("5000"), 5 * time.Second},
+		{lease("junk"), 2 * time.Second},
+		{lease("-3"), 2 * time.Second},
+		{lease("99999999"), maxWindow},
+		{lease("1"), minWindow},
+	} {
+		if got := h.windowFor(c.l); got != c.want {
+			t.Errorf("windowFor(%v) = %v, want %v", c.l, got, c.want)
+		}
+	}
+	two := 2 * time.Second
+	if got := h.next(two, 0.01); got <= 2*time.Second || got > 4*time.Second {
+		t.Errorf("a taker at 1%% of the order (a long queue) wrote %v; want wider than 2s, at most twice", got)
+	}
+	if got := h.next(two, 0.5); got != time.Second {
+		t.Errorf("a taker at half the order (a short queue) wrote %v; want 1s (halved)", got)
+	}
+
+	// A take writes it.
+	c := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	s := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "a", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: time.Second}
+	if _, err := acquireStepping(t, clk, s); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.CoordinationV1().Leases("ns").Get(context.Background(), SlotLeaseName(0), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := strconv.Atoi(l.Annotations[AnnotationTurnWindow]); err != nil || ms <= 0 {
+		t.Errorf("the take wrote %s=%q", AnnotationTurnWindow, l.Annotations[AnnotationTurnWindow])
+	}
+}
+
+// With many slots the window follows every hand-off: every queued node uses
+// the window written with the latest take of any slot (by acquireTime),
+// the same for every reader of the same Leases.
+func TestTurnWindowSharedAcrossSlots(t *testing.T) {
+	h := handOffs{window: 2 * time.Second, freed: map[string]time.Time{}}
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	if got := h.shared(store, "ns", 3); got != 2*time.Second {
+		t.Errorf("no slot carries a window: %v, want the node's own 2s", got)
+	}
+	at := func(sec int64) *metav1.MicroTime { m := metav1.NewMicroTime(time.Unix(sec, 0)); return &m }
+	for i, c := range []struct {
+		window string
+		taken  *metav1.MicroTime
+	}{{"5000", at(100)}, {"9000", at(300)}, {"7000", at(200)}} {
+		_ = store.Add(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: SlotLeaseName(i),
+			Annotations: map[string]string{AnnotationTurnWindow: c.window}}, Spec: coordinationv1.LeaseSpec{AcquireTime: c.taken}})
+	}
+	if got := h.shared(store, "ns", 3); got != 9*time.Second {
+		t.Errorf("shared window %v, want 9s (the latest take's)", got)
 	}
 }
