@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -41,10 +42,8 @@ func AddTaint(ctx context.Context, client kclient.Interface, node string) (added
 		if err != nil {
 			return err
 		}
-		for _, t := range n.Spec.Taints {
-			if t.Key == TaintKey && t.Effect == TaintEffect {
-				return nil
-			}
+		if hasTaintKey(n.Spec.Taints) {
+			return nil
 		}
 		n.Spec.Taints = append(n.Spec.Taints, Taint())
 		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
@@ -67,22 +66,14 @@ func RemoveTaint(ctx context.Context, client kclient.Interface, node string) (re
 	if node == "" {
 		return false, fmt.Errorf("remove taint: %w", ErrNoNode)
 	}
-	want := Taint()
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		removed = false
 		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		kept := n.Spec.Taints[:0:0]
-		for _, t := range n.Spec.Taints {
-			if t.Key == want.Key && t.Value == want.Value && t.Effect == want.Effect {
-				removed = true
-				continue
-			}
-			kept = append(kept, t)
-		}
-		if !removed {
+		var kept []corev1.Taint
+		if kept, removed = withoutTaint(n.Spec.Taints); !removed {
 			return nil
 		}
 		n.Spec.Taints = kept
@@ -105,10 +96,8 @@ func RemoveTaint(ctx context.Context, client kclient.Interface, node string) (re
 // already shows the taint (it may be stale: only a read tells whose it is)
 // or the Node changed since it was cached: the caller then uses AddTaint.
 func AddTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (added, done bool, err error) {
-	for _, t := range cached.Spec.Taints {
-		if t.Key == TaintKey && t.Effect == TaintEffect {
-			return false, false, nil
-		}
+	if hasTaintKey(cached.Spec.Taints) {
+		return false, false, nil
 	}
 	taints := append(append([]corev1.Taint{}, cached.Spec.Taints...), Taint())
 	return patchTaints(ctx, client, cached, taints)
@@ -119,19 +108,33 @@ func AddTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.
 // does not show the taint or the Node changed since it was cached: the
 // caller then uses RemoveTaint.
 func RemoveTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (removed, done bool, err error) {
+	kept, ours := withoutTaint(cached.Spec.Taints)
+	if !ours {
+		return false, false, nil
+	}
+	return patchTaints(ctx, client, cached, kept)
+}
+
+// hasTaintKey: a NoSchedule taint with TaintKey is there, the agent's or
+// someone else's (whatever its value).
+func hasTaintKey(taints []corev1.Taint) bool {
+	return slices.ContainsFunc(taints, func(t corev1.Taint) bool { return t.Key == TaintKey && t.Effect == TaintEffect })
+}
+
+// withoutTaint is taints without the agent's own taint (exactly key, value
+// and effect; never nil, so that a patch writes an empty list), and whether
+// it was there.
+func withoutTaint(taints []corev1.Taint) (kept []corev1.Taint, removed bool) {
 	want := Taint()
-	kept := []corev1.Taint{}
-	for _, t := range cached.Spec.Taints {
+	kept = []corev1.Taint{}
+	for _, t := range taints {
 		if t.Key == want.Key && t.Value == want.Value && t.Effect == want.Effect {
 			removed = true
 			continue
 		}
 		kept = append(kept, t)
 	}
-	if !removed {
-		return false, false, nil
-	}
-	return patchTaints(ctx, client, cached, kept)
+	return kept, removed
 }
 
 // patchTaints sets the Node's taints to taints if it is still at cached's

@@ -12,7 +12,6 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/journal"
 )
 
@@ -43,22 +42,26 @@ func leaseRequests(c *fake.Clientset, name string) map[string]int {
 	return n
 }
 
-func TestNodeLeaseConfirmFromWatch(t *testing.T) {
+// takenNodeLease is agent "a" holding its node Lease, with watch started
+// (Keep, or only Keep's watch) and showing the agent's own write.
+func takenNodeLease(t *testing.T, watch func(ctx context.Context, a *NodeLease)) (context.Context, *fake.Clientset, *clocktesting.FakeClock, *NodeLease) {
+	t.Helper()
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	a := newNodeLease(c, clk, "a")
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	if err := a.Take(ctx); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = a.Keep(ctx) }()
+	watch(ctx, a)
+	waitUntil(t, "the watch of the node Lease never showed the agent's own write", a.confirmedByWatch)
+	return ctx, c, clk, a
+}
+
+func TestNodeLeaseConfirmFromWatch(t *testing.T) {
+	ctx, c, clk, a := takenNodeLease(t, func(ctx context.Context, a *NodeLease) { go func() { _ = a.Keep(ctx) }() })
 	name := NodeLeaseName("n")
-	for deadline := time.Now().Add(5 * time.Second); !a.confirmedByWatch(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the watch of the node Lease never showed the agent's own write")
-		}
-	}
 	before := leaseRequests(c, name)
 	for range 40 { // one change of eight GPUs: about 40 GPU steps
 		if err := a.Confirm(ctx); err != nil {
@@ -80,11 +83,7 @@ func TestNodeLeaseConfirmFromWatch(t *testing.T) {
 	if _, err := c.CoordinationV1().Leases("ns").Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); a.confirmedByWatch(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the watch kept vouching for a Lease another identity wrote")
-		}
-	}
+	waitUntil(t, "the watch kept vouching for a Lease another identity wrote", func() bool { return !a.confirmedByWatch() })
 	if err := a.Confirm(ctx); !errors.Is(err, journal.ErrAnotherAgent) {
 		t.Fatalf("Confirm after another identity took the Lease: %v", err)
 	}
@@ -93,22 +92,11 @@ func TestNodeLeaseConfirmFromWatch(t *testing.T) {
 // Half the lease duration without a renewal: the watch no longer vouches,
 // and Confirm reads the Lease.
 func TestNodeLeaseConfirmStaleWatchReads(t *testing.T) {
-	c := fake.NewClientset()
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
-	a := newNodeLease(c, clk, "a")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := a.Take(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.watch(ctx, make(chan struct{}, 1)); err != nil { // Keep's watch, without its renewals
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(5 * time.Second); !a.confirmedByWatch(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the watch of the node Lease never showed the agent's own write")
+	ctx, c, clk, a := takenNodeLease(t, func(ctx context.Context, a *NodeLease) {
+		if err := a.watch(ctx, make(chan struct{}, 1)); err != nil { // Keep's watch, without its renewals
+			t.Fatal(err)
 		}
-	}
+	})
 	name := NodeLeaseName("n")
 	clk.Step(16 * time.Second)
 	if a.confirmedByWatch() {
@@ -128,8 +116,7 @@ func TestSlotReleaseIsOneWrite(t *testing.T) {
 	defer cancel()
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	s := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "a", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
-	slot, err := acquireStepping(t, clk, s)
+	slot, err := acquireStepping(t, clk, newSlots(c, clk, "a"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/reconcile"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -20,23 +19,33 @@ import (
 	"k8s.io/utils/ptr"
 )
 
+// heldSlot is one slot held by "holder", on a fake API server that checks
+// resourceVersions, and slot, which makes a queued node's Slots (window 1 s).
+func heldSlot(t *testing.T) (context.Context, *fake.Clientset, *clocktesting.FakeClock, func(holder string) *Slots, reconcile.Slot) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	slot := func(holder string) *Slots {
+		s := newSlots(c, clk, holder)
+		s.Spread = time.Second
+		return s
+	}
+	held, err := acquireStepping(t, clk, slot("holder"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, c, clk, slot, held
+}
+
 // A slot hand-off that does not herd (issue #28): eight nodes queue for
 // one slot; when it is released, they try in the order all of them compute
 // from the Lease data (turn): the first in that order takes it, and the
 // Lease sees a bounded number of writes (not one per queued node).
 func TestSlotHandOffInAgreedOrder(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
-	slot := func(holder string) *Slots {
-		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: time.Second}
-	}
-	h, err := acquireStepping(t, clk, slot("holder"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, c, clk, slot, h := heldSlot(t)
 	const queued = 8
 	type won struct{ name string }
 	got := make(chan won, queued)
@@ -113,18 +122,7 @@ func TestSlotHandOffInAgreedOrder(t *testing.T) {
 // no node waits more than two rounds past its turn. Each hand-off costs
 // the release, the take and at most one lost race.
 func TestSlotHandOffFairOverAQueue(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
-	slot := func(holder string) *Slots {
-		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: time.Second}
-	}
-	cur, err := acquireStepping(t, clk, slot("holder"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, c, clk, slot, cur := heldSlot(t)
 	type won struct {
 		name string
 		slot reconcile.Slot
@@ -254,7 +252,8 @@ func TestTurnWindowCarriedByLease(t *testing.T) {
 	// A take writes it.
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
-	s := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "a", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: time.Second}
+	s := newSlots(c, clk, "a")
+	s.Spread = time.Second
 	if _, err := acquireStepping(t, clk, s); err != nil {
 		t.Fatal(err)
 	}

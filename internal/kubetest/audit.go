@@ -22,12 +22,6 @@ import (
 type AuditEvent struct {
 	Verb      string `json:"verb"`
 	UserAgent string `json:"userAgent"`
-	User      struct {
-		Username string `json:"username"`
-	} `json:"user"`
-	ImpersonatedUser *struct {
-		Username string `json:"username"`
-	} `json:"impersonatedUser"`
 	ObjectRef *struct {
 		Resource  string `json:"resource"`
 		Namespace string `json:"namespace"`
@@ -37,7 +31,6 @@ type AuditEvent struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
 	Stage            string    `json:"stage"`
-	StageTimestamp   time.Time `json:"stageTimestamp"`
 	RequestReceivedT time.Time `json:"requestReceivedTimestamp"`
 }
 
@@ -107,11 +100,6 @@ func ReadAudit(path string, from, to time.Time, keep func(AuditEvent) bool) ([]A
 		}
 	}
 	return out, sc.Err()
-}
-
-// AuditInNamespace keeps the requests on objects in namespace ns.
-func AuditInNamespace(ns string) func(AuditEvent) bool {
-	return func(e AuditEvent) bool { return e.Namespace() == ns }
 }
 
 // AuditByUserAgent keeps the requests whose user agent starts with prefix.
