@@ -13,6 +13,7 @@ import (
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -166,5 +167,47 @@ func TestRecordRetiring(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `\"config\":\"`+r.Config+`\"`) {
 		t.Errorf("the log does not hold the whole record %s:\n%s", r.Config, logs.String())
+	}
+}
+
+// The preflight proves the taint's update from the watch's copy of the
+// Node without reading it, and reads it once only when the API server finds
+// that copy stale (a conflict, as an update with an old resourceVersion
+// gets); neither write is persisted (dryRun=All).
+func TestPreflightTaintFromCachedNode(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", ResourceVersion: "5"}})
+	current := "5" // the API server's resourceVersion of the Node
+	var gets, updates int
+	c.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		gets++
+		return true, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", ResourceVersion: current}}, nil
+	})
+	c.PrependReactor("update", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		u := a.(k8stesting.UpdateActionImpl)
+		n := u.GetObject().(*corev1.Node)
+		if !slices.Equal(u.UpdateOptions.DryRun, []string{metav1.DryRunAll}) {
+			t.Errorf("the preflight's update is no dry run: %v", u.UpdateOptions.DryRun)
+		}
+		if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != "migagent.io/reconfiguring" {
+			t.Errorf("the preflight's update carries taints %v", n.Spec.Taints)
+		}
+		updates++
+		if n.ResourceVersion != current {
+			return true, nil, apierrors.NewConflict(corev1.Resource("nodes"), n.Name, fmt.Errorf("the object has been modified"))
+		}
+		return true, n, nil
+	})
+	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	cached := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", ResourceVersion: "5"}}
+	if err := k.preflightTaint(ctx, cached); err != nil || gets != 0 || updates != 1 {
+		t.Fatalf("fresh copy: err %v, %d GETs, %d updates; want nil, 0, 1", err, gets, updates)
+	}
+	if len(cached.Spec.Taints) != 0 {
+		t.Errorf("the watch's copy was changed: %v", cached.Spec.Taints)
+	}
+	current, gets, updates = "6", 0, 0
+	if err := k.preflightTaint(ctx, cached); err != nil || gets != 1 || updates != 2 {
+		t.Fatalf("stale copy: err %v, %d GETs, %d updates; want nil, 1, 2", err, gets, updates)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -26,7 +27,8 @@ import (
 //
 // The writes are independent and sent at once; the Node they start from is
 // the watch's (CachedNode): the patch and the Event carry no
-// resourceVersion, and the taint's update reads the Node afresh.
+// resourceVersion, and the taint's update reads the Node afresh only when
+// the API server finds the watch's copy stale.
 func (k *Cluster) Preflight(ctx context.Context, taint bool) error {
 	node, err := k.CachedNode(ctx)
 	if err != nil {
@@ -76,13 +78,29 @@ func (k *Cluster) preflightRecord(ctx context.Context, node *corev1.Node) error 
 }
 
 // preflightTaint: the taint, an update of the Node as drain.AddTaint makes
-// it (of the Node read now: an update needs its resourceVersion).
-func (k *Cluster) preflightTaint(ctx context.Context, _ *corev1.Node) error {
+// it (the patch drain.AddTaintFrom sends first is proven by the record's).
+// It starts from node, the watch's copy; an update needs the current
+// resourceVersion, so a copy the API server finds stale (a conflict) is read
+// afresh once.
+func (k *Cluster) preflightTaint(ctx context.Context, node *corev1.Node) error {
 	nodes := k.Client.CoreV1().Nodes()
-	n, err := nodes.Get(ctx, k.Node, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("reading node %s: %w", k.Node, err)
+	err := k.dryRunTaint(ctx, node)
+	if apierrors.IsConflict(err) {
+		n, gerr := nodes.Get(ctx, k.Node, metav1.GetOptions{})
+		if gerr != nil {
+			return fmt.Errorf("reading node %s: %w", k.Node, gerr)
+		}
+		err = k.dryRunTaint(ctx, n)
 	}
+	if err != nil {
+		return fmt.Errorf("tainting node %s %s: %w", k.Node, drain.TaintKey, err)
+	}
+	return nil
+}
+
+// dryRunTaint sends the update that adds the taint to n, with dryRun=All.
+func (k *Cluster) dryRunTaint(ctx context.Context, n *corev1.Node) error {
+	n = n.DeepCopy()
 	// A taint already there (a change resumed after a reboot keeps it)
 	// is not added twice: the update alone still proves the right.
 	if !slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
@@ -90,10 +108,8 @@ func (k *Cluster) preflightTaint(ctx context.Context, _ *corev1.Node) error {
 	}) {
 		n.Spec.Taints = append(n.Spec.Taints, drain.Taint())
 	}
-	if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{FieldManager: "mig-agent", DryRun: dryRun}); err != nil {
-		return fmt.Errorf("tainting node %s %s: %w", k.Node, drain.TaintKey, err)
-	}
-	return nil
+	_, err := k.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{FieldManager: "mig-agent", DryRun: dryRun})
+	return err
 }
 
 // preflightEvent: an Event about the Node.

@@ -180,7 +180,7 @@ func (s *Sim) AddProcess(gpu int, p Process) error {
 // hooks) and, when f returns nil, writes that copy: all or nothing.
 func (s *Sim) editGPU(gpu int, f func(g *simGPU) error) error {
 	l := s.lib
-	l.lock()
+	l.lockWrite()
 	defer l.unlock()
 	next := l.st.clone()
 	g, _ := l.gpu(&next, gpu)

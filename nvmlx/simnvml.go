@@ -82,16 +82,31 @@ const simMaxProfileIndex = 17
 
 // --- state plumbing ----------------------------------------------------------
 
-// lock takes the mutex and, with a state file, the lock that serializes
-// every process's read-modify-write of it (flock on its directory: the
-// file itself is replaced by rename), then picks up a state another
-// process wrote. unlock releases both.
+// lock takes the mutex and picks up a state another process wrote: what a
+// read needs. Writers replace the file by rename, so a read sees a whole
+// state, never a half-written one; reads take no file lock, as reading
+// NVML takes none. lockWrite also takes the lock that serializes every
+// process's read-modify-write of the file (flock on its directory: the
+// file itself is replaced by rename). unlock releases what was taken.
 func (l *simLib) lock() {
+	l.mu.Lock()
+	l.refresh()
+}
+
+func (l *simLib) lockWrite() {
 	l.mu.Lock()
 	if l.path == "" {
 		return
 	}
 	l.dirLock = flockDir(filepath.Dir(l.path))
+	l.refresh()
+}
+
+// refresh reads the state file when another process replaced it.
+func (l *simLib) refresh() {
+	if l.path == "" {
+		return
+	}
 	if now := stampOf(l.path); now != l.stamp {
 		if st, err := readSimState(l.path); err == nil && slices.Equal(st.modelKeys(), l.st.modelKeys()) {
 			l.st, l.stamp = st, now
@@ -199,7 +214,7 @@ func (l *simLib) gpu(st *simState, i int) (*simGPU, *profiles.Model) {
 // driverUnloaded) it fails with DRIVER_NOT_LOADED; a --sim-faults Init:N
 // fault fails that call.
 func (l *simLib) Init() nvml.Return {
-	l.lock()
+	l.lockWrite()
 	defer l.unlock()
 	if ret := l.fault(-1, OpInit); ret != nvml.SUCCESS {
 		return ret // --sim-faults Init:N: no reference taken
@@ -218,7 +233,7 @@ func (l *simLib) Init() nvml.Return {
 // Shutdown releases one reference; without one it is ERROR_UNINITIALIZED
 // (nvml.h nvmlShutdown).
 func (l *simLib) Shutdown() nvml.Return {
-	l.lock()
+	l.lockWrite()
 	defer l.unlock()
 	if !l.up() {
 		return nvml.ERROR_UNINITIALIZED
@@ -450,7 +465,7 @@ func simMode(on bool) int {
 //     (unverified; NVIDIA's mig-parted clears every instance first).
 func (d *simDevice) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 	activation := nvml.SUCCESS
-	d.lib.lock()
+	d.lib.lockWrite()
 	defer d.lib.unlock()
 	if !d.lib.up() {
 		return nvml.ERROR_UNINITIALIZED, nvml.ERROR_UNINITIALIZED
@@ -637,7 +652,7 @@ func (d *simDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfile
 // success counts in Mutations under op.
 func (d *simDevice) createGI(op string, info *nvml.GpuInstanceProfileInfo,
 	place func(g *simGPU, m *profiles.Model, p *profiles.Profile) (profiles.Placement, nvml.Return)) (nvml.GpuInstance, nvml.Return) {
-	d.lib.lock()
+	d.lib.lockWrite()
 	defer d.lib.unlock()
 	if !d.lib.up() {
 		return nil, nvml.ERROR_UNINITIALIZED
@@ -943,7 +958,7 @@ func (h *simGpuInstance) GetComputeInstanceById(id int) (nvml.ComputeInstance, n
 // smallest free from 0 (`-cci 0,0,0` gives 0, 1, 2 in the MIG user guide).
 func (h *simGpuInstance) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
 	const op = OpCreateComputeInstance
-	h.lib.lock()
+	h.lib.lockWrite()
 	defer h.lib.unlock()
 	if !h.lib.up() {
 		return nil, nvml.ERROR_UNINITIALIZED
@@ -992,7 +1007,7 @@ func (h *simGpuInstance) CreateComputeInstance(info *nvml.ComputeInstanceProfile
 // nvmlGpuInstanceDestroy); INVALID_ARGUMENT for a stale handle.
 func (h *simGpuInstance) Destroy() nvml.Return {
 	const op = OpGpuInstanceDestroy
-	h.lib.lock()
+	h.lib.lockWrite()
 	defer h.lib.unlock()
 	if !h.lib.up() {
 		return nvml.ERROR_UNINITIALIZED
@@ -1053,7 +1068,7 @@ func (c *simComputeInstance) GetInfo() (nvml.ComputeInstanceInfo, nvml.Return) {
 func (c *simComputeInstance) Destroy() nvml.Return {
 	const op = OpComputeInstanceDestroy
 	l := c.gi.lib
-	l.lock()
+	l.lockWrite()
 	defer l.unlock()
 	if !l.up() {
 		return nvml.ERROR_UNINITIALIZED
@@ -1108,7 +1123,7 @@ func findCI(g *simGPU, gi, ci int) *simCI {
 // not supported", gpu-operator issue 1606). A reset makes the pending MIG
 // mode current and drops every GPU and compute instance.
 func (l *simLib) smiReset(busID string) ([]byte, error) {
-	l.lock()
+	l.lockWrite()
 	defer l.unlock()
 	gpu := slices.IndexFunc(l.st.GPUs, func(g simGPU) bool { return g.PCIBusID == busID })
 	if gpu < 0 {
