@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -85,11 +86,13 @@ type fleetRun struct {
 	// release, the per-node time a slot is busy; HandOffMsMedian: release →
 	// the next take, what the hand-off adds per node;
 	// RolloutOverHolds: the rollout time over ⌈K/N⌉ × SlotHoldMsMedian.
-	SlotHoldMsMedian   float64 `json:"slotHoldMsMedian"`
-	HandOffMsMedian    float64 `json:"handOffMsMedian"`
-	RolloutOverHolds   float64 `json:"rolloutOverHolds"`
-	IdleRequestsPerSec float64 `json:"idleRequestsPerSec"`
-	IdleWindowSeconds  float64 `json:"idleWindowSeconds"`
+	SlotHoldMsMedian float64 `json:"slotHoldMsMedian"`
+	HandOffMsMedian  float64 `json:"handOffMsMedian"`
+	// SlotTime splits a slot's share of the rollout (from the audit log).
+	SlotTime           *slotTime `json:"slotTime,omitempty"`
+	RolloutOverHolds   float64   `json:"rolloutOverHolds"`
+	IdleRequestsPerSec float64   `json:"idleRequestsPerSec"`
+	IdleWindowSeconds  float64   `json:"idleWindowSeconds"`
 	// After an API server outage of OutageSeconds (run only where set):
 	// requests in the first 10 s once /readyz said ok.
 	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
@@ -411,19 +414,33 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time) error {
 			writes[e.Name()] = append(writes[e.Name()], e.RequestReceivedT)
 		}
 	}
-	var holds, gaps []float64
+	var holds, gaps, leadIns, tails []float64
+	var held, handedOff float64 // summed over the slots
+	end := from.Add(time.Duration(r.RolloutSeconds * float64(time.Second)))
 	for _, ts := range writes {
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+		leadIns = append(leadIns, ms(ts[0].Sub(from)))
+		tails = append(tails, ms(end.Sub(ts[len(ts)-1])))
 		for i := 0; i+1 < len(ts); i++ {
-			d := float64(ts[i+1].Sub(ts[i]).Microseconds()) / 1000
+			d := ms(ts[i+1].Sub(ts[i]))
 			if i%2 == 0 {
-				holds = append(holds, d)
+				holds, held = append(holds, d), held+d
 			} else {
-				gaps = append(gaps, d)
+				gaps, handedOff = append(gaps, d), handedOff+d
 			}
 		}
 	}
 	r.SlotHoldMsMedian, r.HandOffMsMedian = median(holds), median(gaps)
+	if len(writes) > 0 {
+		// Where a slot's rollout time goes, on average over the slots:
+		// before its first take, held, between a release and the next
+		// take, and after its last release.
+		per := float64(len(writes))
+		r.SlotTime = &slotTime{LeadInMs: median(leadIns), HeldMs: held / per, HandOffMs: handedOff / per, TailMs: median(tails),
+			HandOffMsMean: handedOff / max(float64(len(gaps)), 1), HandOffMsMax: slices.Max(append([]float64{0}, gaps...))}
+		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: a slot's rollout: %.0f ms before its first take, %.0f ms held, %.0f ms between holds (mean %.0f, max %.0f a hand-off), %.0f ms after its last release\n",
+			k, r.MaxConcurrent, r.SlotTime.LeadInMs, r.SlotTime.HeldMs, r.SlotTime.HandOffMs, r.SlotTime.HandOffMsMean, r.SlotTime.HandOffMsMax, r.SlotTime.TailMs)
+	}
 	if r.SlotHoldMsMedian > 0 {
 		rounds := (k + r.MaxConcurrent - 1) / r.MaxConcurrent
 		r.RolloutOverHolds = r.RolloutSeconds * 1000 / (float64(rounds) * r.SlotHoldMsMedian)
@@ -632,4 +649,17 @@ func parseInts(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// slotTime is where a slot's rollout time went: LeadInMs before its first
+// take (the labels reaching the agents, their checks), HeldMs held and
+// HandOffMs between holds (summed, averaged over the slots), TailMs after
+// its last release (medians over the slots); a hand-off's mean and max.
+type slotTime struct {
+	LeadInMs      float64 `json:"leadInMs"`
+	HeldMs        float64 `json:"heldMs"`
+	HandOffMs     float64 `json:"handOffMs"`
+	TailMs        float64 `json:"tailMs"`
+	HandOffMsMean float64 `json:"handOffMsMean"`
+	HandOffMsMax  float64 `json:"handOffMsMax"`
 }
