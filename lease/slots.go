@@ -221,9 +221,13 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		case pick != nil && wait > 0:
 			turn = s.Clock.After(wait)
 		case pick != nil:
-			// One try a round: a node that lost a race waits for the
-			// winner's write to reach its cache instead of trying every
-			// other slot. The take carries the window for the slot's next
+			// One try a round: a node that lost a race does not try that
+			// slot's version again until the winner's write reaches its
+			// cache (lost), and looks again after a jittered wait or the
+			// next change of the slots. (Holding every slot back until then
+			// was measured, K = 200, N = 50: no fewer conflicts; one
+			// node's losses came 0.3 to 1.5 s apart, each on a new
+			// hand-off.) The take carries the window for the slot's next
 			// hand-off.
 			s.window = hand.next(window, s.order(*pick))
 			got, err := s.take(ctx, pick.name, pick.lease, exists[pick.name])
