@@ -114,6 +114,7 @@ type fleetOptions struct {
 	startStride time.Duration
 	logDir      string // each agent's log is written there after its run
 	logLevel    string
+	repeat      int // runs of each cell
 }
 
 // countingTransport counts the bench's own requests, so that they are
@@ -202,14 +203,17 @@ func runFleet(ctx context.Context, api *apiServer, agentBin, work string, o flee
 	fmt.Fprintf(os.Stderr, "fleet-bench: server baseline %.2f requests/s\n", res.ServerBaselinePerSec)
 	for _, k := range o.ks {
 		for i, n := range o.ns {
-			outage := o.outage > 0 && (o.outageAll || i == len(o.ns)-1)
-			run, err := f.run(ctx, k, n, outage)
-			if run != nil {
-				res.Runs = append(res.Runs, *run)
-			}
-			if err != nil {
-				res.Failures = append(res.Failures, fmt.Sprintf("K=%d N=%d: %v", k, n, err))
-				fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d FAILED: %v\n", k, n, err)
+			for rep := range max(o.repeat, 1) {
+				// The outage follows the first run of a cell only.
+				outage := rep == 0 && o.outage > 0 && (o.outageAll || i == len(o.ns)-1)
+				run, err := f.run(ctx, k, n, rep, outage)
+				if run != nil {
+					res.Runs = append(res.Runs, *run)
+				}
+				if err != nil {
+					res.Failures = append(res.Failures, fmt.Sprintf("K=%d N=%d run %d: %v", k, n, rep+1, err))
+					fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d FAILED: %v\n", k, n, err)
+				}
 			}
 		}
 	}
@@ -218,9 +222,12 @@ func runFleet(ctx context.Context, api *apiServer, agentBin, work string, o flee
 
 // run rolls all-disabled → o.config out over k fresh nodes with
 // --max-concurrent n.
-func (f *fleetBench) run(ctx context.Context, k, n int, outage bool) (*fleetRun, error) {
+func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*fleetRun, error) {
 	c := f.client
 	ns := fmt.Sprintf("fleet-k%d-n%d", k, n)
+	if rep > 0 {
+		ns = fmt.Sprintf("fleet-k%d-n%d-r%d", k, n, rep+1)
+	}
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: starting %d agents\n", k, n, k)
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
@@ -608,6 +615,7 @@ func printFleet(w io.Writer, r *fleetResults) {
 			x.AgentLeaseConflicts, 100*x.ConflictShare, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
 	}
 	_ = tw.Flush()
+	printSpread(w, r.Runs)
 	fmt.Fprintf(w, "\nserver baseline (no agents): %.2f requests/s\n", r.ServerBaselinePerSec)
 	for _, f := range r.Failures {
 		fmt.Fprintln(w, "FAILED:", f)
@@ -662,4 +670,45 @@ type slotTime struct {
 	TailMs        float64 `json:"tailMs"`
 	HandOffMsMean float64 `json:"handOffMsMean"`
 	HandOffMsMax  float64 `json:"handOffMsMax"`
+}
+
+// printSpread prints, for each K and N run more than once, the median and
+// the range of its figures over the runs.
+func printSpread(w io.Writer, runs []fleetRun) {
+	type cell struct{ k, n int }
+	var order []cell
+	by := map[cell][]fleetRun{}
+	for _, x := range runs {
+		c := cell{x.Nodes, x.MaxConcurrent}
+		if _, ok := by[c]; !ok {
+			order = append(order, c)
+		}
+		by[c] = append(by[c], x)
+	}
+	header := false
+	for _, c := range order {
+		xs := by[c]
+		if len(xs) < 2 {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\nspread over the runs of a cell: median (min–max)")
+			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | hand-off ms | slot Lease req/node | 409 share % |")
+			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+			header = true
+		}
+		of := func(f func(fleetRun) float64, format string) string {
+			v := make([]float64, len(xs))
+			for i, x := range xs {
+				v[i] = f(x)
+			}
+			return fmt.Sprintf(format+" ("+format+"–"+format+")", median(v), slices.Min(v), slices.Max(v))
+		}
+		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
+			of(func(x fleetRun) float64 { return x.RolloutSeconds }, "%.1f"),
+			of(func(x fleetRun) float64 { return x.RolloutOverHolds }, "%.2f"),
+			of(func(x fleetRun) float64 { return x.HandOffMsMedian }, "%.0f"),
+			of(func(x fleetRun) float64 { return x.SlotLeaseRequestsPerNode }, "%.2f"),
+			of(func(x fleetRun) float64 { return 100 * x.ConflictShare }, "%.1f"))
+	}
 }

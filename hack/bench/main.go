@@ -87,6 +87,7 @@ type options struct {
 	fleetIdle          time.Duration
 	fleetOutage        time.Duration
 	fleetOutageAll     bool
+	fleetRepeat        int
 	fleetStride        time.Duration
 }
 
@@ -105,6 +106,7 @@ func main() {
 	flag.DurationVar(&o.fleetIdle, "fleet-idle", 15*time.Second, "fleet bench: how long the idle fleet's requests are counted after each rollout")
 	flag.DurationVar(&o.fleetOutage, "fleet-outage", 30*time.Second, "fleet bench: API server outage after the last N of each K (0: none)")
 	flag.BoolVar(&o.fleetOutageAll, "fleet-outage-every-run", false, "fleet bench: an outage after every run, not only after the last N of each K")
+	flag.IntVar(&o.fleetRepeat, "fleet-repeat", 1, "fleet bench: runs of each K and N; with more than one, the spread of each cell is printed after the table")
 	flag.DurationVar(&o.fleetStride, "fleet-start-stride", 50*time.Millisecond, "fleet bench: pause between agent starts")
 	flag.StringVar(&o.fleetLogDir, "fleet-log-dir", "", "fleet bench: write each agent's log to DIR/<node>.log")
 	flag.StringVar(&o.fleetLogLevel, "fleet-log-level", "warn", "fleet bench: the agents' --log-level")
@@ -323,7 +325,7 @@ func fleetMain(ctx context.Context, o options, w io.Writer) error {
 		return fmt.Errorf("the agent binary: %w (run make build)", err)
 	}
 	fo := fleetOptions{logDir: o.fleetLogDir, logLevel: o.fleetLogLevel, idle: o.fleetIdle, outage: o.fleetOutage, outageAll: o.fleetOutageAll, config: "all-balanced",
-		leaseDur: time.Minute, startStride: o.fleetStride}
+		leaseDur: time.Minute, startStride: o.fleetStride, repeat: max(o.fleetRepeat, 1)}
 	if fo.ks, err = parseInts(o.fleetK); err != nil {
 		return err
 	}
