@@ -231,6 +231,9 @@ func runDaemonSet(t testing.TB, client kubernetes.Interface, node string, ds *ap
 		<-done
 		cctx, ccancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer ccancel()
+		if t.Failed() {
+			p.explain(cctx, ds.Name)
+		}
 		_ = client.AppsV1().DaemonSets(ns).Delete(cctx, ds.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationOrphan)})
 		pods, _ := client.CoreV1().Pods(ns).List(cctx, metav1.ListOptions{LabelSelector: nodeLabel + "=" + node})
 		if pods != nil {
@@ -240,6 +243,41 @@ func runDaemonSet(t testing.TB, client kubernetes.Interface, node string, ds *ap
 		}
 	})
 	return p
+}
+
+// explain logs, for a failed test, what the DaemonSet controller and the
+// stand-ins made of the DaemonSet: its status and Events (the controller
+// records SuccessfulCreate, FailedCreate, FailedPlacement on it), its pods
+// and the node's taints, so that a pod that never ran says why.
+func (p *podLoop) explain(ctx context.Context, name string) {
+	var b strings.Builder
+	if ds, err := p.client.AppsV1().DaemonSets(p.ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+		fmt.Fprintf(&b, "DaemonSet %s/%s: %v\n", p.ns, name, err)
+	} else {
+		s := ds.Status
+		fmt.Fprintf(&b, "DaemonSet %s/%s: generation %d observed %d, desired %d current %d ready %d misscheduled %d\n", p.ns, name,
+			ds.Generation, s.ObservedGeneration, s.DesiredNumberScheduled, s.CurrentNumberScheduled, s.NumberReady, s.NumberMisscheduled)
+	}
+	if evs, err := p.client.CoreV1().Events(p.ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Kind == "DaemonSet" && e.InvolvedObject.Name == name {
+				fmt.Fprintf(&b, "  event %s %s x%d (last %s): %s\n", e.Type, e.Reason, e.Count, e.LastTimestamp.UTC().Format(time.RFC3339), e.Message)
+			}
+		}
+	}
+	if pods, err := p.client.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{LabelSelector: nodeLabel + "=" + p.node}); err == nil {
+		for _, pod := range pods.Items {
+			fmt.Fprintf(&b, "  pod %s uid %s created %s node %q phase %s deleting %v\n", pod.Name, pod.UID,
+				pod.CreationTimestamp.UTC().Format(time.RFC3339), pod.Spec.NodeName, pod.Status.Phase, pod.DeletionTimestamp != nil)
+		}
+	}
+	if n, err := p.client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{}); err == nil {
+		fmt.Fprintf(&b, "  node %s taints %v\n", p.node, n.Spec.Taints)
+	}
+	p.mu.Lock()
+	fmt.Fprintf(&b, "  pods the scheduler stand-in waits to place: %d", len(p.waiting))
+	p.mu.Unlock()
+	p.t.Logf("%s", b.String())
 }
 
 // Starts counts the plugin's starts (each one enumerates the GPUs).
