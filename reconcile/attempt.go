@@ -642,7 +642,23 @@ func appendNew(s []string, more ...string) []string {
 func (d *Daemon) finish(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, applied *gpus.Applied, named []nvmlx.UnusableGPU) error {
 	d.advance(ch, journal.PhaseRestoring)
 	d.saveJournal()
+	// The device plugin pods that read the old geometry go while the
+	// taint still keeps their DaemonSets from placing new ones: lifting it
+	// is then the Node update on which the DaemonSet controller places them
+	// (its node-update path: a node it should run on, with no daemon pod),
+	// instead of a pod deletion racing the taint's removal in its caches.
+	restartFailed := d.restartPlugins(ctx, node, ch)
 	d.restore(ctx, ch)
+	if restartFailed != "" {
+		// Kept as a refresh that failed: its retry restarts them again.
+		d.advance(ch, journal.PhaseRefreshing)
+		d.saveJournal()
+		if ctx.Err() != nil {
+			d.Log.Info("interrupted while restarting the device plugin; the journal keeps the change", "config", ch.Config)
+			return endPass(outParked)
+		}
+		return &StepError{Reason: restartFailed, Retryable: true, Event: record.ReasonResourcesTimeout}
+	}
 	converged, failed := d.refresh(ctx, node, ch, applied.After)
 	if failed != "" {
 		if ctx.Err() != nil {
@@ -670,19 +686,9 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	}
 	d.advance(ch, journal.PhaseRefreshing)
 	d.saveJournal()
-	if d.S.RestartDevicePlugin && len(ch.StalePlugins) > 0 {
-		_ = d.notify().Status("restarting the device plugin")
-		var restarted []string
-		err := d.retryAPI(ctx, func() (err error) { restarted, err = d.Disrupt.RestartDevicePlugins(ctx, ch.StalePlugins); return err })
-		if err != nil {
-			return nil, "restarting the device plugin: " + err.Error()
-		}
-		ch.StalePlugins = nil
-		d.saveJournal()
-		if len(restarted) > 0 {
-			d.event(ctx, node, EventNormal, record.ReasonDevicePluginRestarted,
-				fmt.Sprintf("restarted %s so that they advertise the new MIG devices", strings.Join(restarted, ", ")))
-		}
+	// A retry restarts here what the last wait found not advertising.
+	if failed := d.restartPlugins(ctx, node, ch); failed != "" {
+		return nil, failed
 	}
 	if d.S.ResourceWaitTimeout <= 0 {
 		return nil, ""
@@ -716,6 +722,27 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	}
 	return &ok, fmt.Sprintf("the GPUs hold config %q, but the Node's allocatable did not show exactly its resources within %s "+
 		"(is the device plugin running on this node?): %v", ch.Config, d.S.ResourceWaitTimeout, err)
+}
+
+// restartPlugins evicts the change's stale device plugin pods
+// (ch.StalePlugins), once: it returns the failure reason, or "".
+func (d *Daemon) restartPlugins(ctx context.Context, node *Node, ch *journal.Change) (failed string) {
+	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 || !d.S.RestartDevicePlugin || len(ch.StalePlugins) == 0 {
+		return ""
+	}
+	_ = d.notify().Status("restarting the device plugin")
+	var restarted []string
+	err := d.retryAPI(ctx, func() (err error) { restarted, err = d.Disrupt.RestartDevicePlugins(ctx, ch.StalePlugins); return err })
+	if err != nil {
+		return "restarting the device plugin: " + err.Error()
+	}
+	ch.StalePlugins = nil
+	d.saveJournal()
+	if len(restarted) > 0 {
+		d.event(ctx, node, EventNormal, record.ReasonDevicePluginRestarted,
+			fmt.Sprintf("restarted %s so that they advertise the new MIG devices", strings.Join(restarted, ", ")))
+	}
+	return ""
 }
 
 // preflight proves the rights to record the change before anything is

@@ -145,6 +145,8 @@ type fakeDisruptor struct {
 	tainted   bool
 	plugins   []string   // what DevicePlugins lists
 	restarted [][]string // RestartDevicePlugins calls
+	// restartedTainted: whether the node was tainted at each of them.
+	restartedTainted []bool
 	// path and conflict are what ServedBy answers; converge is what
 	// WaitResources answers (nil: true).
 	path, conflict string
@@ -220,6 +222,7 @@ func (f *fakeDisruptor) RestartDevicePlugins(_ context.Context, pods []string) (
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.restarted = append(f.restarted, slices.Clone(pods))
+	f.restartedTainted = append(f.restartedTainted, f.tainted)
 	return pods, nil
 }
 
@@ -657,6 +660,25 @@ func TestCoreRebootResume(t *testing.T) {
 // pass that sees the removal count grown handles the removal first, so the
 // value set again is acted on at once, not after the backoff of the failed
 // request before it.
+// The device plugin pods that read the old geometry are evicted while the
+// agent's taint still keeps their DaemonSet from placing new ones, so that
+// lifting the taint is the Node update on which the DaemonSet controller
+// places them; the taint is lifted after.
+func TestCoreDevicePluginRestartedBeforeTaintLifted(t *testing.T) {
+	c := newCore(t, "h200x1", nvmlx.SimOptions{}, "")
+	c.disrupt.plugins = []string{"gpu-operator/nvidia-device-plugin-daemonset-x/uid-dp"}
+	c.cluster.setLabel("all-1g.18gb")
+	if oc := c.pass(false, false); oc != outSuccess {
+		t.Fatalf("outcome %v, record %+v", oc, c.cluster.last())
+	}
+	if !slices.Equal(c.disrupt.restartedTainted, []bool{true}) {
+		t.Errorf("restarts %v tainted %v, want one, while tainted", c.disrupt.restarted, c.disrupt.restartedTainted)
+	}
+	if c.disrupt.tainted {
+		t.Error("the taint is still on after success")
+	}
+}
+
 func TestCoreRelabelSkipsBackoff(t *testing.T) {
 	c := newCore(t, "h200x1", nvmlx.SimOptions{Faults: "CreateGpuInstanceWithPlacement:1=ERROR_INSUFFICIENT_RESOURCES"}, "")
 	c.cluster.setLabel("all-balanced")
