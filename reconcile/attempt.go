@@ -642,24 +642,17 @@ func appendNew(s []string, more ...string) []string {
 func (d *Daemon) finish(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, applied *gpus.Applied, named []nvmlx.UnusableGPU) error {
 	d.advance(ch, journal.PhaseRestoring)
 	d.saveJournal()
-	// The device plugin pods that read the old geometry go while the
-	// taint still keeps their DaemonSets from placing new ones: lifting it
-	// is then the Node update on which the DaemonSet controller places them
-	// (its node-update path: a node it should run on, with no daemon pod),
-	// instead of a pod deletion racing the taint's removal in its caches.
-	restartFailed := d.restartPlugins(ctx, node, ch)
+	// Stale plugin pods go while the taint is on: the DaemonSet controller
+	// places their successors on the Node update that lifts it.
+	failed := d.restartPlugins(ctx, node, ch)
 	d.restore(ctx, ch)
-	if restartFailed != "" {
-		// Kept as a refresh that failed: its retry restarts them again.
+	var converged *bool
+	if failed == "" {
+		converged, failed = d.refresh(ctx, node, ch, applied.After)
+	} else { // kept as a failed refresh: its retry restarts them again
 		d.advance(ch, journal.PhaseRefreshing)
 		d.saveJournal()
-		if ctx.Err() != nil {
-			d.Log.Info("interrupted while restarting the device plugin; the journal keeps the change", "config", ch.Config)
-			return endPass(outParked)
-		}
-		return &StepError{Reason: restartFailed, Retryable: true, Event: record.ReasonResourcesTimeout}
 	}
-	converged, failed := d.refresh(ctx, node, ch, applied.After)
 	if failed != "" {
 		if ctx.Err() != nil {
 			d.Log.Info("interrupted while refreshing the device plugin; the journal keeps the change", "config", ch.Config)
