@@ -623,14 +623,7 @@ func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *g
 
 func appendNew(s []string, more ...string) []string {
 	for _, m := range more {
-		found := false
-		for _, x := range s {
-			if x == m {
-				found = true
-				break
-			}
-		}
-		if !found {
+		if !slices.Contains(s, m) {
 			s = append(s, m)
 		}
 	}
