@@ -33,7 +33,8 @@ type leaseObserver struct {
 }
 
 // leaseRecord is what identifies one write of a Lease's holder record: the
-// holder, its times, its duration and the resourceVersion (any write).
+// holder, its times and its duration. Other writes (a node joining a
+// slot's queue) are not the holder's: they do not restart its count.
 func leaseRecord(l *coordinationv1.Lease) string {
 	var renew, acquire string
 	if l.Spec.RenewTime != nil {
@@ -42,8 +43,8 @@ func leaseRecord(l *coordinationv1.Lease) string {
 	if l.Spec.AcquireTime != nil {
 		acquire = l.Spec.AcquireTime.UTC().Format(time.RFC3339Nano)
 	}
-	return fmt.Sprintf("%s|%s|%s|%d|%s", ptr.Deref(l.Spec.HolderIdentity, ""), renew, acquire,
-		ptr.Deref(l.Spec.LeaseDurationSeconds, 0), l.ResourceVersion)
+	return fmt.Sprintf("%s|%s|%s|%d", ptr.Deref(l.Spec.HolderIdentity, ""), renew, acquire,
+		ptr.Deref(l.Spec.LeaseDurationSeconds, 0))
 }
 
 // observe notes l as seen now and returns when its record was first seen

@@ -147,13 +147,31 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		s.Log.Debug("rollout slots from the pool", "percent", s.Percent, "agents", pool, "slots", n)
 		s.N = n
 	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
+	// The watch outlives the wait when a slot is taken: the holder's
+	// hand-off reads the queue from it (slotHold.Release stops it).
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	unlink := context.AfterFunc(ctx, stop)
 	changed := make(chan struct{}, 1)
 	store, err := s.watch(wctx, changed)
 	if err != nil {
+		stop()
 		return nil, err
 	}
+	var q queued // the queue this node joined
+	held := func(l *coordinationv1.Lease) reconcile.Slot {
+		unlink()
+		if q.on != "" && q.on != l.Name {
+			// Served by another slot (a free one, or handed on from
+			// another queue): leave the first queue.
+			s.leaveQueue(ctx, q.on)
+		}
+		return s.hold(ctx, l, store, stop)
+	}
+	defer func() {
+		if q.on != "" && ctx.Err() != nil && !q.served {
+			s.leaveQueue(ctx, q.on)
+		}
+	}()
 	spread := s.Spread
 	if spread <= 0 {
 		spread = DefaultSlotSpread
@@ -167,6 +185,14 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
 	for {
 		now := s.Clock.Now()
+		// A slot handed to this node by its last holder is this node's,
+		// without a request.
+		if l := s.handed(ctx, store); l != nil {
+			q.served = true
+			s.Log.Info("took rollout slot", "lease", l.Name, "handedBy", "its last holder")
+			return held(l), nil
+		}
+		q.track(s.queuedOn(store), now)
 		hand.observe(store, s.Namespace, s.N, s.Holder, now)
 		free, next := s.scan(ctx, store)
 		// Every queued node sees the same slots freed at about the same
@@ -177,7 +203,10 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		// their turn comes, without a request. A pool-wide change starts
 		// every queued node at once: the first slots are taken in turn
 		// too. This node goes for the free slot where its turn comes
-		// first; its own slot (kept through a reboot) at once.
+		// first; its own slot (kept through a reboot) at once. A freed
+		// slot that has a queue (its holder did not see it) goes to its
+		// queue first, in the queue's order, a HandOffGap apart; then to
+		// the others.
 		var pick *candidate
 		var wait time.Duration
 		window := hand.shared(store, s.Namespace, s.N)
@@ -193,6 +222,13 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				at, seenFree[c.name] = now, now
 			}
 			turn := s.turn(*c, window)
+			if cq := queueOf(c.lease); len(cq) > 0 {
+				if pos := s.queuePos(cq); pos >= 0 {
+					turn = time.Duration(pos) * HandOffGap
+				} else {
+					turn += window
+				}
+			}
 			w := turn - now.Sub(at)
 			if rv := slotVersion(c); w < -lateTurn && recounted[c.name] != rv {
 				// This node looks long after its turn: its process or its
@@ -203,7 +239,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				// always late still tries.
 				seenFree[c.name], w, recounted[c.name] = now, turn, rv
 			}
-			if c.lease != nil && ptr.Deref(c.lease.Spec.HolderIdentity, "") == s.Holder {
+			if c.lease != nil && holder(c.lease) == s.Holder {
 				w = 0
 			}
 			if pick == nil || w < wait {
@@ -233,8 +269,9 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			got, err := s.take(ctx, pick.name, pick.lease, exists[pick.name])
 			switch {
 			case got != nil:
+				q.served = true
 				s.Log.Info("took rollout slot", "lease", pick.name)
-				return s.hold(ctx, got), nil
+				return held(got), nil
 			case errors.Is(err, errSlotExists):
 				exists[pick.name] = true
 				trouble = true
@@ -250,8 +287,25 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				}
 			}
 		}
+		if pick == nil && q.on == "" && !q.off {
+			// Every slot is held: join a queue. Nothing else is sent
+			// while waiting.
+			on, err := s.enqueue(ctx, store)
+			switch {
+			case apierrors.IsForbidden(err):
+				// An RBAC from before the queue (no patch of Leases):
+				// wait for a freed slot, without a queue.
+				s.Log.Warn("cannot join a rollout slot queue; waiting for a freed slot instead", "err", err)
+				q.off = true
+			case err != nil:
+				s.Log.Debug("joining a rollout slot queue", "err", err)
+				trouble = true
+			case on != "":
+				q.joined(on, now)
+			}
+		}
 		if !logged {
-			s.Log.Info("all rollout slots taken; waiting", "slots", s.N)
+			s.Log.Info("all rollout slots taken; waiting", "slots", s.N, "queue", q.on)
 			logged = true
 		}
 		var retry, expiry <-chan time.Time
@@ -563,7 +617,9 @@ func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, ho
 	case err != nil:
 		s.Log.Warn("reading the Node of an expired rollout slot's holder failed; counting it as disrupted", "lease", l.Name, "holder", holder, "err", err)
 	default:
-		disrupted = nodeMidChange(node)
+		// A slot handed to a node that never wrote it: that node may not
+		// have seen it (its agent gone): only the taint says it began.
+		disrupted = nodeMidChange(node, l.Annotations[AnnotationHandedTo] == holder)
 	}
 	if disrupted {
 		s.Log.Info("a rollout slot's holder stopped renewing it mid-change; its node still counts", "lease", l.Name, "holder", holder)
@@ -577,13 +633,17 @@ func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, ho
 	return disrupted
 }
 
-// nodeMidChange: the agent's taint is on the Node, or its state label says
-// a change is under way (pending) or waits for its reboot.
-func nodeMidChange(n *corev1.Node) bool {
+// nodeMidChange: the agent's taint is on the Node, or (unless taintOnly)
+// its state label says a change is under way (pending) or waits for its
+// reboot.
+func nodeMidChange(n *corev1.Node, taintOnly bool) bool {
 	for _, t := range n.Spec.Taints {
 		if t.Key == record.TaintReconfiguring {
 			return true
 		}
+	}
+	if taintOnly {
+		return false
 	}
 	st := n.Labels[record.LabelState]
 	return st == record.StatePending || st == record.StateRebooting
@@ -639,6 +699,10 @@ func (s *Slots) claim(l *coordinationv1.Lease) *coordinationv1.Lease {
 		}
 		l.Annotations[AnnotationTurnWindow] = strconv.FormatInt(s.window.Milliseconds(), 10)
 	}
+	// This node's own write: it is out of any queue of this slot, and
+	// the slot is no longer only handed to it.
+	delete(l.Annotations, queueKey(s.Holder))
+	delete(l.Annotations, AnnotationHandedTo)
 	if ptr.Deref(l.Spec.HolderIdentity, "") != s.Holder {
 		l.Spec.AcquireTime = &now
 	}
@@ -691,9 +755,11 @@ func ignoreConflict(err error) error {
 // renewal succeeded for the lease duration (another node may have judged
 // it expired).
 type slotHold struct {
-	s    *Slots
-	name string
-	ctx  context.Context
+	s     *Slots
+	name  string
+	ctx   context.Context
+	store cache.Store // the slots as the watch shows them (nil: none)
+	stop  func()      // stops the watch
 
 	mu      sync.Mutex
 	last    *coordinationv1.Lease // as last written
@@ -706,9 +772,14 @@ type slotHold struct {
 
 var _ reconcile.Slot = (*slotHold)(nil)
 
-// hold starts renewing l, just written by this holder.
-func (s *Slots) hold(ctx context.Context, l *coordinationv1.Lease) *slotHold {
-	h := &slotHold{s: s, name: l.Name, ctx: context.WithoutCancel(ctx), last: l, renewed: s.Clock.Now(),
+// hold starts renewing l, just written by this holder, or handed to it
+// (written by its last holder; seen now). The watch of the slots (store;
+// stop ends it) lives on until the release.
+func (s *Slots) hold(ctx context.Context, l *coordinationv1.Lease, store cache.Store, stop func()) *slotHold {
+	if stop == nil {
+		stop = func() {}
+	}
+	h := &slotHold{s: s, name: l.Name, ctx: context.WithoutCancel(ctx), store: store, stop: stop, last: l, renewed: s.Clock.Now(),
 		done: make(chan struct{}), stopped: make(chan struct{})}
 	s.mu.Lock()
 	s.cur = h
@@ -755,7 +826,7 @@ func (h *slotHold) renew(ctx context.Context) error {
 	}
 	leases := h.s.Client.CoordinationV1().Leases(h.s.Namespace)
 	sent := h.s.Clock.Now()
-	got, err := leases.Update(ctx, h.s.claim(h.last.DeepCopy()), metav1.UpdateOptions{})
+	got, err := leases.Update(ctx, h.s.claim(h.freshestLocked()), metav1.UpdateOptions{})
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 		var cur *coordinationv1.Lease
 		cur, err = leases.Get(ctx, h.name, metav1.GetOptions{})
@@ -846,6 +917,7 @@ func (h *slotHold) Release() {
 	}
 	close(h.done)
 	<-h.stopped
+	defer h.stop()
 	s := h.s
 	s.mu.Lock()
 	if s.cur == h {
@@ -863,35 +935,37 @@ func (h *slotHold) Release() {
 		s.Log.Warn("the rollout slot was lost; nothing to release", "lease", h.name, "err", lost)
 		return
 	}
-	leases := s.Client.CoordinationV1().Leases(s.Namespace)
-	// One write, from the Lease as this holder last wrote it; only when
-	// someone wrote it since (a conflict) is it read first.
-	h.mu.Lock()
-	last := h.last.DeepCopy()
-	h.mu.Unlock()
-	last.Spec.HolderIdentity = ptr.To("")
-	_, err := leases.Update(h.ctx, last, metav1.UpdateOptions{})
-	if err == nil {
+	// One write, from the Lease as last seen: handed to the first
+	// node of its queue, or released; only a conflict reads it first.
+	to, err := s.handOver(h.ctx, h.freshest(), h.store)
+	switch {
+	case errors.Is(err, errNotHolder):
+		s.Log.Warn("the rollout slot is held by another; not releasing it", "lease", h.name, "err", err)
+	case err != nil:
+		s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", h.name, "err", err)
+	case to != "":
+		s.Log.Info("handed the rollout slot to the next node of its queue", "lease", h.name, "to", to)
+	default:
 		s.Log.Info("released rollout slot", "lease", h.name)
-		return
 	}
-	if !apierrors.IsConflict(err) {
-		s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", h.name, "err", err)
-		return
+}
+
+// freshest is the slot as this holder last wrote it, or as the watch shows
+// it when that is newer (the same record of this holder, later writes of
+// the queue on top).
+func (h *slotHold) freshest() *coordinationv1.Lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.freshestLocked()
+}
+
+func (h *slotHold) freshestLocked() *coordinationv1.Lease {
+	last := h.last
+	if h.store == nil {
+		return last.DeepCopy()
 	}
-	l, err := leases.Get(h.ctx, h.name, metav1.GetOptions{})
-	if err != nil {
-		s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", h.name, "err", err)
-		return
+	if l := h.s.cached(h.store, h.name); l != nil && leaseRecord(l) == leaseRecord(last) {
+		return l.DeepCopy()
 	}
-	if holder := ptr.Deref(l.Spec.HolderIdentity, ""); holder != s.Holder {
-		s.Log.Warn("the rollout slot is held by another; not releasing it", "lease", h.name, "holder", holder)
-		return
-	}
-	l.Spec.HolderIdentity = ptr.To("")
-	if _, err := leases.Update(h.ctx, l, metav1.UpdateOptions{}); err != nil {
-		s.Log.Warn("releasing the rollout slot failed; it expires by itself", "lease", h.name, "err", err)
-		return
-	}
-	s.Log.Info("released rollout slot", "lease", h.name)
+	return last.DeepCopy()
 }

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -234,5 +236,38 @@ func enforceResourceVersion(c *fake.Clientset) {
 		}
 		l.ResourceVersion = next()
 		return false, nil, nil
+	})
+	// A merge patch of annotations (a node joining or leaving a slot's
+	// queue), applied as the API server applies it: no resourceVersion
+	// asked, a new one made.
+	c.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		p := a.(k8stesting.PatchAction)
+		gvr := coordinationv1.SchemeGroupVersion.WithResource("leases")
+		obj, err := c.Tracker().Get(gvr, p.GetNamespace(), p.GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		var patch struct {
+			Metadata struct {
+				Annotations map[string]*string `json:"annotations"`
+			} `json:"metadata"`
+		}
+		if p.GetPatchType() != types.MergePatchType || json.Unmarshal(p.GetPatch(), &patch) != nil {
+			return true, nil, fmt.Errorf("unexpected patch %s %s", p.GetPatchType(), p.GetPatch())
+		}
+		l := obj.(*coordinationv1.Lease).DeepCopy()
+		for k, v := range patch.Metadata.Annotations {
+			switch {
+			case v == nil:
+				delete(l.Annotations, k)
+			default:
+				if l.Annotations == nil {
+					l.Annotations = map[string]string{}
+				}
+				l.Annotations[k] = *v
+			}
+		}
+		l.ResourceVersion = next()
+		return true, l, c.Tracker().Update(gvr, l, l.Namespace)
 	})
 }

@@ -3,8 +3,6 @@ package lease
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sort"
 	"strconv"
 	"testing"
 	"time"
@@ -14,9 +12,9 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
-	"k8s.io/utils/ptr"
 )
 
 // heldSlot is one slot held by "holder", on a fake API server that checks
@@ -40,153 +38,88 @@ func heldSlot(t *testing.T) (context.Context, *fake.Clientset, *clocktesting.Fak
 	return ctx, c, clk, slot, held
 }
 
-// A slot hand-off that does not herd (issue #28): eight nodes queue for
-// one slot; when it is released, they try in the order all of them compute
-// from the Lease data (turn): the first in that order takes it, and the
-// Lease sees a bounded number of writes (not one per queued node).
-func TestSlotHandOffInAgreedOrder(t *testing.T) {
-	ctx, c, clk, slot, h := heldSlot(t)
-	const queued = 8
-	type won struct{ name string }
-	got := make(chan won, queued)
-	var qs []*Slots
-	for i := range queued {
-		s := slot(fmt.Sprintf("node-%d", i))
-		qs = append(qs, s)
-		go func() {
-			if _, err := s.Acquire(ctx); err == nil {
-				got <- won{s.Holder}
-			}
-		}()
-	}
-	// Every queued node has tried once (the first try's spread) and waits.
-	for range 30 {
-		time.Sleep(10 * time.Millisecond)
-		clk.Step(50 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	before := len(c.Actions())
-	h.Release()
-	l, _ := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
-	if ptr.Deref(l.Spec.HolderIdentity, "") != "" {
-		t.Fatal("not released")
-	}
-	first, best := "", time.Duration(1<<62)
-	for _, s := range qs {
-		if d := s.turn(candidate{name: l.Name, lease: l}, time.Second); d < best {
-			first, best = s.Holder, d
+// leaseWrites counts the Lease writes (create, update, patch) among actions.
+func leaseWrites(as []k8stesting.Action) (n int) {
+	for _, a := range as {
+		if v := a.GetVerb(); a.GetResource().Resource == "leases" && (v == "update" || v == "create" || v == "patch") {
+			n++
 		}
 	}
-	var winner string
-	for range 400 {
-		select {
-		case w := <-got:
-			winner = w.name
-		default:
-		}
-		if winner != "" {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-		clk.Step(10 * time.Millisecond)
-	}
-	if winner == "" {
-		t.Fatal("no queued node took the released slot")
-	}
-	if winner != first {
-		t.Errorf("%s took the slot; %s is first in the agreed order", winner, first)
-	}
-	// Let the others' turns pass: they find it taken in their caches.
-	for range 150 {
-		time.Sleep(2 * time.Millisecond)
-		clk.Step(10 * time.Millisecond)
-	}
-	writes := 0
-	for _, a := range c.Actions()[before:] {
-		if a.GetResource().Resource == "leases" && (a.GetVerb() == "update" || a.GetVerb() == "create") {
-			writes++
-		}
-	}
-	// The release, the winner's take, and at most one loser that tried
-	// before the take reached its cache.
-	if writes > 3 {
-		t.Errorf("%d Lease writes for one hand-off among %d queued nodes", writes, queued)
-	}
+	return n
 }
 
-// Fairness over a whole queue (issue #28): six nodes queue for one slot,
-// and it is handed on until every one of them had it. At each release the
-// slot goes to the node first in that release's agreed order among those
-// still queued (its turn), or, when two turns fall too close for the
-// first one's write to reach the other's cache, to one of the first three:
-// no node waits more than two rounds past its turn. Each hand-off costs
-// the release, the take and at most one lost race.
-func TestSlotHandOffFairOverAQueue(t *testing.T) {
+// A slot hand-off that does not herd (issue #28): nodes that find the slot
+// held join its queue, one patch each, and wait without a request; when
+// the holder is done, its one write hands the slot to the first of the
+// queue, who goes on without a request. They are served in the order they
+// joined, each costing two slot Lease writes (its join and its own
+// hand-off), whatever the length of the queue.
+func TestSlotHandedOnInQueueOrder(t *testing.T) {
 	ctx, c, clk, slot, cur := heldSlot(t)
 	type won struct {
 		name string
 		slot reconcile.Slot
 	}
 	got := make(chan won, 8)
-	queued := map[string]*Slots{}
+	var order []string
 	for i := range 6 {
 		s := slot(fmt.Sprintf("node-%d", i))
-		queued[s.Holder] = s
+		order = append(order, s.Holder)
+		before := len(c.Actions())
 		go func() {
 			if h, err := s.Acquire(ctx); err == nil {
 				got <- won{s.Holder, h}
 			}
 		}()
+		// One after the other: each joins behind the ones before.
+		waitUntil(t, s.Holder+" joins the queue", func() bool {
+			l, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
+			return err == nil && l.Annotations[queueKey(s.Holder)] != ""
+		})
+		if n := leaseWrites(c.Actions()[before:]); n != 1 {
+			t.Errorf("%s: %d Lease writes to join the queue, want 1", s.Holder, n)
+		}
 	}
-	for range 30 { // every queued node has tried once and waits
-		time.Sleep(10 * time.Millisecond)
-		clk.Step(50 * time.Millisecond)
+	// Waiting costs nothing (short of the holder's renewal, every 10 s).
+	before := len(c.Actions())
+	for range 20 {
+		time.Sleep(2 * time.Millisecond)
+		clk.Step(400 * time.Millisecond)
 	}
-	time.Sleep(50 * time.Millisecond)
-	for len(queued) > 0 {
+	if n := len(c.Actions()) - before; n != 0 {
+		t.Errorf("the queued nodes sent %d requests while the slot stayed held: %v", n, c.Actions()[before:])
+	}
+	for _, want := range order {
 		before := len(c.Actions())
 		cur.Release()
-		l, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
-		if err != nil || ptr.Deref(l.Spec.HolderIdentity, "x") != "" {
-			t.Fatalf("not released: %v %v", l, err)
-		}
-		// The agreed order of this release among the nodes still queued.
-		var order []string
-		for name := range queued {
-			order = append(order, name)
-		}
-		sort.Slice(order, func(i, j int) bool {
-			return queued[order[i]].turn(candidate{name: l.Name, lease: l}, time.Second) < queued[order[j]].turn(candidate{name: l.Name, lease: l}, time.Second)
-		})
 		var w won
-		for deadline := time.Now().Add(10 * time.Second); w.name == ""; {
-			select {
-			case w = <-got:
-			case <-time.After(3 * time.Millisecond):
-				clk.Step(5 * time.Millisecond)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no queued node took the released slot; queued: %v", order)
-			}
+		select {
+		case w = <-got:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("nobody was handed the slot; %s is next in the queue", want)
 		}
-		if pos := slices.Index(order, w.name); pos < 0 || pos > 2 {
-			t.Errorf("%s took the slot at position %d of the agreed order %v: more than two rounds past the turn of %s", w.name, pos, order, order[0])
+		if w.name != want {
+			t.Errorf("%s was handed the slot; %s joined the queue first", w.name, want)
 		}
-		for range 50 { // the others' turns pass: they find it taken
-			time.Sleep(time.Millisecond)
-			clk.Step(5 * time.Millisecond)
+		l, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
+		if err != nil || holder(l) != want || l.Annotations[AnnotationHandedTo] != want {
+			t.Fatalf("after the hand-off to %s: %v %v", want, l, err)
 		}
-		writes := 0
-		for _, a := range c.Actions()[before:] {
-			if a.GetResource().Resource == "leases" && (a.GetVerb() == "update" || a.GetVerb() == "create") {
-				writes++
-			}
+		if _, ok := l.Annotations[queueKey(want)]; ok {
+			t.Errorf("%s is still in the queue it was served from", want)
 		}
-		if writes > 3 {
-			t.Errorf("%d Lease writes for the hand-off to %s among %d queued nodes; want the release, the take and at most one lost race", writes, w.name, len(order))
+		// The hand-off is the holder's one write; the next holder sends
+		// nothing to take it.
+		time.Sleep(20 * time.Millisecond)
+		if n := leaseWrites(c.Actions()[before:]); n != 1 {
+			t.Errorf("the hand-off to %s cost %d Lease writes, want 1", want, n)
 		}
-		delete(queued, w.name)
 		cur = w.slot
+	}
+	cur.Release()
+	l, _ := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
+	if holder(l) != "" || len(queueOf(l)) != 0 || l.Annotations[AnnotationHandedTo] != "" {
+		t.Errorf("the queue served, the slot should be free and empty: %v", l)
 	}
 }
 

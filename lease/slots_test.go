@@ -106,9 +106,18 @@ func TestSlots(t *testing.T) {
 		}
 		return false
 	}
-	waitLog("the third holder's watch", func() bool { return watching() && clk.HasWaiters() })
+	joined := func() bool {
+		for _, a := range c.Actions() {
+			if a.GetVerb() == "patch" && a.GetResource().Resource == "leases" {
+				return true
+			}
+		}
+		return false
+	}
+	// It finds every slot taken and joins a queue: one request.
+	waitLog("the third holder's watch and join", func() bool { return watching() && joined() && clk.HasWaiters() })
 	time.Sleep(20 * time.Millisecond)
-	clk.Step(200 * time.Millisecond) // its first try's spread: it finds every slot taken
+	clk.Step(200 * time.Millisecond)
 	time.Sleep(50 * time.Millisecond)
 	before := len(c.Actions())
 	// A renewal by b is a Lease change that frees nothing: c looks at its
