@@ -252,6 +252,7 @@ func TestRBAC(t *testing.T) {
 		{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
 		{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
 		{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
+		{verb: "patch", group: "coordination.k8s.io", resource: "leases", namespace: rbacNamespace},
 	}
 	denied := []rbacAccess{
 		{verb: "create", resource: "nodes"}, {verb: "delete", resource: "nodes"},
