@@ -25,6 +25,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -35,8 +36,83 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
 )
+
+// slotChange is a slot Lease's holder from at ("": released).
+type slotChange struct {
+	at     time.Time
+	holder string
+}
+
+// slotTimeline is every slot's holders as the bench's watch saw them.
+type slotTimeline struct {
+	mu      sync.Mutex
+	changes map[string][]slotChange
+	direct  int // hand-offs from one holder to the next in one write
+}
+
+func (t *slotTimeline) note(obj any) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return
+	}
+	h := ""
+	if l.Spec.HolderIdentity != nil {
+		h = *l.Spec.HolderIdentity
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cs := t.changes[l.Name]
+	if n := len(cs); n > 0 && cs[n-1].holder == h {
+		return
+	}
+	t.changes[l.Name] = append(cs, slotChange{at: time.Now(), holder: h})
+}
+
+// since is each slot's changes from from on (slots without any left out).
+func (t *slotTimeline) since(from time.Time) map[string][]slotChange {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[string][]slotChange{}
+	for name, cs := range t.changes {
+		var keep []slotChange
+		for _, c := range cs {
+			if !c.at.Before(from) {
+				keep = append(keep, c)
+			}
+		}
+		if len(keep) > 0 {
+			out[name] = keep
+		}
+	}
+	return out
+}
+
+// handOffs counts, from from on, the holder changes from one node straight
+// to another (a hand-off in one write) and through a release.
+func (t *slotTimeline) handOffs(from time.Time) handOffCount {
+	var n handOffCount
+	for _, cs := range t.since(from) {
+		for i := 1; i < len(cs); i++ {
+			switch {
+			case cs[i].holder == "":
+			case cs[i-1].holder != "":
+				n.Direct++
+			default:
+				n.Released++
+			}
+		}
+	}
+	return n
+}
+
+// handOffCount: the takes of a slot after its first, by how they came.
+type handOffCount struct {
+	Direct   int `json:"direct"`   // handed by the last holder to the next, one write
+	Released int `json:"released"` // released, then taken
+}
 
 // fleetResults is the "fleet" section of bench-results.json.
 type fleetResults struct {
@@ -80,19 +156,24 @@ type fleetRun struct {
 	AgentLeaseConflicts      int            `json:"agentLeaseConflicts"`
 	ConflictShare            float64        `json:"conflictShare"` // agentLeaseConflicts / agent requests in the rollout
 	AgentRequests            map[string]int `json:"agentRequests,omitempty"`
-	// From the same log, the slot Leases' successful writes in time order
-	// per slot: take, release, take, … (a renewal would break the pairs;
-	// at these holding times there is none). SlotHoldMsMedian: take →
-	// release, the per-node time a slot is busy; HandOffMsMedian: release →
-	// the next take, what the hand-off adds per node;
-	// RolloutOverHolds: the rollout time over ⌈K/N⌉ × SlotHoldMsMedian.
+	// From the bench's own watch of the slot Leases, each slot's holders
+	// in time order. SlotHoldMsMedian: from a holder's take (or the
+	// hand-off to it) to the next change, the time a slot is busy a node;
+	// HandOffMsMedian: from a release to the next take (a slot handed on
+	// in one write has none); RolloutOverHolds: the rollout time over
+	// ⌈K/N⌉ × SlotHoldMsMedian; RolloutOverNodeTime: over ⌈K/N⌉ ×
+	// DisruptionMsMedian (the node's own time, from when it saw the slot
+	// its own: the hand-off's latency counts against it).
 	SlotHoldMsMedian float64 `json:"slotHoldMsMedian"`
 	HandOffMsMedian  float64 `json:"handOffMsMedian"`
-	// SlotTime splits a slot's share of the rollout (from the audit log).
-	SlotTime           *slotTime `json:"slotTime,omitempty"`
-	RolloutOverHolds   float64   `json:"rolloutOverHolds"`
-	IdleRequestsPerSec float64   `json:"idleRequestsPerSec"`
-	IdleWindowSeconds  float64   `json:"idleWindowSeconds"`
+	// SlotTime splits a slot's share of the rollout (from the same watch).
+	SlotTime *slotTime `json:"slotTime,omitempty"`
+	// HandOffs: how the slots passed from node to node (the bench's watch).
+	HandOffs            handOffCount `json:"handOffs"`
+	RolloutOverHolds    float64      `json:"rolloutOverHolds"`
+	RolloutOverNodeTime float64      `json:"rolloutOverNodeTime"`
+	IdleRequestsPerSec  float64      `json:"idleRequestsPerSec"`
+	IdleWindowSeconds   float64      `json:"idleWindowSeconds"`
 	// After an API server outage of OutageSeconds (run only where set):
 	// requests in the first 10 s once /readyz said ok.
 	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
@@ -284,6 +365,15 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 		o.LabelSelector = labels.SelectorFromSet(labels.Set{"bench.migagent.io/run": ns}).String()
 	}))
 	inf := factory.Core().V1().Nodes().Informer()
+	// The slot Leases' holders as they change (the bench's own watch): a
+	// take, a release, or a hand-off from one node to the next (both at
+	// once). Queue joins change no holder.
+	slotFactory := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(ns), informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector = labels.SelectorFromSet(labels.Set{lease.LabelRolloutSlot: "true"}).String()
+	}))
+	slots := &slotTimeline{changes: map[string][]slotChange{}}
+	_, _ = slotFactory.Coordination().V1().Leases().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: slots.note, UpdateFunc: func(_, o any) { slots.note(o) }})
 	done := make(chan struct{}, 1)
 	poke := func(any) {
 		select {
@@ -294,8 +384,10 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }})
 	stop := make(chan struct{})
 	factory.Start(stop)
-	defer func() { close(stop); factory.Shutdown() }()
+	slotFactory.Start(stop)
+	defer func() { close(stop); factory.Shutdown(); slotFactory.Shutdown() }()
 	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+	slotFactory.WaitForCacheSync(ctx.Done())
 	records := func() ([]record.ChangeRecord, int) {
 		var recs []record.ChangeRecord
 		for _, obj := range inf.GetStore().List() {
@@ -333,7 +425,7 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 		return r, err
 	}
 	r.RolloutSeconds, r.RolloutRequests, r.LeaseConflicts = took.Seconds(), reqs, conflicts
-	if err := f.auditRollout(r, k, time.Now().Add(-took)); err != nil {
+	if err := f.auditRollout(r, k, time.Now().Add(-took), slots); err != nil {
 		return r, err
 	}
 	r.RolloutRequestsPerSec = reqs / took.Seconds()
@@ -345,6 +437,11 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 		spans = append(spans, float64(rec.FinishedAt.Sub(*rec.DisruptedAt).Microseconds())/1000)
 	}
 	r.MaxDisrupted, r.DisruptionMsMedian = record.MaxDisrupted(recs), median(spans)
+	if r.DisruptionMsMedian > 0 {
+		r.RolloutOverNodeTime = r.RolloutSeconds * 1000 / (float64((k+n-1)/n) * r.DisruptionMsMedian)
+	}
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: a node's own time (disruptedAt → finishedAt) %.0f ms (median); rollout = %.2f × ⌈K/N⌉ × that; slots handed on in one write %d, released then taken %d\n",
+		k, n, r.DisruptionMsMedian, r.RolloutOverNodeTime, r.HandOffs.Direct, r.HandOffs.Released)
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: all success in %.1fs, at most %d disrupted, %.0f requests (%.1f/s), %.0f lease conflicts\n",
 		k, n, r.RolloutSeconds, r.MaxDisrupted, reqs, r.RolloutRequestsPerSec, conflicts)
 
@@ -390,7 +487,7 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 
 // auditRollout reads the agents' requests since from from the API server's
 // audit log into r.
-func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time) error {
+func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slotTimeline) error {
 	time.Sleep(500 * time.Millisecond) // the last responses' events are written
 	evs, err := kubetest.ReadAudit(kubetest.AuditLogPath(f.api.dir), from.Add(-time.Second), time.Time{}, kubetest.AuditByUserAgent("mig-agent/"))
 	if err != nil {
@@ -414,35 +511,38 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time) error {
 			r.AgentLeaseConflicts++
 		}
 	}
-	writes := map[string][]time.Time{} // per slot, successful writes
-	for _, e := range evs {
-		if e.Resource() == "leases" && strings.HasPrefix(e.Name(), "mig-agent-slot-") &&
-			(e.Verb == "update" || e.Verb == "create") && e.Code() < 300 {
-			writes[e.Name()] = append(writes[e.Name()], e.RequestReceivedT)
-		}
-	}
 	var holds, gaps, leadIns, tails []float64
 	var held, handedOff float64 // summed over the slots
 	end := from.Add(time.Duration(r.RolloutSeconds * float64(time.Second)))
-	for _, ts := range writes {
-		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-		leadIns = append(leadIns, ms(ts[0].Sub(from)))
-		tails = append(tails, ms(end.Sub(ts[len(ts)-1])))
-		for i := 0; i+1 < len(ts); i++ {
-			d := ms(ts[i+1].Sub(ts[i]))
-			if i%2 == 0 {
+	changes := slots.since(from)
+	for _, cs := range changes {
+		// Per slot, its holders in time order: a hold runs from a
+		// change to a holder until the next change; a gap from a change
+		// to "" (released) until the next holder.
+		leadIns = append(leadIns, ms(cs[0].at.Sub(from)))
+		tails = append(tails, ms(end.Sub(cs[len(cs)-1].at)))
+		for i := 0; i+1 < len(cs); i++ {
+			d := ms(cs[i+1].at.Sub(cs[i].at))
+			if cs[i].holder != "" {
 				holds, held = append(holds, d), held+d
 			} else {
 				gaps, handedOff = append(gaps, d), handedOff+d
 			}
 		}
+		if last := cs[len(cs)-1]; last.holder != "" {
+			// Held to the end (a node still finishing when the
+			// rollout ended is impossible: the rollout ends with the
+			// last success, after its release).
+			holds, held = append(holds, ms(end.Sub(last.at))), held+ms(end.Sub(last.at))
+		}
 	}
+	r.HandOffs = slots.handOffs(from)
 	r.SlotHoldMsMedian, r.HandOffMsMedian = median(holds), median(gaps)
-	if len(writes) > 0 {
+	if len(changes) > 0 {
 		// Where a slot's rollout time goes, on average over the slots:
 		// before its first take, held, between a release and the next
 		// take, and after its last release.
-		per := float64(len(writes))
+		per := float64(len(changes))
 		r.SlotTime = &slotTime{LeadInMs: median(leadIns), HeldMs: held / per, HandOffMs: handedOff / per, TailMs: median(tails),
 			HandOffMsMean: handedOff / max(float64(len(gaps)), 1), HandOffMsMax: slices.Max(append([]float64{0}, gaps...))}
 		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: a slot's rollout: %.0f ms before its first take, %.0f ms held, %.0f ms between holds (mean %.0f, max %.0f a hand-off), %.0f ms after its last release\n",
@@ -603,15 +703,15 @@ func parallel(workers int, items []string, fn func(string) error) error {
 // printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
 func printFleet(w io.Writer, r *fleetResults) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
 	for _, x := range r.Runs {
 		after := "—"
 		if x.RequestsFirst10sAfter != nil {
 			after = fmt.Sprintf("%.0f (after %.0f s down)", *x.RequestsFirst10sAfter, x.OutageSeconds)
 		}
-		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
-			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
+		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
+			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.DisruptionMsMedian, x.RolloutOverNodeTime, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
 			x.AgentLeaseConflicts, 100*x.ConflictShare, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
 	}
 	_ = tw.Flush()
@@ -693,8 +793,8 @@ func printSpread(w io.Writer, runs []fleetRun) {
 		}
 		if !header {
 			fmt.Fprintln(w, "\nspread over the runs of a cell: median (min–max)")
-			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | hand-off ms | slot Lease req/node | 409 share % |")
-			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | rollout / (⌈K/N⌉ × node time) | hand-off ms | slot Lease req/node | 409 share % |")
+			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 			header = true
 		}
 		of := func(f func(fleetRun) float64, format string) string {
@@ -704,9 +804,10 @@ func printSpread(w io.Writer, runs []fleetRun) {
 			}
 			return fmt.Sprintf(format+" ("+format+"–"+format+")", median(v), slices.Min(v), slices.Max(v))
 		}
-		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
+		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
 			of(func(x fleetRun) float64 { return x.RolloutSeconds }, "%.1f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverHolds }, "%.2f"),
+			of(func(x fleetRun) float64 { return x.RolloutOverNodeTime }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.HandOffMsMedian }, "%.0f"),
 			of(func(x fleetRun) float64 { return x.SlotLeaseRequestsPerNode }, "%.2f"),
 			of(func(x fleetRun) float64 { return 100 * x.ConflictShare }, "%.1f"))
