@@ -4,11 +4,11 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,14 +30,22 @@ import (
 // would have released it: the holder becomes that node, and its queue
 // entry goes. The node sees its name on the slot in its watch and goes on,
 // without a request. So a queued node costs two slot Lease requests (its
-// join and, later, its own hand-off), and a hand-off costs one write and
-// one watch event, whatever the length of the queue: nobody races for a
-// slot that has a queue.
+// join and, later, its own hand-off), and a hand-off one write and one
+// watch event: nobody races for a slot that has a queue.
+//
+// A queue holds QueueLength nodes: every watcher of the slots receives
+// every write of a slot Lease, queue included, so a queue as long as the
+// pool would cost the pool's square in bytes at every hand-off. The nodes
+// beyond wait without a request; when a place opens (a hand-off), they
+// join in the order all of them compute from the slot's holder record
+// (joinTurn), a fraction of the window apart, like the turns for a freed
+// slot: the first joins, the others see the queue full again in their
+// caches. Two that join at once both stay (a join never conflicts): a
+// queue may run over by a few.
 //
 // A holder whose own queue is empty takes the last node of the longest
-// other queue (two nodes or more), so that the queues, joined at random
-// among the shortest, end together. That node leaves its first queue
-// itself (one more request).
+// other queue (two nodes or more), so that the queues end together. That
+// node leaves its first queue itself (one more request).
 const (
 	// QueueKeyPrefix starts the annotation keys of a slot's queue: one key
 	// a queued node, QueueKeyPrefix + 20 hex digits of the SHA-256 of its
@@ -50,6 +58,8 @@ const (
 	// then expires, only the node's taint counts as a change under way
 	// (holderDisrupted), not its state label.
 	AnnotationHandedTo = "migagent.io/handed-to"
+	// QueueLength is how many nodes a slot's queue takes (see above).
+	QueueLength = 4
 )
 
 // queueKey is node's key in a slot's queue.
@@ -151,40 +161,48 @@ func (s *Slots) queuePos(q []queueEntry) int {
 	return slices.IndexFunc(q, func(e queueEntry) bool { return e.node == s.Holder })
 }
 
-// enqueue joins the queue of a held slot: one with the fewest queued nodes
-// in the cache, chosen at random among those. It returns the slot's name
-// ("" when the cache shows no held slot).
-func (s *Slots) enqueue(ctx context.Context, store cache.Store) (string, error) {
-	var best *coordinationv1.Lease
-	var bestQ []queueEntry
-	ties := 0
-	for _, i := range rand.Perm(s.N) {
-		l := s.cached(store, SlotLeaseName(i))
-		if l == nil || holder(l) == "" {
+// room is a held slot whose queue has a place ("" when none has) and the
+// wait before this node's turn to join it. Each place that opens (a
+// hand-off: a new holder record) is offered in a new order, counted from
+// when this node saw it open (seenRoom), over the window every queued node
+// uses; the queue with the earliest turn is this node's.
+func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[string]time.Time, now time.Time) (string, time.Duration) {
+	best, wait := "", time.Duration(0)
+	for i := range s.N {
+		name := SlotLeaseName(i)
+		l := s.cached(store, name)
+		if l == nil || holder(l) == "" || len(queueOf(l)) >= QueueLength {
+			delete(seenRoom, name)
 			continue
 		}
-		q := queueOf(l)
-		switch {
-		case best == nil || len(q) < len(bestQ):
-			best, bestQ, ties = l, q, 1
-		case len(q) == len(bestQ):
-			ties++ // reservoir: each of the shortest alike
-			if rand.IntN(ties) == 0 {
-				best, bestQ = l, q
+		rec := leaseRecord(l)
+		at, ok := seenRoom[name+"\x00"+rec]
+		if !ok {
+			for k := range seenRoom {
+				if strings.HasPrefix(k, name+"\x00") {
+					delete(seenRoom, k)
+				}
 			}
+			at, seenRoom[name+"\x00"+rec] = now, now
+		}
+		sum := sha256.Sum256([]byte(name + "\x00" + rec + "\x00" + s.Holder))
+		u := float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53)
+		w := time.Duration(u*float64(window)) - now.Sub(at)
+		if best == "" || w < wait {
+			best, wait = name, w
 		}
 	}
-	if best == nil {
-		return "", nil
-	}
+	return best, wait
+}
+
+// join adds this node to slot name's queue, behind the entries the cache
+// shows.
+func (s *Slots) join(ctx context.Context, store cache.Store, name string) error {
 	seq := int64(1)
-	if len(bestQ) > 0 {
-		seq = bestQ[len(bestQ)-1].seq + 1
+	if q := queueOf(s.cached(store, name)); len(q) > 0 {
+		seq = q[len(q)-1].seq + 1
 	}
-	if err := s.patchQueue(ctx, best.Name, fmt.Sprintf("%d %s", seq, s.Holder)); err != nil {
-		return "", err
-	}
-	return best.Name, nil
+	return s.patchQueue(ctx, name, fmt.Sprintf("%d %s", seq, s.Holder))
 }
 
 // dequeue leaves slot name's queue.
@@ -250,45 +268,30 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) (node, key
 var errNotHolder = errors.New("the rollout slot is held by another")
 
 // handOver ends this node's hold of slot l (as last seen): one write that
-// hands it to its successor, or releases it when nobody waits. Entries of
-// nodes that hold a slot already go in the same write. Only a conflict
-// (the queue changed since l) reads the Lease again; it tries three times.
-// It returns the node the slot went to ("" released).
+// hands it to its successor, or releases it when nobody waits. The write is
+// a JSON patch that tests that this node holds the slot (and that the
+// successor's entry is as seen), with no resourceVersion: nodes joining the
+// queue meanwhile do not make it fail. A failed test reads the Lease
+// again; it tries three times. It returns the node the slot went to (""
+// released).
 func (s *Slots) handOver(ctx context.Context, l *coordinationv1.Lease, store cache.Store) (string, error) {
 	leases := s.Client.CoordinationV1().Leases(s.Namespace)
 	for try := 0; ; try++ {
-		next := l.DeepCopy()
-		if next.Annotations == nil {
-			next.Annotations = map[string]string{}
-		}
-		delete(next.Annotations, AnnotationHandedTo)
-		delete(next.Annotations, queueKey(s.Holder))
-		hs := s.holding(store)
-		for _, e := range queueOf(next) {
-			if hs[e.node] && e.node != s.Holder {
-				delete(next.Annotations, e.key)
-			}
-		}
 		to, key := "", ""
 		if store != nil {
-			to, key = s.successor(store, next)
+			to, key = s.successor(store, l)
 		}
-		if to != "" {
-			now := metav1.NewMicroTime(s.Clock.Now())
-			next.Spec.HolderIdentity, next.Spec.AcquireTime, next.Spec.RenewTime = ptr.To(to), &now, &now
-			next.Spec.LeaseDurationSeconds = ptr.To(int32(s.Duration / time.Second))
-			next.Annotations[AnnotationHandedTo] = to
-			if key != "" {
-				delete(next.Annotations, key)
-			}
-		} else {
-			next.Spec.HolderIdentity = ptr.To("")
+		patch, err := json.Marshal(handOverPatch(l, s.Holder, to, key, s.Clock.Now(), s.Duration))
+		if err != nil {
+			return "", err
 		}
-		_, err := leases.Update(ctx, next, metav1.UpdateOptions{})
+		_, err = leases.Patch(ctx, l.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
 		if err == nil {
 			return to, nil
 		}
-		if !apierrors.IsConflict(err) || try == 2 {
+		// A test that failed (422) or a conflict: the Lease is not as
+		// seen.
+		if !apierrors.IsInvalid(err) && !apierrors.IsConflict(err) || try == 2 {
 			return "", err
 		}
 		if l, err = leases.Get(ctx, l.Name, metav1.GetOptions{}); err != nil {
@@ -298,6 +301,56 @@ func (s *Slots) handOver(ctx context.Context, l *coordinationv1.Lease, store cac
 			return "", fmt.Errorf("%w (%q)", errNotHolder, holder(l))
 		}
 	}
+}
+
+// jsonPatchOp is one operation of a JSON patch (RFC 6902): op, path and,
+// but for remove, value.
+type jsonPatchOp map[string]any
+
+func patchOp(op, path string, value ...any) jsonPatchOp {
+	o := jsonPatchOp{"op": op, "path": path}
+	if len(value) > 0 {
+		o["value"] = value[0]
+	}
+	return o
+}
+
+// annotationPath is the JSON pointer of annotation key.
+func annotationPath(key string) string {
+	return "/metadata/annotations/" + strings.ReplaceAll(strings.ReplaceAll(key, "~", "~0"), "/", "~1")
+}
+
+// handOverPatch is the write that passes slot l from self to node to (""
+// releases it): a test that self holds it; to's entry key on l, if any,
+// tested and removed; the holder record; AnnotationHandedTo set (or, as
+// self's own write, removed) and self's own entry removed where l shows
+// them.
+func handOverPatch(l *coordinationv1.Lease, self, to, key string, now time.Time, d time.Duration) []jsonPatchOp {
+	ops := []jsonPatchOp{patchOp("test", "/spec/holderIdentity", self)}
+	if _, ok := l.Annotations[queueKey(self)]; ok {
+		ops = append(ops, patchOp("remove", annotationPath(queueKey(self))))
+	}
+	if to == "" {
+		if _, ok := l.Annotations[AnnotationHandedTo]; ok {
+			ops = append(ops, patchOp("remove", annotationPath(AnnotationHandedTo)))
+		}
+		return append(ops, patchOp("replace", "/spec/holderIdentity", ""))
+	}
+	if key != "" {
+		ops = append(ops, patchOp("test", annotationPath(key), l.Annotations[key]), patchOp("remove", annotationPath(key)))
+	}
+	at := metav1.NewMicroTime(now)
+	if l.Annotations == nil {
+		// No annotations at all (a slot written by hand): the map is
+		// made, none being there to lose.
+		ops = append(ops, patchOp("test", "/metadata/annotations", nil), patchOp("add", "/metadata/annotations", map[string]string{}))
+	}
+	return append(ops,
+		patchOp("replace", "/spec/holderIdentity", to),
+		patchOp("add", "/spec/acquireTime", at),
+		patchOp("add", "/spec/renewTime", at),
+		patchOp("add", "/spec/leaseDurationSeconds", int32(d/time.Second)),
+		patchOp("add", annotationPath(AnnotationHandedTo), to))
 }
 
 // queued is where Acquire's node stands in the queues.

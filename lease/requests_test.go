@@ -37,6 +37,10 @@ func leaseRequests(c *fake.Clientset, name string) map[string]int {
 			if x.GetObject().(metav1.Object).GetName() == name {
 				n[a.GetVerb()]++
 			}
+		case k8stesting.PatchAction:
+			if x.GetName() == name {
+				n[a.GetVerb()]++
+			}
 		}
 	}
 	return n
@@ -124,8 +128,8 @@ func TestSlotReleaseIsOneWrite(t *testing.T) {
 	before := leaseRequests(c, name)
 	slot.Release()
 	after := leaseRequests(c, name)
-	if after["get"] != before["get"] || after["update"] != before["update"]+1 {
-		t.Errorf("release: %v then %v, want one update and nothing else", before, after)
+	if after["get"] != before["get"] || after["update"] != before["update"] || after["patch"] != before["patch"]+1 {
+		t.Errorf("release: %v then %v, want one patch and nothing else", before, after)
 	}
 	l, err := c.CoordinationV1().Leases("ns").Get(ctx, name, metav1.GetOptions{})
 	if err != nil || ptr.Deref(l.Spec.HolderIdentity, "x") != "" {

@@ -181,6 +181,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	exists := map[string]bool{} // created by another while absent from the cache
 	hand := handOffs{window: spread, freed: map[string]time.Time{}}
 	seenFree := map[string]time.Time{} // when this node first saw each slot free
+	seenRoom := map[string]time.Time{} // when it first saw a place in a slot's queue, per holder record
 	lost := map[string]lostRace{}      // per slot, the version a race was lost on
 	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
 	for {
@@ -287,10 +288,20 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				}
 			}
 		}
+		var joinTurn <-chan time.Time
 		if pick == nil && q.on == "" && !q.off {
-			// Every slot is held: join a queue. Nothing else is sent
-			// while waiting.
-			on, err := s.enqueue(ctx, store)
+			// Every slot is held: join a queue that has a place, at this
+			// node's turn. Nothing else is sent while waiting.
+			on, w := s.room(store, window, seenRoom, now)
+			var err error
+			switch {
+			case on == "":
+			case w > 0:
+				joinTurn = s.Clock.After(w)
+				on = ""
+			default:
+				err = s.join(ctx, store, on)
+			}
 			switch {
 			case apierrors.IsForbidden(err):
 				// An RBAC from before the queue (no patch of Leases):
@@ -322,6 +333,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			return nil, ctx.Err()
 		case <-changed:
 		case <-turn:
+		case <-joinTurn:
 		case <-expiry:
 		case <-retry:
 		}

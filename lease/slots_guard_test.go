@@ -5,17 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -252,10 +255,29 @@ func enforceResourceVersion(c *fake.Clientset) {
 				Annotations map[string]*string `json:"annotations"`
 			} `json:"metadata"`
 		}
+		l := obj.(*coordinationv1.Lease).DeepCopy()
+		if p.GetPatchType() == types.JSONPatchType {
+			// Applied by the library the API server uses: a failed test
+			// is a 422.
+			jp, err := jsonpatch.DecodePatch(p.GetPatch())
+			if err != nil {
+				return true, nil, apierrors.NewBadRequest(err.Error())
+			}
+			cur, _ := json.Marshal(l)
+			out, err := jp.Apply(cur)
+			if err != nil {
+				return true, nil, apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", err.Error(), 0, false)
+			}
+			l = &coordinationv1.Lease{}
+			if err := json.Unmarshal(out, l); err != nil {
+				return true, nil, err
+			}
+			l.ResourceVersion = next()
+			return true, l, c.Tracker().Update(gvr, l, l.Namespace)
+		}
 		if p.GetPatchType() != types.MergePatchType || json.Unmarshal(p.GetPatch(), &patch) != nil {
 			return true, nil, fmt.Errorf("unexpected patch %s %s", p.GetPatchType(), p.GetPatch())
 		}
-		l := obj.(*coordinationv1.Lease).DeepCopy()
 		for k, v := range patch.Metadata.Annotations {
 			switch {
 			case v == nil:

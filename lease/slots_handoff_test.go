@@ -11,6 +11,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -38,22 +39,13 @@ func heldSlot(t *testing.T) (context.Context, *fake.Clientset, *clocktesting.Fak
 	return ctx, c, clk, slot, held
 }
 
-// leaseWrites counts the Lease writes (create, update, patch) among actions.
-func leaseWrites(as []k8stesting.Action) (n int) {
-	for _, a := range as {
-		if v := a.GetVerb(); a.GetResource().Resource == "leases" && (v == "update" || v == "create" || v == "patch") {
-			n++
-		}
-	}
-	return n
-}
-
 // A slot hand-off that does not herd (issue #28): nodes that find the slot
 // held join its queue, one patch each, and wait without a request; when
 // the holder is done, its one write hands the slot to the first of the
-// queue, who goes on without a request. They are served in the order they
-// joined, each costing two slot Lease writes (its join and its own
-// hand-off), whatever the length of the queue.
+// queue, who goes on without a request. The queue takes QueueLength nodes;
+// the others wait, sending nothing, and join as places open. Each node
+// costs two slot Lease writes (its join and its own hand-off), whatever
+// the number waiting.
 func TestSlotHandedOnInQueueOrder(t *testing.T) {
 	ctx, c, clk, slot, cur := heldSlot(t)
 	type won struct {
@@ -61,65 +53,93 @@ func TestSlotHandedOnInQueueOrder(t *testing.T) {
 		slot reconcile.Slot
 	}
 	got := make(chan won, 8)
-	var order []string
-	for i := range 6 {
+	slotLease := func() *coordinationv1.Lease {
+		l, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	const nodes = QueueLength + 2
+	for i := range nodes {
 		s := slot(fmt.Sprintf("node-%d", i))
-		order = append(order, s.Holder)
-		before := len(c.Actions())
 		go func() {
 			if h, err := s.Acquire(ctx); err == nil {
 				got <- won{s.Holder, h}
 			}
 		}()
-		// One after the other: each joins behind the ones before.
-		waitUntil(t, s.Holder+" joins the queue", func() bool {
-			l, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
-			return err == nil && l.Annotations[queueKey(s.Holder)] != ""
-		})
-		if n := leaseWrites(c.Actions()[before:]); n != 1 {
-			t.Errorf("%s: %d Lease writes to join the queue, want 1", s.Holder, n)
+		if i >= QueueLength {
+			continue
 		}
+		// One after the other: each joins behind the ones before, at
+		// its turn.
+		waitUntil(t, s.Holder+" joins the queue", func() bool {
+			clk.Step(5 * time.Millisecond)
+			return slotLease().Annotations[queueKey(s.Holder)] != ""
+		})
 	}
-	// Waiting costs nothing (short of the holder's renewal, every 10 s).
+	// The queue is full: the others wait; waiting costs nothing (short
+	// of the holder's renewal, every 10 s).
+	time.Sleep(20 * time.Millisecond)
 	before := len(c.Actions())
 	for range 20 {
 		time.Sleep(2 * time.Millisecond)
-		clk.Step(400 * time.Millisecond)
+		clk.Step(200 * time.Millisecond)
 	}
 	if n := len(c.Actions()) - before; n != 0 {
-		t.Errorf("the queued nodes sent %d requests while the slot stayed held: %v", n, c.Actions()[before:])
+		t.Errorf("the waiting nodes sent %d requests while the slot stayed held: %v", n, c.Actions()[before:])
 	}
-	for _, want := range order {
-		before := len(c.Actions())
+	if q := queueOf(slotLease()); len(q) != QueueLength {
+		t.Errorf("queue %v, want %d nodes", q, QueueLength)
+	}
+	for range nodes {
+		l := slotLease()
+		want := queueOf(l)[0].node
 		cur.Release()
 		var w won
 		select {
 		case w = <-got:
 		case <-time.After(5 * time.Second):
-			t.Fatalf("nobody was handed the slot; %s is next in the queue", want)
+			t.Fatalf("nobody was handed the slot; %s is first in the queue", want)
 		}
 		if w.name != want {
-			t.Errorf("%s was handed the slot; %s joined the queue first", w.name, want)
+			t.Errorf("%s was handed the slot; %s is first in the queue", w.name, want)
 		}
-		l, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
-		if err != nil || holder(l) != want || l.Annotations[AnnotationHandedTo] != want {
-			t.Fatalf("after the hand-off to %s: %v %v", want, l, err)
+		l = slotLease()
+		if holder(l) != want || l.Annotations[AnnotationHandedTo] != want {
+			t.Fatalf("after the hand-off to %s: %v", want, l)
 		}
 		if _, ok := l.Annotations[queueKey(want)]; ok {
 			t.Errorf("%s is still in the queue it was served from", want)
 		}
-		// The hand-off is the holder's one write; the next holder sends
-		// nothing to take it.
-		time.Sleep(20 * time.Millisecond)
-		if n := leaseWrites(c.Actions()[before:]); n != 1 {
-			t.Errorf("the hand-off to %s cost %d Lease writes, want 1", want, n)
+		// A place opened: a waiting node joins at its turn.
+		for range 50 {
+			time.Sleep(time.Millisecond)
+			clk.Step(5 * time.Millisecond)
 		}
 		cur = w.slot
 	}
 	cur.Release()
-	l, _ := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
+	l := slotLease()
 	if holder(l) != "" || len(queueOf(l)) != 0 || l.Annotations[AnnotationHandedTo] != "" {
 		t.Errorf("the queue served, the slot should be free and empty: %v", l)
+	}
+	// Every node joined once and handed on once; nothing else was written.
+	joins, handOvers, other := 0, 0, 0
+	for _, a := range c.Actions() {
+		switch p, ok := a.(k8stesting.PatchAction); {
+		case ok && p.GetPatchType() == types.MergePatchType:
+			joins++
+		case ok && p.GetPatchType() == types.JSONPatchType:
+			handOvers++
+		case a.GetVerb() == "update":
+			other++
+		}
+	}
+	// nodes+1 hand-offs (the last a release); no holder renewal: each
+	// hold is under 10 s.
+	if joins != nodes || handOvers != nodes+1 || other != 0 {
+		t.Errorf("%d joins, %d hand-offs and %d updates for %d nodes; want one join a node and one write a hand-off (%d)", joins, handOvers, other, nodes, nodes+1)
 	}
 }
 
