@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 )
@@ -59,7 +61,7 @@ const (
 	// (holderDisrupted), not its state label.
 	AnnotationHandedTo = "migagent.io/handed-to"
 	// QueueLength is how many nodes a slot's queue takes (see above).
-	QueueLength = 4
+	QueueLength = 2
 )
 
 // queueKey is node's key in a slot's queue.
@@ -196,32 +198,37 @@ func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[strin
 }
 
 // join adds this node to slot name's queue, behind the entries the cache
-// shows.
-func (s *Slots) join(ctx context.Context, store cache.Store, name string) error {
+// shows. It returns the resourceVersion of the slot as the join wrote it.
+func (s *Slots) join(ctx context.Context, store cache.Store, name string) (string, error) {
 	seq := int64(1)
 	if q := queueOf(s.cached(store, name)); len(q) > 0 {
 		seq = q[len(q)-1].seq + 1
 	}
-	return s.patchQueue(ctx, name, fmt.Sprintf("%d %s", seq, s.Holder))
+	l, err := s.patchQueue(ctx, name, fmt.Sprintf("%d %s", seq, s.Holder))
+	if err != nil {
+		return "", err
+	}
+	return l.ResourceVersion, nil
 }
 
 // dequeue leaves slot name's queue.
 func (s *Slots) dequeue(ctx context.Context, name string) error {
-	return s.patchQueue(ctx, name, nil)
+	_, err := s.patchQueue(ctx, name, nil)
+	return err
 }
 
 // patchQueue sets this node's queue entry on slot name (nil removes it):
 // a merge patch, with no resourceVersion.
-func (s *Slots) patchQueue(ctx context.Context, name string, value any) error {
+func (s *Slots) patchQueue(ctx context.Context, name string, value any) (*coordinationv1.Lease, error) {
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{queueKey(s.Holder): value}}})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = s.Client.CoordinationV1().Leases(s.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	l, err := s.Client.CoordinationV1().Leases(s.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if apierrors.IsNotFound(err) && value == nil {
-		return nil
+		return nil, nil
 	}
-	return err
+	return l, err
 }
 
 // leaveQueue leaves slot name's queue when Acquire gives up waiting (best
@@ -235,7 +242,9 @@ func (s *Slots) leaveQueue(ctx context.Context, name string) {
 	defer cancel()
 	if err := s.dequeue(ctx, name); err != nil {
 		s.Log.Warn("leaving the rollout slot queue failed", "lease", name, "err", err)
+		return
 	}
+	s.Log.Debug("left the rollout slot queue", "lease", name)
 }
 
 // successor is the node slot l goes to when its holder is done: the first
@@ -250,15 +259,28 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) (node, key
 	if q := waiting(queueOf(l)); len(q) > 0 {
 		return q[0].node, q[0].key
 	}
+	// Of the longest other queues (two or more), one at random: holders
+	// done at once do not all take the same node.
 	var longest []queueEntry
+	ties := 0
 	for i := range s.N {
-		if o := s.cached(store, SlotLeaseName(i)); o != nil && o.Name != l.Name {
-			if q := waiting(queueOf(o)); len(q) >= 2 && len(q) > len(longest) {
+		o := s.cached(store, SlotLeaseName(i))
+		if o == nil || o.Name == l.Name {
+			continue
+		}
+		q := waiting(queueOf(o))
+		switch {
+		case len(q) < 2 || len(q) < len(longest):
+		case len(q) > len(longest):
+			longest, ties = q, 1
+		default:
+			if ties++; rand.IntN(ties) == 0 {
 				longest = q
 			}
 		}
 	}
 	if len(longest) > 0 {
+		s.Log.Debug("handing the rollout slot to the last node of a longer queue", "lease", l.Name, "to", longest[len(longest)-1].node)
 		return longest[len(longest)-1].node, ""
 	}
 	return "", ""
@@ -356,23 +378,37 @@ func handOverPatch(l *coordinationv1.Lease, self, to, key string, now time.Time,
 // queued is where Acquire's node stands in the queues.
 type queued struct {
 	on     string    // the slot whose queue it joined ("": none)
+	rv     string    // that slot's resourceVersion as the join wrote it
 	at     time.Time // when it joined (its patch answered)
-	seen   bool      // the cache has shown it there
 	served bool      // it has a slot: nothing to leave
 	off    bool      // joining is refused (RBAC without patch): never again
 }
 
-func (q *queued) joined(on string, now time.Time) { q.on, q.at, q.seen = on, now, false }
+func (q *queued) joined(on, rv string, now time.Time) { q.on, q.rv, q.at = on, rv, now }
 
-// track follows the cache: where shows this node's entry ("": nowhere). An
-// entry the cache showed and no longer shows was removed (the slot gone,
-// or this node cleaned out as holding a slot); one never shown
-// lostRaceHold after the join was lost: either way it joins again.
-func (q *queued) track(where string, now time.Time) {
-	switch {
-	case where != "":
-		q.on, q.seen = where, true
-	case q.on != "" && (q.seen || now.Sub(q.at) > lostRaceHold):
-		q.on, q.seen = "", false
+// track follows the cache. This node's entry, once written, leaves a
+// queue only when the node is handed that slot (seen before track) or
+// leaves it itself; so an entry the cache shows gone from a version of
+// the slot at or after the join's means the slot was replaced (deleted
+// and made again): the node joins again. A cache that does not show the
+// join yet is behind. Without comparable resourceVersions, an entry not
+// seen lostRaceHold after the join counts as gone.
+func (q *queued) track(s *Slots, store cache.Store, now time.Time) {
+	if where := s.queuedOn(store); where != "" {
+		q.on = where
+		return
+	}
+	if q.on == "" {
+		return
+	}
+	gone := now.Sub(q.at) > lostRaceHold
+	if l := s.cached(store, q.on); l != nil {
+		if c, err := resourceversion.CompareResourceVersion(l.ResourceVersion, q.rv); err == nil {
+			gone = c >= 0
+		}
+	}
+	if gone {
+		s.Log.Debug("no longer in the rollout slot queue it joined", "lease", q.on)
+		q.on, q.rv = "", ""
 	}
 }

@@ -165,7 +165,9 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			// another queue): leave the first queue.
 			s.leaveQueue(ctx, q.on)
 		}
-		return s.hold(ctx, l, store, stop)
+		h := s.hold(ctx, l, store, stop)
+		go h.strays(changed)
+		return h
 	}
 	defer func() {
 		if q.on != "" && ctx.Err() != nil && !q.served {
@@ -193,7 +195,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			s.Log.Info("took rollout slot", "lease", l.Name, "handedBy", "its last holder")
 			return held(l), nil
 		}
-		q.track(s.queuedOn(store), now)
+		q.track(s, store, now)
 		hand.observe(store, s.Namespace, s.N, s.Holder, now)
 		free, next := s.scan(ctx, store)
 		// Every queued node sees the same slots freed at about the same
@@ -207,14 +209,25 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		// first; its own slot (kept through a reboot) at once. A freed
 		// slot that has a queue (its holder did not see it) goes to its
 		// queue first, in the queue's order, a HandOffGap apart; then to
-		// the others.
+		// the others. Each node has a home slot (home): a free slot is
+		// tried first by the nodes whose home it is, over the window,
+		// and by the others only after it, so that when many slots are
+		// free at once (a pool-wide change) about K/N nodes race for
+		// each, not all K for all N.
 		var pick *candidate
 		var wait time.Duration
 		window := hand.shared(store, s.Namespace, s.N)
+		roomOn, roomWait := "", time.Duration(0)
+		if q.on == "" && !q.off {
+			roomOn, roomWait = s.room(store, window, seenRoom, now)
+		}
 		isFree := map[string]bool{}
 		for i := range free {
 			c := &free[i]
 			isFree[c.name] = true
+			if c.lease == nil && exists[c.name] && q.on == c.name {
+				continue // created a moment ago, and this node is in its queue
+			}
 			if l, ok := lost[c.name]; ok && c.lease != nil && c.lease.ResourceVersion == l.rv && now.Before(l.until) {
 				continue // lost a race for it: the winner's write is on its way to the cache
 			}
@@ -223,6 +236,14 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				at, seenFree[c.name] = now, now
 			}
 			turn := s.turn(*c, window)
+			if c.name != s.home() {
+				turn += window // after the nodes whose home slot it is
+				if q.on != "" || roomOn != "" {
+					// A queue is this node's way in: another node's
+					// home slot only when still free a window later.
+					turn += window
+				}
+			}
 			if cq := queueOf(c.lease); len(cq) > 0 {
 				if pos := s.queuePos(cq); pos >= 0 {
 					turn = time.Duration(pos) * HandOffGap
@@ -276,6 +297,15 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			case errors.Is(err, errSlotExists):
 				exists[pick.name] = true
 				trouble = true
+				if q.on == "" && !q.off {
+					// Created a moment ago by another node (its write is
+					// on its way to the cache): this node queues behind
+					// it instead of racing for another slot.
+					if rv, err := s.join(ctx, store, pick.name); err == nil {
+						q.joined(pick.name, rv, now)
+						trouble = false
+					}
+				}
 			case err != nil:
 				s.Log.Debug("rollout slot", "lease", pick.name, "err", err)
 				trouble = true
@@ -289,10 +319,12 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			}
 		}
 		var joinTurn <-chan time.Time
-		if pick == nil && q.on == "" && !q.off {
-			// Every slot is held: join a queue that has a place, at this
-			// node's turn. Nothing else is sent while waiting.
-			on, w := s.room(store, window, seenRoom, now)
+		if q.on == "" && !q.off && (pick == nil || pick.name != s.home() && holder(ptrLease(pick.lease)) != s.Holder) {
+			// No free slot for this node but other nodes' home slots:
+			// join a queue that has a place, at this node's turn.
+			// Nothing else is sent while waiting.
+			on, w := roomOn, roomWait
+			var rv string
 			var err error
 			switch {
 			case on == "":
@@ -300,7 +332,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				joinTurn = s.Clock.After(w)
 				on = ""
 			default:
-				err = s.join(ctx, store, on)
+				rv, err = s.join(ctx, store, on)
 			}
 			switch {
 			case apierrors.IsForbidden(err):
@@ -312,7 +344,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				s.Log.Debug("joining a rollout slot queue", "err", err)
 				trouble = true
 			case on != "":
-				q.joined(on, now)
+				q.joined(on, rv, now)
 			}
 		}
 		if !logged {
@@ -374,6 +406,20 @@ const lostRaceHold = 5 * time.Second
 // (handOffs), so no node's turn is pushed back by its own bad luck.
 func (s *Slots) turn(c candidate, window time.Duration) time.Duration {
 	return time.Duration(s.order(c) * float64(window))
+}
+
+// ptrLease is l, or an empty Lease for nil (an absent slot).
+func ptrLease(l *coordinationv1.Lease) *coordinationv1.Lease {
+	if l == nil {
+		return &coordinationv1.Lease{}
+	}
+	return l
+}
+
+// home is this node's home slot: the first tried when many are free.
+func (s *Slots) home() string {
+	sum := sha256.Sum256([]byte(s.Holder))
+	return SlotLeaseName(int(binary.BigEndian.Uint64(sum[:8]) % uint64(max(s.N, 1))))
 }
 
 // order is this node's place in [0, 1) in the order of slot c's version.
@@ -959,6 +1005,30 @@ func (h *slotHold) Release() {
 		s.Log.Info("handed the rollout slot to the next node of its queue", "lease", h.name, "to", to)
 	default:
 		s.Log.Info("released rollout slot", "lease", h.name)
+	}
+}
+
+// strays hands on, while this node holds its slot, any other slot handed
+// to it: two holders that saw it waiting at once, before either's write
+// reached the other's cache. Its watch says so (changed).
+func (h *slotHold) strays(changed <-chan struct{}) {
+	for {
+		select {
+		case <-h.done:
+			return
+		case <-changed:
+		}
+		for i := range h.s.N {
+			l := h.s.cached(h.store, SlotLeaseName(i))
+			if l == nil || l.Name == h.name || holder(l) != h.s.Holder || l.Annotations[AnnotationHandedTo] != h.s.Holder {
+				continue
+			}
+			if to, err := h.s.handOver(h.ctx, l, h.store); err != nil {
+				h.s.Log.Warn("handing on a second rollout slot failed; it expires by itself", "lease", l.Name, "err", err)
+			} else {
+				h.s.Log.Info("handed on a second rollout slot", "lease", l.Name, "to", to)
+			}
+		}
 	}
 }
 

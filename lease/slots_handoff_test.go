@@ -92,6 +92,7 @@ func TestSlotHandedOnInQueueOrder(t *testing.T) {
 	if q := queueOf(slotLease()); len(q) != QueueLength {
 		t.Errorf("queue %v, want %d nodes", q, QueueLength)
 	}
+	served := 0
 	for range nodes {
 		l := slotLease()
 		want := queueOf(l)[0].node
@@ -113,10 +114,12 @@ func TestSlotHandedOnInQueueOrder(t *testing.T) {
 			t.Errorf("%s is still in the queue it was served from", want)
 		}
 		// A place opened: a waiting node joins at its turn.
-		for range 50 {
-			time.Sleep(time.Millisecond)
+		served++
+		queued := min(QueueLength, nodes-served)
+		waitUntil(t, "a waiting node joins the place that opened", func() bool {
 			clk.Step(5 * time.Millisecond)
-		}
+			return len(queueOf(slotLease())) == queued
+		})
 		cur = w.slot
 	}
 	cur.Release()

@@ -2,12 +2,14 @@ package lease
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/reconcile"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -106,9 +108,9 @@ func TestSlots(t *testing.T) {
 		}
 		return false
 	}
-	joined := func() bool {
+	joined := func() bool { // c's own join (b may have joined and left a queue)
 		for _, a := range c.Actions() {
-			if a.GetVerb() == "patch" && a.GetResource().Resource == "leases" {
+			if p, ok := a.(k8stesting.PatchAction); ok && strings.Contains(string(p.GetPatch()), queueKey("c")+`":"`) {
 				return true
 			}
 		}
