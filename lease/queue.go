@@ -362,9 +362,9 @@ func handOverPatch(l *coordinationv1.Lease, self, to, key string, now time.Time,
 		ops = append(ops, patchOp("test", annotationPath(key), l.Annotations[key]), patchOp("remove", annotationPath(key)))
 	}
 	at := metav1.NewMicroTime(now)
-	if l.Annotations == nil {
-		// No annotations at all (a slot written by hand): the map is
-		// made, none being there to lose.
+	if len(l.Annotations) == 0 {
+		// No annotations at all (an empty map is not stored): the map
+		// is made, none being there to lose.
 		ops = append(ops, patchOp("test", "/metadata/annotations", nil), patchOp("add", "/metadata/annotations", map[string]string{}))
 	}
 	return append(ops,

@@ -266,7 +266,7 @@ func enforceResourceVersion(c *fake.Clientset) {
 			cur, _ := json.Marshal(l)
 			out, err := jp.Apply(cur)
 			if err != nil {
-				return true, nil, apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", err.Error(), 0, false)
+				return true, nil, apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "patch", schema.GroupResource{}, "", err.Error(), 0, false)
 			}
 			l = &coordinationv1.Lease{}
 			if err := json.Unmarshal(out, l); err != nil {

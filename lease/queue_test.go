@@ -1,0 +1,289 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/record"
+)
+
+// The queue's failure paths: a node handed a slot it never saw, a node
+// that stops waiting, a node handed two slots, a holder whose queue is
+// empty, an RBAC without patch, and joins that must not keep a dead
+// holder's slot alive.
+
+// queuedSlot is slot 0 held by "holder" (a Lease written by hand), with
+// the nodes of queue in its queue, in that order.
+func queuedSlot(t *testing.T, c *fake.Clientset, name string, holderName string, queue ...string) {
+	t.Helper()
+	now := metav1.NewMicroTime(time.Unix(100000, 0))
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns",
+		Labels:      map[string]string{LabelRolloutSlot: "true"},
+		Annotations: map[string]string{}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holderName), LeaseDurationSeconds: ptr.To[int32](30), AcquireTime: &now, RenewTime: &now}}
+	for i, n := range queue {
+		l.Annotations[queueKey(n)] = fmt.Sprintf("%d %s", i+1, n)
+	}
+	if _, err := c.CoordinationV1().Leases("ns").Create(context.Background(), l, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getSlot(t *testing.T, c *fake.Clientset, name string) *coordinationv1.Lease {
+	t.Helper()
+	l, err := c.CoordinationV1().Leases("ns").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// A slot handed to a node whose agent never saw it (gone while queued):
+// once it expires, only the node's taint would keep it; its state label
+// "pending" does not (it never began). A node handed a slot that did
+// begin (tainted) keeps counting.
+func TestHandedSlotNeverSeenExpires(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		tainted bool
+	}{{"pending, never began", false}, {"tainted, began", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "y", Labels: map[string]string{record.LabelState: record.StatePending}}}
+			if tc.tainted {
+				node.Spec.Taints = []corev1.Taint{{Key: record.TaintReconfiguring, Effect: corev1.TaintEffectNoSchedule}}
+			}
+			c := fake.NewClientset(node)
+			enforceResourceVersion(c)
+			clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+			queuedSlot(t, c, SlotLeaseName(0), "x", "y")
+			x := newSlots(c, clk, "x")
+			if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), nil); err != nil || to != "" {
+				t.Fatalf("without a watch, a release: %q %v", to, err)
+			}
+			// Again, with the queue in view: handed to y.
+			queuedSlot(t, c, SlotLeaseName(1), "x", "y")
+			x.N = 2
+			store := storeOf(c)
+			if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(1)), store); err != nil || to != "y" {
+				t.Fatalf("hand-off: %q %v", to, err)
+			}
+			l := getSlot(t, c, SlotLeaseName(1))
+			if holder(l) != "y" || l.Annotations[AnnotationHandedTo] != "y" || l.Annotations[queueKey("y")] != "" {
+				t.Fatalf("handed slot: %v", l)
+			}
+			z := newSlots(c, clk, "z")
+			if got, _ := z.try(ctx, SlotLeaseName(1)); got != nil {
+				t.Fatal("took a slot just handed on")
+			}
+			clk.Step(31 * time.Second) // y never renewed it
+			got, _ := z.try(ctx, SlotLeaseName(1))
+			if tc.tainted && got != nil {
+				t.Fatal("took the slot of a node that began its change (tainted)")
+			}
+			if !tc.tainted && got == nil {
+				t.Fatal("the slot of a node that never saw it is kept by its pending state")
+			}
+		})
+	}
+}
+
+// storeOf is a store of the slot Leases as they are now.
+func storeOf(c *fake.Clientset) cache.Store {
+	l, _ := c.CoordinationV1().Leases("ns").List(context.Background(), metav1.ListOptions{})
+	s := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	for i := range l.Items {
+		_ = s.Add(&l.Items[i])
+	}
+	return s
+}
+
+// Queue joins are not the holder's writes: a holder that stopped renewing
+// loses its slot one lease duration after its last renewal, however many
+// nodes join its queue meanwhile.
+func TestJoinsDoNotRenewADeadHolder(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	a, b := newSlots(c, clk, "a"), newSlots(c, clk, "b")
+	if got, err := a.try(ctx, SlotLeaseName(0)); got == nil || err != nil {
+		t.Fatal(got, err)
+	}
+	_, _ = b.try(ctx, SlotLeaseName(0)) // b sees a's record
+	for i := range 4 {
+		clk.Step(7 * time.Second)
+		j := newSlots(c, clk, fmt.Sprintf("j%d", i))
+		if _, err := j.patchQueue(ctx, SlotLeaseName(0), fmt.Sprintf("%d j%d", i+1, i)); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.try(ctx, SlotLeaseName(0)); got != nil {
+			t.Fatalf("took the slot %d s after its holder's last write", 7*(i+1))
+		}
+	}
+	clk.Step(3 * time.Second) // 31 s since a's last renewal
+	if got, err := b.try(ctx, SlotLeaseName(0)); got == nil || err != nil {
+		t.Fatalf("the joins kept a dead holder's slot: %v %v", got, err)
+	}
+	if q := queueOf(getSlot(t, c, SlotLeaseName(0))); len(q) != 4 {
+		t.Errorf("the take lost the queue: %v", q)
+	}
+}
+
+// A node that stops waiting (its change cancelled) leaves the queue, so
+// that it is never handed a slot it would not use.
+func TestCancelledWaitLeavesTheQueue(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	queuedSlot(t, c, SlotLeaseName(0), "x")
+	s := newSlots(c, clk, "w")
+	done := make(chan error, 1)
+	go func() { _, err := s.Acquire(ctx); done <- err }()
+	waitUntil(t, "w joins the queue", func() bool {
+		clk.Step(10 * time.Millisecond)
+		return getSlot(t, c, SlotLeaseName(0)).Annotations[queueKey("w")] != ""
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if l := getSlot(t, c, SlotLeaseName(0)); len(queueOf(l)) != 0 {
+		t.Errorf("the cancelled node is still queued: %v", l.Annotations)
+	}
+}
+
+// A node handed two slots at once (two holders saw it waiting) keeps one
+// and hands the other on, to the next of that slot's queue.
+func TestTwoSlotsHandedAtOnce(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	queuedSlot(t, c, SlotLeaseName(0), "x", "y", "z")
+	queuedSlot(t, c, SlotLeaseName(1), "v", "y")
+	x, v := newSlots(c, clk, "x"), newSlots(c, clk, "v")
+	x.N, v.N = 2, 2
+	y := newSlots(c, clk, "y")
+	y.N = 2
+	got := make(chan string, 1)
+	go func() {
+		h, err := y.Acquire(ctx)
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- h.(*slotHold).name
+	}()
+	waitUntil(t, "y watches", func() bool { return clk.HasWaiters() })
+	stale := storeOf(c) // v's cache has not seen x's hand-off yet
+	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), stale); err != nil || to != "y" {
+		t.Fatalf("x: %q %v", to, err)
+	}
+	if to, err := v.handOver(ctx, getSlot(t, c, SlotLeaseName(1)), stale); err != nil || to != "y" {
+		t.Fatalf("v, before x's hand-off reached its cache: %q %v", to, err)
+	}
+	var kept string
+	select {
+	case kept = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("y took no slot")
+	}
+	other := SlotLeaseName(1)
+	if kept == other {
+		other = SlotLeaseName(0)
+	}
+	waitUntil(t, "y hands on the other slot", func() bool { return holder(getSlot(t, c, other)) != "y" })
+	if l := getSlot(t, c, other); other == SlotLeaseName(0) && holder(l) != "z" || other == SlotLeaseName(1) && holder(l) != "" {
+		t.Errorf("the slot y did not keep went to %q, want the next of its queue (or released)", holder(l))
+	}
+}
+
+// A holder whose own queue is empty hands its slot to the last node of a
+// longer queue; that node leaves its first queue itself.
+func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	queuedSlot(t, c, SlotLeaseName(0), "x")
+	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q")
+	q := newSlots(c, clk, "q")
+	q.N = 2
+	got := make(chan error, 1)
+	go func() { _, err := q.Acquire(ctx); got <- err }()
+	waitUntil(t, "q watches", func() bool { return clk.HasWaiters() })
+	x := newSlots(c, clk, "x")
+	x.N = 2
+	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "q" {
+		t.Fatalf("x: %q %v (%v), want the last of the longer queue", to, err, apierrors.ReasonForError(err))
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "q leaves its first queue", func() bool {
+		qs := queueOf(getSlot(t, c, SlotLeaseName(1)))
+		return len(qs) == 1 && qs[0].node == "p"
+	})
+}
+
+// An RBAC from before the queue (no patch): the node waits for a freed
+// slot as before, without a queue, and is not stuck.
+func TestNoPatchWaitsWithoutAQueue(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	c.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.PatchAction).GetPatchType() == types.MergePatchType {
+			return true, nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), "x", errors.New("RBAC: patch not allowed"))
+		}
+		return false, nil, nil
+	})
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	queuedSlot(t, c, SlotLeaseName(0), "x")
+	w := newSlots(c, clk, "w")
+	got := make(chan error, 1)
+	go func() { _, err := w.Acquire(ctx); got <- err }()
+	for range 50 {
+		time.Sleep(2 * time.Millisecond)
+		clk.Step(100 * time.Millisecond)
+	}
+	x := newSlots(c, clk, "x")
+	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "" {
+		t.Fatalf("x: %q %v", to, err)
+	}
+	for range 200 {
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h := holder(getSlot(t, c, SlotLeaseName(0))); h != "w" {
+				t.Fatalf("holder %q", h)
+			}
+			return
+		default:
+		}
+		time.Sleep(2 * time.Millisecond)
+		clk.Step(100 * time.Millisecond)
+	}
+	t.Fatal("w never took the freed slot")
+}
