@@ -163,6 +163,7 @@ func TestFleetRolloutBounded(t *testing.T) {
 		as = append(as, flStart(t, &Opts{Node: node, Sim: "h200x2", Namespace: ns, Kubeconfig: kubeconfig,
 			Extra: []string{"--max-concurrent", strconv.Itoa(slots), "--lease-duration", "15s"}}))
 	}
+	labelled := time.Now()
 	for _, n := range nodes {
 		SelectConfig(t, c, n, "all-balanced")
 	}
@@ -223,26 +224,35 @@ func TestFleetRolloutBounded(t *testing.T) {
 	}
 
 	// What the hand-off cost, as the API server's audit log names it: the
-	// agents' requests on the slot Leases (takes, releases, lost races;
-	// the watch names none) and their conflicts.
+	// agents' requests on the slot Leases from the labels on (joins of a
+	// queue while the window held the slots, takes, hand-offs, releases,
+	// lost races; the watch names none) and their conflicts.
 	time.Sleep(time.Second) // the last responses are logged
-	evs, err := kubetest.ReadAudit(kubetest.AuditLog(t), start, time.Time{}, func(e kubetest.AuditEvent) bool {
+	evs, err := kubetest.ReadAudit(kubetest.AuditLog(t), labelled, time.Time{}, func(e kubetest.AuditEvent) bool {
 		return e.Namespace() == ns && strings.HasPrefix(e.UserAgent, "mig-agent/") && e.Resource() == "leases" &&
 			strings.HasPrefix(e.Name(), "mig-agent-slot-")
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost := 0
+	lost, patches := 0, 0
 	for _, e := range evs {
 		if e.Code() == http.StatusConflict {
 			lost++
 		}
+		if e.Verb == "patch" {
+			patches++ // a join, or a hand-off to the next of a queue
+		}
+	}
+	// Every queued agent joined a queue (one patch each) and handed its
+	// slot on with one: no node takes a slot that has a queue by a race.
+	if patches < agents {
+		t.Errorf("%d patches of the slot Leases for %d agents queued behind the window: they did not queue", patches, agents)
 	}
 	perNode, share := float64(len(evs))/agents, float64(lost)/rollReq
-	t.Logf("FLEET slot Lease requests: %d (%.2f per node), %d conflicts (%.1f %% of the fleet's %v requests)", len(evs), perNode, lost, 100*share, rollReq)
+	t.Logf("FLEET slot Lease requests from the labels on: %d (%.2f per node; %d patches: joins and hand-offs), %d conflicts (%.1f %% of the fleet's %v requests)", len(evs), perNode, patches, lost, 100*share, rollReq)
 	if perNode > 3 {
-		t.Errorf("%.2f slot Lease requests per node in the rollout; want at most 3 (a take, a release, and few lost races)", perNode)
+		t.Errorf("%.2f slot Lease requests per node in the rollout; want at most 3 (a join, a hand-off, and few lost races)", perNode)
 	}
 	if share > 0.10 {
 		t.Errorf("lease conflicts are %.1f %% of the rollout's requests; want at most 10 %%", 100*share)
