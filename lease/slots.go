@@ -45,13 +45,17 @@ import (
 // change (it takes its own slot again at once), or the Node is gone, or
 // the slot was unchanged for RebootHold (a node that never comes back).
 //
-// A node waiting for a slot costs the API server nothing while nothing
-// changes: it watches the slot Leases (an informer on the agent's namespace,
-// filtered by LabelRolloutSlot) and tries to take one only when its cache
-// shows one free, after a Lease changed or when the earliest held one
-// expires (expiry makes no watch event: a timer stands for it). The
-// optimistic concurrency of the API server (resourceVersion on update, a name
-// taken once on create) keeps two nodes from taking the same slot.
+// A node waiting for a slot watches the slot Leases (an informer on the
+// agent's namespace, filtered by LabelRolloutSlot). When every slot is held
+// it joins one slot's queue (queue.go: one merge patch) and is handed the
+// slot by its holder, in the write that ends the holder's hold; it sends
+// nothing else while it waits. It tries to take a slot only when its cache
+// shows one free (released with nobody queued, expired, or never made),
+// after a Lease changed or when the earliest held one expires (expiry makes
+// no watch event: a timer stands for it). The optimistic concurrency of the
+// API server (resourceVersion on update, a name taken once on create, a
+// hand-off that tests its writer holds the slot) keeps two nodes from
+// holding the same slot.
 type Slots struct {
 	Client    kclient.Interface
 	Namespace string
