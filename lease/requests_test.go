@@ -29,16 +29,16 @@ func leaseRequests(c *fake.Clientset, name string) map[string]int {
 			continue
 		}
 		switch x := a.(type) {
+		case k8stesting.PatchAction: // before GetAction: it has GetName too
+			if x.GetName() == name {
+				n[a.GetVerb()]++
+			}
 		case k8stesting.GetAction:
 			if x.GetName() == name {
 				n[a.GetVerb()]++
 			}
 		case k8stesting.UpdateAction: // creates too: the same methods
 			if x.GetObject().(metav1.Object).GetName() == name {
-				n[a.GetVerb()]++
-			}
-		case k8stesting.PatchAction:
-			if x.GetName() == name {
 				n[a.GetVerb()]++
 			}
 		}

@@ -50,7 +50,6 @@ type slotChange struct {
 type slotTimeline struct {
 	mu      sync.Mutex
 	changes map[string][]slotChange
-	direct  int // hand-offs from one holder to the next in one write
 }
 
 func (t *slotTimeline) note(obj any) {
