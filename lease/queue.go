@@ -128,20 +128,42 @@ func (s *Slots) handed(ctx context.Context, store cache.Store) *coordinationv1.L
 	var got *coordinationv1.Lease
 	for i := range s.N {
 		l := s.cached(store, SlotLeaseName(i))
-		if l == nil || holder(l) != s.Holder || l.Annotations[AnnotationHandedTo] != s.Holder {
+		if !s.handedHere(l) {
 			continue
 		}
 		if got == nil {
 			got = l
 			continue
 		}
-		if to, err := s.handOver(ctx, l, store); err != nil {
-			s.Log.Warn("handing on a second rollout slot failed; it expires by itself", "lease", l.Name, "err", err)
-		} else {
-			s.Log.Info("handed on a second rollout slot", "lease", l.Name, "to", to)
-		}
+		s.handOn(ctx, l, store)
 	}
 	return got
+}
+
+// handedHere: slot l, as the cache shows it, was handed to this node and
+// not handed on by it since (a cache behind its hand-on shows it still).
+func (s *Slots) handedHere(l *coordinationv1.Lease) bool {
+	if l == nil || holder(l) != s.Holder || l.Annotations[AnnotationHandedTo] != s.Holder {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.handedOn[l.Name] != leaseRecord(l)
+}
+
+// handOn hands on slot l, handed to this node while it has another.
+func (s *Slots) handOn(ctx context.Context, l *coordinationv1.Lease, store cache.Store) {
+	s.mu.Lock()
+	if s.handedOn == nil {
+		s.handedOn = map[string]string{}
+	}
+	s.handedOn[l.Name] = leaseRecord(l)
+	s.mu.Unlock()
+	if to, err := s.handOver(ctx, l, store); err != nil {
+		s.Log.Warn("handing on a second rollout slot failed; it expires by itself", "lease", l.Name, "err", err)
+	} else {
+		s.Log.Info("handed on a second rollout slot", "lease", l.Name, "to", to)
+	}
 }
 
 // queuedOn is the slot whose queue, as the cache shows it, holds this
@@ -170,10 +192,13 @@ func (s *Slots) queuePos(q []queueEntry) int {
 // uses; the queue with the earliest turn is this node's.
 func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[string]time.Time, now time.Time) (string, time.Duration) {
 	best, wait := "", time.Duration(0)
+	hs := s.holding(store)
 	for i := range s.N {
 		name := SlotLeaseName(i)
 		l := s.cached(store, name)
-		if l == nil || holder(l) == "" || len(queueOf(l)) >= QueueLength {
+		// Entries of nodes that hold a slot already (served by another
+		// slot, leaving this queue) leave a place too.
+		if l == nil || holder(l) == "" || len(slices.DeleteFunc(queueOf(l), func(e queueEntry) bool { return hs[e.node] })) >= QueueLength {
 			delete(seenRoom, name)
 			continue
 		}

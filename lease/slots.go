@@ -84,6 +84,9 @@ type Slots struct {
 	// nodes caches, per slot, whether its expired holder's Node is still
 	// disrupted, for the record it was judged on.
 	nodes map[string]nodeVerdict
+	// handedOn: per slot, the record this node handed on (handOn), which
+	// a cache behind still shows handed to it.
+	handedOn map[string]string
 }
 
 // nodeVerdict: whether the holder's Node was disrupted when the slot's
@@ -1023,14 +1026,8 @@ func (h *slotHold) strays(changed <-chan struct{}) {
 		case <-changed:
 		}
 		for i := range h.s.N {
-			l := h.s.cached(h.store, SlotLeaseName(i))
-			if l == nil || l.Name == h.name || holder(l) != h.s.Holder || l.Annotations[AnnotationHandedTo] != h.s.Holder {
-				continue
-			}
-			if to, err := h.s.handOver(h.ctx, l, h.store); err != nil {
-				h.s.Log.Warn("handing on a second rollout slot failed; it expires by itself", "lease", l.Name, "err", err)
-			} else {
-				h.s.Log.Info("handed on a second rollout slot", "lease", l.Name, "to", to)
+			if l := h.s.cached(h.store, SlotLeaseName(i)); l != nil && l.Name != h.name && h.s.handedHere(l) {
+				h.s.handOn(h.ctx, l, h.store)
 			}
 		}
 	}
