@@ -287,3 +287,61 @@ func TestNoPatchWaitsWithoutAQueue(t *testing.T) {
 	}
 	t.Fatal("w never took the freed slot")
 }
+
+// A slot handed on is not handed on again while a cache behind still shows
+// it handed to this node (that would cost a failed patch and a read, and
+// the wait would keep a slot that is no longer its own).
+func TestHandedOnOnce(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	enforceResourceVersion(c)
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	queuedSlot(t, c, SlotLeaseName(0), "x", "y", "z")
+	x := newSlots(c, clk, "x")
+	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "y" {
+		t.Fatalf("x: %q %v", to, err)
+	}
+	stale := getSlot(t, c, SlotLeaseName(0)) // handed to y
+	y := newSlots(c, clk, "y")
+	if !y.handedHere(stale) {
+		t.Fatal("a slot handed to y is not y's")
+	}
+	y.handOn(ctx, stale, storeOf(c))
+	if h := holder(getSlot(t, c, SlotLeaseName(0))); h != "z" {
+		t.Fatalf("handed on to %q, want z", h)
+	}
+	before := len(c.Actions())
+	if y.handedHere(stale) {
+		t.Error("y's cache, behind its hand-on, makes the slot y's again")
+	}
+	if s := y.handed(ctx, storeFrom(stale)); s != nil || len(c.Actions()) != before {
+		t.Errorf("the wait kept or handed on again a slot already handed on: %v, %d requests", s, len(c.Actions())-before)
+	}
+}
+
+// A place in a queue: a node of the queue that holds a slot already (served
+// by another) leaves its place to the nodes still waiting.
+func TestRoomCountsOnlyWaitingNodes(t *testing.T) {
+	c := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	queuedSlot(t, c, SlotLeaseName(0), "x", "a", "b")
+	queuedSlot(t, c, SlotLeaseName(1), "a", "p", "q") // held by a, queue full
+	w := newSlots(c, clk, "w")
+	w.N = 1
+	if on, _ := w.room(storeOf(c), time.Second, map[string]time.Time{}, clk.Now()); on != "" {
+		t.Fatalf("a full queue (a and b waiting) offered a place: %q", on)
+	}
+	w.N = 2 // slot 1 in view: a holds it
+	if on, _ := w.room(storeOf(c), time.Second, map[string]time.Time{}, clk.Now()); on != SlotLeaseName(0) {
+		t.Fatalf("no place offered where a, served by another slot, left one: %q", on)
+	}
+}
+
+// storeFrom is a store holding ls.
+func storeFrom(ls ...*coordinationv1.Lease) cache.Store {
+	s := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	for _, l := range ls {
+		_ = s.Add(l)
+	}
+	return s
+}
