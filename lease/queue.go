@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -99,8 +98,13 @@ func queueOf(l *coordinationv1.Lease) []queueEntry {
 	return q
 }
 
-// holder is the holder of l ("" when released).
-func holder(l *coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }
+// holder is the holder of l ("" when released or absent).
+func holder(l *coordinationv1.Lease) string {
+	if l == nil {
+		return ""
+	}
+	return ptr.Deref(l.Spec.HolderIdentity, "")
+}
 
 // cached is slot i as the cache shows it (nil: absent).
 func (s *Slots) cached(store cache.Store, name string) *coordinationv1.Lease {
@@ -122,22 +126,32 @@ func (s *Slots) holding(store cache.Store) map[string]bool {
 	return hs
 }
 
+// waiting is q without the nodes of hs (they hold a slot already: served
+// by another slot, their entry here on its way out) and this node.
+func (s *Slots) waiting(q []queueEntry, hs map[string]bool) []queueEntry {
+	return slices.DeleteFunc(q, func(e queueEntry) bool { return e.node == s.Holder || hs[e.node] })
+}
+
 // handed is a slot the cache shows handed to this node (nil: none). A
 // second one (two holders handed on at once) is handed on at once.
 func (s *Slots) handed(ctx context.Context, store cache.Store) *coordinationv1.Lease {
-	var got *coordinationv1.Lease
 	for i := range s.N {
-		l := s.cached(store, SlotLeaseName(i))
-		if !s.handedHere(l) {
-			continue
+		if l := s.cached(store, SlotLeaseName(i)); s.handedHere(l) {
+			s.handOnOthers(ctx, store, l.Name)
+			return l
 		}
-		if got == nil {
-			got = l
-			continue
-		}
-		s.handOn(ctx, l, store)
 	}
-	return got
+	return nil
+}
+
+// handOnOthers hands on every slot the cache shows handed to this node but
+// keep.
+func (s *Slots) handOnOthers(ctx context.Context, store cache.Store, keep string) {
+	for i := range s.N {
+		if l := s.cached(store, SlotLeaseName(i)); l != nil && l.Name != keep && s.handedHere(l) {
+			s.handOn(ctx, l, store)
+		}
+	}
 }
 
 // handedHere: slot l, as the cache shows it, was handed to this node and
@@ -190,36 +204,35 @@ func (s *Slots) queuePos(q []queueEntry) int {
 // hand-off: a new holder record) is offered in a new order, counted from
 // when this node saw it open (seenRoom), over the window every queued node
 // uses; the queue with the earliest turn is this node's.
-func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[string]time.Time, now time.Time) (string, time.Duration) {
+func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[string]roomSeen, now time.Time) (string, time.Duration) {
 	best, wait := "", time.Duration(0)
 	hs := s.holding(store)
 	for i := range s.N {
 		name := SlotLeaseName(i)
 		l := s.cached(store, name)
-		// Entries of nodes that hold a slot already (served by another
-		// slot, leaving this queue) leave a place too.
-		if l == nil || holder(l) == "" || len(slices.DeleteFunc(queueOf(l), func(e queueEntry) bool { return hs[e.node] })) >= QueueLength {
+		if holder(l) == "" || len(s.waiting(queueOf(l), hs)) >= QueueLength {
 			delete(seenRoom, name)
 			continue
 		}
 		rec := leaseRecord(l)
-		at, ok := seenRoom[name+"\x00"+rec]
-		if !ok {
-			for k := range seenRoom {
-				if strings.HasPrefix(k, name+"\x00") {
-					delete(seenRoom, k)
-				}
-			}
-			at, seenRoom[name+"\x00"+rec] = now, now
+		seen, ok := seenRoom[name]
+		if !ok || seen.record != rec {
+			seen = roomSeen{record: rec, at: now}
+			seenRoom[name] = seen
 		}
-		sum := sha256.Sum256([]byte(name + "\x00" + rec + "\x00" + s.Holder))
-		u := float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53)
-		w := time.Duration(u*float64(window)) - now.Sub(at)
+		w := time.Duration(unitHash(name, rec, s.Holder)*float64(window)) - now.Sub(seen.at)
 		if best == "" || w < wait {
 			best, wait = name, w
 		}
 	}
 	return best, wait
+}
+
+// roomSeen: when this node first saw a place in a slot's queue, for the
+// holder record it opened with.
+type roomSeen struct {
+	record string
+	at     time.Time
 }
 
 // join adds this node to slot name's queue, behind the entries the cache
@@ -278,10 +291,7 @@ func (s *Slots) leaveQueue(ctx context.Context, name string) {
 // node's entry on l ("" when it is on another slot).
 func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) (node, key string) {
 	hs := s.holding(store)
-	waiting := func(q []queueEntry) []queueEntry {
-		return slices.DeleteFunc(q, func(e queueEntry) bool { return e.node == s.Holder || hs[e.node] })
-	}
-	if q := waiting(queueOf(l)); len(q) > 0 {
+	if q := s.waiting(queueOf(l), hs); len(q) > 0 {
 		return q[0].node, q[0].key
 	}
 	// Of the longest other queues (two or more), one at random: holders
@@ -293,7 +303,7 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) (node, key
 		if o == nil || o.Name == l.Name {
 			continue
 		}
-		q := waiting(queueOf(o))
+		q := s.waiting(queueOf(o), hs)
 		switch {
 		case len(q) < 2 || len(q) < len(longest):
 		case len(q) > len(longest):
@@ -402,11 +412,10 @@ func handOverPatch(l *coordinationv1.Lease, self, to, key string, now time.Time,
 
 // queued is where Acquire's node stands in the queues.
 type queued struct {
-	on     string    // the slot whose queue it joined ("": none)
-	rv     string    // that slot's resourceVersion as the join wrote it
-	at     time.Time // when it joined (its patch answered)
-	served bool      // it has a slot: nothing to leave
-	off    bool      // joining is refused (RBAC without patch): never again
+	on  string    // the slot whose queue it joined ("": none)
+	rv  string    // that slot's resourceVersion as the join wrote it
+	at  time.Time // when it joined (its patch answered)
+	off bool      // joining is refused (RBAC without patch): never again
 }
 
 func (q *queued) joined(on, rv string, now time.Time) { q.on, q.rv, q.at = on, rv, now }

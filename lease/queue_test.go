@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,9 +69,7 @@ func TestHandedSlotNeverSeenExpires(t *testing.T) {
 			if tc.tainted {
 				node.Spec.Taints = []corev1.Taint{{Key: record.TaintReconfiguring, Effect: corev1.TaintEffectNoSchedule}}
 			}
-			c := fake.NewClientset(node)
-			enforceResourceVersion(c)
-			clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+			c, clk := versionedFake(node)
 			queuedSlot(t, c, SlotLeaseName(0), "x", "y")
 			x := newSlots(c, clk, "x")
 			if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), nil); err != nil || to != "" {
@@ -118,9 +117,7 @@ func storeOf(c *fake.Clientset) cache.Store {
 // nodes join its queue meanwhile.
 func TestJoinsDoNotRenewADeadHolder(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	c, clk := versionedFake()
 	a, b := newSlots(c, clk, "a"), newSlots(c, clk, "b")
 	if got, err := a.try(ctx, SlotLeaseName(0)); got == nil || err != nil {
 		t.Fatal(got, err)
@@ -149,9 +146,7 @@ func TestJoinsDoNotRenewADeadHolder(t *testing.T) {
 // that it is never handed a slot it would not use.
 func TestCancelledWaitLeavesTheQueue(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	c, clk := versionedFake()
 	queuedSlot(t, c, SlotLeaseName(0), "x")
 	s := newSlots(c, clk, "w")
 	done := make(chan error, 1)
@@ -173,9 +168,7 @@ func TestCancelledWaitLeavesTheQueue(t *testing.T) {
 // and hands the other on, to the next of that slot's queue.
 func TestTwoSlotsHandedAtOnce(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	c, clk := versionedFake()
 	queuedSlot(t, c, SlotLeaseName(0), "x", "y", "z")
 	queuedSlot(t, c, SlotLeaseName(1), "v", "y")
 	x, v := newSlots(c, clk, "x"), newSlots(c, clk, "v")
@@ -220,9 +213,7 @@ func TestTwoSlotsHandedAtOnce(t *testing.T) {
 func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	c, clk := versionedFake()
 	queuedSlot(t, c, SlotLeaseName(0), "x")
 	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q")
 	q := newSlots(c, clk, "q")
@@ -249,24 +240,35 @@ func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 func TestNoPatchWaitsWithoutAQueue(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
+	c, clk := versionedFake()
+	var joins atomic.Int32
 	c.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.(k8stesting.PatchAction).GetPatchType() == types.MergePatchType {
+			joins.Add(1)
 			return true, nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), "x", errors.New("RBAC: patch not allowed"))
 		}
 		return false, nil, nil
 	})
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	queuedSlot(t, c, SlotLeaseName(0), "x")
 	w := newSlots(c, clk, "w")
 	got := make(chan error, 1)
 	go func() { _, err := w.Acquire(ctx); got <- err }()
-	for range 50 {
-		time.Sleep(2 * time.Millisecond)
-		clk.Step(100 * time.Millisecond)
-	}
+	waitUntil(t, "w tries to join", func() bool {
+		clk.Step(50 * time.Millisecond)
+		return joins.Load() > 0
+	})
 	x := newSlots(c, clk, "x")
+	for range 5 { // x renews: each renewal wakes w, which does not ask again
+		clk.Step(time.Second)
+		if got, err := x.try(ctx, SlotLeaseName(0)); got == nil || err != nil {
+			t.Fatalf("x renews: %v %v", got, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Refused once, it stops asking.
+	if n := joins.Load(); n != 1 {
+		t.Errorf("%d joins tried with patch forbidden, want 1", n)
+	}
 	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "" {
 		t.Fatalf("x: %q %v", to, err)
 	}
@@ -293,9 +295,7 @@ func TestNoPatchWaitsWithoutAQueue(t *testing.T) {
 // the wait would keep a slot that is no longer its own).
 func TestHandedOnOnce(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	c, clk := versionedFake()
 	queuedSlot(t, c, SlotLeaseName(0), "x", "y", "z")
 	x := newSlots(c, clk, "x")
 	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "y" {
@@ -328,11 +328,11 @@ func TestRoomCountsOnlyWaitingNodes(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(1), "a", "p", "q") // held by a, queue full
 	w := newSlots(c, clk, "w")
 	w.N = 1
-	if on, _ := w.room(storeOf(c), time.Second, map[string]time.Time{}, clk.Now()); on != "" {
+	if on, _ := w.room(storeOf(c), time.Second, map[string]roomSeen{}, clk.Now()); on != "" {
 		t.Fatalf("a full queue (a and b waiting) offered a place: %q", on)
 	}
 	w.N = 2 // slot 1 in view: a holds it
-	if on, _ := w.room(storeOf(c), time.Second, map[string]time.Time{}, clk.Now()); on != SlotLeaseName(0) {
+	if on, _ := w.room(storeOf(c), time.Second, map[string]roomSeen{}, clk.Now()); on != SlotLeaseName(0) {
 		t.Fatalf("no place offered where a, served by another slot, left one: %q", on)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -145,7 +146,7 @@ func SlotLeaseName(i int) string { return fmt.Sprintf("mig-agent-slot-%d", i) }
 // While it waits it holds one watch on the slot Leases and sends nothing
 // else: a try follows a Lease change or an expiry, and only when the cache
 // shows a slot free (released, expired, absent, or this holder's own).
-func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
+func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 	if s.Percent > 0 {
 		n, pool, err := s.PoolShare(ctx)
 		if err != nil {
@@ -167,18 +168,19 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	var q queued // the queue this node joined
 	held := func(l *coordinationv1.Lease) reconcile.Slot {
 		unlink()
-		if q.on != "" && q.on != l.Name {
+		if on := q.on; on != "" && on != l.Name {
 			// Served by another slot (a free one, or handed on from
-			// another queue): leave the first queue.
-			s.leaveQueue(ctx, q.on)
+			// another queue): leave the first queue, without holding
+			// up the change.
+			go s.leaveQueue(ctx, on)
 		}
 		h := s.hold(ctx, l, store, stop)
 		go h.strays(changed)
 		return h
 	}
 	defer func() {
-		if q.on != "" && ctx.Err() != nil && !q.served {
-			s.leaveQueue(ctx, q.on)
+		if slot == nil && q.on != "" {
+			s.leaveQueue(ctx, q.on) // gave up waiting
 		}
 	}()
 	spread := s.Spread
@@ -190,7 +192,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 	exists := map[string]bool{} // created by another while absent from the cache
 	hand := handOffs{window: spread, freed: map[string]time.Time{}}
 	seenFree := map[string]time.Time{} // when this node first saw each slot free
-	seenRoom := map[string]time.Time{} // when it first saw a place in a slot's queue, per holder record
+	seenRoom := map[string]roomSeen{}  // when it first saw a place in a slot's queue
 	lost := map[string]lostRace{}      // per slot, the version a race was lost on
 	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
 	for {
@@ -198,7 +200,6 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 		// A slot handed to this node by its last holder is this node's,
 		// without a request.
 		if l := s.handed(ctx, store); l != nil {
-			q.served = true
 			s.Log.Info("took rollout slot", "lease", l.Name, "handedBy", "its last holder")
 			return held(l), nil
 		}
@@ -268,7 +269,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 				// always late still tries.
 				seenFree[c.name], w, recounted[c.name] = now, turn, rv
 			}
-			if c.lease != nil && holder(c.lease) == s.Holder {
+			if holder(c.lease) == s.Holder {
 				w = 0
 			}
 			if pick == nil || w < wait {
@@ -298,7 +299,6 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			got, err := s.take(ctx, pick.name, pick.lease, exists[pick.name])
 			switch {
 			case got != nil:
-				q.served = true
 				s.Log.Info("took rollout slot", "lease", pick.name)
 				return held(got), nil
 			case errors.Is(err, errSlotExists):
@@ -326,7 +326,7 @@ func (s *Slots) Acquire(ctx context.Context) (reconcile.Slot, error) {
 			}
 		}
 		var joinTurn <-chan time.Time
-		if q.on == "" && !q.off && (pick == nil || pick.name != s.home() && holder(ptrLease(pick.lease)) != s.Holder) {
+		if q.on == "" && !q.off && (pick == nil || pick.name != s.home() && holder(pick.lease) != s.Holder) {
 			// No free slot for this node but other nodes' home slots:
 			// join a queue that has a place, at this node's turn.
 			// Nothing else is sent while waiting.
@@ -415,23 +415,18 @@ func (s *Slots) turn(c candidate, window time.Duration) time.Duration {
 	return time.Duration(s.order(c) * float64(window))
 }
 
-// ptrLease is l, or an empty Lease for nil (an absent slot).
-func ptrLease(l *coordinationv1.Lease) *coordinationv1.Lease {
-	if l == nil {
-		return &coordinationv1.Lease{}
-	}
-	return l
-}
-
 // home is this node's home slot: the first tried when many are free.
 func (s *Slots) home() string {
-	sum := sha256.Sum256([]byte(s.Holder))
-	return SlotLeaseName(int(binary.BigEndian.Uint64(sum[:8]) % uint64(max(s.N, 1))))
+	return SlotLeaseName(int(unitHash(s.Holder) * float64(max(s.N, 1))))
 }
 
 // order is this node's place in [0, 1) in the order of slot c's version.
-func (s *Slots) order(c candidate) float64 {
-	sum := sha256.Sum256([]byte(c.name + "\x00" + slotVersion(&c) + "\x00" + s.Holder))
+func (s *Slots) order(c candidate) float64 { return unitHash(c.name, slotVersion(&c), s.Holder) }
+
+// unitHash maps parts to [0, 1), alike on every node: the first 53 bits of
+// the SHA-256 of the parts joined by NUL.
+func unitHash(parts ...string) float64 {
+	sum := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
 	return float64(binary.BigEndian.Uint64(sum[:8])>>11) / (1 << 53)
 }
 
@@ -841,9 +836,6 @@ var _ reconcile.Slot = (*slotHold)(nil)
 // (written by its last holder; seen now). The watch of the slots (store;
 // stop ends it) lives on until the release.
 func (s *Slots) hold(ctx context.Context, l *coordinationv1.Lease, store cache.Store, stop func()) *slotHold {
-	if stop == nil {
-		stop = func() {}
-	}
 	h := &slotHold{s: s, name: l.Name, ctx: context.WithoutCancel(ctx), store: store, stop: stop, last: l, renewed: s.Clock.Now(),
 		done: make(chan struct{}), stopped: make(chan struct{})}
 	s.mu.Lock()
@@ -1025,11 +1017,7 @@ func (h *slotHold) strays(changed <-chan struct{}) {
 			return
 		case <-changed:
 		}
-		for i := range h.s.N {
-			if l := h.s.cached(h.store, SlotLeaseName(i)); l != nil && l.Name != h.name && h.s.handedHere(l) {
-				h.s.handOn(h.ctx, l, h.store)
-			}
-		}
+		h.s.handOnOthers(h.ctx, h.store, h.name)
 	}
 }
 

@@ -157,9 +157,7 @@ func TestSlotHolderMidChangeCounts(t *testing.T) {
 // free the other's slot; ExtendForReboot refuses too.
 func TestSlotLostIsReported(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	c, clk := versionedFake()
 	a := newSlots(c, clk, "a")
 	h, err := acquireStepping(t, clk, a)
 	if err != nil {
@@ -217,6 +215,14 @@ func TestSlotUnrenewedIsLost(t *testing.T) {
 	h.Release()
 }
 
+// versionedFake is a fake API server holding objs that keeps and checks
+// Lease resourceVersions (enforceResourceVersion), and a fake clock.
+func versionedFake(objs ...runtime.Object) (*fake.Clientset, *clocktesting.FakeClock) {
+	c := fake.NewClientset(objs...)
+	enforceResourceVersion(c)
+	return c, clocktesting.NewFakeClock(time.Unix(100000, 0))
+}
+
 // enforceResourceVersion makes the fake keep and check Lease
 // resourceVersions as the API server does (optimistic concurrency: an update
 // with another resourceVersion is a conflict; every write makes a new one).
@@ -257,8 +263,10 @@ func enforceResourceVersion(c *fake.Clientset) {
 		}
 		l := obj.(*coordinationv1.Lease).DeepCopy()
 		if p.GetPatchType() == types.JSONPatchType {
-			// Applied by the library the API server uses: a failed test
-			// is a 422.
+			// Applied as the API server applies it (k8s.io/apiserver
+			// pkg/endpoints/handlers/patch.go, jsonPatcher.applyJSPatch:
+			// the same json-patch library; an operation that fails, a
+			// failed test included, is a 422).
 			jp, err := jsonpatch.DecodePatch(p.GetPatch())
 			if err != nil {
 				return true, nil, apierrors.NewBadRequest(err.Error())

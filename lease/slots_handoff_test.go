@@ -24,9 +24,7 @@ func heldSlot(t *testing.T) (context.Context, *fake.Clientset, *clocktesting.Fak
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	c := fake.NewClientset()
-	enforceResourceVersion(c)
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
+	c, clk := versionedFake()
 	slot := func(holder string) *Slots {
 		s := newSlots(c, clk, holder)
 		s.Spread = time.Second
