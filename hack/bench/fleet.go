@@ -89,11 +89,11 @@ func (t *slotTimeline) since(from time.Time) map[string][]slotChange {
 	return out
 }
 
-// handOffs counts, from from on, the holder changes from one node straight
-// to another (a hand-off in one write) and through a release.
-func (t *slotTimeline) handOffs(from time.Time) handOffCount {
+// countHandOffs counts, in changes, the holder changes from one node
+// straight to another (a hand-off in one write) and through a release.
+func countHandOffs(changes map[string][]slotChange) handOffCount {
 	var n handOffCount
-	for _, cs := range t.since(from) {
+	for _, cs := range changes {
 		for i := 1; i < len(cs); i++ {
 			switch {
 			case cs[i].holder == "":
@@ -529,13 +529,12 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 			}
 		}
 		if last := cs[len(cs)-1]; last.holder != "" {
-			// Held to the end (a node still finishing when the
-			// rollout ended is impossible: the rollout ends with the
-			// last success, after its release).
+			// Held to the end: its release had not reached the
+			// bench's watch yet.
 			holds, held = append(holds, ms(end.Sub(last.at))), held+ms(end.Sub(last.at))
 		}
 	}
-	r.HandOffs = slots.handOffs(from)
+	r.HandOffs = countHandOffs(changes)
 	r.SlotHoldMsMedian, r.HandOffMsMedian = median(holds), median(gaps)
 	if len(changes) > 0 {
 		// Where a slot's rollout time goes, on average over the slots:
