@@ -293,9 +293,12 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 			// next change of the slots. (Holding every slot back until then
 			// was measured, K = 200, N = 50: no fewer conflicts; one
 			// node's losses came 0.3 to 1.5 s apart, each on a new
-			// hand-off.) The take carries the window for the slot's next
-			// hand-off.
-			s.window = hand.next(window, s.order(*pick))
+			// hand-off.) The take of a freed slot carries the window for
+			// the slot's next hand-off; a slot's first take (its create)
+			// was no hand-off, and moves no window.
+			if pick.lease != nil {
+				s.window = hand.next(window, s.order(*pick))
+			}
 			got, err := s.take(ctx, pick.name, pick.lease, exists[pick.name])
 			switch {
 			case got != nil:
@@ -465,10 +468,17 @@ type handOffs struct {
 func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now time.Time) {
 	for i := range n {
 		name := SlotLeaseName(i)
-		holder := ""
-		if obj, ok, _ := store.GetByKey(ns + "/" + name); ok {
-			holder = ptr.Deref(obj.(*coordinationv1.Lease).Spec.HolderIdentity, "")
+		obj, ok, _ := store.GetByKey(ns + "/" + name)
+		if !ok {
+			// Never made (or deleted): its first take is no hand-off.
+			// At the start of a pool-wide change every slot is absent
+			// and seen taken one after another, seconds apart as the
+			// agents get to them: counted as gaps, they would move the
+			// window far from what the hand-offs that follow need.
+			delete(h.freed, name)
+			continue
 		}
+		holder := ptr.Deref(obj.(*coordinationv1.Lease).Spec.HolderIdentity, "")
 		at, freed := h.freed[name]
 		switch {
 		case holder == "" && !freed:

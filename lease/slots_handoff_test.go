@@ -16,6 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 )
 
 // heldSlot is one slot held by "holder", on a fake API server that checks
@@ -203,20 +204,66 @@ func TestTurnWindowCarriedByLease(t *testing.T) {
 		t.Errorf("a taker at half the order (a short queue) wrote %v; want 1s (halved)", got)
 	}
 
-	// A take writes it.
+	// The take of a freed slot writes it; the first take of a slot (its
+	// create: no hand-off, nobody queued for it) does not.
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	s := newSlots(c, clk, "a")
 	s.Spread = time.Second
-	if _, err := acquireStepping(t, clk, s); err != nil {
-		t.Fatal(err)
+	window := func() string {
+		l, err := c.CoordinationV1().Leases("ns").Get(context.Background(), SlotLeaseName(0), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Annotations[AnnotationTurnWindow]
 	}
-	l, err := c.CoordinationV1().Leases("ns").Get(context.Background(), SlotLeaseName(0), metav1.GetOptions{})
+	slot, err := acquireStepping(t, clk, s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ms, err := strconv.Atoi(l.Annotations[AnnotationTurnWindow]); err != nil || ms <= 0 {
-		t.Errorf("the take wrote %s=%q", AnnotationTurnWindow, l.Annotations[AnnotationTurnWindow])
+	if w := window(); w != "" {
+		t.Errorf("the create wrote %s=%q; want none", AnnotationTurnWindow, w)
+	}
+	slot.Release()
+	if _, err := acquireStepping(t, clk, newSlots(c, clk, "b")); err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := strconv.Atoi(window()); err != nil || ms <= 0 {
+		t.Errorf("the take of the freed slot wrote %s=%q", AnnotationTurnWindow, window())
+	}
+}
+
+// At the start of a pool-wide change every slot is absent and the slots are
+// made one after another, seconds apart as agents get to them: those first
+// takes are no hand-offs, and do not move the window (counted as gaps of
+// seconds, they pushed it far from what the hand-offs that follow need).
+func TestSlotsMadeDoNotMoveTheWindow(t *testing.T) {
+	h := handOffs{window: 2 * time.Second, freed: map[string]time.Time{}}
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	now := time.Unix(1000, 0)
+	h.observe(store, "ns", 3, "self", now) // all absent
+	for i := range 3 {
+		now = now.Add(3 * time.Second)
+		_ = store.Add(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: SlotLeaseName(i)},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(fmt.Sprint("node-", i))}})
+		h.observe(store, "ns", 3, "self", now)
+	}
+	if h.window != 2*time.Second || len(h.gaps) != 0 {
+		t.Errorf("slots made moved the window to %v (gaps %v); want 2s, no gap", h.window, h.gaps)
+	}
+	// A freed slot taken 3 s later is a hand-off: it moves the window
+	// (nextWindow: the least recent gap, 3 s, stands for slow caches).
+	l0, _, _ := store.GetByKey("ns/" + SlotLeaseName(0))
+	freed := l0.(*coordinationv1.Lease).DeepCopy()
+	freed.Spec.HolderIdentity = ptr.To("")
+	_ = store.Update(freed)
+	h.observe(store, "ns", 3, "self", now)
+	taken := freed.DeepCopy()
+	taken.Spec.HolderIdentity = ptr.To("node-9")
+	_ = store.Update(taken)
+	h.observe(store, "ns", 3, "self", now.Add(3*time.Second))
+	if want := nextWindow(2*time.Second, 3*time.Second, 3*time.Second); h.window != want || len(h.gaps) != 1 {
+		t.Errorf("a hand-off of 3 s moved the window to %v (gaps %v); want %v, one gap", h.window, h.gaps, want)
 	}
 }
 

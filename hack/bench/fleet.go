@@ -168,11 +168,22 @@ type fleetRun struct {
 	// SlotTime splits a slot's share of the rollout (from the same watch).
 	SlotTime *slotTime `json:"slotTime,omitempty"`
 	// HandOffs: how the slots passed from node to node (the bench's watch).
-	HandOffs            handOffCount `json:"handOffs"`
-	RolloutOverHolds    float64      `json:"rolloutOverHolds"`
-	RolloutOverNodeTime float64      `json:"rolloutOverNodeTime"`
-	IdleRequestsPerSec  float64      `json:"idleRequestsPerSec"`
-	IdleWindowSeconds   float64      `json:"idleWindowSeconds"`
+	HandOffs         handOffCount `json:"handOffs"`
+	RolloutOverHolds float64      `json:"rolloutOverHolds"`
+	// RolloutOverMakespan: the rollout time over what a perfect semaphore
+	// of N slots would take with these nodes: the lead-in (a slot's first
+	// take, median over the slots: no node can take a slot before its
+	// label reached it and its checks passed) plus ⌈K/N⌉ × the mean hold
+	// (each slot serving its share back to back, no time between holds,
+	// the work shared evenly). What exceeds 1 is lost between holds or to
+	// slots that served more than their share.
+	RolloutOverMakespan float64 `json:"rolloutOverMakespan"`
+	// SlotLeaseRequests counts the slot Lease requests by verb and
+	// response code ("update 409"): which requests a rollout's slots cost.
+	SlotLeaseRequests   map[string]int `json:"slotLeaseRequests,omitempty"`
+	RolloutOverNodeTime float64        `json:"rolloutOverNodeTime"`
+	IdleRequestsPerSec  float64        `json:"idleRequestsPerSec"`
+	IdleWindowSeconds   float64        `json:"idleWindowSeconds"`
 	// After an API server outage of OutageSeconds (run only where set):
 	// requests in the first 10 s once /readyz said ok.
 	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
@@ -492,7 +503,7 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 	if err != nil {
 		return err
 	}
-	r.AgentRequests = map[string]int{}
+	r.AgentRequests, r.SlotLeaseRequests = map[string]int{}, map[string]int{}
 	var slot, node int
 	for _, e := range evs {
 		key := e.Verb + " " + e.Resource()
@@ -503,6 +514,7 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 		switch {
 		case strings.HasPrefix(e.Name(), "mig-agent-slot-"):
 			slot++
+			r.SlotLeaseRequests[fmt.Sprintf("%s %d", e.Verb, e.Code())]++
 		case strings.HasPrefix(e.Name(), "mig-agent-node-"):
 			node++
 		}
@@ -549,6 +561,9 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 	if r.SlotHoldMsMedian > 0 {
 		rounds := (k + r.MaxConcurrent - 1) / r.MaxConcurrent
 		r.RolloutOverHolds = r.RolloutSeconds * 1000 / (float64(rounds) * r.SlotHoldMsMedian)
+		r.RolloutOverMakespan = r.RolloutSeconds * 1000 / (r.SlotTime.LeadInMs + float64(rounds)*held/float64(len(holds)))
+		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: rollout = %.2f × (lead-in %.0f ms + ⌈K/N⌉ × mean hold %.0f ms)\n",
+			k, r.MaxConcurrent, r.RolloutOverMakespan, r.SlotTime.LeadInMs, held/float64(len(holds)))
 	}
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: slot held %.0f ms a node (median), hand-off %.0f ms (median); rollout = %.2f × ⌈K/N⌉ × hold\n",
 		k, r.MaxConcurrent, r.SlotHoldMsMedian, r.HandOffMsMedian, r.RolloutOverHolds)
@@ -569,6 +584,7 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 	}
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: the agents' requests per node, from the audit log: %.1f (slot Leases %.2f, node Leases %.2f, %d lease 409s = %.1f%%): %s\n",
 		k, r.MaxConcurrent, r.AgentRequestsPerNode, r.SlotLeaseRequestsPerNode, r.NodeLeaseRequestsPerNode, r.AgentLeaseConflicts, 100*r.ConflictShare, strings.Join(parts, ", "))
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: slot Lease requests by verb and code: %s\n", k, r.MaxConcurrent, countsByKey(r.SlotLeaseRequests))
 	return nil
 }
 
@@ -701,15 +717,15 @@ func parallel(workers int, items []string, fn func(string) error) error {
 // printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
 func printFleet(w io.Writer, r *fleetResults) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| rollout / (lead-in + ⌈K/N⌉ × mean hold)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
 	for _, x := range r.Runs {
 		after := "—"
 		if x.RequestsFirst10sAfter != nil {
 			after = fmt.Sprintf("%.0f (after %.0f s down)", *x.RequestsFirst10sAfter, x.OutageSeconds)
 		}
-		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
-			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.DisruptionMsMedian, x.RolloutOverNodeTime, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
+		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
+			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.DisruptionMsMedian, x.RolloutOverNodeTime, x.RolloutOverMakespan, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
 			x.AgentLeaseConflicts, 100*x.ConflictShare, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
 	}
 	_ = tw.Flush()
@@ -791,8 +807,8 @@ func printSpread(w io.Writer, runs []fleetRun) {
 		}
 		if !header {
 			fmt.Fprintln(w, "\nspread over the runs of a cell: median (min–max)")
-			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | rollout / (⌈K/N⌉ × node time) | hand-off ms | slot Lease req/node | 409 share % |")
-			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | rollout / (⌈K/N⌉ × node time) | rollout / (lead-in + ⌈K/N⌉ × mean hold) | hand-off ms | slot Lease req/node | 409 share % |")
+			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 			header = true
 		}
 		of := func(f func(fleetRun) float64, format string) string {
@@ -802,12 +818,29 @@ func printSpread(w io.Writer, runs []fleetRun) {
 			}
 			return fmt.Sprintf(format+" ("+format+"–"+format+")", median(v), slices.Min(v), slices.Max(v))
 		}
-		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
+		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
 			of(func(x fleetRun) float64 { return x.RolloutSeconds }, "%.1f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverHolds }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverNodeTime }, "%.2f"),
+			of(func(x fleetRun) float64 { return x.RolloutOverMakespan }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.HandOffMsMedian }, "%.0f"),
 			of(func(x fleetRun) float64 { return x.SlotLeaseRequestsPerNode }, "%.2f"),
 			of(func(x fleetRun) float64 { return 100 * x.ConflictShare }, "%.1f"))
 	}
+}
+
+// countsByKey prints counts as "key n, ..." from the largest.
+func countsByKey(counts map[string]int) string {
+	keys := make([]string, 0, len(counts))
+	for key := range counts {
+		keys = append(keys, key)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return counts[keys[i]] > counts[keys[j]] || counts[keys[i]] == counts[keys[j]] && keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, key := range keys {
+		parts[i] = fmt.Sprintf("%s %d", key, counts[key])
+	}
+	return strings.Join(parts, ", ")
 }
