@@ -233,8 +233,13 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 		for i := range free {
 			c := &free[i]
 			isFree[c.name] = true
-			if c.lease == nil && exists[c.name] && q.on == c.name {
-				continue // created a moment ago, and this node is in its queue
+			if c.lease == nil && q.on != "" {
+				// Never made, as the cache shows it, while this node is
+				// queued: another node's home slot, made a moment ago
+				// or about to be (the start of a pool-wide change); a
+				// create now would likely lose. The queue serves this
+				// node.
+				continue
 			}
 			if l, ok := lost[c.name]; ok && c.lease != nil && c.lease.ResourceVersion == l.rv && now.Before(l.until) {
 				continue // lost a race for it: the winner's write is on its way to the cache
