@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/readonce"
 	resourcev1 "k8s.io/api/resource/v1"
 	resourcev1beta1 "k8s.io/api/resource/v1beta1"
 	resourcev1beta2 "k8s.io/api/resource/v1beta2"
@@ -123,10 +124,19 @@ func listServed[T any](ctx context.Context, what string, opts metav1.ListOptions
 // NodeSlices lists the ResourceSlices of node (spec.nodeName), of every
 // driver, sorted by name. ErrNoDRA when the cluster has no DRA API; a
 // forbidden list is returned as such (apierrors.IsForbidden).
+//
+// Within a readonce memo (readonce.With) the list is read once and shared:
+// callers must not modify it.
 func NodeSlices(ctx context.Context, client kclient.Interface, node string) ([]Slice, error) {
 	if node == "" {
 		return nil, fmt.Errorf("list ResourceSlices: %w", errNoNode)
 	}
+	return readonce.Do(ctx, "resourceslices/"+node, func(ctx context.Context) ([]Slice, error) {
+		return nodeSlices(ctx, client, node)
+	})
+}
+
+func nodeSlices(ctx context.Context, client kclient.Interface, node string) ([]Slice, error) {
 	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()}
 	out, err := listServed(ctx, "ResourceSlices", opts, []versioned[Slice]{
 		{"v1", func(ctx context.Context, o metav1.ListOptions) ([]Slice, error) {

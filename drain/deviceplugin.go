@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/readonce"
 )
 
 // DevicePluginPods are the pod labels of the daemons that read the MIG
@@ -90,21 +91,35 @@ func ListDevicePlugins(ctx context.Context, client kclient.Interface, node strin
 	if node == "" {
 		return nil, fmt.Errorf("list device plugins: %w", ErrNoNode)
 	}
-	list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-	})
+	pods, err := NodePods(ctx, client, node)
 	if err != nil {
-		return nil, fmt.Errorf("list the pods of node %s: %w", node, err)
+		return nil, err
 	}
 	var out []string
-	for i := range list.Items {
-		p := &list.Items[i]
+	for i := range pods {
+		p := &pods[i]
 		if (IsDevicePluginPod(p) || IsDRAPluginPod(p)) && p.DeletionTimestamp == nil {
 			out = append(out, p.Namespace+"/"+p.Name+"/"+string(p.UID))
 		}
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// NodePods lists the pods of node (spec.nodeName), of every namespace.
+// Within a readonce memo (readonce.With: the agent's look at its node
+// before a change) the list is read once and shared by the checks that
+// want it: callers must not modify it.
+func NodePods(ctx context.Context, client kclient.Interface, node string) ([]corev1.Pod, error) {
+	return readonce.Do(ctx, "pods/"+node, func(ctx context.Context) ([]corev1.Pod, error) {
+		list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list the pods of node %s: %w", node, err)
+		}
+		return list.Items, nil
+	})
 }
 
 // RestartDevicePlugins evicts the pods of ListDevicePlugins' list that still

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/readonce"
 	"github.com/migagent/mig-agent/settings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -124,5 +125,44 @@ func TestDevicePluginsListsDRAPlugin(t *testing.T) {
 	got, err := k.DevicePlugins(context.Background())
 	if err != nil || len(got) != 1 || got[0] != "nvidia-dra-driver-gpu/dra-driver-nvidia-gpu-kubelet-plugin-x7k2p/u-x" {
 		t.Fatalf("DevicePlugins = %v, %v", got, err)
+	}
+}
+
+// One look at the node before a change (a readonce memo, as the reconciler
+// makes it for checkNode and the device plugin list) reads the node's
+// pods and ResourceSlices once, however many checks want them: the
+// allocation path, another MIG manager (its pod, the DRA driver's
+// DynamicMIG), the device plugin pods. Outside a look, each reads.
+func TestOneLookReadsOnce(t *testing.T) {
+	c := fake.NewClientset(gpuNode(nil), nvidiaSlice([2]string{"gpu-0", "GPU-a"}))
+	k := &Disruptor{Client: clientset.Wrap(c), Log: discard(), Node: "n1", S: &settings.Settings{}}
+	lists := func() map[string]int {
+		n := map[string]int{}
+		for _, a := range c.Actions() {
+			if a.GetVerb() == "list" {
+				n[a.GetResource().Resource]++
+			}
+		}
+		c.ClearActions()
+		return n
+	}
+	look := func(ctx context.Context) {
+		if _, _, err := k.ServedBy(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := OtherManager(ctx, clientset.Wrap(c), nil, gpuNode(nil)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := k.DevicePlugins(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	look(readonce.With(context.Background()))
+	if n := lists(); n["pods"] != 1 || n["resourceslices"] != 1 {
+		t.Errorf("one look listed %v; want pods and resourceslices once each", n)
+	}
+	look(context.Background())
+	if n := lists(); n["pods"] != 2 || n["resourceslices"] != 2 {
+		t.Errorf("without a look: %v; want each check to read (pods and resourceslices twice)", n)
 	}
 }

@@ -7,14 +7,13 @@ import (
 	"sync"
 
 	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -88,14 +87,16 @@ type finding struct {
 // operatorMigManagerPod: a running pod of the GPU Operator's MIG manager on
 // the node.
 func operatorMigManagerPod(ctx context.Context, c kclient.Interface, node *corev1.Node) finding {
-	pods, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node.Name).String(),
-		LabelSelector: labels.SelectorFromSet(labels.Set{"app": OperatorMigManagerApp}).String(),
-	})
+	// The node's pods, read once with the device plugin list of the same
+	// look at the node (drain.NodePods), the app label picked here.
+	pods, err := drain.NodePods(ctx, c, node.Name)
 	if err != nil {
 		return finding{err: fmt.Errorf("listing pods on the node: %w", err)}
 	}
-	for _, p := range pods.Items {
+	for _, p := range pods {
+		if p.Labels["app"] != OperatorMigManagerApp {
+			continue
+		}
 		// A pod whose containers all ended (Succeeded, Failed) runs nothing.
 		// A terminating one may: its process runs through the grace period
 		// (and past it until the kubelet kills it), so it is a conflict

@@ -9,6 +9,7 @@ import (
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/readonce"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/record"
@@ -104,8 +105,13 @@ func (d *Daemon) look(n *gpus.Inventory, config string) (*view, *StepError) {
 
 // attempt is one run of the checklist for the change in progress.
 type attempt struct {
-	d       *Daemon
-	ctx     context.Context
+	d   *Daemon
+	ctx context.Context
+	// look is ctx for the look at the node before the change (checkNode,
+	// the device plugin list): its reads of the node's pods and
+	// ResourceSlices are shared among the checks (readonce), not sent
+	// once per check.
+	look    context.Context
 	node    *Node // nil standalone
 	ch      *journal.Change
 	v       *view         // nil until the plan step (or handed in by the pass)
@@ -138,7 +144,7 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	if v != nil && v.config != req.Config {
 		v = nil
 	}
-	a := &attempt{d: d, ctx: ctx, node: node, ch: ch, v: v}
+	a := &attempt{d: d, ctx: ctx, look: readonce.With(ctx), node: node, ch: ch, v: v}
 	defer func() {
 		// The slot is held until the outcome is recorded (a failure
 		// restores the node first).
@@ -272,7 +278,7 @@ func (a *attempt) checkNode() error {
 	}
 	var other string
 	// An API server away for a moment is no reason to fail.
-	err := d.retryAPI(a.ctx, func() (err error) { other, err = d.Others.Check(a.ctx); return err })
+	err := d.retryAPI(a.ctx, func() (err error) { other, err = d.Others.Check(a.look); return err })
 	if err != nil {
 		return failed("checking for another MIG manager", err)
 	}
@@ -294,7 +300,7 @@ func (a *attempt) checkPath() error {
 		return nil
 	}
 	var path, conflict string
-	err := d.retryAPI(a.ctx, func() (err error) { path, conflict, err = d.Disrupt.ServedBy(a.ctx); return err })
+	err := d.retryAPI(a.ctx, func() (err error) { path, conflict, err = d.Disrupt.ServedBy(a.look); return err })
 	if err != nil {
 		return failed("finding the allocation path of the node", err)
 	}
@@ -484,7 +490,7 @@ func (a *attempt) listPluginsAhead() {
 
 func (a *attempt) listPlugins() (l pluginList) {
 	d := a.d
-	l.err = d.retryAPI(a.ctx, func() (err error) { l.pods, err = d.Disrupt.DevicePlugins(a.ctx); return err })
+	l.err = d.retryAPI(a.ctx, func() (err error) { l.pods, err = d.Disrupt.DevicePlugins(a.look); return err })
 	return l
 }
 
