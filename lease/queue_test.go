@@ -204,8 +204,10 @@ func TestTwoSlotsHandedAtOnce(t *testing.T) {
 		other = SlotLeaseName(0)
 	}
 	waitUntil(t, "y hands on the other slot", func() bool { return holder(getSlot(t, c, other)) != "y" })
-	if l := getSlot(t, c, other); other == SlotLeaseName(0) && holder(l) != "z" || other == SlotLeaseName(1) && holder(l) != "" {
-		t.Errorf("the slot y did not keep went to %q, want the next of its queue (or released)", holder(l))
+	// Slot 0 goes to the next of its queue, z; slot 1, whose queue is
+	// empty, to the last of another queue: z, waiting on slot 0.
+	if l := getSlot(t, c, other); holder(l) != "z" {
+		t.Errorf("the slot y did not keep went to %q, want z", holder(l))
 	}
 }
 
@@ -347,24 +349,27 @@ func storeFrom(ls ...*coordinationv1.Lease) cache.Store {
 	return s
 }
 
-// A queued node does not make a slot that does not exist yet: at the start
-// of a pool-wide change that slot is another node's home slot, made a
-// moment ago or about to be, and a create would likely lose (measured,
-// K = 200, N = 50: 80 to 188 lost creates a rollout, most of them by nodes
-// already queued; 38 to 45 without). Its queue serves it.
-func TestQueuedNodeMakesNoSlot(t *testing.T) {
+// A queued node does not make a slot that does not exist yet while slots
+// are still being made: at the start of a pool-wide change that slot is
+// another node's home slot, made a moment ago or about to be, and a create
+// would likely lose (measured, K = 200, N = 50: 80 to 188 lost creates a
+// rollout, most of them by nodes already queued; 38 to 45 without). Once
+// no slot has been made for two windows, a slot still absent is nobody's
+// home: a queued node makes it, lest the pool run on fewer than N slots.
+func TestQueuedNodeMakesASlotOnceMakingSettles(t *testing.T) {
 	ctx := context.Background()
 	c, clk := versionedFake()
-	// A node whose home is the absent slot 1, queued on slot 0.
+	const n = 12
+	// A node whose home is slot 0, held by x, queued there.
 	w := ""
 	for i := 0; w == ""; i++ {
-		if n := fmt.Sprint("w", i); int(unitHash(n)*2) == 1 {
-			w = n
+		if name := fmt.Sprint("w", i); int(unitHash(name)*n) == 0 {
+			w = name
 		}
 	}
 	queuedSlot(t, c, SlotLeaseName(0), "x", w)
 	s := newSlots(c, clk, w)
-	s.N = 2
+	s.N = n
 	got := make(chan reconcile.Slot, 1)
 	go func() {
 		slot, err := s.Acquire(ctx)
@@ -373,22 +378,42 @@ func TestQueuedNodeMakesNoSlot(t *testing.T) {
 		}
 		got <- slot
 	}()
-	for range 200 { // 10 s of the fake clock: five windows
-		time.Sleep(2 * time.Millisecond)
-		clk.Step(50 * time.Millisecond)
+	step := func(d time.Duration) {
+		for range d / (50 * time.Millisecond) {
+			time.Sleep(2 * time.Millisecond)
+			clk.Step(50 * time.Millisecond)
+		}
 	}
-	if _, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(1), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("the queued node made slot 1: %v", err)
+	absent := func(i int) bool {
+		_, err := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(i), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
 	}
-	x := newSlots(c, clk, "x")
-	x.N = 2
-	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != w {
-		t.Fatalf("handed to %q (%v), want %s", to, err, w)
+	// Other nodes make slots 2..11, one a second: ten seconds, five
+	// windows of 2 s.
+	for i := 2; i < n; i++ {
+		step(time.Second)
+		queuedSlot(t, c, SlotLeaseName(i), fmt.Sprint("h", i))
+		if !absent(1) {
+			t.Fatalf("the queued node made slot 1 while slots were still being made (%d s in)", i-1)
+		}
+	}
+	// Nobody makes slots any more: two windows on, slot 1 is made (by w,
+	// the only node looking), within a third.
+	step(3 * time.Second)
+	if !absent(1) {
+		t.Fatal("slot 1 made less than two windows after the last slot was made")
+	}
+	step(4 * time.Second)
+	if absent(1) {
+		t.Fatal("slot 1 never made: the pool runs on fewer slots than N")
 	}
 	select {
 	case slot := <-got:
+		if l := getSlot(t, c, SlotLeaseName(1)); holder(l) != w {
+			t.Errorf("slot 1 held by %q, want %s", holder(l), w)
+		}
 		slot.Release()
 	case <-time.After(5 * time.Second):
-		t.Fatal("the queued node did not take the slot handed to it")
+		t.Fatal("Acquire did not return the slot it made")
 	}
 }

@@ -192,9 +192,13 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 	exists := map[string]bool{} // created by another while absent from the cache
 	hand := handOffs{window: spread, freed: map[string]time.Time{}}
 	seenFree := map[string]time.Time{} // when this node first saw each slot free
-	seenRoom := map[string]roomSeen{}  // when it first saw a place in a slot's queue
-	lost := map[string]lostRace{}      // per slot, the version a race was lost on
-	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
+	// made counts the slots the cache shows made; lastMade is when that
+	// count last grew (the making of slots at the start of a pool-wide
+	// change is still going on).
+	made, lastMade := -1, time.Time{}
+	seenRoom := map[string]roomSeen{} // when it first saw a place in a slot's queue
+	lost := map[string]lostRace{}     // per slot, the version a race was lost on
+	recounted := map[string]string{}  // per slot, the version a late turn was counted again for
 	for {
 		now := s.Clock.Now()
 		// A slot handed to this node by its last holder is this node's,
@@ -205,6 +209,12 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 		}
 		q.track(s, store, now)
 		hand.observe(store, s.Namespace, s.N, s.Holder, now)
+		if n := s.madeSlots(store); n != made {
+			if made >= 0 && n > made {
+				lastMade = now
+			}
+			made = n
+		}
 		free, next := s.scan(ctx, store)
 		// Every queued node sees the same slots freed at about the same
 		// moment, and tries each in an order all of them agree on (turn),
@@ -233,13 +243,8 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 		for i := range free {
 			c := &free[i]
 			isFree[c.name] = true
-			if c.lease == nil && q.on != "" {
-				// Never made, as the cache shows it, while this node is
-				// queued: another node's home slot, made a moment ago
-				// or about to be (the start of a pool-wide change); a
-				// create now would likely lose. The queue serves this
-				// node.
-				continue
+			if c.lease == nil && exists[c.name] && q.on == c.name {
+				continue // created a moment ago, and this node is in its queue
 			}
 			if l, ok := lost[c.name]; ok && c.lease != nil && c.lease.ResourceVersion == l.rv && now.Before(l.until) {
 				continue // lost a race for it: the winner's write is on its way to the cache
@@ -247,6 +252,18 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 			at, ok := seenFree[c.name]
 			if !ok {
 				at, seenFree[c.name] = now, now
+			}
+			if c.lease == nil && q.on != "" {
+				// Never made, as the cache shows it, while this node is
+				// queued: while slots are still being made (the start
+				// of a pool-wide change), it is another node's home
+				// slot, made a moment ago or about to be, and a create
+				// would likely lose; the queue serves this node. Once
+				// no slot has been made for a while, it is nobody's
+				// home (fewer nodes than slots hash to some): it is
+				// made in turn (below: two windows on), lest the pool
+				// run on fewer slots than N.
+				at = later(at, lastMade)
 			}
 			turn := s.turn(*c, window)
 			if c.name != s.home() {
@@ -385,6 +402,25 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 		case <-retry:
 		}
 	}
+}
+
+// madeSlots is how many of the N slots the cache shows made.
+func (s *Slots) madeSlots(store cache.Store) int {
+	n := 0
+	for i := range s.N {
+		if s.cached(store, SlotLeaseName(i)) != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // slotVersion is the resourceVersion of a free slot as the cache shows it,
