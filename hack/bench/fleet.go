@@ -182,8 +182,15 @@ type fleetRun struct {
 	// response code ("update 409"): which requests a rollout's slots cost.
 	SlotLeaseRequests   map[string]int `json:"slotLeaseRequests,omitempty"`
 	RolloutOverNodeTime float64        `json:"rolloutOverNodeTime"`
-	IdleRequestsPerSec  float64        `json:"idleRequestsPerSec"`
-	IdleWindowSeconds   float64        `json:"idleWindowSeconds"`
+	// MaxRoundsLate: fairness, from the change records. A node's turn is
+	// its place by startedAt (when its change began: the label reached it
+	// and its checks started); it is late by the nodes that began after
+	// it but took a slot (disruptedAt) before it, over N: rounds of N
+	// slots. NodesOverTwoRoundsLate counts the nodes more than two late.
+	MaxRoundsLate          float64 `json:"maxRoundsLate"`
+	NodesOverTwoRoundsLate int     `json:"nodesOverTwoRoundsLate"`
+	IdleRequestsPerSec     float64 `json:"idleRequestsPerSec"`
+	IdleWindowSeconds      float64 `json:"idleWindowSeconds"`
 	// After an API server outage of OutageSeconds (run only where set):
 	// requests in the first 10 s once /readyz said ok.
 	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
@@ -447,6 +454,9 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 		spans = append(spans, float64(rec.FinishedAt.Sub(*rec.DisruptedAt).Microseconds())/1000)
 	}
 	r.MaxDisrupted, r.DisruptionMsMedian = record.MaxDisrupted(recs), median(spans)
+	r.MaxRoundsLate, r.NodesOverTwoRoundsLate = roundsLate(recs, n)
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: at most %.2f rounds past its turn (nodes that began their change later but took a slot first, over N); %d nodes more than two rounds\n",
+		k, n, r.MaxRoundsLate, r.NodesOverTwoRoundsLate)
 	if r.DisruptionMsMedian > 0 {
 		r.RolloutOverNodeTime = r.RolloutSeconds * 1000 / (float64((k+n-1)/n) * r.DisruptionMsMedian)
 	}
@@ -717,16 +727,16 @@ func parallel(workers int, items []string, fn func(string) error) error {
 // printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
 func printFleet(w io.Writer, r *fleetResults) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| rollout / (lead-in + ⌈K/N⌉ × mean hold)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| rollout / (lead-in + ⌈K/N⌉ × mean hold)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| most rounds late\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
 	for _, x := range r.Runs {
 		after := "—"
 		if x.RequestsFirst10sAfter != nil {
 			after = fmt.Sprintf("%.0f (after %.0f s down)", *x.RequestsFirst10sAfter, x.OutageSeconds)
 		}
-		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
+		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
 			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.DisruptionMsMedian, x.RolloutOverNodeTime, x.RolloutOverMakespan, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
-			x.AgentLeaseConflicts, 100*x.ConflictShare, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
+			x.AgentLeaseConflicts, 100*x.ConflictShare, x.MaxRoundsLate, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
 	}
 	_ = tw.Flush()
 	printSpread(w, r.Runs)
@@ -843,4 +853,26 @@ func countsByKey(counts map[string]int) string {
 		parts[i] = fmt.Sprintf("%s %d", key, counts[key])
 	}
 	return strings.Join(parts, ", ")
+}
+
+// roundsLate is the most rounds any node waited past its turn, and how many
+// waited more than two (fleetRun.MaxRoundsLate).
+func roundsLate(recs []record.ChangeRecord, n int) (most float64, overTwo int) {
+	for _, a := range recs {
+		if a.DisruptedAt == nil {
+			continue
+		}
+		overtaken := 0
+		for _, b := range recs {
+			if b.DisruptedAt != nil && b.StartedAt.After(a.StartedAt) && b.DisruptedAt.Before(*a.DisruptedAt) {
+				overtaken++
+			}
+		}
+		late := float64(overtaken) / float64(max(n, 1))
+		most = max(most, late)
+		if late > 2 {
+			overTwo++
+		}
+	}
+	return most, overTwo
 }
