@@ -50,6 +50,14 @@ type slotChange struct {
 type slotTimeline struct {
 	mu      sync.Mutex
 	changes map[string][]slotChange
+	// joins: per node, the first slot queue the watch saw it in, and when.
+	joins map[string]slotJoin
+}
+
+// slotJoin: a node seen in a slot's queue.
+type slotJoin struct {
+	slot string
+	at   time.Time
 }
 
 func (t *slotTimeline) note(obj any) {
@@ -61,13 +69,56 @@ func (t *slotTimeline) note(obj any) {
 	if l.Spec.HolderIdentity != nil {
 		h = *l.Spec.HolderIdentity
 	}
+	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	for k, v := range l.Annotations {
+		if !strings.HasPrefix(k, lease.QueueKeyPrefix) {
+			continue
+		}
+		if _, node, ok := strings.Cut(v, " "); ok {
+			if _, seen := t.joins[node]; !seen {
+				if t.joins == nil {
+					t.joins = map[string]slotJoin{}
+				}
+				t.joins[node] = slotJoin{slot: l.Name, at: now}
+			}
+		}
+	}
 	cs := t.changes[l.Name]
 	if n := len(cs); n > 0 && cs[n-1].holder == h {
 		return
 	}
-	t.changes[l.Name] = append(cs, slotChange{at: time.Now(), holder: h})
+	t.changes[l.Name] = append(cs, slotChange{at: now, holder: h})
+}
+
+// servedAhead is, of the nodes the watch saw join a queue, the most that
+// took that slot after the node joined and before the node took a slot
+// (its own or another), and the number of nodes seen queued.
+func (t *slotTimeline) servedAhead() (most, queued int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for node, j := range t.joins {
+		took := time.Time{}
+		for _, cs := range t.changes {
+			for _, c := range cs {
+				if c.holder == node && c.at.After(j.at) && (took.IsZero() || c.at.Before(took)) {
+					took = c.at
+				}
+			}
+		}
+		if took.IsZero() {
+			continue // not seen taking a slot after its join
+		}
+		n := 0
+		for _, c := range t.changes[j.slot] {
+			if c.holder != "" && c.holder != node && c.at.After(j.at) && c.at.Before(took) {
+				n++
+			}
+		}
+		most, queued = max(most, n), queued+1
+	}
+	return most, queued
 }
 
 // since is each slot's changes from from on (slots without any left out).
@@ -189,8 +240,13 @@ type fleetRun struct {
 	// slots. NodesOverTwoRoundsLate counts the nodes more than two late.
 	MaxRoundsLate          float64 `json:"maxRoundsLate"`
 	NodesOverTwoRoundsLate int     `json:"nodesOverTwoRoundsLate"`
-	IdleRequestsPerSec     float64 `json:"idleRequestsPerSec"`
-	IdleWindowSeconds      float64 `json:"idleWindowSeconds"`
+	// MaxServedAheadInQueue: of the NodesQueued nodes the bench's watch
+	// saw join a slot's queue, the most nodes that took that slot after a
+	// node joined and before it took a slot: its turn, once queued.
+	MaxServedAheadInQueue int     `json:"maxServedAheadInQueue"`
+	NodesQueued           int     `json:"nodesQueued"`
+	IdleRequestsPerSec    float64 `json:"idleRequestsPerSec"`
+	IdleWindowSeconds     float64 `json:"idleWindowSeconds"`
 	// After an API server outage of OutageSeconds (run only where set):
 	// requests in the first 10 s once /readyz said ok.
 	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
@@ -455,8 +511,9 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 	}
 	r.MaxDisrupted, r.DisruptionMsMedian = record.MaxDisrupted(recs), median(spans)
 	r.MaxRoundsLate, r.NodesOverTwoRoundsLate = roundsLate(recs, n)
-	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: at most %.2f rounds past its turn (nodes that began their change later but took a slot first, over N); %d nodes more than two rounds\n",
-		k, n, r.MaxRoundsLate, r.NodesOverTwoRoundsLate)
+	r.MaxServedAheadInQueue, r.NodesQueued = slots.servedAhead()
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d served ahead of a node on its slot\n",
+		k, n, r.MaxRoundsLate, r.NodesOverTwoRoundsLate, r.NodesQueued, r.MaxServedAheadInQueue)
 	if r.DisruptionMsMedian > 0 {
 		r.RolloutOverNodeTime = r.RolloutSeconds * 1000 / (float64((k+n-1)/n) * r.DisruptionMsMedian)
 	}

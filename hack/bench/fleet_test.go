@@ -29,3 +29,25 @@ func TestRoundsLate(t *testing.T) {
 		t.Errorf("N = 2: %v rounds, %d over two; want 1.5, 0", most, over)
 	}
 }
+
+// Once queued, a node's turn: the nodes that took its slot after it joined
+// and before it took one.
+func TestServedAhead(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	tl := &slotTimeline{
+		changes: map[string][]slotChange{
+			"s0": {{at(0), "a"}, {at(100), "b"}, {at(200), "c"}, {at(300), ""}},
+			"s1": {{at(0), "x"}, {at(250), "d"}},
+		},
+		joins: map[string]slotJoin{
+			"b": {"s0", at(10)},  // next: none ahead
+			"c": {"s0", at(20)},  // behind b: one ahead
+			"d": {"s0", at(30)},  // behind b and c, then taken by s1 at 250: b and c ahead
+			"z": {"s1", at(400)}, // never took a slot: left out
+		},
+	}
+	if most, queued := tl.servedAhead(); most != 2 || queued != 3 {
+		t.Errorf("servedAhead = %d, %d queued; want 2, 3", most, queued)
+	}
+}
