@@ -338,11 +338,14 @@ var errNotHolder = errors.New("the rollout slot is held by another")
 func (s *Slots) handOver(ctx context.Context, l *coordinationv1.Lease, store cache.Store) (string, error) {
 	leases := s.Client.CoordinationV1().Leases(s.Namespace)
 	for try := 0; ; try++ {
-		to, key := "", ""
+		to, key, window := "", "", time.Duration(0)
 		if store != nil {
 			to, key = s.successor(store, l)
+			if to != "" {
+				window = s.joinWindow(l, store)
+			}
 		}
-		patch, err := json.Marshal(handOverPatch(l, s.Holder, to, key, s.Clock.Now(), s.Duration))
+		patch, err := json.Marshal(handOverPatch(l, s.Holder, to, key, window, s.Clock.Now(), s.Duration))
 		if err != nil {
 			return "", err
 		}
@@ -386,7 +389,7 @@ func annotationPath(key string) string {
 // tested and removed; the holder record; AnnotationHandedTo set (or, as
 // self's own write, removed) and self's own entry removed where l shows
 // them.
-func handOverPatch(l *coordinationv1.Lease, self, to, key string, now time.Time, d time.Duration) []jsonPatchOp {
+func handOverPatch(l *coordinationv1.Lease, self, to, key string, window time.Duration, now time.Time, d time.Duration) []jsonPatchOp {
 	ops := []jsonPatchOp{patchOp("test", "/spec/holderIdentity", self)}
 	if _, ok := l.Annotations[queueKey(self)]; ok {
 		ops = append(ops, patchOp("remove", annotationPath(queueKey(self))))
@@ -406,12 +409,42 @@ func handOverPatch(l *coordinationv1.Lease, self, to, key string, now time.Time,
 		// is made, none being there to lose.
 		ops = append(ops, patchOp("test", "/metadata/annotations", nil), patchOp("add", "/metadata/annotations", map[string]string{}))
 	}
-	return append(ops,
+	ops = append(ops,
 		patchOp("replace", "/spec/holderIdentity", to),
 		patchOp("add", "/spec/acquireTime", at),
 		patchOp("add", "/spec/renewTime", at),
 		patchOp("add", "/spec/leaseDurationSeconds", int32(d/time.Second)),
 		patchOp("add", annotationPath(AnnotationHandedTo), to))
+	if window > 0 {
+		ops = append(ops, patchOp("add", annotationPath(AnnotationTurnWindow), strconv.FormatInt(window.Milliseconds(), 10)))
+	}
+	return ops
+}
+
+// joinWindow is the turn window a hand-off of slot l writes (with its
+// acquireTime, the latest take: every waiting node uses it): the window
+// over which the nodes waiting for a place spread their turns to join. A
+// queue that, after this hand-off, still holds more than QueueLength
+// nodes was overrun (nodes joined closer together than their caches could
+// show each other's join): twice as wide. One about to run dry (nobody
+// left behind the successor) let the next join come too late: half as
+// wide. Within [minWindow, maxWindow]; from the window l carries (the
+// default spread when none).
+func (s *Slots) joinWindow(l *coordinationv1.Lease, store cache.Store) time.Duration {
+	cur := s.Spread
+	if cur <= 0 {
+		cur = DefaultSlotSpread
+	}
+	if ms, err := strconv.ParseInt(l.Annotations[AnnotationTurnWindow], 10, 64); err == nil && ms > 0 {
+		cur = time.Duration(ms) * time.Millisecond
+	}
+	switch left := len(s.waiting(queueOf(l), s.holding(store))) - 1; {
+	case left > QueueLength:
+		cur *= 2
+	case left <= 0:
+		cur /= 2
+	}
+	return min(max(cur, minWindow), maxWindow)
 }
 
 // queued is where Acquire's node stands in the queues.

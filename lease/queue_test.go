@@ -417,3 +417,35 @@ func TestQueuedNodeMakesASlotOnceMakingSettles(t *testing.T) {
 		t.Fatal("Acquire did not return the slot it made")
 	}
 }
+
+// A hand-off writes the window for the joins to come: twice as wide when
+// the queue was overrun (more than QueueLength left behind the successor:
+// joins came closer than the caches' delay), half when it is about to run
+// dry (nobody left behind the successor), as is otherwise.
+func TestHandOffWritesTheJoinWindow(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		queue []string
+		want  string
+	}{
+		{[]string{"a", "b", "c", "d"}, "2000"}, // three left behind a: overrun
+		{[]string{"a", "b", "c"}, "1000"},      // two left: as is
+		{[]string{"a", "b"}, "1000"},
+		{[]string{"a"}, "500"}, // none left: about to run dry
+	} {
+		c, clk := versionedFake()
+		queuedSlot(t, c, SlotLeaseName(0), "x", tc.queue...)
+		l := getSlot(t, c, SlotLeaseName(0))
+		l.Annotations[AnnotationTurnWindow] = "1000"
+		if _, err := c.CoordinationV1().Leases("ns").Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		x := newSlots(c, clk, "x")
+		if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "a" {
+			t.Fatalf("handed to %q (%v), want a", to, err)
+		}
+		if got := getSlot(t, c, SlotLeaseName(0)).Annotations[AnnotationTurnWindow]; got != tc.want {
+			t.Errorf("queue %v: the hand-off wrote a window of %s ms, want %s", tc.queue, got, tc.want)
+		}
+	}
+}

@@ -52,6 +52,8 @@ type slotTimeline struct {
 	changes map[string][]slotChange
 	// joins: per node, the first slot queue the watch saw it in, and when.
 	joins map[string]slotJoin
+	// maxQueue: the longest queue seen on a slot (entries, served or not).
+	maxQueue int
 }
 
 // slotJoin: a node seen in a slot's queue.
@@ -85,11 +87,25 @@ func (t *slotTimeline) note(obj any) {
 			}
 		}
 	}
+	qn := 0
+	for k := range l.Annotations {
+		if strings.HasPrefix(k, lease.QueueKeyPrefix) {
+			qn++
+		}
+	}
+	t.maxQueue = max(t.maxQueue, qn)
 	cs := t.changes[l.Name]
 	if n := len(cs); n > 0 && cs[n-1].holder == h {
 		return
 	}
 	t.changes[l.Name] = append(cs, slotChange{at: now, holder: h})
+}
+
+// longestQueue is the most queue entries seen on a slot at once.
+func (t *slotTimeline) longestQueue() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.maxQueue
 }
 
 // servedAhead is, of the nodes the watch saw join a queue, the most that
@@ -243,10 +259,13 @@ type fleetRun struct {
 	// MaxServedAheadInQueue: of the NodesQueued nodes the bench's watch
 	// saw join a slot's queue, the most nodes that took that slot after a
 	// node joined and before it took a slot: its turn, once queued.
-	MaxServedAheadInQueue int     `json:"maxServedAheadInQueue"`
-	NodesQueued           int     `json:"nodesQueued"`
-	IdleRequestsPerSec    float64 `json:"idleRequestsPerSec"`
-	IdleWindowSeconds     float64 `json:"idleWindowSeconds"`
+	MaxServedAheadInQueue int `json:"maxServedAheadInQueue"`
+	NodesQueued           int `json:"nodesQueued"`
+	// LongestQueue: the most queue entries the bench's watch saw on a
+	// slot at once (QueueLength, overrun by joins that came together).
+	LongestQueue       int     `json:"longestQueue"`
+	IdleRequestsPerSec float64 `json:"idleRequestsPerSec"`
+	IdleWindowSeconds  float64 `json:"idleWindowSeconds"`
 	// After an API server outage of OutageSeconds (run only where set):
 	// requests in the first 10 s once /readyz said ok.
 	OutageSeconds          float64  `json:"outageSeconds,omitempty"`
@@ -512,8 +531,9 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 	r.MaxDisrupted, r.DisruptionMsMedian = record.MaxDisrupted(recs), median(spans)
 	r.MaxRoundsLate, r.NodesOverTwoRoundsLate = roundsLate(recs, n)
 	r.MaxServedAheadInQueue, r.NodesQueued = slots.servedAhead()
-	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d served ahead of a node on its slot\n",
-		k, n, r.MaxRoundsLate, r.NodesOverTwoRoundsLate, r.NodesQueued, r.MaxServedAheadInQueue)
+	r.LongestQueue = slots.longestQueue()
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d served ahead of a node on its slot; the longest queue %d\n",
+		k, n, r.MaxRoundsLate, r.NodesOverTwoRoundsLate, r.NodesQueued, r.MaxServedAheadInQueue, r.LongestQueue)
 	if r.DisruptionMsMedian > 0 {
 		r.RolloutOverNodeTime = r.RolloutSeconds * 1000 / (float64((k+n-1)/n) * r.DisruptionMsMedian)
 	}
