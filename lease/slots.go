@@ -262,7 +262,12 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 				// no slot has been made for a while, it is nobody's
 				// home (fewer nodes than slots hash to some): it is
 				// made in turn (below: two windows on), lest the pool
-				// run on fewer slots than N.
+				// run on fewer slots than N; by the nodes that have
+				// another ahead of them in their queue (the next of a
+				// queue goes next anyway: a create would only race).
+				if s.nextInQueue(store, q.on) {
+					continue
+				}
 				at = later(at, lastMade)
 			}
 			turn := s.turn(*c, window)
@@ -402,6 +407,22 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 		case <-retry:
 		}
 	}
+}
+
+// nextInQueue: this node is the first still waiting in slot name's queue,
+// as the cache shows it.
+func (s *Slots) nextInQueue(store cache.Store, name string) bool {
+	q := queueOf(s.cached(store, name))
+	hs := s.holding(store)
+	for _, e := range q {
+		if e.node == s.Holder {
+			return true
+		}
+		if !hs[e.node] {
+			return false
+		}
+	}
+	return false
 }
 
 // madeSlots is how many of the N slots the cache shows made.
