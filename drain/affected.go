@@ -320,15 +320,13 @@ func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logge
 }
 
 func allGPUPods(ctx context.Context, client kclient.Interface, node, how string) (Affected, error) {
-	list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-	})
+	pods, err := NodePods(ctx, client, node)
 	if err != nil {
-		return Affected{}, fmt.Errorf("list pods of node %s: %w", node, err)
+		return Affected{}, err
 	}
 	out := Affected{How: how}
-	for i := range list.Items {
-		p := &list.Items[i]
+	for i := range pods {
+		p := &pods[i]
 		if RequestsGPU(p) && !terminal(p) {
 			out.Pods = append(out.Pods, *p)
 		}

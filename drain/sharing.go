@@ -10,7 +10,6 @@ import (
 	"github.com/migagent/mig-agent/internal/kclient"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/yaml"
 )
 
@@ -183,13 +182,11 @@ func ReadSharing(ctx context.Context, client kclient.Interface, node string) (*S
 // watch of its Node holds the config label).
 func ReadSharingOf(ctx context.Context, client kclient.Interface, n *corev1.Node) (*Sharing, error) {
 	node := n.Name
-	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-	})
+	pods, err := NodePods(ctx, client, node)
 	if err != nil {
-		return nil, fmt.Errorf("%w: list the pods of node %s: %w", ErrSharingUnknown, node, err)
+		return nil, fmt.Errorf("%w: %w", ErrSharingUnknown, err)
 	}
-	cm, found := pluginConfigManager(pods.Items)
+	cm, found := pluginConfigManager(pods)
 	switch {
 	case !found:
 		return nil, fmt.Errorf("%w: %w %s", ErrSharingUnknown, ErrNoPluginPod, node)

@@ -93,7 +93,8 @@ func operatorMigManagerPod(ctx context.Context, c kclient.Interface, node *corev
 	if err != nil {
 		return finding{err: fmt.Errorf("listing pods on the node: %w", err)}
 	}
-	for _, p := range pods {
+	for i := range pods {
+		p := &pods[i]
 		if p.Labels["app"] != OperatorMigManagerApp {
 			continue
 		}

@@ -432,13 +432,7 @@ func handOverPatch(l *coordinationv1.Lease, self, to, key string, window time.Du
 // wide. Within [minWindow, maxWindow]; from the window l carries (the
 // default spread when none).
 func (s *Slots) joinWindow(l *coordinationv1.Lease, store cache.Store) time.Duration {
-	cur := s.Spread
-	if cur <= 0 {
-		cur = DefaultSlotSpread
-	}
-	if ms, err := strconv.ParseInt(l.Annotations[AnnotationTurnWindow], 10, 64); err == nil && ms > 0 {
-		cur = time.Duration(ms) * time.Millisecond
-	}
+	cur := (&handOffs{window: s.spread()}).windowFor(l)
 	switch left := len(s.waiting(queueOf(l), s.holding(store))) - 1; {
 	case left > QueueLength:
 		cur *= 2

@@ -183,22 +183,15 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 			s.leaveQueue(ctx, q.on) // gave up waiting
 		}
 	}()
-	spread := s.Spread
-	if spread <= 0 {
-		spread = DefaultSlotSpread
-	}
+	spread := s.spread()
 	retries := backoff.API()
 	logged := false
 	exists := map[string]bool{} // created by another while absent from the cache
 	hand := handOffs{window: spread, freed: map[string]time.Time{}}
 	seenFree := map[string]time.Time{} // when this node first saw each slot free
-	// made counts the slots the cache shows made; lastMade is when that
-	// count last grew (the making of slots at the start of a pool-wide
-	// change is still going on).
-	made, lastMade := -1, time.Time{}
-	seenRoom := map[string]roomSeen{} // when it first saw a place in a slot's queue
-	lost := map[string]lostRace{}     // per slot, the version a race was lost on
-	recounted := map[string]string{}  // per slot, the version a late turn was counted again for
+	seenRoom := map[string]roomSeen{}  // when it first saw a place in a slot's queue
+	lost := map[string]lostRace{}      // per slot, the version a race was lost on
+	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
 	for {
 		now := s.Clock.Now()
 		// A slot handed to this node by its last holder is this node's,
@@ -209,12 +202,6 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 		}
 		q.track(s, store, now)
 		hand.observe(store, s.Namespace, s.N, s.Holder, now)
-		if n := s.madeSlots(store); n != made {
-			if made >= 0 && n > made {
-				lastMade = now
-			}
-			made = n
-		}
 		free, next := s.scan(ctx, store)
 		// Every queued node sees the same slots freed at about the same
 		// moment, and tries each in an order all of them agree on (turn),
@@ -268,7 +255,7 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 				if s.nextInQueue(store, q.on) {
 					continue
 				}
-				at = later(at, lastMade)
+				at = later(at, hand.lastMade)
 			}
 			turn := s.turn(*c, window)
 			if c.name != s.home() {
@@ -409,31 +396,20 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 	}
 }
 
-// nextInQueue: this node is the first still waiting in slot name's queue,
-// as the cache shows it.
+// nextInQueue: this node is in slot name's queue, as the cache shows it,
+// with nobody still waiting ahead of it.
 func (s *Slots) nextInQueue(store cache.Store, name string) bool {
 	q := queueOf(s.cached(store, name))
-	hs := s.holding(store)
-	for _, e := range q {
-		if e.node == s.Holder {
-			return true
-		}
-		if !hs[e.node] {
-			return false
-		}
-	}
-	return false
+	pos := s.queuePos(q)
+	return pos >= 0 && len(s.waiting(q[:pos], s.holding(store))) == 0
 }
 
-// madeSlots is how many of the N slots the cache shows made.
-func (s *Slots) madeSlots(store cache.Store) int {
-	n := 0
-	for i := range s.N {
-		if s.cached(store, SlotLeaseName(i)) != nil {
-			n++
-		}
+// spread is the first turn window: Spread, or DefaultSlotSpread.
+func (s *Slots) spread() time.Duration {
+	if s.Spread > 0 {
+		return s.Spread
 	}
-	return n
+	return DefaultSlotSpread
 }
 
 // later is the later of a and b.
@@ -517,17 +493,21 @@ const (
 )
 
 // handOffs tracks, per slot, when it was seen freed, the recent gaps and
-// the window.
+// the window; and when a slot was last seen made (lastMade: the making of
+// slots at the start of a pool-wide change is still going on).
 type handOffs struct {
-	window time.Duration
-	freed  map[string]time.Time
-	gaps   []time.Duration // the last delaySamples gaps, oldest first
+	window   time.Duration
+	freed    map[string]time.Time
+	gaps     []time.Duration // the last delaySamples gaps, oldest first
+	made     int             // the slots the cache showed made
+	lastMade time.Time       // when that count last grew
 }
 
-// observe notes what the cache shows now: a slot freed (released or absent)
-// starts a hand-off; a freed slot taken by another ends it, and its gap
-// moves the window (nextWindow).
+// observe notes what the cache shows now: a slot released starts a
+// hand-off; a freed slot taken by another ends it, and its gap moves the
+// window (nextWindow). More slots made than last time moves lastMade.
 func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now time.Time) {
+	made := 0
 	for i := range n {
 		name := SlotLeaseName(i)
 		obj, ok, _ := store.GetByKey(ns + "/" + name)
@@ -540,6 +520,7 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 			delete(h.freed, name)
 			continue
 		}
+		made++
 		holder := ptr.Deref(obj.(*coordinationv1.Lease).Spec.HolderIdentity, "")
 		at, freed := h.freed[name]
 		switch {
@@ -556,6 +537,10 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 			}
 		}
 	}
+	if made > h.made {
+		h.lastMade = now
+	}
+	h.made = made
 }
 
 // AnnotationTurnWindow on a slot Lease is the window, in milliseconds, over

@@ -105,14 +105,10 @@ func (d *Daemon) look(n *gpus.Inventory, config string) (*view, *StepError) {
 
 // attempt is one run of the checklist for the change in progress.
 type attempt struct {
-	d   *Daemon
-	ctx context.Context
-	// look is ctx for the look at the node before the change (checkNode,
-	// the device plugin list): its reads of the node's pods and
-	// ResourceSlices are shared among the checks (readonce), not sent
-	// once per check.
-	look    context.Context
-	node    *Node // nil standalone
+	d       *Daemon
+	ctx     context.Context
+	look    context.Context // ctx for the checks before the change: they share their reads (readonce)
+	node    *Node           // nil standalone
 	ch      *journal.Change
 	v       *view         // nil until the plan step (or handed in by the pass)
 	applied *gpus.Applied // what the apply step did
@@ -489,8 +485,7 @@ func (a *attempt) listPluginsAhead() {
 }
 
 func (a *attempt) listPlugins() (l pluginList) {
-	d := a.d
-	l.err = d.retryAPI(a.ctx, func() (err error) { l.pods, err = d.Disrupt.DevicePlugins(a.look); return err })
+	l.err = a.d.retryAPI(a.ctx, func() (err error) { l.pods, err = a.d.Disrupt.DevicePlugins(a.look); return err })
 	return l
 }
 

@@ -74,10 +74,12 @@ func (t *slotTimeline) note(obj any) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	qn := 0
 	for k, v := range l.Annotations {
 		if !strings.HasPrefix(k, lease.QueueKeyPrefix) {
 			continue
 		}
+		qn++
 		if _, node, ok := strings.Cut(v, " "); ok {
 			if _, seen := t.joins[node]; !seen {
 				if t.joins == nil {
@@ -85,12 +87,6 @@ func (t *slotTimeline) note(obj any) {
 				}
 				t.joins[node] = slotJoin{slot: l.Name, at: now}
 			}
-		}
-	}
-	qn := 0
-	for k := range l.Annotations {
-		if strings.HasPrefix(k, lease.QueueKeyPrefix) {
-			qn++
 		}
 	}
 	t.maxQueue = max(t.maxQueue, qn)
