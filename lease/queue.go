@@ -37,13 +37,15 @@ import (
 // A queue holds QueueLength nodes: every watcher of the slots receives
 // every write of a slot Lease, queue included, so a queue as long as the
 // pool would cost the pool's square in bytes at every hand-off. The nodes
-// beyond wait without a request; when a place opens (a hand-off), they
-// join in the order all of them compute from the slot's holder record
-// (joinTurn), a fraction of the window apart, like the turns for a freed
-// slot: the first joins, the others see the queue full again in their
-// caches. Two that join at once both stay (a join never conflicts): a
-// queue may run over by a few.
-//
+// beyond wait without a request. First come, first served: each node's
+// place in line is its ticket, when its change began (AnnotationTicket); a
+// queue is ordered by ticket, and when a place opens (a hand-off) the
+// waiting nodes join in ticket order (joinTurn), each TicketPace times
+// its distance in line from the latest ticket the slots show: the next in
+// line joins first, and the others see the queue full again in their
+// caches before their turn. Two that join at once both stay (a join never
+// conflicts): a queue may run over by a few, still in ticket order.
+
 // A holder whose own queue is empty takes the last node of the longest
 // other queue of two nodes or more, so that the queues end together. That
 // node leaves its first queue itself (one more request). (Taking from a
@@ -55,8 +57,9 @@ import (
 const (
 	// QueueKeyPrefix starts the annotation keys of a slot's queue: one key
 	// a queued node, QueueKeyPrefix + 20 hex digits of the SHA-256 of its
-	// name, valued "SEQ NODE". SEQ orders the queue (one more than the
-	// highest the joiner saw; equal ones by key).
+	// name, valued "SEQ NODE". SEQ orders the queue, equal ones by key: the
+	// joiner's ticket (AnnotationTicket). (Agents before tickets wrote one
+	// more than the highest SEQ they saw: behind every ticket.)
 	QueueKeyPrefix = "q.migagent.io/"
 	// AnnotationHandedTo names the node a slot was handed to, until that
 	// node's own first write of the slot (a renewal, its hand-off). While
@@ -66,6 +69,17 @@ const (
 	AnnotationHandedTo = "migagent.io/handed-to"
 	// QueueLength is how many nodes a slot's queue takes (see above).
 	QueueLength = 2
+	// AnnotationTicket on a slot Lease is its holder's place in line: when
+	// its change began (Acquire's since), in Unix milliseconds by its own
+	// clock. Its take writes it, and a hand-off writes its successor's
+	// (the SEQ of its queue entry). A clock that is off moves only its own
+	// node in line, by as much; the bound on disruption never reads it.
+	AnnotationTicket = "migagent.io/ticket"
+	// TicketPace is how much later, after a place opens in a queue, a
+	// waiting node joins it for each millisecond its ticket is behind the
+	// latest ticket seen: nodes whose changes began 10 ms apart join 100 ms
+	// apart, more than a write takes to reach the others' caches.
+	TicketPace = 10
 )
 
 // queueKey is node's key in a slot's queue.
@@ -205,17 +219,17 @@ func (s *Slots) queuePos(q []queueEntry) int {
 }
 
 // room is a held slot whose queue has a place ("" when none has) and the
-// wait before this node's turn to join it. Each place that opens (a
-// hand-off: a new holder record) is offered in a new order, counted from
-// when this node saw it open (seenRoom), over the window every queued node
-// uses; the queue with the earliest turn is this node's.
-func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[string]roomSeen, now time.Time) (string, time.Duration) {
-	best, wait := "", time.Duration(0)
+// wait before this node's turn to join it (joinTurn, counted from when
+// this node saw the place open: seenRoom). Of the queues with a place, the
+// one with the fewest nodes waiting, then the earliest turn.
+func (s *Slots) room(store cache.Store, window time.Duration, front int64, seenRoom map[string]roomSeen, now time.Time) (string, time.Duration) {
+	best, wait, fewest := "", time.Duration(0), 0
 	hs := s.holding(store)
 	for i := range s.N {
 		name := SlotLeaseName(i)
 		l := s.cached(store, name)
-		if holder(l) == "" || len(s.waiting(queueOf(l), hs)) >= QueueLength {
+		n := len(s.waiting(queueOf(l), hs))
+		if holder(l) == "" || n >= QueueLength {
 			delete(seenRoom, name)
 			continue
 		}
@@ -225,12 +239,43 @@ func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[strin
 			seen = roomSeen{record: rec, at: now}
 			seenRoom[name] = seen
 		}
-		w := time.Duration(unitHash(name, rec, s.Holder)*float64(window)) - now.Sub(seen.at)
-		if best == "" || w < wait {
-			best, wait = name, w
+		w := s.joinTurn(front, window, unitHash(name, rec, s.Holder)) - now.Sub(seen.at)
+		if best == "" || n < fewest || n == fewest && w < wait {
+			best, wait, fewest = name, w, n
 		}
 	}
 	return best, wait
+}
+
+// joinTurn is how long after a place opens in a queue this node waits to
+// join it: TicketPace times its distance in line from front, the latest
+// ticket the slots show, so that the next in line joins first; at once
+// for a node passed over (its ticket at or before front). A node farther
+// than the window (few are waiting, or a burst of changes after a lull)
+// joins over the next window, in the order u (a hash of the place, alike
+// on every node); so do all while the slots show no ticket.
+func (s *Slots) joinTurn(front int64, window time.Duration, u float64) time.Duration {
+	if front == 0 {
+		return time.Duration(u * float64(window))
+	}
+	d := time.Duration(s.ticket.Load()-front) * TicketPace * time.Millisecond
+	switch {
+	case d <= 0:
+		return 0
+	case d < window:
+		return d
+	}
+	return window + time.Duration(u*float64(window))
+}
+
+// lastTicket is the latest ticket slot l shows: its holder's and its
+// queue's (0: none).
+func lastTicket(l *coordinationv1.Lease) int64 {
+	t, _ := strconv.ParseInt(l.Annotations[AnnotationTicket], 10, 64)
+	for _, e := range queueOf(l) {
+		t = max(t, e.seq)
+	}
+	return max(t, 0)
 }
 
 // roomSeen: when this node first saw a place in a slot's queue, for the
@@ -240,14 +285,10 @@ type roomSeen struct {
 	at     time.Time
 }
 
-// join adds this node to slot name's queue, behind the entries the cache
-// shows. It returns the resourceVersion of the slot as the join wrote it.
-func (s *Slots) join(ctx context.Context, store cache.Store, name string) (string, error) {
-	seq := int64(1)
-	if q := queueOf(s.cached(store, name)); len(q) > 0 {
-		seq = q[len(q)-1].seq + 1
-	}
-	l, err := s.patchQueue(ctx, name, fmt.Sprintf("%d %s", seq, s.Holder))
+// join adds this node to slot name's queue, in its place by ticket. It
+// returns the resourceVersion of the slot as the join wrote it.
+func (s *Slots) join(ctx context.Context, name string) (string, error) {
+	l, err := s.patchQueue(ctx, name, fmt.Sprintf("%d %s", s.ticket.Load(), s.Holder))
 	if err != nil {
 		return "", err
 	}
@@ -290,14 +331,14 @@ func (s *Slots) leaveQueue(ctx context.Context, name string) {
 	s.Log.Debug("left the rollout slot queue", "lease", name)
 }
 
-// successor is the node slot l goes to when its holder is done: the first
-// of its queue that holds no slot (as the cache shows them), else the last
-// of the longest other queue of two or more ("" when none). key is that
-// node's entry on l ("" when it is on another slot).
-func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) (node, key string) {
+// successor is the queue entry of the node slot l goes to when its holder
+// is done: the first of its queue that holds no slot (as the cache shows
+// them), else the last of the longest other queue of two or more (node ""
+// when none). Its key is "" when the entry is on another slot.
+func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry {
 	hs := s.holding(store)
 	if q := s.waiting(queueOf(l), hs); len(q) > 0 {
-		return q[0].node, q[0].key
+		return q[0]
 	}
 	// Of the longest other queues (two or more), one at random: holders
 	// done at once do not all take the same node.
@@ -320,10 +361,12 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) (node, key
 		}
 	}
 	if len(longest) > 0 {
-		s.Log.Debug("handing the rollout slot to the last node of a longer queue", "lease", l.Name, "to", longest[len(longest)-1].node)
-		return longest[len(longest)-1].node, ""
+		e := longest[len(longest)-1]
+		s.Log.Debug("handing the rollout slot to the last node of a longer queue", "lease", l.Name, "to", e.node)
+		e.key = ""
+		return e
 	}
-	return "", ""
+	return queueEntry{}
 }
 
 // errNotHolder: the slot is held by another now.
@@ -339,20 +382,20 @@ var errNotHolder = errors.New("the rollout slot is held by another")
 func (s *Slots) handOver(ctx context.Context, l *coordinationv1.Lease, store cache.Store) (string, error) {
 	leases := s.Client.CoordinationV1().Leases(s.Namespace)
 	for try := 0; ; try++ {
-		to, key, window := "", "", time.Duration(0)
+		var to queueEntry
+		window := time.Duration(0)
 		if store != nil {
-			to, key = s.successor(store, l)
-			if to != "" {
+			if to = s.successor(store, l); to.node != "" {
 				window = s.joinWindow(l, store)
 			}
 		}
-		patch, err := json.Marshal(handOverPatch(l, s.Holder, to, key, window, s.Clock.Now(), s.Duration))
+		patch, err := json.Marshal(handOverPatch(l, s.Holder, to, window, s.Clock.Now(), s.Duration))
 		if err != nil {
 			return "", err
 		}
 		_, err = leases.Patch(ctx, l.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
 		if err == nil {
-			return to, nil
+			return to.node, nil
 		}
 		// A test that failed (422) or a conflict: the Lease is not as
 		// seen.
@@ -385,17 +428,18 @@ func annotationPath(key string) string {
 	return "/metadata/annotations/" + strings.ReplaceAll(strings.ReplaceAll(key, "~", "~0"), "/", "~1")
 }
 
-// handOverPatch is the write that passes slot l from self to node to (""
-// releases it): a test that self holds it; to's entry key on l, if any,
-// tested and removed; the holder record; AnnotationHandedTo set (or, as
-// self's own write, removed) and self's own entry removed where l shows
-// them.
-func handOverPatch(l *coordinationv1.Lease, self, to, key string, window time.Duration, now time.Time, d time.Duration) []jsonPatchOp {
+// handOverPatch is the write that passes slot l from self to the node of
+// queue entry to (none: releases it): a test that self holds it; to's
+// entry on l, if it is there (to.key), tested and removed; the holder
+// record and its ticket; AnnotationHandedTo set (or, as self's own write,
+// removed) and self's own entry removed where l shows them.
+func handOverPatch(l *coordinationv1.Lease, self string, to queueEntry, window time.Duration, now time.Time, d time.Duration) []jsonPatchOp {
+	key := to.key
 	ops := []jsonPatchOp{patchOp("test", "/spec/holderIdentity", self)}
 	if _, ok := l.Annotations[queueKey(self)]; ok {
 		ops = append(ops, patchOp("remove", annotationPath(queueKey(self))))
 	}
-	if to == "" {
+	if to.node == "" {
 		if _, ok := l.Annotations[AnnotationHandedTo]; ok {
 			ops = append(ops, patchOp("remove", annotationPath(AnnotationHandedTo)))
 		}
@@ -411,11 +455,12 @@ func handOverPatch(l *coordinationv1.Lease, self, to, key string, window time.Du
 		ops = append(ops, patchOp("test", "/metadata/annotations", nil), patchOp("add", "/metadata/annotations", map[string]string{}))
 	}
 	ops = append(ops,
-		patchOp("replace", "/spec/holderIdentity", to),
+		patchOp("replace", "/spec/holderIdentity", to.node),
 		patchOp("add", "/spec/acquireTime", at),
 		patchOp("add", "/spec/renewTime", at),
 		patchOp("add", "/spec/leaseDurationSeconds", int32(d/time.Second)),
-		patchOp("add", annotationPath(AnnotationHandedTo), to))
+		patchOp("add", annotationPath(AnnotationHandedTo), to.node),
+		patchOp("add", annotationPath(AnnotationTicket), strconv.FormatInt(to.seq, 10)))
 	if window > 0 {
 		ops = append(ops, patchOp("add", annotationPath(AnnotationTurnWindow), strconv.FormatInt(window.Milliseconds(), 10)))
 	}

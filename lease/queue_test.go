@@ -151,7 +151,7 @@ func TestCancelledWaitLeavesTheQueue(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(0), "x")
 	s := newSlots(c, clk, "w")
 	done := make(chan error, 1)
-	go func() { _, err := s.Acquire(ctx); done <- err }()
+	go func() { _, err := s.Acquire(ctx, time.Time{}); done <- err }()
 	waitUntil(t, "w joins the queue", func() bool {
 		clk.Step(10 * time.Millisecond)
 		return getSlot(t, c, SlotLeaseName(0)).Annotations[queueKey("w")] != ""
@@ -178,7 +178,7 @@ func TestTwoSlotsHandedAtOnce(t *testing.T) {
 	y.N = 2
 	got := make(chan string, 1)
 	go func() {
-		h, err := y.Acquire(ctx)
+		h, err := y.Acquire(ctx, time.Time{})
 		if err != nil {
 			got <- err.Error()
 			return
@@ -220,7 +220,7 @@ func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 	q := newSlots(c, clk, "q")
 	q.N = 2
 	got := make(chan error, 1)
-	go func() { _, err := q.Acquire(ctx); got <- err }()
+	go func() { _, err := q.Acquire(ctx, time.Time{}); got <- err }()
 	waitUntil(t, "q watches", func() bool { return clk.HasWaiters() })
 	x := newSlots(c, clk, "x")
 	x.N = 2
@@ -253,7 +253,7 @@ func TestNoPatchWaitsWithoutAQueue(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(0), "x")
 	w := newSlots(c, clk, "w")
 	got := make(chan error, 1)
-	go func() { _, err := w.Acquire(ctx); got <- err }()
+	go func() { _, err := w.Acquire(ctx, time.Time{}); got <- err }()
 	waitUntil(t, "w tries to join", func() bool {
 		clk.Step(50 * time.Millisecond)
 		return joins.Load() > 0
@@ -329,11 +329,11 @@ func TestRoomCountsOnlyWaitingNodes(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(1), "a", "p", "q") // held by a, queue full
 	w := newSlots(c, clk, "w")
 	w.N = 1
-	if on, _ := w.room(storeOf(c), time.Second, map[string]roomSeen{}, clk.Now()); on != "" {
+	if on, _ := w.room(storeOf(c), time.Second, 0, map[string]roomSeen{}, clk.Now()); on != "" {
 		t.Fatalf("a full queue (a and b waiting) offered a place: %q", on)
 	}
 	w.N = 2 // slot 1 in view: a holds it
-	if on, _ := w.room(storeOf(c), time.Second, map[string]roomSeen{}, clk.Now()); on != SlotLeaseName(0) {
+	if on, _ := w.room(storeOf(c), time.Second, 0, map[string]roomSeen{}, clk.Now()); on != SlotLeaseName(0) {
 		t.Fatalf("no place offered where a, served by another slot, left one: %q", on)
 	}
 }
@@ -372,7 +372,7 @@ func TestQueuedNodeMakesASlotOnceMakingSettles(t *testing.T) {
 	s.N = n
 	got := make(chan reconcile.Slot, 1)
 	go func() {
-		slot, err := s.Acquire(ctx)
+		slot, err := s.Acquire(ctx, time.Time{})
 		if err != nil {
 			t.Error(err)
 		}
@@ -460,7 +460,7 @@ func TestNextInQueueMakesNoSlot(t *testing.T) {
 	s := newSlots(c, clk, "w")
 	s.N = 2
 	done := make(chan struct{})
-	go func() { defer close(done); _, _ = s.Acquire(ctx) }()
+	go func() { defer close(done); _, _ = s.Acquire(ctx, time.Time{}) }()
 	for range 200 { // 10 s of the fake clock: five windows
 		time.Sleep(2 * time.Millisecond)
 		clk.Step(50 * time.Millisecond)

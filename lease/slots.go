@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -77,6 +78,9 @@ type Slots struct {
 	Spread time.Duration
 
 	obs leaseObserver
+	// ticket is this node's place in line while it waits and holds: when
+	// its change began, in Unix milliseconds (Acquire's since).
+	ticket atomic.Int64
 	// window is what this holder's take wrote as the slot's next turn
 	// window (AnnotationTurnWindow); its renewals keep it.
 	window time.Duration
@@ -142,11 +146,17 @@ func renewedUntil(l *coordinationv1.Lease) time.Time {
 // SlotLeaseName is the name of slot i.
 func SlotLeaseName(i int) string { return fmt.Sprintf("mig-agent-slot-%d", i) }
 
-// Acquire blocks until a slot is taken (or ctx ends) and returns it.
+// Acquire blocks until a slot is taken (or ctx ends) and returns it; since
+// (when the change began; now if zero) is the node's place in line
+// (AnnotationTicket): the queues serve first come, first served.
 // While it waits it holds one watch on the slot Leases and sends nothing
 // else: a try follows a Lease change or an expiry, and only when the cache
 // shows a slot free (released, expired, absent, or this holder's own).
-func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
+func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Slot, err error) {
+	if since.IsZero() {
+		since = s.Clock.Now()
+	}
+	s.ticket.Store(since.UnixMilli())
 	if s.Percent > 0 {
 		n, pool, err := s.PoolShare(ctx)
 		if err != nil {
@@ -224,7 +234,7 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 		window := hand.shared(store, s.Namespace, s.N)
 		roomOn, roomWait := "", time.Duration(0)
 		if q.on == "" && !q.off {
-			roomOn, roomWait = s.room(store, window, seenRoom, now)
+			roomOn, roomWait = s.room(store, window, hand.front, seenRoom, now)
 		}
 		isFree := map[string]bool{}
 		for i := range free {
@@ -325,7 +335,7 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 					// Created a moment ago by another node (its write is
 					// on its way to the cache): this node queues behind
 					// it instead of racing for another slot.
-					if rv, err := s.join(ctx, store, pick.name); err == nil {
+					if rv, err := s.join(ctx, pick.name); err == nil {
 						q.joined(pick.name, rv, now)
 						trouble = false
 					}
@@ -356,7 +366,7 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 				joinTurn = s.Clock.After(w)
 				on = ""
 			default:
-				rv, err = s.join(ctx, store, on)
+				rv, err = s.join(ctx, on)
 			}
 			switch {
 			case apierrors.IsForbidden(err):
@@ -501,6 +511,9 @@ type handOffs struct {
 	gaps     []time.Duration // the last delaySamples gaps, oldest first
 	made     int             // the slots the cache showed made
 	lastMade time.Time       // when that count last grew
+	// front is the latest ticket the cache shows on the slots, their
+	// holders' and their queues' (0: none): the place in line reached.
+	front int64
 }
 
 // observe notes what the cache shows now: a slot released starts a
@@ -508,6 +521,7 @@ type handOffs struct {
 // window (nextWindow). More slots made than last time moves lastMade.
 func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now time.Time) {
 	made := 0
+	h.front = 0
 	for i := range n {
 		name := SlotLeaseName(i)
 		obj, ok, _ := store.GetByKey(ns + "/" + name)
@@ -521,7 +535,9 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 			continue
 		}
 		made++
-		holder := ptr.Deref(obj.(*coordinationv1.Lease).Spec.HolderIdentity, "")
+		l := obj.(*coordinationv1.Lease)
+		h.front = max(h.front, lastTicket(l))
+		holder := ptr.Deref(l.Spec.HolderIdentity, "")
 		at, freed := h.freed[name]
 		switch {
 		case holder == "" && !freed:
@@ -810,12 +826,13 @@ func (s *Slots) claim(l *coordinationv1.Lease) *coordinationv1.Lease {
 		l.Labels = map[string]string{}
 	}
 	l.Labels[record.LabelManagedBy], l.Labels[LabelRolloutSlot] = "mig-agent", "true"
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
 	if s.window > 0 {
-		if l.Annotations == nil {
-			l.Annotations = map[string]string{}
-		}
 		l.Annotations[AnnotationTurnWindow] = strconv.FormatInt(s.window.Milliseconds(), 10)
 	}
+	l.Annotations[AnnotationTicket] = strconv.FormatInt(s.ticket.Load(), 10)
 	// This node's own write: it is out of any queue of this slot, and
 	// the slot is no longer only handed to it.
 	delete(l.Annotations, queueKey(s.Holder))

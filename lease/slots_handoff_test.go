@@ -63,7 +63,7 @@ func TestSlotHandedOnInQueueOrder(t *testing.T) {
 	for i := range nodes {
 		s := slot(fmt.Sprintf("node-%d", i))
 		go func() {
-			if h, err := s.Acquire(ctx); err == nil {
+			if h, err := s.Acquire(ctx, time.Time{}); err == nil {
 				got <- won{s.Holder, h}
 			}
 		}()

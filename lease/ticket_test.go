@@ -1,0 +1,156 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// First come, first served: a node's place in line is its ticket, when its
+// change began.
+
+// t0 is the start of the tests' changes (the fake clock's time).
+var t0 = time.Unix(100000, 0)
+
+// ticketOf is the ticket of a change begun ms milliseconds after t0.
+func ticketOf(ms int) int64 { return t0.Add(time.Duration(ms) * time.Millisecond).UnixMilli() }
+
+// ticketedSlot is slot name held by holderName (ticket at 0 ms) with the
+// nodes of queue in its queue, each with the ticket of its change: queue
+// alternates node names and the milliseconds after t0 their changes began.
+func ticketedSlot(t *testing.T, c *fake.Clientset, name, holderName string, queue ...any) {
+	t.Helper()
+	queuedSlot(t, c, name, holderName)
+	l := getSlot(t, c, name)
+	l.Annotations[AnnotationTicket] = strconv.FormatInt(ticketOf(0), 10)
+	for i := 0; i < len(queue); i += 2 {
+		n := queue[i].(string)
+		l.Annotations[queueKey(n)] = fmt.Sprintf("%d %s", ticketOf(queue[i+1].(int)), n)
+	}
+	if _, err := c.CoordinationV1().Leases("ns").Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// joinTurn: the next in line joins first, TicketPace times its distance
+// from the latest ticket the slots show; a node passed over at once; one
+// far behind, or any while no slot shows a ticket, over the next window
+// in hash order.
+func TestJoinTurnByTicket(t *testing.T) {
+	s := &Slots{}
+	front := ticketOf(100)
+	for _, tc := range []struct {
+		name   string
+		ticket int64
+		front  int64
+		want   time.Duration
+	}{
+		{"no ticket seen: hash order over the window", ticketOf(150), 0, 250 * time.Millisecond},
+		{"passed over", ticketOf(90), front, 0},
+		{"the same moment", front, front, 0},
+		{"5 ms behind", ticketOf(105), front, 5 * TicketPace * time.Millisecond},
+		{"90 ms behind", ticketOf(190), front, 90 * TicketPace * time.Millisecond},
+		{"far behind: after the window", ticketOf(100_000), front, time.Second + 250*time.Millisecond},
+	} {
+		s.ticket.Store(tc.ticket)
+		if got := s.joinTurn(tc.front, time.Second, 0.25); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A queue is served in ticket order, whoever joined first: a join writes
+// the node's ticket, the hand-off goes to the earliest, and carries its
+// ticket onto the slot; a take writes the taker's own.
+func TestQueueServesByTicket(t *testing.T) {
+	ctx := context.Background()
+	c, clk := versionedFake()
+	ticketedSlot(t, c, SlotLeaseName(0), "x")
+	late, early := newSlots(c, clk, "late"), newSlots(c, clk, "early")
+	late.ticket.Store(ticketOf(50))
+	early.ticket.Store(ticketOf(20))
+	for _, s := range []*Slots{late, early} { // late joins first
+		if _, err := s.join(ctx, SlotLeaseName(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if q := queueOf(getSlot(t, c, SlotLeaseName(0))); len(q) != 2 || q[0].node != "early" {
+		t.Fatalf("queue %v, want early first", q)
+	}
+	x := newSlots(c, clk, "x")
+	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "early" {
+		t.Fatalf("handed to %q (%v), want early, whose change began first", to, err)
+	}
+	l := getSlot(t, c, SlotLeaseName(0))
+	if got := l.Annotations[AnnotationTicket]; got != strconv.FormatInt(ticketOf(20), 10) {
+		t.Errorf("the hand-off wrote ticket %s, want early's", got)
+	}
+	if front := lastTicket(l); front != ticketOf(50) {
+		t.Errorf("latest ticket on the slot %d, want late's %d", front, ticketOf(50))
+	}
+	// A take (here a create) writes the taker's ticket.
+	w := newSlots(c, clk, "w")
+	w.ticket.Store(ticketOf(70))
+	got, err := w.try(ctx, SlotLeaseName(1))
+	if err != nil || got == nil || got.Annotations[AnnotationTicket] != strconv.FormatInt(ticketOf(70), 10) {
+		t.Fatalf("take: %v %v", got, err)
+	}
+}
+
+// Nodes waiting beyond a full queue join it in the order their changes
+// began, one a place, whatever order they began waiting in and whatever
+// their names hash to (before tickets, a hash of the place chose: any of
+// the 24 orders of four nodes).
+func TestWaitingNodesJoinInTicketOrder(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, clk := versionedFake()
+	ticketedSlot(t, c, SlotLeaseName(0), "x", "a", 1, "b", 2)
+	// Changes began 40, 10, 30 and 20 ms after t0; Acquire in that order.
+	began := map[string]int{"w1": 40, "w2": 10, "w3": 30, "w4": 20}
+	for _, n := range []string{"w1", "w2", "w3", "w4"} {
+		s := newSlots(c, clk, n)
+		go func() { _, _ = s.Acquire(ctx, t0.Add(time.Duration(began[n])*time.Millisecond)) }()
+	}
+	waitUntil(t, "the waiting nodes watch", func() bool { return clk.Waiters() >= 4 })
+	time.Sleep(50 * time.Millisecond)
+	var order []string
+	holderName := "x"
+	for len(order) < 4 {
+		// The holder hands the slot on: a place opens.
+		h := newSlots(c, clk, holderName)
+		to, err := h.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holderName = to
+		// Joins come TicketPace × 10 ms apart: 10 ms steps tell them apart.
+		var joined []string
+		for range 200 {
+			time.Sleep(3 * time.Millisecond)
+			clk.Step(10 * time.Millisecond)
+			joined = joined[:0]
+			for _, e := range queueOf(getSlot(t, c, SlotLeaseName(0))) {
+				if _, ok := began[e.node]; ok && !slices.Contains(order, e.node) {
+					joined = append(joined, e.node)
+				}
+			}
+			if len(joined) > 0 {
+				break
+			}
+		}
+		if len(joined) != 1 {
+			t.Fatalf("after %v, joined at once: %v", order, joined)
+		}
+		order = append(order, joined[0])
+	}
+	if fmt.Sprint(order) != "[w2 w4 w3 w1]" {
+		t.Errorf("joined in the order %v, want [w2 w4 w3 w1] (by when their changes began)", order)
+	}
+}
