@@ -41,8 +41,8 @@ import (
 // place in line is its ticket, when its change began (AnnotationTicket); a
 // queue is ordered by ticket, and when a place opens (a hand-off) the
 // waiting nodes join in ticket order (joinTurn), each TicketPace times
-// its distance in line from the latest ticket the slots show: the next in
-// line joins first, and the others see the queue full again in their
+// its distance in line from the node just ahead of it: the next in line
+// joins first, and the others see the queue full again in their
 // caches before their turn. Two that join at once both stay (a join never
 // conflicts): a queue may run over by a few, still in ticket order.
 
@@ -77,9 +77,11 @@ const (
 	AnnotationTicket = "migagent.io/ticket"
 	// TicketPace is how much later, after a place opens in a queue, a
 	// waiting node joins it for each millisecond its ticket is behind the
-	// latest ticket seen: nodes whose changes began 10 ms apart join 100 ms
-	// apart, more than a write takes to reach the others' caches.
-	TicketPace = 10
+	// node just ahead of it in line (joinTurn): nodes whose changes began
+	// 10 ms apart join 50 ms apart, about what a write takes to reach the
+	// others' caches on a loaded API server. (Two that join closer than
+	// that both stay, in ticket order.)
+	TicketPace = 5
 )
 
 // queueKey is node's key in a slot's queue.
@@ -220,69 +222,74 @@ func (s *Slots) queuePos(q []queueEntry) int {
 
 // room is a held slot whose queue has a place ("" when none has) and the
 // wait before this node's turn to join it (joinTurn, counted from when
-// this node saw the place open: seenRoom). Of the queues with a place, the
-// one with the fewest nodes waiting, then the earliest turn.
-func (s *Slots) room(store cache.Store, window time.Duration, front int64, seenRoom map[string]roomSeen, now time.Time) (string, time.Duration) {
-	best, wait, fewest := "", time.Duration(0), 0
+// this node saw the queue have a place, kept while it has one: seenRoom;
+// a hand-off with the place still open does not count the turn again, or
+// a node a few turns back would never come to its turn while the queue
+// drains). Of the queues with a place, the
+// first in an order of the slots that is this node's own (a hash), so that
+// nodes joining at about the same moment spread over the queues.
+func (s *Slots) room(store cache.Store, window time.Duration, line []int64, seenRoom map[string]time.Time, now time.Time) (string, time.Duration) {
+	best, wait, first := "", time.Duration(0), 2.0
 	hs := s.holding(store)
 	for i := range s.N {
 		name := SlotLeaseName(i)
 		l := s.cached(store, name)
-		n := len(s.waiting(queueOf(l), hs))
-		if holder(l) == "" || n >= QueueLength {
+		if holder(l) == "" || len(s.waiting(queueOf(l), hs)) >= QueueLength {
 			delete(seenRoom, name)
 			continue
 		}
-		rec := leaseRecord(l)
-		seen, ok := seenRoom[name]
-		if !ok || seen.record != rec {
-			seen = roomSeen{record: rec, at: now}
-			seenRoom[name] = seen
+		at, ok := seenRoom[name]
+		if !ok {
+			at, seenRoom[name] = now, now
 		}
-		w := s.joinTurn(front, window, unitHash(name, rec, s.Holder)) - now.Sub(seen.at)
-		if best == "" || n < fewest || n == fewest && w < wait {
-			best, wait, fewest = name, w, n
+		if u := unitHash(name, leaseRecord(l), s.Holder); u < first {
+			best, first = name, u
+			wait = s.joinTurn(line, window, u) - now.Sub(at)
 		}
 	}
 	return best, wait
 }
 
 // joinTurn is how long after a place opens in a queue this node waits to
-// join it: TicketPace times its distance in line from front, the latest
-// ticket the slots show, so that the next in line joins first; at once
-// for a node passed over (its ticket at or before front). A node farther
-// than the window (few are waiting, or a burst of changes after a lull)
-// joins over the next window, in the order u (a hash of the place, alike
-// on every node); so do all while the slots show no ticket.
-func (s *Slots) joinTurn(front int64, window time.Duration, u float64) time.Duration {
-	if front == 0 {
+// join it: TicketPace times its distance in line from the node just ahead
+// of it (the latest of line, the tickets of the nodes holding or queued,
+// before its own), so that the next in line joins first; at once when no
+// node in line is ahead of it. A node farther than the window (few are
+// waiting, or a burst of changes after a lull) joins over the next window,
+// in the order u (a hash of the place, alike on every node); so do all
+// while the slots show no ticket.
+func (s *Slots) joinTurn(line []int64, window time.Duration, u float64) time.Duration {
+	if len(line) == 0 {
 		return time.Duration(u * float64(window))
 	}
-	d := time.Duration(s.ticket.Load()-front) * TicketPace * time.Millisecond
-	switch {
-	case d <= 0:
+	t := s.ticket.Load()
+	i, _ := slices.BinarySearch(line, t) // line[:i] are ahead of it
+	if i == 0 {
 		return 0
-	case d < window:
+	}
+	d := time.Duration(t-line[i-1]) * TicketPace * time.Millisecond
+	if d < window {
 		return d
 	}
 	return window + time.Duration(u*float64(window))
 }
 
-// lastTicket is the latest ticket slot l shows: its holder's and its
-// queue's (0: none).
-func lastTicket(l *coordinationv1.Lease) int64 {
-	t, _ := strconv.ParseInt(l.Annotations[AnnotationTicket], 10, 64)
-	for _, e := range queueOf(l) {
-		t = max(t, e.seq)
+// inLine appends to line the tickets slot l shows, its holder's and its
+// queue's; none for a released slot (its last holder's ticket is no one's
+// place in line any more).
+func inLine(line []int64, l *coordinationv1.Lease) []int64 {
+	if holder(l) == "" {
+		return line
 	}
-	return max(t, 0)
-}
-
-// roomSeen: when this node first saw a place in a slot's queue, for the
-// holder record it opened with.
-type roomSeen struct {
-	record string
-	at     time.Time
+	if t, err := strconv.ParseInt(l.Annotations[AnnotationTicket], 10, 64); err == nil && t > 0 {
+		line = append(line, t)
+	}
+	for _, e := range queueOf(l) {
+		if e.seq > 0 {
+			line = append(line, e.seq)
+		}
+	}
+	return line
 }
 
 // join adds this node to slot name's queue, in its place by ticket. It

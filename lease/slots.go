@@ -199,7 +199,7 @@ func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Sl
 	exists := map[string]bool{} // created by another while absent from the cache
 	hand := handOffs{window: spread, freed: map[string]time.Time{}}
 	seenFree := map[string]time.Time{} // when this node first saw each slot free
-	seenRoom := map[string]roomSeen{}  // when it first saw a place in a slot's queue
+	seenRoom := map[string]time.Time{} // when it first saw a place in a slot's queue
 	lost := map[string]lostRace{}      // per slot, the version a race was lost on
 	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
 	for {
@@ -234,7 +234,7 @@ func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Sl
 		window := hand.shared(store, s.Namespace, s.N)
 		roomOn, roomWait := "", time.Duration(0)
 		if q.on == "" && !q.off {
-			roomOn, roomWait = s.room(store, window, hand.front, seenRoom, now)
+			roomOn, roomWait = s.room(store, window, hand.line, seenRoom, now)
 		}
 		isFree := map[string]bool{}
 		for i := range free {
@@ -268,6 +268,12 @@ func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Sl
 				at = later(at, hand.lastMade)
 			}
 			turn := s.turn(*c, window)
+			if c.lease == nil && c.name == s.home() && q.on == "" {
+				// Its home slot, never made: the first to look makes it,
+				// those a moment later find it made and queue behind, in
+				// the order their changes began.
+				turn = 0
+			}
 			if c.name != s.home() {
 				turn += window // after the nodes whose home slot it is
 				if q.on != "" || roomOn != "" {
@@ -511,9 +517,9 @@ type handOffs struct {
 	gaps     []time.Duration // the last delaySamples gaps, oldest first
 	made     int             // the slots the cache showed made
 	lastMade time.Time       // when that count last grew
-	// front is the latest ticket the cache shows on the slots, their
-	// holders' and their queues' (0: none): the place in line reached.
-	front int64
+	// line is the tickets the cache shows on the held slots, their
+	// holders' and their queues', in order: the nodes in line.
+	line []int64
 }
 
 // observe notes what the cache shows now: a slot released starts a
@@ -521,7 +527,7 @@ type handOffs struct {
 // window (nextWindow). More slots made than last time moves lastMade.
 func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now time.Time) {
 	made := 0
-	h.front = 0
+	h.line = h.line[:0]
 	for i := range n {
 		name := SlotLeaseName(i)
 		obj, ok, _ := store.GetByKey(ns + "/" + name)
@@ -536,7 +542,7 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 		}
 		made++
 		l := obj.(*coordinationv1.Lease)
-		h.front = max(h.front, lastTicket(l))
+		h.line = inLine(h.line, l)
 		holder := ptr.Deref(l.Spec.HolderIdentity, "")
 		at, freed := h.freed[name]
 		switch {
@@ -553,6 +559,7 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 			}
 		}
 	}
+	slices.Sort(h.line)
 	if made > h.made {
 		h.lastMade = now
 	}

@@ -39,27 +39,27 @@ func ticketedSlot(t *testing.T, c *fake.Clientset, name, holderName string, queu
 }
 
 // joinTurn: the next in line joins first, TicketPace times its distance
-// from the latest ticket the slots show; a node passed over at once; one
-// far behind, or any while no slot shows a ticket, over the next window
-// in hash order.
+// from the node just ahead of it in line; one that nobody in line is ahead
+// of at once; one far behind, or any while no slot shows a ticket, over
+// the next window in hash order.
 func TestJoinTurnByTicket(t *testing.T) {
 	s := &Slots{}
-	front := ticketOf(100)
+	line := []int64{ticketOf(100), ticketOf(120), ticketOf(200)}
 	for _, tc := range []struct {
 		name   string
 		ticket int64
-		front  int64
+		line   []int64
 		want   time.Duration
 	}{
-		{"no ticket seen: hash order over the window", ticketOf(150), 0, 250 * time.Millisecond},
-		{"passed over", ticketOf(90), front, 0},
-		{"the same moment", front, front, 0},
-		{"5 ms behind", ticketOf(105), front, 5 * TicketPace * time.Millisecond},
-		{"90 ms behind", ticketOf(190), front, 90 * TicketPace * time.Millisecond},
-		{"far behind: after the window", ticketOf(100_000), front, time.Second + 250*time.Millisecond},
+		{"no ticket seen: hash order over the window", ticketOf(150), nil, 250 * time.Millisecond},
+		{"ahead of everyone in line", ticketOf(90), line, 0},
+		{"passed over: 5 ms behind the node ahead", ticketOf(125), line, 5 * TicketPace * time.Millisecond},
+		{"level with the last in line", ticketOf(200), line, 80 * TicketPace * time.Millisecond},
+		{"5 ms behind the last", ticketOf(205), line, 5 * TicketPace * time.Millisecond},
+		{"far behind: after the window", ticketOf(100_000), line, time.Second + 250*time.Millisecond},
 	} {
 		s.ticket.Store(tc.ticket)
-		if got := s.joinTurn(tc.front, time.Second, 0.25); got != tc.want {
+		if got := s.joinTurn(tc.line, time.Second, 0.25); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -91,8 +91,8 @@ func TestQueueServesByTicket(t *testing.T) {
 	if got := l.Annotations[AnnotationTicket]; got != strconv.FormatInt(ticketOf(20), 10) {
 		t.Errorf("the hand-off wrote ticket %s, want early's", got)
 	}
-	if front := lastTicket(l); front != ticketOf(50) {
-		t.Errorf("latest ticket on the slot %d, want late's %d", front, ticketOf(50))
+	if line := inLine(nil, l); fmt.Sprint(line) != fmt.Sprint([]int64{ticketOf(20), ticketOf(50)}) {
+		t.Errorf("in line on the slot: %v, want early's and late's tickets", line)
 	}
 	// A take (here a create) writes the taker's ticket.
 	w := newSlots(c, clk, "w")
