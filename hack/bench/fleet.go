@@ -52,6 +52,9 @@ type slotTimeline struct {
 	changes map[string][]slotChange
 	// joins: per node, the first slot queue the watch saw it in, and when.
 	joins map[string]slotJoin
+	// tickets: per node, its place in line (lease.AnnotationTicket, the
+	// SEQ of its queue entries) as the watch saw it.
+	tickets map[string]int64
 	// maxQueue: the longest queue seen on a slot (entries, served or not).
 	maxQueue int
 }
@@ -74,13 +77,22 @@ func (t *slotTimeline) note(obj any) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.tickets == nil {
+		t.tickets = map[string]int64{}
+	}
+	if tk, err := strconv.ParseInt(l.Annotations[lease.AnnotationTicket], 10, 64); err == nil && h != "" {
+		t.tickets[h] = tk
+	}
 	qn := 0
 	for k, v := range l.Annotations {
 		if !strings.HasPrefix(k, lease.QueueKeyPrefix) {
 			continue
 		}
 		qn++
-		if _, node, ok := strings.Cut(v, " "); ok {
+		if seq, node, ok := strings.Cut(v, " "); ok {
+			if tk, err := strconv.ParseInt(seq, 10, 64); err == nil {
+				t.tickets[node] = tk
+			}
 			if _, seen := t.joins[node]; !seen {
 				if t.joins == nil {
 					t.joins = map[string]slotJoin{}
@@ -106,7 +118,8 @@ func (t *slotTimeline) longestQueue() int {
 
 // servedAhead is, of the nodes the watch saw join a queue, the most that
 // took that slot after the node joined and before the node took a slot
-// (its own or another), and the number of nodes seen queued.
+// (its own or another) though their changes began later (their tickets;
+// one without a ticket counts), and the number of nodes seen queued.
 func (t *slotTimeline) servedAhead() (most, queued int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -124,7 +137,8 @@ func (t *slotTimeline) servedAhead() (most, queued int) {
 		}
 		n := 0
 		for _, c := range t.changes[j.slot] {
-			if c.holder != "" && c.holder != node && c.at.After(j.at) && c.at.Before(took) {
+			tk, known := t.tickets[c.holder]
+			if c.holder != "" && c.holder != node && c.at.After(j.at) && c.at.Before(took) && (!known || tk > t.tickets[node]) {
 				n++
 			}
 		}
@@ -253,8 +267,9 @@ type fleetRun struct {
 	MaxRoundsLate          float64 `json:"maxRoundsLate"`
 	NodesOverTwoRoundsLate int     `json:"nodesOverTwoRoundsLate"`
 	// MaxServedAheadInQueue: of the NodesQueued nodes the bench's watch
-	// saw join a slot's queue, the most nodes that took that slot after a
-	// node joined and before it took a slot: its turn, once queued.
+	// saw join a slot's queue, the most nodes whose changes began later
+	// (by ticket) that took that slot after a node joined and before it
+	// took a slot: its turn, once queued.
 	MaxServedAheadInQueue int `json:"maxServedAheadInQueue"`
 	NodesQueued           int `json:"nodesQueued"`
 	// LongestQueue: the most queue entries the bench's watch saw on a
@@ -528,7 +543,7 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 	r.MaxRoundsLate, r.NodesOverTwoRoundsLate = roundsLate(recs, n)
 	r.MaxServedAheadInQueue, r.NodesQueued = slots.servedAhead()
 	r.LongestQueue = slots.longestQueue()
-	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d served ahead of a node on its slot; the longest queue %d\n",
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d that began later served ahead of a node on its slot; the longest queue %d\n",
 		k, n, r.MaxRoundsLate, r.NodesOverTwoRoundsLate, r.NodesQueued, r.MaxServedAheadInQueue, r.LongestQueue)
 	if r.DisruptionMsMedian > 0 {
 		r.RolloutOverNodeTime = r.RolloutSeconds * 1000 / (float64((k+n-1)/n) * r.DisruptionMsMedian)

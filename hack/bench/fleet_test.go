@@ -30,8 +30,8 @@ func TestRoundsLate(t *testing.T) {
 	}
 }
 
-// Once queued, a node's turn: the nodes that took its slot after it joined
-// and before it took one.
+// Once queued, a node's turn: the nodes that began later (by ticket) and
+// took its slot after it joined and before it took one.
 func TestServedAhead(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
@@ -49,5 +49,11 @@ func TestServedAhead(t *testing.T) {
 	}
 	if most, queued := tl.servedAhead(); most != 2 || queued != 3 {
 		t.Errorf("servedAhead = %d, %d queued; want 2, 3", most, queued)
+	}
+	// With tickets (b began after c and d, c before d): b counts against
+	// c and d, c not against d.
+	tl.tickets = map[string]int64{"a": 0, "b": 5, "c": 2, "d": 3}
+	if most, _ := tl.servedAhead(); most != 1 {
+		t.Errorf("servedAhead with tickets = %d; want 1 (b, begun after d)", most)
 	}
 }
