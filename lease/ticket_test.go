@@ -154,3 +154,23 @@ func TestWaitingNodesJoinInTicketOrder(t *testing.T) {
 		t.Errorf("joined in the order %v, want [w2 w4 w3 w1] (by when their changes began)", order)
 	}
 }
+
+// A home slot never made is made by the first of its nodes to look, at
+// once: the first to come is the first served (before tickets it waited
+// for its place in a hash order over the window, so that a node that came
+// later could make it first).
+func TestFirstToLookMakesItsHomeSlot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, clk := versionedFake()
+	s := newSlots(c, clk, "first")
+	s.N = 1
+	slot, err := s.Acquire(ctx, clk.Now()) // the fake clock never moves
+	if err != nil {
+		t.Fatalf("the slot was not made without waiting: %v", err)
+	}
+	defer slot.Release()
+	if l := getSlot(t, c, SlotLeaseName(0)); holder(l) != "first" || l.Annotations[AnnotationTicket] != strconv.FormatInt(clk.Now().UnixMilli(), 10) {
+		t.Fatalf("slot 0: holder %q, ticket %q", holder(l), l.Annotations[AnnotationTicket])
+	}
+}
