@@ -172,8 +172,7 @@ type OtherManagers interface {
 // Slots limits how many nodes of a pool are disrupted at once
 // (--max-concurrent).
 type Slots interface {
-	// Acquire takes a rollout slot, waiting for one; since (when the
-	// change began) is the node's place in line.
+	// Acquire takes a rollout slot, waiting in line from since.
 	Acquire(ctx context.Context, since time.Time) (Slot, error)
 	// ExtendForReboot keeps the slot taken by Acquire through a reboot: the
 	// next release stops renewing it without freeing it, and the Lease is
