@@ -46,9 +46,11 @@ import (
 // caches before their turn. Two that join at once both stay (a join never
 // conflicts): a queue may run over by a few, still in ticket order.
 
-// A holder whose own queue is empty takes the last node of the longest
-// other queue of two nodes or more, so that the queues end together. That
-// node leaves its first queue itself (one more request). (Taking from a
+// A holder whose own queue is empty takes the second node of the longest
+// other queue of two nodes or more (the first goes next on its own slot:
+// the second is the one that has waited longest after it), so that the
+// queues end together. That node leaves its first queue itself (one more
+// request). (Taking from a
 // queue of one too leaves no slot idle while a node waits: K = 20, N = 10
 // went from 6 of 11 hand-offs through a release to none. But where the
 // holders finish together, K = 100, N = 50, every one of them took a
@@ -82,6 +84,9 @@ const (
 	// others' caches on a loaded API server. (Two that join closer than
 	// that both stay, in ticket order.)
 	TicketPace = 5
+	// FarJoinSpread is the least spread of the join turns of the nodes
+	// farther behind than the window (joinTurn).
+	FarJoinSpread = 2 * time.Second
 )
 
 // queueKey is node's key in a slot's queue.
@@ -254,10 +259,11 @@ func (s *Slots) room(store cache.Store, window time.Duration, line []int64, seen
 // join it: TicketPace times its distance in line from the node just ahead
 // of it (the latest of line, the tickets of the nodes holding or queued,
 // before its own), so that the next in line joins first; at once when no
-// node in line is ahead of it. A node farther than the window (few are
-// waiting, or a burst of changes after a lull) joins over the next window,
-// in the order u (a hash of the place, alike on every node); so do all
-// while the slots show no ticket.
+// node in line is ahead of it. A node farther than the window (many are
+// waiting, or few after a lull) joins after it, in the order u (a hash of
+// the place, alike on every node) over FarJoinSpread: spread wide, so
+// that a crowd does not join at once and overrun the queue; every node
+// joins over the window while the slots show no ticket.
 func (s *Slots) joinTurn(line []int64, window time.Duration, u float64) time.Duration {
 	if len(line) == 0 {
 		return time.Duration(u * float64(window))
@@ -271,7 +277,7 @@ func (s *Slots) joinTurn(line []int64, window time.Duration, u float64) time.Dur
 	if d < window {
 		return d
 	}
-	return window + time.Duration(u*float64(window))
+	return window + time.Duration(u*float64(max(window, FarJoinSpread)))
 }
 
 // inLine appends to line the tickets slot l shows, its holder's and its
@@ -340,7 +346,7 @@ func (s *Slots) leaveQueue(ctx context.Context, name string) {
 
 // successor is the queue entry of the node slot l goes to when its holder
 // is done: the first of its queue that holds no slot (as the cache shows
-// them), else the last of the longest other queue of two or more (node ""
+// them), else the second of the longest other queue of two or more (node ""
 // when none). Its key is "" when the entry is on another slot.
 func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry {
 	hs := s.holding(store)
@@ -368,8 +374,8 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry
 		}
 	}
 	if len(longest) > 0 {
-		e := longest[len(longest)-1]
-		s.Log.Debug("handing the rollout slot to the last node of a longer queue", "lease", l.Name, "to", e.node)
+		e := longest[1]
+		s.Log.Debug("handing the rollout slot to the second node of a longer queue", "lease", l.Name, "to", e.node)
 		e.key = ""
 		return e
 	}

@@ -209,14 +209,15 @@ func TestTwoSlotsHandedAtOnce(t *testing.T) {
 	}
 }
 
-// A holder whose own queue is empty hands its slot to the last node of a
-// longer queue; that node leaves its first queue itself.
+// A holder whose own queue is empty hands its slot to the second node of a
+// longer queue (the one that has waited longest after the first, which its
+// own holder serves next); that node leaves its first queue itself.
 func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c, clk := versionedFake()
 	queuedSlot(t, c, SlotLeaseName(0), "x")
-	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q")
+	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q", "r")
 	q := newSlots(c, clk, "q")
 	q.N = 2
 	got := make(chan error, 1)
@@ -225,14 +226,14 @@ func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 	x := newSlots(c, clk, "x")
 	x.N = 2
 	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "q" {
-		t.Fatalf("x: %q %v (%v), want the last of the longer queue", to, err, apierrors.ReasonForError(err))
+		t.Fatalf("x: %q %v (%v), want the second of the longer queue", to, err, apierrors.ReasonForError(err))
 	}
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "q leaves its first queue", func() bool {
 		qs := queueOf(getSlot(t, c, SlotLeaseName(1)))
-		return len(qs) == 1 && qs[0].node == "p"
+		return len(qs) == 2 && qs[0].node == "p" && qs[1].node == "r"
 	})
 }
 

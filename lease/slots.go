@@ -268,12 +268,6 @@ func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Sl
 				at = later(at, hand.lastMade)
 			}
 			turn := s.turn(*c, window)
-			if c.lease == nil && c.name == s.home() && q.on == "" {
-				// Its home slot, never made: the first to look makes it,
-				// those a moment later find it made and queue behind, in
-				// the order their changes began.
-				turn = 0
-			}
 			if c.name != s.home() {
 				turn += window // after the nodes whose home slot it is
 				if q.on != "" || roomOn != "" {
@@ -385,6 +379,7 @@ func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Sl
 				trouble = true
 			case on != "":
 				q.joined(on, rv, now)
+				s.Log.Debug("joined a rollout slot queue", "lease", on, "ticket", s.ticket.Load())
 			}
 		}
 		if !logged {

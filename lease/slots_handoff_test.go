@@ -60,10 +60,11 @@ func TestSlotHandedOnInQueueOrder(t *testing.T) {
 		return l
 	}
 	const nodes = QueueLength + 2
+	began := clk.Now() // the nodes' changes began a millisecond apart
 	for i := range nodes {
 		s := slot(fmt.Sprintf("node-%d", i))
 		go func() {
-			if h, err := s.Acquire(ctx, time.Time{}); err == nil {
+			if h, err := s.Acquire(ctx, began.Add(time.Duration(i)*time.Millisecond)); err == nil {
 				got <- won{s.Holder, h}
 			}
 		}()

@@ -90,7 +90,8 @@ func TestSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make(chan error, 1)
-	go func() { _, err := slot("c").Acquire(ctx, time.Time{}); got <- err }()
+	// c's change began as a's and b's did, a moment after a's.
+	go func() { _, err := slot("c").Acquire(ctx, time.Unix(1000, 1e6)); got <- err }()
 	waitLog := func(what string, cond func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
