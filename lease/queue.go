@@ -233,7 +233,7 @@ func (s *Slots) queuePos(q []queueEntry) int {
 // drains). Of the queues with a place, the
 // first in an order of the slots that is this node's own (a hash), so that
 // nodes joining at about the same moment spread over the queues.
-func (s *Slots) room(store cache.Store, window time.Duration, line []int64, seenRoom map[string]time.Time, now time.Time) (string, time.Duration) {
+func (s *Slots) room(store cache.Store, window time.Duration, line []int64, seenRoom map[string]roomSeen, now time.Time) (string, time.Duration) {
 	best, wait, first := "", time.Duration(0), 2.0
 	hs := s.holding(store)
 	for i := range s.N {
@@ -243,16 +243,33 @@ func (s *Slots) room(store cache.Store, window time.Duration, line []int64, seen
 			delete(seenRoom, name)
 			continue
 		}
-		at, ok := seenRoom[name]
+		seen, ok := seenRoom[name]
 		if !ok {
-			at, seenRoom[name] = now, now
+			seen = roomSeen{at: now}
+			seenRoom[name] = seen
 		}
 		if u := unitHash(name, leaseRecord(l), s.Holder); u < first {
-			best, first = name, u
-			wait = s.joinTurn(line, window, u) - now.Sub(at)
+			turn := s.joinTurn(line, window, u)
+			best, first, wait = name, u, turn-now.Sub(seen.at)
+			if wait < -lateTurn && turn > 0 && !seen.recounted {
+				// This node looks long after its turn: its process or
+				// its watch was held up (a loaded machine), and its
+				// cache likely misses the joins of the nodes that came
+				// before it. It counts its turn again from now, once
+				// while the queue has a place, instead of joining at
+				// once with the others that were held up too.
+				seenRoom[name], wait = roomSeen{at: now, recounted: true}, turn
+			}
 		}
 	}
 	return best, wait
+}
+
+// roomSeen: when this node first saw a place in a slot's queue, and
+// whether it counted its turn again since.
+type roomSeen struct {
+	at        time.Time
+	recounted bool
 }
 
 // joinTurn is how long after a place opens in a queue this node waits to

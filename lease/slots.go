@@ -199,7 +199,7 @@ func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Sl
 	exists := map[string]bool{} // created by another while absent from the cache
 	hand := handOffs{window: spread, freed: map[string]time.Time{}}
 	seenFree := map[string]time.Time{} // when this node first saw each slot free
-	seenRoom := map[string]time.Time{} // when it first saw a place in a slot's queue
+	seenRoom := map[string]roomSeen{}  // when it first saw a place in a slot's queue
 	lost := map[string]lostRace{}      // per slot, the version a race was lost on
 	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
 	for {

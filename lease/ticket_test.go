@@ -154,3 +154,34 @@ func TestWaitingNodesJoinInTicketOrder(t *testing.T) {
 		t.Errorf("joined in the order %v, want [w2 w4 w3 w1] (by when their changes began)", order)
 	}
 }
+
+// A node that looks long after its join turn (its process or watch held
+// up) counts its turn again from then, once while the queue has a place:
+// its cache likely misses the joins of the nodes before it. A node nobody
+// in line is ahead of joins at once however late.
+func TestLateJoinTurnCountsAgainOnce(t *testing.T) {
+	c, clk := versionedFake()
+	ticketedSlot(t, c, SlotLeaseName(0), "x", "a", 1) // a place open
+	w := newSlots(c, clk, "w")
+	w.ticket.Store(ticketOf(11)) // 10 ms behind a
+	turn := 10 * TicketPace * time.Millisecond
+	seen := map[string]roomSeen{}
+	store := storeOf(c)
+	line := inLine(nil, getSlot(t, c, SlotLeaseName(0)))
+	if on, wait := w.room(store, time.Second, line, seen, clk.Now()); on != SlotLeaseName(0) || wait != turn {
+		t.Fatalf("first look: %q %v, want its turn %v", on, wait, turn)
+	}
+	if _, wait := w.room(store, time.Second, line, seen, clk.Now().Add(500*time.Millisecond)); wait != turn {
+		t.Errorf("late look: wait %v, want its turn counted again (%v)", wait, turn)
+	}
+	if _, wait := w.room(store, time.Second, line, seen, clk.Now().Add(time.Second)); wait != turn-500*time.Millisecond {
+		t.Errorf("late again: wait %v, want %v (counted again only once)", wait, turn-500*time.Millisecond)
+	}
+	first := newSlots(c, clk, "first")
+	first.ticket.Store(ticketOf(-5)) // before everyone in line
+	seen = map[string]roomSeen{}
+	first.room(store, time.Second, line, seen, clk.Now())
+	if _, wait := first.room(store, time.Second, line, seen, clk.Now().Add(500*time.Millisecond)); wait >= 0 {
+		t.Errorf("a node nobody is ahead of waits %v when late", wait)
+	}
+}
