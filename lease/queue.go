@@ -46,11 +46,13 @@ import (
 // caches before their turn. Two that join at once both stay (a join never
 // conflicts): a queue may run over by a few, still in ticket order.
 
-// A holder whose own queue is empty takes the second node of the longest
-// other queue of two nodes or more (the first goes next on its own slot:
-// the second is the one that has waited longest after it), so that the
-// queues end together. That node leaves its first queue itself (one more
-// request). (Taking from a
+// A holder hands its slot to the second node of a queue longer than its
+// own by two or more (the first goes next on its own slot) when that
+// node's change began before its own queue's first, or its own queue is
+// empty: joins that came at once
+// overrun queues by different lengths, and this serves their nodes in
+// ticket order across the queues, and lets the queues end together. That
+// node leaves its first queue itself (one more request). (Taking from a
 // queue of one too leaves no slot idle while a node waits: K = 20, N = 10
 // went from 6 of 11 hand-offs through a release to none. But where the
 // holders finish together, K = 100, N = 50, every one of them took a
@@ -363,41 +365,44 @@ func (s *Slots) leaveQueue(ctx context.Context, name string) {
 
 // successor is the queue entry of the node slot l goes to when its holder
 // is done: the first of its queue that holds no slot (as the cache shows
-// them), else the second of the longest other queue of two or more (node ""
-// when none). Its key is "" when the entry is on another slot.
+// them); or, when the second of a queue longer by two or more began its
+// change before that one (or l's queue is empty and the other holds two
+// or more), that node (queues that joins overran by different lengths
+// would serve their nodes out of order; that node leaves its first queue
+// itself: one request). Of up to
+// stealFrom such nodes, the earliest ones, one at random: holders done at
+// once do not all take the same node. Node "" when none; the key is ""
+// when the entry is on another slot.
 func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry {
 	hs := s.holding(store)
-	if q := s.waiting(queueOf(l), hs); len(q) > 0 {
-		return q[0]
+	var next queueEntry
+	own := s.waiting(queueOf(l), hs)
+	if len(own) > 0 {
+		next = own[0]
 	}
-	// Of the longest other queues (two or more), one at random: holders
-	// done at once do not all take the same node.
-	var longest []queueEntry
-	ties := 0
+	var behind []queueEntry // the seconds of the longer queues, before next
 	for i := range s.N {
 		o := s.cached(store, SlotLeaseName(i))
 		if o == nil || o.Name == l.Name {
 			continue
 		}
-		q := s.waiting(queueOf(o), hs)
-		switch {
-		case len(q) < 2 || len(q) < len(longest):
-		case len(q) > len(longest):
-			longest, ties = q, 1
-		default:
-			if ties++; rand.IntN(ties) == 0 {
-				longest = q
-			}
+		if q := s.waiting(queueOf(o), hs); len(q) >= max(2, len(own)+2) && (next.node == "" || q[1].seq < next.seq) {
+			behind = append(behind, q[1])
 		}
 	}
-	if len(longest) > 0 {
-		e := longest[1]
-		s.Log.Debug("handing the rollout slot to the second node of a longer queue", "lease", l.Name, "to", e.node)
-		e.key = ""
-		return e
+	if len(behind) == 0 {
+		return next
 	}
-	return queueEntry{}
+	slices.SortFunc(behind, func(a, b queueEntry) int { return cmp.Compare(a.seq, b.seq) })
+	e := behind[rand.IntN(min(len(behind), stealFrom))]
+	s.Log.Debug("handing the rollout slot to a node that waited longer in another queue", "lease", l.Name, "to", e.node)
+	e.key = ""
+	return e
 }
+
+// stealFrom is how many of the earliest nodes behind the first of other
+// queues a holder picks from at random (successor).
+const stealFrom = 3
 
 // errNotHolder: the slot is held by another now.
 var errNotHolder = errors.New("the rollout slot is held by another")

@@ -185,3 +185,29 @@ func TestLateJoinTurnCountsAgainOnce(t *testing.T) {
 		t.Errorf("a node nobody is ahead of waits %v when late", wait)
 	}
 }
+
+// Joins that came at once overrun queues by different lengths: a holder
+// hands its slot to the second node of a queue longer than its own by two
+// or more when that node's change began before its own queue's first; not
+// otherwise.
+func TestHandOffServesAnEarlierNodeOfALongerQueue(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		other []any // slot 1's queue
+		want  string
+	}{
+		{"longer by two, its second began first", []any{"p", 1, "q", 2, "r", 30, "s", 40}, "q"},
+		{"longer by two, its second began later", []any{"p", 1, "q", 20, "r", 30, "s", 40}, "a"},
+		{"longer by one only", []any{"p", 1, "q", 2, "r", 30}, "a"},
+	} {
+		c, clk := versionedFake()
+		ticketedSlot(t, c, SlotLeaseName(0), "x", "a", 10, "b", 11)
+		ticketedSlot(t, c, SlotLeaseName(1), "v", tc.other...)
+		x := newSlots(c, clk, "x")
+		x.N = 2
+		if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != tc.want {
+			t.Errorf("%s: handed to %q (%v), want %s", tc.name, to, err, tc.want)
+		}
+	}
+}
