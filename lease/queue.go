@@ -49,10 +49,13 @@ import (
 // A holder hands its slot to the second node of a queue longer than its
 // own by two or more (the first goes next on its own slot) when that
 // node's change began before its own queue's first, or its own queue is
-// empty: joins that came at once
-// overrun queues by different lengths, and this serves their nodes in
-// ticket order across the queues, and lets the queues end together. That
-// node leaves its first queue itself (one more request). (Taking from a
+// empty: joins that came at once overrun queues by different lengths, and
+// this serves their nodes in ticket order across the queues and lets the
+// queues end together. That node leaves its first queue itself (one more
+// request). Measured at K = 200, N = 10: at most 8 to 13 rounds past its
+// turn without it, 3.3 with; taking from any queue whose second began
+// first (not only a longer one), 2.4, but 2.79 and 3.20 slot Lease
+// requests a node at N = 10 and 50 (2.47 and 2.83 as kept). (Taking from a
 // queue of one too leaves no slot idle while a node waits: K = 20, N = 10
 // went from 6 of 11 hand-offs through a release to none. But where the
 // holders finish together, K = 100, N = 50, every one of them took a
