@@ -119,8 +119,11 @@ func (t *slotTimeline) longestQueue() int {
 // servedAhead is, of the nodes the watch saw join a queue, the most that
 // took that slot after the node joined and before the node took a slot
 // (its own or another) though their changes began later (their tickets;
-// one without a ticket counts), and the number of nodes seen queued.
-func (t *slotTimeline) servedAhead() (most, queued int) {
+// one without a ticket counts), and the number of nodes seen queued. Over
+// every slot, the same count over n is rounds: the most rounds a node
+// waited past its turn once in line (what the queue decides, without the
+// time before a node first asked), and how many waited more than two.
+func (t *slotTimeline) servedAhead(n int) (most, queued int, rounds float64, overTwo int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for node, j := range t.joins {
@@ -135,16 +138,28 @@ func (t *slotTimeline) servedAhead() (most, queued int) {
 		if took.IsZero() {
 			continue // not seen taking a slot after its join
 		}
-		n := 0
-		for _, c := range t.changes[j.slot] {
+		later := func(c slotChange) bool {
 			tk, known := t.tickets[c.holder]
-			if c.holder != "" && c.holder != node && c.at.After(j.at) && c.at.Before(took) && (!known || tk > t.tickets[node]) {
-				n++
+			return c.holder != "" && c.holder != node && c.at.After(j.at) && c.at.Before(took) && (!known || tk > t.tickets[node])
+		}
+		here, anywhere := 0, map[string]bool{}
+		for slot, cs := range t.changes {
+			for _, c := range cs {
+				if later(c) {
+					anywhere[c.holder] = true
+					if slot == j.slot {
+						here++
+					}
+				}
 			}
 		}
-		most, queued = max(most, n), queued+1
+		late := float64(len(anywhere)) / float64(max(n, 1))
+		if late > 2 {
+			overTwo++
+		}
+		most, queued, rounds = max(most, here), queued+1, max(rounds, late)
 	}
-	return most, queued
+	return most, queued, rounds, overTwo
 }
 
 // since is each slot's changes from from on (slots without any left out).
@@ -272,6 +287,13 @@ type fleetRun struct {
 	// took a slot: its turn, once queued.
 	MaxServedAheadInQueue int `json:"maxServedAheadInQueue"`
 	NodesQueued           int `json:"nodesQueued"`
+	// MaxRoundsLateInLine: of those nodes, the most rounds (nodes over N)
+	// that began later and took any slot after the node joined a queue and
+	// before it took one: fairness once in line, without the time between
+	// a change's start and its first look at the slots.
+	// NodesOverTwoRoundsLateInLine counts the nodes more than two late.
+	MaxRoundsLateInLine          float64 `json:"maxRoundsLateInLine"`
+	NodesOverTwoRoundsLateInLine int     `json:"nodesOverTwoRoundsLateInLine"`
 	// LongestQueue: the most queue entries the bench's watch saw on a
 	// slot at once (QueueLength, overrun by joins that came together).
 	LongestQueue       int     `json:"longestQueue"`
@@ -541,10 +563,10 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 	}
 	r.MaxDisrupted, r.DisruptionMsMedian = record.MaxDisrupted(recs), median(spans)
 	r.MaxRoundsLate, r.NodesOverTwoRoundsLate = roundsLate(recs, n)
-	r.MaxServedAheadInQueue, r.NodesQueued = slots.servedAhead()
+	r.MaxServedAheadInQueue, r.NodesQueued, r.MaxRoundsLateInLine, r.NodesOverTwoRoundsLateInLine = slots.servedAhead(n)
 	r.LongestQueue = slots.longestQueue()
-	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d that began later served ahead of a node on its slot; the longest queue %d\n",
-		k, n, r.MaxRoundsLate, r.NodesOverTwoRoundsLate, r.NodesQueued, r.MaxServedAheadInQueue, r.LongestQueue)
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d that began later served ahead of a node on its slot, at most %.2f rounds past its turn on any slot (%d nodes more than two); the longest queue %d\n",
+		k, n, r.MaxRoundsLate, r.NodesOverTwoRoundsLate, r.NodesQueued, r.MaxServedAheadInQueue, r.MaxRoundsLateInLine, r.NodesOverTwoRoundsLateInLine, r.LongestQueue)
 	if r.DisruptionMsMedian > 0 {
 		r.RolloutOverNodeTime = r.RolloutSeconds * 1000 / (float64((k+n-1)/n) * r.DisruptionMsMedian)
 	}

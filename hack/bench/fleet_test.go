@@ -47,13 +47,22 @@ func TestServedAhead(t *testing.T) {
 			"z": {"s1", at(400)}, // never took a slot: left out
 		},
 	}
-	if most, queued := tl.servedAhead(); most != 2 || queued != 3 {
-		t.Errorf("servedAhead = %d, %d queued; want 2, 3", most, queued)
+	if most, queued, rounds, over := tl.servedAhead(1); most != 2 || queued != 3 || rounds != 2 || over != 0 {
+		t.Errorf("servedAhead = %d, %d queued, %v rounds, %d over two; want 2, 3, 2, 0", most, queued, rounds, over)
 	}
 	// With tickets (b began after c and d, c before d): b counts against
 	// c and d, c not against d.
 	tl.tickets = map[string]int64{"a": 0, "b": 5, "c": 2, "d": 3}
-	if most, _ := tl.servedAhead(); most != 1 {
-		t.Errorf("servedAhead with tickets = %d; want 1 (b, begun after d)", most)
+	if most, _, rounds, _ := tl.servedAhead(1); most != 1 || rounds != 1 {
+		t.Errorf("servedAhead with tickets = %d, %v rounds; want 1, 1 (b, begun after c and d)", most, rounds)
+	}
+	// Across slots: z joined s1 at 400 and has not taken one; y joins s1
+	// at 5, behind x, and takes s1 at 500: a, b, c (s0) and d (s1) took
+	// slots meanwhile, three of them begun after y.
+	tl.changes["s1"] = append(tl.changes["s1"], slotChange{at(500), "y"})
+	tl.joins["y"] = slotJoin{"s1", at(5)}
+	tl.tickets["y"] = 1
+	if _, queued, rounds, over := tl.servedAhead(1); queued != 4 || rounds != 3 || over != 1 {
+		t.Errorf("across slots: %d queued, %v rounds, %d over two; want 4, 3, 1", queued, rounds, over)
 	}
 }
