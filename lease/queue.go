@@ -66,7 +66,9 @@ const (
 	// a queued node, QueueKeyPrefix + 20 hex digits of the SHA-256 of its
 	// name, valued "SEQ NODE". SEQ orders the queue, equal ones by key: the
 	// joiner's ticket (AnnotationTicket). (Agents before tickets wrote one
-	// more than the highest SEQ they saw: behind every ticket.)
+	// more than the highest SEQ they saw: behind the entries they saw, and
+	// 1, ahead of every ticket, in an empty queue. A pool of both agents
+	// still serves each node once; in that order.)
 	QueueKeyPrefix = "q.migagent.io/"
 	// AnnotationHandedTo names the node a slot was handed to, until that
 	// node's own first write of the slot (a renewal, its hand-off). While
