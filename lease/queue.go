@@ -233,41 +233,46 @@ func (s *Slots) queuePos(q []queueEntry) int {
 }
 
 // room is a held slot whose queue has a place ("" when none has) and the
-// wait before this node's turn to join it (joinTurn, counted from when
-// this node saw the queue have a place, kept while it has one: seenRoom;
-// a hand-off with the place still open does not count the turn again, or
-// a node a few turns back would never come to its turn while the queue
-// drains). Of the queues with a place, the
-// first in an order of the slots that is this node's own (a hash), so that
-// nodes joining at about the same moment spread over the queues.
-func (s *Slots) room(store cache.Store, window time.Duration, line []int64, seenRoom map[string]roomSeen, now time.Time) (string, time.Duration) {
-	best, wait, first := "", time.Duration(0), 2.0
+// wait before this node's turn to join it (joinTurn, from the line the
+// slots show, counted from when this node saw the queue have a place and
+// kept while it has one: seenRoom; a hand-off with the place still open
+// does not count the turn again, or a node a few turns back would never
+// come to its turn while the queue drains). Of the queues with a place,
+// the first in an order of the slots that is this node's own (a hash), so
+// that nodes joining at about the same moment spread over the queues.
+func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[string]roomSeen, now time.Time) (string, time.Duration) {
+	best, first := "", 2.0
+	var line []int64
 	hs := s.holding(store)
 	for i := range s.N {
 		name := SlotLeaseName(i)
 		l := s.cached(store, name)
-		if holder(l) == "" || len(s.waiting(queueOf(l), hs)) >= QueueLength {
+		q := queueOf(l)
+		line = inLine(line, l, q)
+		if holder(l) == "" || len(s.waiting(q, hs)) >= QueueLength {
 			delete(seenRoom, name)
 			continue
 		}
-		seen, ok := seenRoom[name]
-		if !ok {
-			seen = roomSeen{at: now}
-			seenRoom[name] = seen
+		if _, ok := seenRoom[name]; !ok {
+			seenRoom[name] = roomSeen{at: now}
 		}
 		if u := unitHash(name, leaseRecord(l), s.Holder); u < first {
-			turn := s.joinTurn(line, window, u)
-			best, first, wait = name, u, turn-now.Sub(seen.at)
-			if wait < -lateTurn && turn > 0 && !seen.recounted {
-				// This node looks long after its turn: its process or
-				// its watch was held up (a loaded machine), and its
-				// cache likely misses the joins of the nodes that came
-				// before it. It counts its turn again from now, once
-				// while the queue has a place, instead of joining at
-				// once with the others that were held up too.
-				seenRoom[name], wait = roomSeen{at: now, recounted: true}, turn
-			}
+			best, first = name, u
 		}
+	}
+	if best == "" {
+		return "", 0
+	}
+	slices.Sort(line)
+	seen, turn := seenRoom[best], s.joinTurn(line, window, first)
+	wait := turn - now.Sub(seen.at)
+	if wait < -lateTurn && turn > 0 && !seen.recounted {
+		// This node looks long after its turn: its process or its watch
+		// was held up (a loaded machine), and its cache likely misses the
+		// joins of the nodes that came before it. It counts its turn again
+		// from now, once while the queue has a place, instead of joining
+		// at once with the others that were held up too.
+		seenRoom[best], wait = roomSeen{at: now, recounted: true}, turn
 	}
 	return best, wait
 }
@@ -304,17 +309,17 @@ func (s *Slots) joinTurn(line []int64, window time.Duration, u float64) time.Dur
 	return window + time.Duration(u*float64(max(window, FarJoinSpread)))
 }
 
-// inLine appends to line the tickets slot l shows, its holder's and its
-// queue's; none for a released slot (its last holder's ticket is no one's
-// place in line any more).
-func inLine(line []int64, l *coordinationv1.Lease) []int64 {
+// inLine appends to line the tickets slot l (queue q) shows, its holder's
+// and its queue's; none for a released or absent slot (its last holder's
+// ticket is no one's place in line any more).
+func inLine(line []int64, l *coordinationv1.Lease, q []queueEntry) []int64 {
 	if holder(l) == "" {
 		return line
 	}
 	if t, err := strconv.ParseInt(l.Annotations[AnnotationTicket], 10, 64); err == nil && t > 0 {
 		line = append(line, t)
 	}
-	for _, e := range queueOf(l) {
+	for _, e := range q {
 		if e.seq > 0 {
 			line = append(line, e.seq)
 		}
@@ -374,10 +379,9 @@ func (s *Slots) leaveQueue(ctx context.Context, name string) {
 // change before that one (or l's queue is empty and the other holds two
 // or more), that node (queues that joins overran by different lengths
 // would serve their nodes out of order; that node leaves its first queue
-// itself: one request). Of up to
-// stealFrom such nodes, the earliest ones, one at random: holders done at
-// once do not all take the same node. Node "" when none; the key is ""
-// when the entry is on another slot.
+// itself: one request). Of up to stealFrom such nodes, the earliest ones,
+// one at random: holders done at once do not all take the same node. Node
+// "" when none; the key is "" when the entry is on another slot.
 func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry {
 	hs := s.holding(store)
 	var next queueEntry

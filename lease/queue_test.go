@@ -330,11 +330,11 @@ func TestRoomCountsOnlyWaitingNodes(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(1), "a", "p", "q") // held by a, queue full
 	w := newSlots(c, clk, "w")
 	w.N = 1
-	if on, _ := w.room(storeOf(c), time.Second, nil, map[string]roomSeen{}, clk.Now()); on != "" {
+	if on, _ := w.room(storeOf(c), time.Second, map[string]roomSeen{}, clk.Now()); on != "" {
 		t.Fatalf("a full queue (a and b waiting) offered a place: %q", on)
 	}
 	w.N = 2 // slot 1 in view: a holds it
-	if on, _ := w.room(storeOf(c), time.Second, nil, map[string]roomSeen{}, clk.Now()); on != SlotLeaseName(0) {
+	if on, _ := w.room(storeOf(c), time.Second, map[string]roomSeen{}, clk.Now()); on != SlotLeaseName(0) {
 		t.Fatalf("no place offered where a, served by another slot, left one: %q", on)
 	}
 }

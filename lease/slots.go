@@ -234,7 +234,7 @@ func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Sl
 		window := hand.shared(store, s.Namespace, s.N)
 		roomOn, roomWait := "", time.Duration(0)
 		if q.on == "" && !q.off {
-			roomOn, roomWait = s.room(store, window, hand.line, seenRoom, now)
+			roomOn, roomWait = s.room(store, window, seenRoom, now)
 		}
 		isFree := map[string]bool{}
 		for i := range free {
@@ -512,9 +512,6 @@ type handOffs struct {
 	gaps     []time.Duration // the last delaySamples gaps, oldest first
 	made     int             // the slots the cache showed made
 	lastMade time.Time       // when that count last grew
-	// line is the tickets the cache shows on the held slots, their
-	// holders' and their queues', in order: the nodes in line.
-	line []int64
 }
 
 // observe notes what the cache shows now: a slot released starts a
@@ -522,7 +519,6 @@ type handOffs struct {
 // window (nextWindow). More slots made than last time moves lastMade.
 func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now time.Time) {
 	made := 0
-	h.line = h.line[:0]
 	for i := range n {
 		name := SlotLeaseName(i)
 		obj, ok, _ := store.GetByKey(ns + "/" + name)
@@ -536,9 +532,7 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 			continue
 		}
 		made++
-		l := obj.(*coordinationv1.Lease)
-		h.line = inLine(h.line, l)
-		holder := ptr.Deref(l.Spec.HolderIdentity, "")
+		holder := ptr.Deref(obj.(*coordinationv1.Lease).Spec.HolderIdentity, "")
 		at, freed := h.freed[name]
 		switch {
 		case holder == "" && !freed:
@@ -554,7 +548,6 @@ func (h *handOffs) observe(store cache.Store, ns string, n int, self string, now
 			}
 		}
 	}
-	slices.Sort(h.line)
 	if made > h.made {
 		h.lastMade = now
 	}

@@ -91,7 +91,7 @@ func TestQueueServesByTicket(t *testing.T) {
 	if got := l.Annotations[AnnotationTicket]; got != strconv.FormatInt(ticketOf(20), 10) {
 		t.Errorf("the hand-off wrote ticket %s, want early's", got)
 	}
-	if line := inLine(nil, l); fmt.Sprint(line) != fmt.Sprint([]int64{ticketOf(20), ticketOf(50)}) {
+	if line := inLine(nil, l, queueOf(l)); fmt.Sprint(line) != fmt.Sprint([]int64{ticketOf(20), ticketOf(50)}) {
 		t.Errorf("in line on the slot: %v, want early's and late's tickets", line)
 	}
 	// A take (here a create) writes the taker's ticket.
@@ -167,21 +167,20 @@ func TestLateJoinTurnCountsAgainOnce(t *testing.T) {
 	turn := 10 * TicketPace * time.Millisecond
 	seen := map[string]roomSeen{}
 	store := storeOf(c)
-	line := inLine(nil, getSlot(t, c, SlotLeaseName(0)))
-	if on, wait := w.room(store, time.Second, line, seen, clk.Now()); on != SlotLeaseName(0) || wait != turn {
+	if on, wait := w.room(store, time.Second, seen, clk.Now()); on != SlotLeaseName(0) || wait != turn {
 		t.Fatalf("first look: %q %v, want its turn %v", on, wait, turn)
 	}
-	if _, wait := w.room(store, time.Second, line, seen, clk.Now().Add(500*time.Millisecond)); wait != turn {
+	if _, wait := w.room(store, time.Second, seen, clk.Now().Add(500*time.Millisecond)); wait != turn {
 		t.Errorf("late look: wait %v, want its turn counted again (%v)", wait, turn)
 	}
-	if _, wait := w.room(store, time.Second, line, seen, clk.Now().Add(time.Second)); wait != turn-500*time.Millisecond {
+	if _, wait := w.room(store, time.Second, seen, clk.Now().Add(time.Second)); wait != turn-500*time.Millisecond {
 		t.Errorf("late again: wait %v, want %v (counted again only once)", wait, turn-500*time.Millisecond)
 	}
 	first := newSlots(c, clk, "first")
 	first.ticket.Store(ticketOf(-5)) // before everyone in line
 	seen = map[string]roomSeen{}
-	first.room(store, time.Second, line, seen, clk.Now())
-	if _, wait := first.room(store, time.Second, line, seen, clk.Now().Add(500*time.Millisecond)); wait >= 0 {
+	first.room(store, time.Second, seen, clk.Now())
+	if _, wait := first.room(store, time.Second, seen, clk.Now().Add(500*time.Millisecond)); wait >= 0 {
 		t.Errorf("a node nobody is ahead of waits %v when late", wait)
 	}
 }
