@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -38,8 +39,8 @@ import (
 // every write of a slot Lease, queue included, so a queue as long as the
 // pool would cost the pool's square in bytes at every hand-off. The nodes
 // beyond wait without a request. First come, first served: each node's
-// place in line is its ticket, when its change began (AnnotationTicket); a
-// queue is ordered by ticket, and when a place opens (a hand-off) the
+// place in line is its ticket, when it first saw the slots (it asked;
+// AnnotationTicket); a queue is ordered by ticket, and when a place opens (a hand-off) the
 // waiting nodes join in ticket order (joinTurn), each TicketPace times
 // its distance in line from the node just ahead of it: the next in line
 // joins first, and the others see the queue full again in their
@@ -79,21 +80,18 @@ const (
 	// QueueLength is how many nodes a slot's queue takes (see above).
 	QueueLength = 2
 	// AnnotationTicket on a slot Lease is its holder's place in line: when
-	// its change began (Acquire's since), in Unix milliseconds by its own
+	// it first saw the slots (Acquire), in Unix milliseconds by its own
 	// clock. Its take writes it, and a hand-off writes its successor's
 	// (the SEQ of its queue entry). A clock that is off moves only its own
 	// node in line, by as much; the bound on disruption never reads it.
 	AnnotationTicket = "migagent.io/ticket"
 	// TicketPace is how much later, after a place opens in a queue, a
 	// waiting node joins it for each millisecond its ticket is behind the
-	// node just ahead of it in line (joinTurn): nodes whose changes began
-	// 10 ms apart join 50 ms apart, about what a write takes to reach the
+	// node just ahead of it in line (joinTurn): nodes that asked 10 ms
+	// apart join 50 ms apart, about what a write takes to reach the
 	// others' caches on a loaded API server. (Two that join closer than
 	// that both stay, in ticket order.)
 	TicketPace = 5
-	// FarJoinSpread is the least spread of the join turns of the nodes
-	// farther behind than the window (joinTurn).
-	FarJoinSpread = 2 * time.Second
 )
 
 // queueKey is node's key in a slot's queue.
@@ -289,10 +287,13 @@ type roomSeen struct {
 // of it (the latest of line, the tickets of the nodes holding or queued,
 // before its own), so that the next in line joins first; at once when no
 // node in line is ahead of it. A node farther than the window (many are
-// waiting, or few after a lull) joins after it, in the order u (a hash of
-// the place, alike on every node) over FarJoinSpread: spread wide, so
-// that a crowd does not join at once and overrun the queue; every node
-// joins over the window while the slots show no ticket.
+// waiting, or few after a lull) joins after it, one window later each
+// time its distance doubles: still in ticket order (a hash of the place
+// chose among them before, and the nodes that asked first were passed
+// over: at most 7 rounds past their turn at K = 200, N = 1, against 2),
+// yet a crowd far behind spreads over a few windows and does not run
+// the queue dry. Every node joins over the window, in the order u (a hash
+// of the place, alike on every node), while the slots show no ticket.
 func (s *Slots) joinTurn(line []int64, window time.Duration, u float64) time.Duration {
 	if len(line) == 0 {
 		return time.Duration(u * float64(window))
@@ -303,10 +304,12 @@ func (s *Slots) joinTurn(line []int64, window time.Duration, u float64) time.Dur
 		return 0
 	}
 	d := time.Duration(t-line[i-1]) * TicketPace * time.Millisecond
-	if d < window {
+	if d <= window || window <= 0 {
 		return d
 	}
-	return window + time.Duration(u*float64(max(window, FarJoinSpread)))
+	// Farther: one window more each time the distance doubles, still in
+	// ticket order.
+	return window + time.Duration(float64(window)*math.Log2(float64(d)/float64(window)))
 }
 
 // inLine appends to line the tickets slot l (queue q) shows, its holder's

@@ -151,7 +151,7 @@ func TestCancelledWaitLeavesTheQueue(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(0), "x")
 	s := newSlots(c, clk, "w")
 	done := make(chan error, 1)
-	go func() { _, err := s.Acquire(ctx, time.Time{}); done <- err }()
+	go func() { _, err := s.Acquire(ctx); done <- err }()
 	waitUntil(t, "w joins the queue", func() bool {
 		clk.Step(10 * time.Millisecond)
 		return getSlot(t, c, SlotLeaseName(0)).Annotations[queueKey("w")] != ""
@@ -178,7 +178,7 @@ func TestTwoSlotsHandedAtOnce(t *testing.T) {
 	y.N = 2
 	got := make(chan string, 1)
 	go func() {
-		h, err := y.Acquire(ctx, time.Time{})
+		h, err := y.Acquire(ctx)
 		if err != nil {
 			got <- err.Error()
 			return
@@ -221,7 +221,7 @@ func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 	q := newSlots(c, clk, "q")
 	q.N = 2
 	got := make(chan error, 1)
-	go func() { _, err := q.Acquire(ctx, time.Time{}); got <- err }()
+	go func() { _, err := q.Acquire(ctx); got <- err }()
 	waitUntil(t, "q watches", func() bool { return clk.HasWaiters() })
 	x := newSlots(c, clk, "x")
 	x.N = 2
@@ -254,7 +254,7 @@ func TestNoPatchWaitsWithoutAQueue(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(0), "x")
 	w := newSlots(c, clk, "w")
 	got := make(chan error, 1)
-	go func() { _, err := w.Acquire(ctx, time.Time{}); got <- err }()
+	go func() { _, err := w.Acquire(ctx); got <- err }()
 	waitUntil(t, "w tries to join", func() bool {
 		clk.Step(50 * time.Millisecond)
 		return joins.Load() > 0
@@ -373,7 +373,7 @@ func TestQueuedNodeMakesASlotOnceMakingSettles(t *testing.T) {
 	s.N = n
 	got := make(chan reconcile.Slot, 1)
 	go func() {
-		slot, err := s.Acquire(ctx, time.Time{})
+		slot, err := s.Acquire(ctx)
 		if err != nil {
 			t.Error(err)
 		}
@@ -461,7 +461,7 @@ func TestNextInQueueMakesNoSlot(t *testing.T) {
 	s := newSlots(c, clk, "w")
 	s.N = 2
 	done := make(chan struct{})
-	go func() { defer close(done); _, _ = s.Acquire(ctx, time.Time{}) }()
+	go func() { defer close(done); _, _ = s.Acquire(ctx) }()
 	for range 200 { // 10 s of the fake clock: five windows
 		time.Sleep(2 * time.Millisecond)
 		clk.Step(50 * time.Millisecond)

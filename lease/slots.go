@@ -79,7 +79,7 @@ type Slots struct {
 
 	obs leaseObserver
 	// ticket is this node's place in line while it waits and holds: when
-	// its change began, in Unix milliseconds (Acquire's since).
+	// it first saw the slots, in Unix milliseconds (Acquire).
 	ticket atomic.Int64
 	// window is what this holder's take wrote as the slot's next turn
 	// window (AnnotationTurnWindow); its renewals keep it.
@@ -146,17 +146,13 @@ func renewedUntil(l *coordinationv1.Lease) time.Time {
 // SlotLeaseName is the name of slot i.
 func SlotLeaseName(i int) string { return fmt.Sprintf("mig-agent-slot-%d", i) }
 
-// Acquire blocks until a slot is taken (or ctx ends) and returns it; since
-// (when the change began; now if zero) is the node's place in line
-// (AnnotationTicket): the queues serve first come, first served.
+// Acquire blocks until a slot is taken (or ctx ends) and returns it. The
+// node's place in line (AnnotationTicket) is when it first sees the slots
+// (its watch synced): the queues serve first come, first served.
 // While it waits it holds one watch on the slot Leases and sends nothing
 // else: a try follows a Lease change or an expiry, and only when the cache
 // shows a slot free (released, expired, absent, or this holder's own).
-func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Slot, err error) {
-	if since.IsZero() {
-		since = s.Clock.Now()
-	}
-	s.ticket.Store(since.UnixMilli())
+func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 	if s.Percent > 0 {
 		n, pool, err := s.PoolShare(ctx)
 		if err != nil {
@@ -175,6 +171,9 @@ func (s *Slots) Acquire(ctx context.Context, since time.Time) (slot reconcile.Sl
 		stop()
 		return nil, err
 	}
+	// In line from the first look: a node is known to the others only from
+	// then on, and a node that asked first is served first.
+	s.ticket.Store(s.Clock.Now().UnixMilli())
 	var q queued // the queue this node joined
 	held := func(l *coordinationv1.Lease) reconcile.Slot {
 		unlink()

@@ -60,24 +60,22 @@ func TestSlotHandedOnInQueueOrder(t *testing.T) {
 		return l
 	}
 	const nodes = QueueLength + 2
-	began := clk.Now() // the nodes' changes began a millisecond apart
 	for i := range nodes {
 		s := slot(fmt.Sprintf("node-%d", i))
 		go func() {
-			if h, err := s.Acquire(ctx, began.Add(time.Duration(i)*time.Millisecond)); err == nil {
+			if h, err := s.Acquire(ctx); err == nil {
 				got <- won{s.Holder, h}
 			}
 		}()
-		if i >= QueueLength {
-			continue
-		}
-		// One after the other: each joins behind the ones before, at
-		// its turn.
-		waitUntil(t, s.Holder+" joins the queue", func() bool {
-			clk.Step(5 * time.Millisecond)
-			return slotLease().Annotations[queueKey(s.Holder)] != ""
-		})
+		// In line 10 ms apart: their turns to join, 50 ms.
+		waitUntil(t, s.Holder+" looks", func() bool { return s.ticket.Load() != 0 })
+		clk.Step(10 * time.Millisecond)
 	}
+	// The first ones join the queue, each at its turn.
+	waitUntil(t, "the queue fills", func() bool {
+		clk.Step(5 * time.Millisecond)
+		return len(queueOf(slotLease())) >= QueueLength
+	})
 	// The queue is full: the others wait; waiting costs nothing (short
 	// of the holder's renewal, every 10 s).
 	time.Sleep(20 * time.Millisecond)

@@ -44,7 +44,7 @@ func TestSlotExpiresWhileQueued(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() {
-		_, err := (&Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}).Acquire(ctx, time.Time{})
+		_, err := (&Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}).Acquire(ctx)
 		got <- err
 	}()
 	for deadline := time.Now().Add(5 * time.Second); !clk.HasWaiters(); time.Sleep(time.Millisecond) {
@@ -90,8 +90,7 @@ func TestSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make(chan error, 1)
-	// c's change began as a's and b's did, a moment after a's.
-	go func() { _, err := slot("c").Acquire(ctx, time.Unix(1000, 1e6)); got <- err }()
+	go func() { _, err := slot("c").Acquire(ctx); got <- err }()
 	waitLog := func(what string, cond func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
@@ -172,7 +171,7 @@ func acquireStepping(t *testing.T, clk *clocktesting.FakeClock, s *Slots) (recon
 		err     error
 	}
 	got := make(chan res, 1)
-	go func() { r, err := s.Acquire(context.Background(), time.Time{}); got <- res{r, err} }()
+	go func() { r, err := s.Acquire(context.Background()); got <- res{r, err} }()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		select {
 		case r := <-got:

@@ -12,8 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-// First come, first served: a node's place in line is its ticket, when its
-// change began.
+// First come, first served: a node's place in line is its ticket, when it
+// first saw the slots.
 
 // t0 is the start of the tests' changes (the fake clock's time).
 var t0 = time.Unix(100000, 0)
@@ -40,8 +40,9 @@ func ticketedSlot(t *testing.T, c *fake.Clientset, name, holderName string, queu
 
 // joinTurn: the next in line joins first, TicketPace times its distance
 // from the node just ahead of it in line; one that nobody in line is ahead
-// of at once; one farther than the window after it, in hash order over
-// FarJoinSpread; any while no slot shows a ticket over the window.
+// of at once; one farther than the window after it, one window more each
+// time its distance doubles, in ticket order; any
+// while no slot shows a ticket over the window, in hash order.
 func TestJoinTurnByTicket(t *testing.T) {
 	s := &Slots{}
 	line := []int64{ticketOf(100), ticketOf(120), ticketOf(200)}
@@ -56,7 +57,9 @@ func TestJoinTurnByTicket(t *testing.T) {
 		{"passed over: 5 ms behind the node ahead", ticketOf(125), line, 5 * TicketPace * time.Millisecond},
 		{"level with the last in line", ticketOf(200), line, 80 * TicketPace * time.Millisecond},
 		{"5 ms behind the last", ticketOf(205), line, 5 * TicketPace * time.Millisecond},
-		{"far behind: after the window, spread wide", ticketOf(100_000), line, time.Second + FarJoinSpread/4},
+		{"at the window", ticketOf(400), line, time.Second},
+		{"twice the window behind: one window later", ticketOf(600), line, 2 * time.Second},
+		{"four times: two windows later", ticketOf(1000), line, 3 * time.Second},
 	} {
 		s.ticket.Store(tc.ticket)
 		if got := s.joinTurn(tc.line, time.Second, 0.25); got != tc.want {
@@ -103,22 +106,24 @@ func TestQueueServesByTicket(t *testing.T) {
 	}
 }
 
-// Nodes waiting beyond a full queue join it in the order their changes
-// began, one a place, whatever order they began waiting in and whatever
-// their names hash to (before tickets, a hash of the place chose: any of
-// the 24 orders of four nodes).
+// Nodes waiting beyond a full queue join it in the order they asked (first
+// saw the slots), one a place, whatever their names hash to (before
+// tickets, a hash of the place chose: any of the 24 orders of four nodes;
+// w1 w2 w3 w4 here).
 func TestWaitingNodesJoinInTicketOrder(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c, clk := versionedFake()
 	ticketedSlot(t, c, SlotLeaseName(0), "x", "a", 1, "b", 2)
-	// Changes began 40, 10, 30 and 20 ms after t0; Acquire in that order.
-	began := map[string]int{"w1": 40, "w2": 10, "w3": 30, "w4": 20}
-	for _, n := range []string{"w1", "w2", "w3", "w4"} {
+	// They ask 10 ms apart: w2, w4, w3, then w1.
+	began := map[string]int{}
+	for i, n := range []string{"w2", "w4", "w3", "w1"} {
+		clk.Step(10 * time.Millisecond)
 		s := newSlots(c, clk, n)
-		go func() { _, _ = s.Acquire(ctx, t0.Add(time.Duration(began[n])*time.Millisecond)) }()
+		go func() { _, _ = s.Acquire(ctx) }()
+		waitUntil(t, n+" looks", func() bool { return s.ticket.Load() != 0 })
+		began[n] = 10 * (i + 1)
 	}
-	waitUntil(t, "the waiting nodes watch", func() bool { return clk.Waiters() >= 4 })
 	time.Sleep(50 * time.Millisecond)
 	var order []string
 	holderName := "x"
@@ -151,7 +156,7 @@ func TestWaitingNodesJoinInTicketOrder(t *testing.T) {
 		order = append(order, joined[0])
 	}
 	if fmt.Sprint(order) != "[w2 w4 w3 w1]" {
-		t.Errorf("joined in the order %v, want [w2 w4 w3 w1] (by when their changes began)", order)
+		t.Errorf("joined in the order %v, want [w2 w4 w3 w1] (by when they asked)", order)
 	}
 }
 

@@ -360,7 +360,7 @@ func (a *attempt) takeSlot() error {
 		if a.slot != nil {
 			return nil // taken already this attempt (before a reboot)
 		}
-		slot, err := d.Slots.Acquire(a.ctx, a.ch.StartedAt)
+		slot, err := d.Slots.Acquire(a.ctx)
 		if err != nil {
 			if a.ctx.Err() != nil {
 				return endPass(outParked)

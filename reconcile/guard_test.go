@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/nvmlx"
@@ -31,7 +30,7 @@ type fakeSlots struct {
 	extended   int
 }
 
-func (f *fakeSlots) Acquire(context.Context, time.Time) (Slot, error) {
+func (f *fakeSlots) Acquire(context.Context) (Slot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.acquireErr != nil {

@@ -172,8 +172,8 @@ type OtherManagers interface {
 // Slots limits how many nodes of a pool are disrupted at once
 // (--max-concurrent).
 type Slots interface {
-	// Acquire takes a rollout slot, waiting in line from since.
-	Acquire(ctx context.Context, since time.Time) (Slot, error)
+	// Acquire takes a rollout slot, first come, first served.
+	Acquire(ctx context.Context) (Slot, error)
 	// ExtendForReboot keeps the slot taken by Acquire through a reboot: the
 	// next release stops renewing it without freeing it, and the Lease is
 	// stretched to cover the reboot. It fails when the slot is not held.

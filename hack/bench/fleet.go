@@ -162,6 +162,29 @@ func (t *slotTimeline) servedAhead(n int) (most, queued int, rounds float64, ove
 	return most, queued, rounds, overTwo
 }
 
+// asked pairs each node of recs (recNodes) that the watch saw a ticket of
+// with its record: its turn by ticket and when it took a slot, and the
+// milliseconds from its startedAt to its ticket. odd counts the tickets
+// outside [startedAt, disruptedAt] (by the millisecond): a ticket is when
+// the node first saw the slots, after its change began, before it took one.
+func (t *slotTimeline) asked(recs []record.ChangeRecord, recNodes []string) (w []waited, lagMs []float64, odd int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, rec := range recs {
+		tk, ok := t.tickets[recNodes[i]]
+		if !ok || rec.DisruptedAt == nil {
+			continue
+		}
+		if tk < rec.StartedAt.UnixMilli() || tk > rec.DisruptedAt.UnixMilli() {
+			odd++
+			continue
+		}
+		w = append(w, waited{turn: time.UnixMilli(tk), took: *rec.DisruptedAt})
+		lagMs = append(lagMs, float64(tk-rec.StartedAt.UnixMilli()))
+	}
+	return w, lagMs, odd
+}
+
 // since is each slot's changes from from on (slots without any left out).
 func (t *slotTimeline) since(from time.Time) map[string][]slotChange {
 	t.mu.Lock()
@@ -281,6 +304,17 @@ type fleetRun struct {
 	// slots. NodesOverTwoRoundsLate counts the nodes more than two late.
 	MaxRoundsLate          float64 `json:"maxRoundsLate"`
 	NodesOverTwoRoundsLate int     `json:"nodesOverTwoRoundsLate"`
+	// MaxRoundsLateByAsk: fairness by when a node asked for a slot, the
+	// queues' own order. A node's turn is its place by its ticket (when
+	// it first saw the slots, read from the bench's watch of them and
+	// checked to lie between its startedAt and disruptedAt); late as in
+	// MaxRoundsLate. AskLagMs*: from startedAt to the ticket (the node's
+	// checks before it asks), median and most.
+	MaxRoundsLateByAsk          float64 `json:"maxRoundsLateByAsk"`
+	NodesOverTwoRoundsLateByAsk int     `json:"nodesOverTwoRoundsLateByAsk"`
+	NodesTicketed               int     `json:"nodesTicketed"`
+	AskLagMsMedian              float64 `json:"askLagMsMedian"`
+	AskLagMsMax                 float64 `json:"askLagMsMax"`
 	// MaxServedAheadInQueue: of the NodesQueued nodes the bench's watch
 	// saw join a slot's queue, the most nodes whose changes began later
 	// (by ticket) that took that slot after a node joined and before it
@@ -513,8 +547,10 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 	defer func() { close(stop); factory.Shutdown(); slotFactory.Shutdown() }()
 	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
 	slotFactory.WaitForCacheSync(ctx.Done())
+	var recNodes []string // the node of each of recs
 	records := func() ([]record.ChangeRecord, int) {
 		var recs []record.ChangeRecord
+		recNodes = recNodes[:0]
 		for _, obj := range inf.GetStore().List() {
 			node := obj.(*corev1.Node)
 			var rec record.ChangeRecord
@@ -522,6 +558,7 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 				json.Unmarshal([]byte(node.Annotations[record.AnnotationLastChange]), &rec) == nil &&
 				rec.Config == f.o.config && rec.Result == record.StateSuccess {
 				recs = append(recs, rec)
+				recNodes = append(recNodes, node.Name)
 			}
 		}
 		return recs, len(recs)
@@ -563,6 +600,18 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 	}
 	r.MaxDisrupted, r.DisruptionMsMedian = record.MaxDisrupted(recs), median(spans)
 	r.MaxRoundsLate, r.NodesOverTwoRoundsLate = roundsLate(recs, n)
+	byAsk, lags, odd := slots.asked(recs, recNodes)
+	if odd > 0 {
+		return r, fmt.Errorf("%d nodes' tickets (when they first saw the slots) are not between their startedAt and disruptedAt", odd)
+	}
+	r.NodesTicketed = len(byAsk)
+	r.MaxRoundsLateByAsk, r.NodesOverTwoRoundsLateByAsk = roundsPast(byAsk, n)
+	if len(lags) > 0 {
+		sort.Float64s(lags)
+		r.AskLagMsMedian, r.AskLagMsMax = median(lags), lags[len(lags)-1]
+	}
+	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness by when a node asked (its ticket; %d nodes): at most %.2f rounds past its turn, %d nodes more than two; from startedAt to asking: median %.0f ms, at most %.0f ms\n",
+		k, n, r.NodesTicketed, r.MaxRoundsLateByAsk, r.NodesOverTwoRoundsLateByAsk, r.AskLagMsMedian, r.AskLagMsMax)
 	r.MaxServedAheadInQueue, r.NodesQueued, r.MaxRoundsLateInLine, r.NodesOverTwoRoundsLateInLine = slots.servedAhead(n)
 	r.LongestQueue = slots.longestQueue()
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d that began later served ahead of a node on its slot, at most %.2f rounds past its turn on any slot (%d nodes more than two); the longest queue %d\n",
@@ -966,15 +1015,30 @@ func countsByKey(counts map[string]int) string {
 }
 
 // roundsLate is the most rounds any node waited past its turn, and how many
-// waited more than two (fleetRun.MaxRoundsLate).
+// waited more than two (fleetRun.MaxRoundsLate): a node's turn is its
+// place by startedAt.
 func roundsLate(recs []record.ChangeRecord, n int) (most float64, overTwo int) {
-	for _, a := range recs {
-		if a.DisruptedAt == nil {
-			continue
+	var w []waited
+	for _, r := range recs {
+		if r.DisruptedAt != nil {
+			w = append(w, waited{turn: r.StartedAt, took: *r.DisruptedAt})
 		}
+	}
+	return roundsPast(w, n)
+}
+
+// waited is a node's turn (when it began, or asked) and when it took a
+// slot (disruptedAt).
+type waited struct{ turn, took time.Time }
+
+// roundsPast: each node is late by the nodes whose turn came after its own
+// but took a slot before it, over n; the most rounds, and how many nodes
+// were more than two late.
+func roundsPast(w []waited, n int) (most float64, overTwo int) {
+	for _, a := range w {
 		overtaken := 0
-		for _, b := range recs {
-			if b.DisruptedAt != nil && b.StartedAt.After(a.StartedAt) && b.DisruptedAt.Before(*a.DisruptedAt) {
+		for _, b := range w {
+			if b.turn.After(a.turn) && b.took.Before(a.took) {
 				overtaken++
 			}
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -64,5 +65,29 @@ func TestServedAhead(t *testing.T) {
 	tl.tickets["y"] = 1
 	if _, queued, rounds, over := tl.servedAhead(1); queued != 4 || rounds != 3 || over != 1 {
 		t.Errorf("across slots: %d queued, %v rounds, %d over two; want 4, 3, 1", queued, rounds, over)
+	}
+}
+
+// By when a node asked: its ticket is its turn, and a ticket outside its
+// change (before startedAt or after disruptedAt) is counted, not used.
+func TestAskedByTicket(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	rec := func(started, disrupted int) record.ChangeRecord {
+		d := at(disrupted)
+		return record.ChangeRecord{StartedAt: at(started), DisruptedAt: &d}
+	}
+	tl := &slotTimeline{tickets: map[string]int64{"a": at(500).UnixMilli(), "b": at(100).UnixMilli(), "c": at(5000).UnixMilli()}}
+	recs := []record.ChangeRecord{rec(0, 1000), rec(50, 2000), rec(0, 3000), rec(0, 4000)}
+	w, lags, odd := tl.asked(recs, []string{"a", "b", "c", "d"})
+	if odd != 1 || len(w) != 2 || fmt.Sprint(lags) != "[500 50]" {
+		t.Fatalf("asked: %v, lags %v, %d odd; want a and b, 1 odd (c asked after it took a slot), d unseen", w, lags, odd)
+	}
+	// b asked before a and took a slot after it: one round late.
+	if most, over := roundsPast(w, 1); most != 1 || over != 0 {
+		t.Errorf("rounds past: %v, %d over two", most, over)
+	}
+	if most, _ := roundsPast([]waited{{turn: at(0), took: at(9)}, {turn: at(1), took: at(2)}, {turn: at(2), took: at(3)}, {turn: at(3), took: at(4)}}, 1); most != 3 {
+		t.Errorf("the first to ask served after three that asked later: %v rounds, want 3", most)
 	}
 }
