@@ -247,7 +247,7 @@ func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[strin
 		l := s.cached(store, name)
 		q := queueOf(l)
 		line = inLine(line, l, q)
-		if holder(l) == "" || len(s.waiting(q, hs)) >= QueueLength {
+		if holder(l) == "" || s.ahead(s.waiting(q, hs)) >= QueueLength {
 			delete(seenRoom, name)
 			continue
 		}
@@ -273,6 +273,23 @@ func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[strin
 		seenRoom[best], wait = roomSeen{at: now, recounted: true}, turn
 	}
 	return best, wait
+}
+
+// ahead is how many of the waiting nodes q were in line before this node
+// (an earlier ticket; the same, a key before its own): a queue has a place
+// for it while fewer than QueueLength are. Joins that came at once overrun
+// the queues with nodes that asked later, which would keep a node that
+// asked first out until they drained (5 s at K = 100, N = 10); it joins
+// ahead of them instead.
+func (s *Slots) ahead(q []queueEntry) int {
+	t, k := s.ticket.Load(), queueKey(s.Holder)
+	n := 0
+	for _, e := range q {
+		if e.seq < t || e.seq == t && e.key < k {
+			n++
+		}
+	}
+	return n
 }
 
 // roomSeen: when this node first saw a place in a slot's queue, and
@@ -392,13 +409,29 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry
 	if len(own) > 0 {
 		next = own[0]
 	}
-	var behind []queueEntry // the seconds of the longer queues, before next
+	others := map[string][]queueEntry{}
+	var line []int64 // the tickets of every waiting node, sorted
 	for i := range s.N {
 		o := s.cached(store, SlotLeaseName(i))
 		if o == nil || o.Name == l.Name {
 			continue
 		}
-		if q := s.waiting(queueOf(o), hs); len(q) >= max(2, len(own)+2) && (next.node == "" || q[1].seq < next.seq) {
+		q := s.waiting(queueOf(o), hs)
+		others[o.Name] = q
+		for _, e := range q {
+			line = append(line, e.seq)
+		}
+	}
+	for _, e := range own {
+		line = append(line, e.seq)
+	}
+	slices.Sort(line)
+	var behind []queueEntry // the seconds of the other queues passed over
+	for _, q := range others {
+		if len(q) < 2 {
+			continue
+		}
+		if next.node == "" || q[1].seq < next.seq && passedBy(line, q[1].seq, next.seq) >= max(1, s.N/2) {
 			behind = append(behind, q[1])
 		}
 	}
@@ -410,6 +443,16 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry
 	s.Log.Debug("handing the rollout slot to a node that waited longer in another queue", "lease", l.Name, "to", e.node)
 	e.key = ""
 	return e
+}
+
+// passedBy is how many of the tickets of line (sorted) are after from and
+// not after to: the nodes in line behind the node of ticket from that a
+// hand-off to the node of ticket to would serve before it, or after it in
+// ticket order but before it in fact.
+func passedBy(line []int64, from, to int64) int {
+	i, _ := slices.BinarySearch(line, from+1)
+	j, _ := slices.BinarySearch(line, to+1)
+	return max(j-i, 0)
 }
 
 // stealFrom is how many of the earliest nodes behind the first of other

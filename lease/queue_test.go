@@ -329,6 +329,7 @@ func TestRoomCountsOnlyWaitingNodes(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(0), "x", "a", "b")
 	queuedSlot(t, c, SlotLeaseName(1), "a", "p", "q") // held by a, queue full
 	w := newSlots(c, clk, "w")
+	w.ticket.Store(ticketOf(0)) // asked after a and b
 	w.N = 1
 	if on, _ := w.room(storeOf(c), time.Second, map[string]roomSeen{}, clk.Now()); on != "" {
 		t.Fatalf("a full queue (a and b waiting) offered a place: %q", on)

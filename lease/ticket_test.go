@@ -191,27 +191,46 @@ func TestLateJoinTurnCountsAgainOnce(t *testing.T) {
 }
 
 // Joins that came at once overrun queues by different lengths: a holder
-// hands its slot to the second node of a queue longer than its own by two
-// or more when that node's change began before its own queue's first; not
-// otherwise.
-func TestHandOffServesAnEarlierNodeOfALongerQueue(t *testing.T) {
+// hands its slot to the second node of another queue when that node asked
+// before its own queue's first and at least N/2 nodes in line (that one
+// included) asked between them; not otherwise.
+func TestHandOffServesANodePassedOverInAnotherQueue(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
 		other []any // slot 1's queue
 		want  string
 	}{
-		{"longer by two, its second began first", []any{"p", 1, "q", 2, "r", 30, "s", 40}, "q"},
-		{"longer by two, its second began later", []any{"p", 1, "q", 20, "r", 30, "s", 40}, "a"},
-		{"longer by one only", []any{"p", 1, "q", 2, "r", 30}, "a"},
+		{"its second passed over by two", []any{"p", 1, "q", 2, "r", 5}, "q"},
+		{"passed over by one only", []any{"p", 1, "q", 2, "r", 30, "s", 40}, "a"},
+		{"its second asked later", []any{"p", 1, "q", 20, "r", 30, "s", 40}, "a"},
 	} {
 		c, clk := versionedFake()
 		ticketedSlot(t, c, SlotLeaseName(0), "x", "a", 10, "b", 11)
 		ticketedSlot(t, c, SlotLeaseName(1), "v", tc.other...)
 		x := newSlots(c, clk, "x")
-		x.N = 2
+		x.N = 4 // slots 2 and 3 not made yet
 		if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != tc.want {
 			t.Errorf("%s: handed to %q (%v), want %s", tc.name, to, err, tc.want)
+		}
+	}
+}
+
+// A queue overrun by nodes that asked later still has a place for a node
+// that asked before them: it joins ahead of them, not after they drain.
+func TestFullQueueHasAPlaceForAnEarlierNode(t *testing.T) {
+	c, clk := versionedFake()
+	ticketedSlot(t, c, SlotLeaseName(0), "x", "a", 10, "b", 30, "c", 40)
+	store := storeOf(c)
+	for _, tc := range []struct {
+		ticket int
+		place  bool
+	}{{5, true}, {20, true}, {35, false}, {50, false}} {
+		w := newSlots(c, clk, "w")
+		w.ticket.Store(ticketOf(tc.ticket))
+		on, _ := w.room(store, time.Second, map[string]roomSeen{}, clk.Now())
+		if (on != "") != tc.place {
+			t.Errorf("asked %d ms after t0 (queue a 10, b 30, c 40): place %q, want one: %v", tc.ticket, on, tc.place)
 		}
 	}
 }
