@@ -886,16 +886,16 @@ func parallel(workers int, items []string, fn func(string) error) error {
 // printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
 func printFleet(w io.Writer, r *fleetResults) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| rollout / (lead-in + ⌈K/N⌉ × mean hold)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| most rounds late\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| rollout / (lead-in + ⌈K/N⌉ × mean hold)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| most rounds late (asked)\t| most rounds late (began)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
 	for _, x := range r.Runs {
 		after := "—"
 		if x.RequestsFirst10sAfter != nil {
 			after = fmt.Sprintf("%.0f (after %.0f s down)", *x.RequestsFirst10sAfter, x.OutageSeconds)
 		}
-		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
+		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %.2f\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
 			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.DisruptionMsMedian, x.RolloutOverNodeTime, x.RolloutOverMakespan, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
-			x.AgentLeaseConflicts, 100*x.ConflictShare, x.MaxRoundsLate, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
+			x.AgentLeaseConflicts, 100*x.ConflictShare, x.MaxRoundsLateByAsk, x.MaxRoundsLate, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
 	}
 	_ = tw.Flush()
 	printSpread(w, r.Runs)
@@ -976,8 +976,8 @@ func printSpread(w io.Writer, runs []fleetRun) {
 		}
 		if !header {
 			fmt.Fprintln(w, "\nspread over the runs of a cell: median (min–max)")
-			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | rollout / (⌈K/N⌉ × node time) | rollout / (lead-in + ⌈K/N⌉ × mean hold) | hand-off ms | slot Lease req/node | 409 share % |")
-			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | rollout / (⌈K/N⌉ × node time) | rollout / (lead-in + ⌈K/N⌉ × mean hold) | hand-off ms | slot Lease req/node | 409 share % | most rounds late (asked) |")
+			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 			header = true
 		}
 		of := func(f func(fleetRun) float64, format string) string {
@@ -987,14 +987,15 @@ func printSpread(w io.Writer, runs []fleetRun) {
 			}
 			return fmt.Sprintf(format+" ("+format+"–"+format+")", median(v), slices.Min(v), slices.Max(v))
 		}
-		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
+		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
 			of(func(x fleetRun) float64 { return x.RolloutSeconds }, "%.1f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverHolds }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverNodeTime }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverMakespan }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.HandOffMsMedian }, "%.0f"),
 			of(func(x fleetRun) float64 { return x.SlotLeaseRequestsPerNode }, "%.2f"),
-			of(func(x fleetRun) float64 { return 100 * x.ConflictShare }, "%.1f"))
+			of(func(x fleetRun) float64 { return 100 * x.ConflictShare }, "%.1f"),
+			of(func(x fleetRun) float64 { return x.MaxRoundsLateByAsk }, "%.2f"))
 	}
 }
 
