@@ -128,7 +128,9 @@ func TestWaitingNodesJoinInTicketOrder(t *testing.T) {
 	var order []string
 	holderName := "x"
 	for len(order) < 4 {
-		// The holder hands the slot on: a place opens.
+		// The holder hands the slot on, once the last join reached the
+		// waiting nodes' caches (they see the queue full): a place opens.
+		time.Sleep(30 * time.Millisecond)
 		h := newSlots(c, clk, holderName)
 		to, err := h.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c))
 		if err != nil {
@@ -138,7 +140,7 @@ func TestWaitingNodesJoinInTicketOrder(t *testing.T) {
 		// Joins come TicketPace × 10 ms apart: 10 ms steps tell them apart.
 		var joined []string
 		for range 200 {
-			time.Sleep(3 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // a join reaches the others' caches
 			clk.Step(10 * time.Millisecond)
 			joined = joined[:0]
 			for _, e := range queueOf(getSlot(t, c, SlotLeaseName(0))) {
