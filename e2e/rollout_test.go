@@ -172,10 +172,22 @@ func TestFleetRolloutBounded(t *testing.T) {
 			return strings.Contains(a.Log(), "all rollout slots taken; waiting")
 		})
 	}
-	// Queued: every agent has listed and watches the slot Leases. Over
-	// ten seconds, one of them changes (renewed: still held); none frees.
-	// The fleet sends nothing.
-	time.Sleep(time.Second)
+	// Queued: every agent has listed and watches the slot Leases, and the
+	// joins have settled: a node that asked before the nodes in a full
+	// queue joins it ahead of them at its turn, seconds later (one patch,
+	// once). Then, over ten seconds, one of them changes (renewed: still
+	// held); none frees. The fleet sends nothing.
+	for settled, deadline := roFleetRequests(t, c), time.Now().Add(30*time.Second); ; {
+		time.Sleep(3 * time.Second)
+		n := roFleetRequests(t, c)
+		if n == settled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiting agents still sent requests 30 s after they queued (%v in the last 3 s), with no slot freed", n-settled)
+		}
+		settled = n
+	}
 	leasesBefore := roServerMetrics(t, c, "apiserver_request_total", `resource="leases"`)
 	before := roFleetRequests(t, c)
 	if before == 0 {
