@@ -177,17 +177,14 @@ func TestFleetRolloutBounded(t *testing.T) {
 	// queue joins it ahead of them at its turn, seconds later (one patch,
 	// once). Then, over ten seconds, one of them changes (renewed: still
 	// held); none frees. The fleet sends nothing.
-	for settled, deadline := roFleetRequests(t, c), time.Now().Add(30*time.Second); ; {
+	settled := roFleetRequests(t, c)
+	WaitFor(t, 30*time.Second, "the waiting agents to send nothing for 3 s, no slot freed", func() bool {
 		time.Sleep(3 * time.Second)
 		n := roFleetRequests(t, c)
-		if n == settled {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the waiting agents still sent requests 30 s after they queued (%v in the last 3 s), with no slot freed", n-settled)
-		}
+		quiet := n == settled
 		settled = n
-	}
+		return quiet
+	})
 	leasesBefore := roServerMetrics(t, c, "apiserver_request_total", `resource="leases"`)
 	before := roFleetRequests(t, c)
 	if before == 0 {

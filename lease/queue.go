@@ -413,15 +413,15 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry
 	if len(own) > 0 {
 		next = own[0]
 	}
-	others := map[string][]queueEntry{}
-	var line []int64 // the tickets of every waiting node, sorted
+	var others [][]queueEntry // the other slots' waiting nodes
+	var line []int64          // the tickets of every waiting node, sorted
 	for i := range s.N {
 		o := s.cached(store, SlotLeaseName(i))
 		if o == nil || o.Name == l.Name {
 			continue
 		}
 		q := s.waiting(queueOf(o), hs)
-		others[o.Name] = q
+		others = append(others, q)
 		for _, e := range q {
 			line = append(line, e.seq)
 		}
