@@ -2,12 +2,14 @@ package lease
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/reconcile"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -144,7 +146,18 @@ func TestSlots(t *testing.T) {
 		t.Fatalf("third holder got a slot while two are held (err %v)", err)
 	default:
 	}
-	if extra := c.Actions()[before+renewal:]; len(extra) != 0 {
+	// c's first look came after a's and b's takes, so its turn to join,
+	// stepped above, may bring the holders' own renewals (every 10 s)
+	// into these steps: those are theirs.
+	extra := slices.DeleteFunc(slices.Clone(c.Actions()[before+renewal:]), func(a k8stesting.Action) bool {
+		u, ok := a.(k8stesting.UpdateAction)
+		if !ok {
+			return false
+		}
+		l, ok := u.GetObject().(*coordinationv1.Lease)
+		return ok && (holder(l) == "a" || holder(l) == "b")
+	})
+	if len(extra) != 0 {
 		t.Fatalf("a queued holder sent %d requests while the slots stayed held: %v", len(extra), extra)
 	}
 	relA.Release()
