@@ -47,6 +47,8 @@
 #                          namespace's "default" ServiceAccount)
 #   KUBE_TEST_APISERVER_ARGS  extra kube-apiserver flags (split on whitespace)
 #   KUBE_TEST_ETCD_ARGS       extra etcd flags (split on whitespace)
+#   KUBE_TEST_KCM_ARGS        extra kube-controller-manager flags (split on whitespace;
+#                          e.g. --v=4 logs the DaemonSet controller's every sync)
 #   KUBE_TEST_READY_TIMEOUT   seconds to wait for /readyz (default 120)
 #   KUBE_TEST_KEEP_DIR=1   keep the state dir (logs) on stop
 #   KUBE_TEST_AUDIT        what the API server's audit log (DIR/audit.log, JSON lines,
@@ -453,9 +455,11 @@ do_start() {
 	if [[ -n $with_kcm ]]; then
 		# kube-controller-manager with a few controllers that make sense without
 		# kubelets (PDB status, ownerRef GC, namespace deletion, default SAs).
+		local extra_kcm
+		read -r -a extra_kcm <<<"${KUBE_TEST_KCM_ARGS:-}"
 		launch "$STATE_DIR" kube-controller-manager "$KCM" --kubeconfig "$KUBECONFIG_PATH" \
 			--controllers "$controllers" --leader-elect=false --secure-port 0 \
-			--use-service-account-credentials=false
+			--use-service-account-credentials=false "${extra_kcm[@]}"
 		sleep 1
 		alive "$(<"$STATE_DIR/kube-controller-manager.pid")" || { show_log "$STATE_DIR/kube-controller-manager.log"; die "kube-controller-manager exited"; }
 		log "kube-controller-manager running controllers: $controllers"

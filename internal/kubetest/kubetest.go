@@ -97,7 +97,27 @@ func Main(m *testing.M) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "kubetest: kube-apiserver up after %s\n", time.Since(start).Round(time.Millisecond))
-	return m.Run()
+	rc := m.Run()
+	if rc != 0 {
+		// The controller manager's log goes with the state dir; a failed run
+		// keeps its end, where a DaemonSet that did not act says why.
+		showTail(filepath.Join(stateDir, "kube-controller-manager.log"), 80)
+	}
+	return rc
+}
+
+// showTail copies the last n lines of the file at path to stderr.
+func showTail(path string, n int) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kubetest: %v\n", err)
+		return
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	fmt.Fprintf(os.Stderr, "kubetest: ---- last %d lines of %s:\n%s\n", len(lines), path, strings.Join(lines, "\n"))
 }
 
 func setenv(kubeconfig, stateDir string) error {
