@@ -402,7 +402,8 @@ func (s *Slots) leaveQueue(ctx context.Context, name string) {
 // N/2 or more waiting nodes between them (passedBy), or of any queue of
 // two or more when l's queue is empty (queues that joins overran by
 // different lengths would serve their nodes out of order; that node
-// leaves its first queue itself: one request). Of up to stealFrom such
+// leaves its first queue itself: one request); or the first of another
+// queue with N or more between them (its holder holds long). Of up to stealFrom such
 // nodes, the earliest ones, one at random: holders done at once do not
 // all take the same node. Node "" when none; the key is "" when the entry
 // is on another slot.
@@ -430,13 +431,17 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry
 		line = append(line, e.seq)
 	}
 	slices.Sort(line)
-	var behind []queueEntry // the seconds of the other queues passed over
+	var behind []queueEntry // the nodes of the other queues passed over
 	for _, q := range others {
-		if len(q) < 2 {
-			continue
-		}
-		if next.node == "" || q[1].seq < next.seq && passedBy(line, q[1].seq, next.seq) >= max(1, s.N/2) {
+		switch {
+		case len(q) >= 2 && (next.node == "" || q[1].seq < next.seq && passedBy(line, q[1].seq, next.seq) >= max(1, s.N/2)):
 			behind = append(behind, q[1])
+		case len(q) >= 1 && next.node != "" && q[0].seq < next.seq && passedBy(line, q[0].seq, next.seq) >= max(2, s.N):
+			// The first of a queue whose holder is slow: its own holder
+			// would serve it next, but a round of nodes that asked after
+			// it went first meanwhile. Should that holder hand it the
+			// slot too, it hands the second one on at once (handed).
+			behind = append(behind, q[0])
 		}
 	}
 	if len(behind) == 0 {

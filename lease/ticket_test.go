@@ -218,6 +218,33 @@ func TestHandOffServesANodePassedOverInAnotherQueue(t *testing.T) {
 	}
 }
 
+// The first of another queue waits on its own holder, which would hand it
+// the slot next: a holder hands it its own slot instead only once a round
+// of nodes (N) that asked after it would go first, as they do behind a
+// holder that holds long.
+func TestHandOffServesTheFirstOfASlowQueue(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		third []any // slot 3's queue
+		want  string
+	}{
+		{"passed over by a round (N = 4: c, f, g, a)", []any{"f", 3, "g", 4}, "p"},
+		{"passed over by three only", []any{"f", 3}, "a"},
+	} {
+		c, clk := versionedFake()
+		ticketedSlot(t, c, SlotLeaseName(0), "x", "a", 10, "b", 11)
+		ticketedSlot(t, c, SlotLeaseName(1), "v", "p", 1)
+		ticketedSlot(t, c, SlotLeaseName(2), "w", "c", 2)
+		ticketedSlot(t, c, SlotLeaseName(3), "y", tc.third...)
+		x := newSlots(c, clk, "x")
+		x.N = 4
+		if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != tc.want {
+			t.Errorf("%s: handed to %q (%v), want %s", tc.name, to, err, tc.want)
+		}
+	}
+}
+
 // A queue overrun by nodes that asked later still has a place for a node
 // that asked before them: it joins ahead of them, not after they drain.
 func TestFullQueueHasAPlaceForAnEarlierNode(t *testing.T) {
