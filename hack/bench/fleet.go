@@ -179,7 +179,7 @@ func (t *slotTimeline) asked(recs []record.ChangeRecord, recNodes []string) (w [
 			odd++
 			continue
 		}
-		w = append(w, waited{turn: time.UnixMilli(tk), took: *rec.DisruptedAt})
+		w = append(w, waited{turn: time.UnixMilli(tk), took: *rec.DisruptedAt, node: recNodes[i]})
 		lagMs = append(lagMs, float64(tk-rec.StartedAt.UnixMilli()))
 	}
 	return w, lagMs, odd
@@ -612,6 +612,18 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 	}
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness by when a node asked (its ticket; %d nodes): at most %.2f rounds past its turn, %d nodes more than two; from startedAt to asking: median %.0f ms, at most %.0f ms\n",
 		k, n, r.NodesTicketed, r.MaxRoundsLateByAsk, r.NodesOverTwoRoundsLateByAsk, r.AskLagMsMedian, r.AskLagMsMax)
+	if i, passed := mostPassed(byAsk); i >= 0 && passed > 0 {
+		// Where to look in the agents' logs (-fleet-log-dir) for what
+		// kept it.
+		first := byAsk[0].turn
+		for _, x := range byAsk {
+			if x.turn.Before(first) {
+				first = x.turn
+			}
+		}
+		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: the node most past its turn by when it asked: %s, asked %d ms after the first node did, took a slot %d ms after it asked; %d nodes that asked later took one first\n",
+			k, n, byAsk[i].node, byAsk[i].turn.Sub(first).Milliseconds(), byAsk[i].took.Sub(byAsk[i].turn).Milliseconds(), passed)
+	}
 	r.MaxServedAheadInQueue, r.NodesQueued, r.MaxRoundsLateInLine, r.NodesOverTwoRoundsLateInLine = slots.servedAhead(n)
 	r.LongestQueue = slots.longestQueue()
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness: by when changes began, at most %.2f rounds past its turn (nodes that began later but took a slot first, over N), %d nodes more than two rounds; once queued (%d nodes), at most %d that began later served ahead of a node on its slot, at most %.2f rounds past its turn on any slot (%d nodes more than two); the longest queue %d\n",
@@ -1030,7 +1042,28 @@ func roundsLate(recs []record.ChangeRecord, n int) (most float64, overTwo int) {
 
 // waited is a node's turn (when it began, or asked) and when it took a
 // slot (disruptedAt).
-type waited struct{ turn, took time.Time }
+type waited struct {
+	turn, took time.Time
+	node       string // "" where not known
+}
+
+// mostPassed is the node of w that the most nodes whose turn came after
+// its own passed (took a slot before it), and how many did: -1 for none.
+func mostPassed(w []waited) (i, passed int) {
+	i = -1
+	for j, a := range w {
+		n := 0
+		for _, b := range w {
+			if b.turn.After(a.turn) && b.took.Before(a.took) {
+				n++
+			}
+		}
+		if n > passed || i < 0 {
+			i, passed = j, n
+		}
+	}
+	return i, passed
+}
 
 // roundsPast: each node is late by the nodes whose turn came after its own
 // but took a slot before it, over n; the most rounds, and how many nodes

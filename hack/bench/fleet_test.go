@@ -87,7 +87,14 @@ func TestAskedByTicket(t *testing.T) {
 	if most, over := roundsPast(w, 1); most != 1 || over != 0 {
 		t.Errorf("rounds past: %v, %d over two", most, over)
 	}
-	if most, _ := roundsPast([]waited{{turn: at(0), took: at(9)}, {turn: at(1), took: at(2)}, {turn: at(2), took: at(3)}, {turn: at(3), took: at(4)}}, 1); most != 3 {
+	if i, passed := mostPassed(w); i < 0 || w[i].node != "b" || passed != 1 {
+		t.Errorf("most passed: %d (%d), want b, passed by a", i, passed)
+	}
+	late := []waited{{turn: at(0), took: at(9), node: "p"}, {turn: at(1), took: at(2)}, {turn: at(2), took: at(3)}, {turn: at(3), took: at(4)}}
+	if most, _ := roundsPast(late, 1); most != 3 {
 		t.Errorf("the first to ask served after three that asked later: %v rounds, want 3", most)
+	}
+	if i, passed := mostPassed(late); i != 0 || passed != 3 {
+		t.Errorf("most passed: %d (%d), want p, passed by three", i, passed)
 	}
 }
