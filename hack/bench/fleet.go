@@ -6,6 +6,7 @@ package main
 // --max-concurrent N. See docs/fleet.md ("Sizing a rollout").
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -107,6 +108,14 @@ func (t *slotTimeline) note(obj any) {
 		return
 	}
 	t.changes[l.Name] = append(cs, slotChange{at: now, holder: h})
+}
+
+// ticket is node's place in line as the watch saw it (0: unknown), a
+// time in Unix milliseconds.
+func (t *slotTimeline) ticket(node string) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.tickets[node]
 }
 
 // longestQueue is the most queue entries seen on a slot at once.
@@ -293,6 +302,16 @@ type fleetRun struct {
 	// the work shared evenly). What exceeds 1 is lost between holds or to
 	// slots that served more than their share.
 	RolloutOverMakespan float64 `json:"rolloutOverMakespan"`
+	// RolloutOverListSchedule: the rollout time over a perfect first
+	// come, first served semaphore of N slots with this run's very nodes:
+	// each node, in ticket order, on the slot free first, from when it
+	// asked (its ticket) or that slot's last hold ended, whichever is
+	// later, for as long as it held its slot here (listSchedule). Above 1
+	// is what the slots lost (time between holds, a slot idle while a
+	// node waited); the rest of RolloutOverMakespan is the lead-in and
+	// the holds' spread (a few long holds, on 2 shared cores, end the
+	// rollout late whatever the hand-off).
+	RolloutOverListSchedule float64 `json:"rolloutOverListSchedule"`
 	// SlotLeaseRequests counts the slot Lease requests by verb and
 	// response code ("update 409"): which requests a rollout's slots cost.
 	SlotLeaseRequests   map[string]int `json:"slotLeaseRequests,omitempty"`
@@ -704,6 +723,13 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 		}
 	}
 	var holds, gaps, leadIns, tails []float64
+	var timed []timedHold // the holds with when their node asked, for listSchedule
+	asked := func(c slotChange) float64 {
+		if tk := slots.ticket(c.holder); tk > 0 {
+			return float64(tk - from.UnixMilli())
+		}
+		return ms(c.at.Sub(from))
+	}
 	var held, handedOff float64 // summed over the slots
 	end := from.Add(time.Duration(r.RolloutSeconds * float64(time.Second)))
 	changes := slots.since(from)
@@ -717,6 +743,7 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 			d := ms(cs[i+1].at.Sub(cs[i].at))
 			if cs[i].holder != "" {
 				holds, held = append(holds, d), held+d
+				timed = append(timed, timedHold{asked(cs[i]), d})
 			} else {
 				gaps, handedOff = append(gaps, d), handedOff+d
 			}
@@ -725,6 +752,7 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 			// Held to the end: its release had not reached the
 			// bench's watch yet.
 			holds, held = append(holds, ms(end.Sub(last.at))), held+ms(end.Sub(last.at))
+			timed = append(timed, timedHold{asked(last), ms(end.Sub(last.at))})
 		}
 	}
 	r.HandOffs = countHandOffs(changes)
@@ -745,6 +773,11 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 		r.RolloutOverMakespan = r.RolloutSeconds * 1000 / (r.SlotTime.LeadInMs + float64(rounds)*held/float64(len(holds)))
 		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: rollout = %.2f × (lead-in %.0f ms + ⌈K/N⌉ × mean hold %.0f ms)\n",
 			k, r.MaxConcurrent, r.RolloutOverMakespan, r.SlotTime.LeadInMs, held/float64(len(holds)))
+		if m := listSchedule(r.MaxConcurrent, timed); m > 0 {
+			r.RolloutOverListSchedule = r.RolloutSeconds * 1000 / m
+			fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: rollout = %.2f × a perfect first come, first served semaphore with these nodes (%.0f ms)\n",
+				k, r.MaxConcurrent, r.RolloutOverListSchedule, m)
+		}
 	}
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: slot held %.0f ms a node (median), hand-off %.0f ms (median); rollout = %.2f × ⌈K/N⌉ × hold\n",
 		k, r.MaxConcurrent, r.SlotHoldMsMedian, r.HandOffMsMedian, r.RolloutOverHolds)
@@ -895,18 +928,47 @@ func parallel(workers int, items []string, fn func(string) error) error {
 	return first
 }
 
+// timedHold is a node's hold of a slot: when the node asked and how long
+// it held (ms from the label).
+type timedHold struct{ asked, ms float64 }
+
+// listSchedule is when n slots, free from the label on, would be done
+// with holds served first come, first served with nothing lost: each
+// hold, in the order its node asked, on the slot free first, from when
+// its node asked or that slot's last hold ended, whichever is later
+// (0: no hold). It is the rollout of a perfect semaphore with the very
+// nodes and holds a run measured.
+func listSchedule(n int, holds []timedHold) float64 {
+	if n <= 0 || len(holds) == 0 {
+		return 0
+	}
+	free := make([]float64, n)
+	holds = slices.Clone(holds)
+	slices.SortStableFunc(holds, func(a, b timedHold) int { return cmp.Compare(a.asked, b.asked) })
+	for _, h := range holds {
+		i := 0
+		for j := range free {
+			if free[j] < free[i] {
+				i = j
+			}
+		}
+		free[i] = max(free[i], h.asked) + h.ms
+	}
+	return slices.Max(free)
+}
+
 // printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
 func printFleet(w io.Writer, r *fleetResults) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| rollout / (lead-in + ⌈K/N⌉ × mean hold)\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| most rounds late (asked)\t| most rounds late (began)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| rollout / (lead-in + ⌈K/N⌉ × mean hold)\t| rollout / perfect FCFS semaphore\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| most rounds late (asked)\t| most rounds late (began)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
 	for _, x := range r.Runs {
 		after := "—"
 		if x.RequestsFirst10sAfter != nil {
 			after = fmt.Sprintf("%.0f (after %.0f s down)", *x.RequestsFirst10sAfter, x.OutageSeconds)
 		}
-		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %.2f\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
-			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.DisruptionMsMedian, x.RolloutOverNodeTime, x.RolloutOverMakespan, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
+		fmt.Fprintf(tw, "| %d\t| %d\t| %.1f\t| %d\t| %.0f\t| %.0f\t| %.2f\t| %.0f\t| %.2f\t| %.2f\t| %.2f\t| %.1f\t| %.2f\t| %d (%.1f %%)\t| %.2f\t| %.2f\t| %.2f\t| %s\t| %.0f\t|\n", x.Nodes, x.MaxConcurrent, x.RolloutSeconds,
+			x.MaxDisrupted, x.SlotHoldMsMedian, x.HandOffMsMedian, x.RolloutOverHolds, x.DisruptionMsMedian, x.RolloutOverNodeTime, x.RolloutOverMakespan, x.RolloutOverListSchedule, x.AgentRequestsPerNode, x.SlotLeaseRequestsPerNode,
 			x.AgentLeaseConflicts, 100*x.ConflictShare, x.MaxRoundsLateByAsk, x.MaxRoundsLate, x.IdleRequestsPerSec, after, x.AgentRSSAnonMiBSum)
 	}
 	_ = tw.Flush()
@@ -988,8 +1050,8 @@ func printSpread(w io.Writer, runs []fleetRun) {
 		}
 		if !header {
 			fmt.Fprintln(w, "\nspread over the runs of a cell: median (min–max)")
-			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | rollout / (⌈K/N⌉ × node time) | rollout / (lead-in + ⌈K/N⌉ × mean hold) | hand-off ms | slot Lease req/node | 409 share % | most rounds late (asked) |")
-			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+			fmt.Fprintln(w, "| K nodes | N | runs | rollout s | rollout / (⌈K/N⌉ × held) | rollout / (⌈K/N⌉ × node time) | rollout / (lead-in + ⌈K/N⌉ × mean hold) | rollout / perfect FCFS semaphore | hand-off ms | slot Lease req/node | 409 share % | most rounds late (asked) |")
+			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 			header = true
 		}
 		of := func(f func(fleetRun) float64, format string) string {
@@ -999,11 +1061,12 @@ func printSpread(w io.Writer, runs []fleetRun) {
 			}
 			return fmt.Sprintf(format+" ("+format+"–"+format+")", median(v), slices.Min(v), slices.Max(v))
 		}
-		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
+		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.k, c.n, len(xs),
 			of(func(x fleetRun) float64 { return x.RolloutSeconds }, "%.1f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverHolds }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverNodeTime }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.RolloutOverMakespan }, "%.2f"),
+			of(func(x fleetRun) float64 { return x.RolloutOverListSchedule }, "%.2f"),
 			of(func(x fleetRun) float64 { return x.HandOffMsMedian }, "%.0f"),
 			of(func(x fleetRun) float64 { return x.SlotLeaseRequestsPerNode }, "%.2f"),
 			of(func(x fleetRun) float64 { return 100 * x.ConflictShare }, "%.1f"),
