@@ -6,7 +6,6 @@ package main
 // --max-concurrent N. See docs/fleet.md ("Sizing a rollout").
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,6 +35,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/migagent/mig-agent/hack/bench/turns"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
@@ -176,7 +176,7 @@ func (t *slotTimeline) servedAhead(n int) (most, queued int, rounds float64, ove
 // milliseconds from its startedAt to its ticket. odd counts the tickets
 // outside [startedAt, disruptedAt] (by the millisecond): a ticket is when
 // the node first saw the slots, after its change began, before it took one.
-func (t *slotTimeline) asked(recs []record.ChangeRecord, recNodes []string) (w []waited, lagMs []float64, odd int) {
+func (t *slotTimeline) asked(recs []record.ChangeRecord, recNodes []string) (w []turns.Waited, lagMs []float64, odd int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i, rec := range recs {
@@ -188,7 +188,7 @@ func (t *slotTimeline) asked(recs []record.ChangeRecord, recNodes []string) (w [
 			odd++
 			continue
 		}
-		w = append(w, waited{turn: time.UnixMilli(tk), took: *rec.DisruptedAt, node: recNodes[i]})
+		w = append(w, turns.Waited{Turn: time.UnixMilli(tk), Took: *rec.DisruptedAt, Node: recNodes[i]})
 		lagMs = append(lagMs, float64(tk-rec.StartedAt.UnixMilli()))
 	}
 	return w, lagMs, odd
@@ -306,7 +306,7 @@ type fleetRun struct {
 	// come, first served semaphore of N slots with this run's very nodes:
 	// each node, in ticket order, on the slot free first, from when it
 	// asked (its ticket) or that slot's last hold ended, whichever is
-	// later, for as long as it held its slot here (listSchedule). Above 1
+	// later, for as long as it held its slot here (turns.ListSchedule). Above 1
 	// is what the slots lost (time between holds, a slot idle while a
 	// node waited); the rest of RolloutOverMakespan is the lead-in and
 	// the holds' spread (a few long holds, on 2 shared cores, end the
@@ -624,24 +624,24 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 		return r, fmt.Errorf("%d nodes' tickets (when they first saw the slots) are not between their startedAt and disruptedAt", odd)
 	}
 	r.NodesTicketed = len(byAsk)
-	r.MaxRoundsLateByAsk, r.NodesOverTwoRoundsLateByAsk = roundsPast(byAsk, n)
+	r.MaxRoundsLateByAsk, r.NodesOverTwoRoundsLateByAsk = turns.RoundsPast(byAsk, n)
 	if len(lags) > 0 {
 		sort.Float64s(lags)
 		r.AskLagMsMedian, r.AskLagMsMax = median(lags), lags[len(lags)-1]
 	}
 	fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: fairness by when a node asked (its ticket; %d nodes): at most %.2f rounds past its turn, %d nodes more than two; from startedAt to asking: median %.0f ms, at most %.0f ms\n",
 		k, n, r.NodesTicketed, r.MaxRoundsLateByAsk, r.NodesOverTwoRoundsLateByAsk, r.AskLagMsMedian, r.AskLagMsMax)
-	if i, passed := mostPassed(byAsk); i >= 0 && passed > 0 {
+	if i, passed := turns.MostPassed(byAsk); i >= 0 && passed > 0 {
 		// Where to look in the agents' logs (-fleet-log-dir) for what
 		// kept it.
-		first := byAsk[0].turn
+		first := byAsk[0].Turn
 		for _, x := range byAsk {
-			if x.turn.Before(first) {
-				first = x.turn
+			if x.Turn.Before(first) {
+				first = x.Turn
 			}
 		}
 		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: the node most past its turn by when it asked: %s, asked %d ms after the first node did, took a slot %d ms after it asked; %d nodes that asked later took one first\n",
-			k, n, byAsk[i].node, byAsk[i].turn.Sub(first).Milliseconds(), byAsk[i].took.Sub(byAsk[i].turn).Milliseconds(), passed)
+			k, n, byAsk[i].Node, byAsk[i].Turn.Sub(first).Milliseconds(), byAsk[i].Took.Sub(byAsk[i].Turn).Milliseconds(), passed)
 	}
 	r.MaxServedAheadInQueue, r.NodesQueued, r.MaxRoundsLateInLine, r.NodesOverTwoRoundsLateInLine = slots.servedAhead(n)
 	r.LongestQueue = slots.longestQueue()
@@ -723,7 +723,7 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 		}
 	}
 	var holds, gaps, leadIns, tails []float64
-	var timed []timedHold // the holds with when their node asked, for listSchedule
+	var timed []turns.Hold // the holds with when their node asked, for turns.ListSchedule
 	asked := func(c slotChange) float64 {
 		if tk := slots.ticket(c.holder); tk > 0 {
 			return float64(tk - from.UnixMilli())
@@ -743,7 +743,7 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 			d := ms(cs[i+1].at.Sub(cs[i].at))
 			if cs[i].holder != "" {
 				holds, held = append(holds, d), held+d
-				timed = append(timed, timedHold{asked(cs[i]), d})
+				timed = append(timed, turns.Hold{Asked: asked(cs[i]), Ms: d})
 			} else {
 				gaps, handedOff = append(gaps, d), handedOff+d
 			}
@@ -751,8 +751,9 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 		if last := cs[len(cs)-1]; last.holder != "" {
 			// Held to the end: its release had not reached the
 			// bench's watch yet.
-			holds, held = append(holds, ms(end.Sub(last.at))), held+ms(end.Sub(last.at))
-			timed = append(timed, timedHold{asked(last), ms(end.Sub(last.at))})
+			d := ms(end.Sub(last.at))
+			holds, held = append(holds, d), held+d
+			timed = append(timed, turns.Hold{Asked: asked(last), Ms: d})
 		}
 	}
 	r.HandOffs = countHandOffs(changes)
@@ -773,7 +774,7 @@ func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slo
 		r.RolloutOverMakespan = r.RolloutSeconds * 1000 / (r.SlotTime.LeadInMs + float64(rounds)*held/float64(len(holds)))
 		fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: rollout = %.2f × (lead-in %.0f ms + ⌈K/N⌉ × mean hold %.0f ms)\n",
 			k, r.MaxConcurrent, r.RolloutOverMakespan, r.SlotTime.LeadInMs, held/float64(len(holds)))
-		if m := listSchedule(r.MaxConcurrent, timed); m > 0 {
+		if m := turns.ListSchedule(r.MaxConcurrent, timed); m > 0 {
 			r.RolloutOverListSchedule = r.RolloutSeconds * 1000 / m
 			fmt.Fprintf(os.Stderr, "fleet-bench: K=%d N=%d: rollout = %.2f × a perfect first come, first served semaphore with these nodes (%.0f ms)\n",
 				k, r.MaxConcurrent, r.RolloutOverListSchedule, m)
@@ -928,35 +929,6 @@ func parallel(workers int, items []string, fn func(string) error) error {
 	return first
 }
 
-// timedHold is a node's hold of a slot: when the node asked and how long
-// it held (ms from the label).
-type timedHold struct{ asked, ms float64 }
-
-// listSchedule is when n slots, free from the label on, would be done
-// with holds served first come, first served with nothing lost: each
-// hold, in the order its node asked, on the slot free first, from when
-// its node asked or that slot's last hold ended, whichever is later
-// (0: no hold). It is the rollout of a perfect semaphore with the very
-// nodes and holds a run measured.
-func listSchedule(n int, holds []timedHold) float64 {
-	if n <= 0 || len(holds) == 0 {
-		return 0
-	}
-	free := make([]float64, n)
-	holds = slices.Clone(holds)
-	slices.SortStableFunc(holds, func(a, b timedHold) int { return cmp.Compare(a.asked, b.asked) })
-	for _, h := range holds {
-		i := 0
-		for j := range free {
-			if free[j] < free[i] {
-				i = j
-			}
-		}
-		free[i] = max(free[i], h.asked) + h.ms
-	}
-	return slices.Max(free)
-}
-
 // printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
 func printFleet(w io.Writer, r *fleetResults) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
@@ -1094,56 +1066,11 @@ func countsByKey(counts map[string]int) string {
 // waited more than two (fleetRun.MaxRoundsLate): a node's turn is its
 // place by startedAt.
 func roundsLate(recs []record.ChangeRecord, n int) (most float64, overTwo int) {
-	var w []waited
+	var w []turns.Waited
 	for _, r := range recs {
 		if r.DisruptedAt != nil {
-			w = append(w, waited{turn: r.StartedAt, took: *r.DisruptedAt})
+			w = append(w, turns.Waited{Turn: r.StartedAt, Took: *r.DisruptedAt})
 		}
 	}
-	return roundsPast(w, n)
-}
-
-// waited is a node's turn (when it began, or asked) and when it took a
-// slot (disruptedAt).
-type waited struct {
-	turn, took time.Time
-	node       string // "" where not known
-}
-
-// mostPassed is the node of w that the most nodes whose turn came after
-// its own passed (took a slot before it), and how many did: -1 for none.
-func mostPassed(w []waited) (i, passed int) {
-	i = -1
-	for j, a := range w {
-		n := 0
-		for _, b := range w {
-			if b.turn.After(a.turn) && b.took.Before(a.took) {
-				n++
-			}
-		}
-		if n > passed || i < 0 {
-			i, passed = j, n
-		}
-	}
-	return i, passed
-}
-
-// roundsPast: each node is late by the nodes whose turn came after its own
-// but took a slot before it, over n; the most rounds, and how many nodes
-// were more than two late.
-func roundsPast(w []waited, n int) (most float64, overTwo int) {
-	for _, a := range w {
-		overtaken := 0
-		for _, b := range w {
-			if b.turn.After(a.turn) && b.took.Before(a.took) {
-				overtaken++
-			}
-		}
-		late := float64(overtaken) / float64(max(n, 1))
-		most = max(most, late)
-		if late > 2 {
-			overTwo++
-		}
-	}
-	return most, overTwo
+	return turns.RoundsPast(w, n)
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/migagent/mig-agent/hack/bench/turns"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -84,49 +85,10 @@ func TestAskedByTicket(t *testing.T) {
 		t.Fatalf("asked: %v, lags %v, %d odd; want a and b, 1 odd (c asked after it took a slot), d unseen", w, lags, odd)
 	}
 	// b asked before a and took a slot after it: one round late.
-	if most, over := roundsPast(w, 1); most != 1 || over != 0 {
+	if most, over := turns.RoundsPast(w, 1); most != 1 || over != 0 {
 		t.Errorf("rounds past: %v, %d over two", most, over)
 	}
-	if i, passed := mostPassed(w); i < 0 || w[i].node != "b" || passed != 1 {
+	if i, passed := turns.MostPassed(w); i < 0 || w[i].Node != "b" || passed != 1 {
 		t.Errorf("most passed: %d (%d), want b, passed by a", i, passed)
-	}
-	late := []waited{{turn: at(0), took: at(9), node: "p"}, {turn: at(1), took: at(2)}, {turn: at(2), took: at(3)}, {turn: at(3), took: at(4)}}
-	if most, _ := roundsPast(late, 1); most != 3 {
-		t.Errorf("the first to ask served after three that asked later: %v rounds, want 3", most)
-	}
-	if i, passed := mostPassed(late); i != 0 || passed != 3 {
-		t.Errorf("most passed: %d (%d), want p, passed by three", i, passed)
-	}
-}
-
-// A perfect first come, first served semaphore: each node in the order it
-// asked, on the slot free first, from when it asked or that slot was
-// free, whichever is later.
-func TestListSchedule(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		n     int
-		holds []timedHold
-		want  float64
-	}{
-		{"none", 2, nil, 0},
-		{"no slot", 0, []timedHold{{0, 10}}, 0},
-		// Back to back on one slot, whatever order they are given in.
-		{"one slot", 1, []timedHold{{20, 10}, {0, 10}, {5, 10}}, 30},
-		// Two slots: 0+10 and 0+10 at once, then the third at 10.
-		{"two slots", 2, []timedHold{{0, 10}, {0, 10}, {1, 10}}, 20},
-		// A node that asked late starts when it asked, not when a slot
-		// was free: no schedule serves a node before it asks.
-		{"asked late", 2, []timedHold{{0, 10}, {100, 10}}, 110},
-		// The longest hold decides when it comes last: the spread of the
-		// holds, not the hand-off.
-		{"one long hold", 2, []timedHold{{0, 10}, {0, 10}, {0, 10}, {0, 50}}, 60},
-		// First come, first served, not the best order: the long hold
-		// asked last, so it goes last (longest first would give 50).
-		{"served in order", 2, []timedHold{{0, 10}, {1, 10}, {2, 10}, {3, 10}, {4, 40}}, 60},
-	} {
-		if got := listSchedule(tc.n, tc.holds); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
 	}
 }
