@@ -78,7 +78,7 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	kubetest.CreateNamespace(t, ns)
 	o := (&Opts{Node: node, Sim: "h200x2"}).Fill(t)
 	dp := kubetest.StartDevicePlugin(t, c, node, ns, "mixed", pluginReader(t, o))
-	WaitFor(t, 60*time.Second, "the device plugin pod to run", dp.Running)
+	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
 	// The kubelet writes the plugin's devices into the Node's status on its
 	// own schedule, not with the pod's: wait for them as a user would.
 	WaitFor(t, 30*time.Second, "the Node's allocatable to show the whole GPUs", func() bool {
@@ -143,7 +143,7 @@ func TestStaleDevicePluginIsNoSuccess(t *testing.T) {
 	kubetest.CreateNamespace(t, ns)
 	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
 	dp := kubetest.StartDevicePlugin(t, c, node, ns, "mixed", pluginReader(t, o))
-	WaitFor(t, 60*time.Second, "the device plugin pod to run", dp.Running)
+	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
 	o.Extra = append(o.Extra, "--resource-wait-timeout", "3s", "--restart-device-plugin=false")
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
@@ -189,7 +189,7 @@ func TestSharingDevicePluginConverges(t *testing.T) {
 	}
 	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
 	dp := kubetest.StartSharingDevicePlugin(t, c, node, ns, "mixed", kubetest.PluginConfig{ConfigMap: cm.Name}, pluginReader(t, o))
-	WaitFor(t, 60*time.Second, "the device plugin pod to run", dp.Running)
+	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
 	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
 	StartAgent(t, o)
 

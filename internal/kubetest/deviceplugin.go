@@ -81,6 +81,7 @@ type DevicePlugin struct {
 	strategy string
 	read     func() ([]PluginGPU, error)
 	cfg      PluginConfig
+	ds       string // the DaemonSet's name
 
 	mu      sync.Mutex
 	running string // UID of the pod whose plugin runs, "" none
@@ -135,6 +136,7 @@ func StartSharingDevicePlugin(t testing.TB, client kubernetes.Interface, node, n
 	if cfg.ConfigMap != "" {
 		configManagerSpec(&ds.Spec.Template.Spec, cfg)
 	}
+	p.ds = ds.Name
 	runDaemonSet(t, client, node, ds, p.start, p.stop)
 	return p
 }
@@ -292,6 +294,31 @@ func (p *DevicePlugin) Running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.running != ""
+}
+
+// Counted reports whether a plugin pod runs on the node and the DaemonSet
+// controller counts it in the DaemonSet's status (currentNumberScheduled,
+// for the DaemonSet's latest generation): its informer has seen the pod it
+// created. On a real node the device plugin has run long before a MIG
+// change; a test that changes the geometry at once could restart the pod
+// before the controller saw it, and the controller takes a pod it first
+// sees already being deleted for no creation of its own (addPod in
+// kubernetes pkg/controller/daemon/daemon_controller.go), then waits out
+// its expectations for minutes before it makes another. Seen once in the
+// e2e suite, most likely so: the controller's pod cache was behind its own
+// create (its consistency check failed for 0.9 s), the agent restarted
+// the pod 0.3 s after it was made, and the DaemonSet's status said
+// current 0 for the 90 s that followed.
+func (p *DevicePlugin) Counted() bool {
+	if !p.Running() {
+		return false
+	}
+	ds, err := p.client.AppsV1().DaemonSets(p.ns).Get(context.Background(), p.ds, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	s := ds.Status
+	return s.ObservedGeneration >= ds.Generation && s.DesiredNumberScheduled >= 1 && s.CurrentNumberScheduled == s.DesiredNumberScheduled
 }
 
 func shortName(node string) string {
