@@ -329,6 +329,16 @@ func (a *attempt) begin() error {
 		}
 		return d.success(a.ctx, a.node, ch, plan, a.v.n, nil, "config already applied; nothing changed", record.ReasonUnchanged)
 	}
+	if ch.Phase == journal.PhasePending {
+		// The request is valid, the GPUs need it and no other MIG manager
+		// is at work: the node says so at once. Nothing is touched until
+		// the preflight and the journal below; should either refuse, the
+		// state goes on to failed with the reason, as it would from any
+		// step (pending, like every state label, promises no disruption).
+		// Before them it saves their time, about a third of label →
+		// pending (docs/bench.md).
+		d.setState(a.ctx, record.StatePending)
+	}
 	// The change goes ahead unless the preflight refuses it: the device
 	// plugin list (noteDevicePlugins) starts now, beside the writes.
 	a.listPluginsAhead()
@@ -345,7 +355,6 @@ func (a *attempt) begin() error {
 			j.Change = nil
 			return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal}
 		}
-		d.setState(a.ctx, record.StatePending)
 		d.event(a.ctx, a.node, EventNormal, record.ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched; %s",
 			ch.Config, ch.GPUsChanged, ch.GPUsUntouched, requestedBy(ch.RequestedBy, ch.RequestedVia, ch.RequestedBySource)))
 	}

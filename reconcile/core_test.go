@@ -36,6 +36,8 @@ type fakeCluster struct {
 	node    *Node
 	records []record.ChangeRecord
 	events  []string // reasons, in order
+	// preflight, when set, answers Preflight (nil: the rights are there).
+	preflight func() error
 }
 
 var _ Cluster = (*fakeCluster)(nil)
@@ -102,7 +104,12 @@ func (f *fakeCluster) Event(_ context.Context, _ *Node, _, reason, _ string) err
 }
 
 func (f *fakeCluster) PublishConfigs(context.Context, string) error { return nil }
-func (f *fakeCluster) Preflight(context.Context, bool) error        { return nil }
+func (f *fakeCluster) Preflight(context.Context, bool) error {
+	if f.preflight != nil {
+		return f.preflight()
+	}
+	return nil
+}
 func (f *fakeCluster) Probe(context.Context) error                  { return nil }
 func (f *fakeCluster) Reachable(context.Context) error              { return nil }
 func (f *fakeCluster) Transient(error) bool                         { return false }
@@ -558,6 +565,52 @@ func TestCoreBackoff(t *testing.T) {
 	if p := c.d.Journal.State.Progress; p.Failing != "" || p.Attempts != 0 || !p.RetryAt.IsZero() {
 		t.Errorf("backoff kept after success: %+v", p)
 	}
+}
+
+// The node says pending as soon as the request is known valid and needed,
+// before the preflight and the journal (label → pending, docs/bench.md). A
+// preflight that then refuses leaves nothing journaled and nothing touched,
+// and the state goes on to failed with the reason; once the rights are
+// there the retry applies the change.
+func TestCorePendingBeforePreflight(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c.applied(t, "all-balanced")
+	c.cluster.setLabel("all-1g.18gb")
+	started := c.cluster.count(record.ReasonStarted)
+	var stateAt, journaled []string
+	refuse := true
+	c.cluster.preflight = func() error {
+		stateAt = append(stateAt, c.cluster.node.State) // Preflight runs outside the fake's lock
+		if ch := c.d.Journal.State.Change; ch != nil {
+			journaled = append(journaled, ch.Config)
+		}
+		if refuse {
+			return errors.New(`nodes "node-1" is forbidden: cannot patch`)
+		}
+		return nil
+	}
+	if oc := c.pass(false, false); oc != outRetry {
+		t.Fatalf("preflight refused: outcome %v, want a retry", oc)
+	}
+	if !slices.Equal(stateAt, []string{record.StatePending}) || len(journaled) != 0 {
+		t.Fatalf("at the preflight: state %v, journaled %v; want pending, nothing journaled", stateAt, journaled)
+	}
+	rec := c.cluster.last()
+	if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "forbidden") || c.cluster.seen().State != record.StateFailed {
+		t.Fatalf("after the refusal: record %+v, state %q", rec, c.cluster.seen().State)
+	}
+	if c.d.Journal.State.Change != nil || c.cluster.count(record.ReasonStarted) != started {
+		t.Fatalf("a refused change was journaled (%+v) or announced started (events %v)", c.d.Journal.State.Change, c.cluster.events)
+	}
+	if !c.holds(t, "all-balanced") {
+		t.Fatal("a change the preflight refused touched the GPUs")
+	}
+	refuse = false
+	c.clock.Step(c.d.Journal.State.RetryAt.Sub(c.clock.Now()))
+	if oc := c.pass(false, true); oc != outSuccess {
+		t.Fatalf("retry with the rights: outcome %v, record %+v", oc, c.cluster.last())
+	}
+	wantSuccess(t, c, "all-1g.18gb")
 }
 
 // GPUs changed behind the agent's back are reported once as drift (Event,
