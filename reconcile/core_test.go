@@ -110,9 +110,9 @@ func (f *fakeCluster) Preflight(context.Context, bool) error {
 	}
 	return nil
 }
-func (f *fakeCluster) Probe(context.Context) error                  { return nil }
-func (f *fakeCluster) Reachable(context.Context) error              { return nil }
-func (f *fakeCluster) Transient(error) bool                         { return false }
+func (f *fakeCluster) Probe(context.Context) error     { return nil }
+func (f *fakeCluster) Reachable(context.Context) error { return nil }
+func (f *fakeCluster) Transient(error) bool            { return false }
 
 // copy is a copy of the snapshot a watch would hand out.
 func (n *Node) copy() *Node {
