@@ -38,6 +38,8 @@ type fakeCluster struct {
 	events  []string // reasons, in order
 	// preflight, when set, answers Preflight (nil: the rights are there).
 	preflight func() error
+	states    []string      // the state labels written, in order
+	slowState time.Duration // how long a pending write takes (real time)
 }
 
 var _ Cluster = (*fakeCluster)(nil)
@@ -76,8 +78,12 @@ func (f *fakeCluster) Desired(node *Node) Request {
 func (f *fakeCluster) GetNode(context.Context) (*Node, error) { return f.seen(), nil }
 
 func (f *fakeCluster) SetState(_ context.Context, state string) error {
+	if state == record.StatePending {
+		time.Sleep(f.slowState)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.states = append(f.states, state)
 	f.node = f.node.copy()
 	if state != "" {
 		f.node.State = state
@@ -568,7 +574,8 @@ func TestCoreBackoff(t *testing.T) {
 }
 
 // The node says pending as soon as the request is known valid and needed,
-// before the preflight and the journal (label → pending, docs/bench.md). A
+// alongside the checks' reads and before the preflight and the journal
+// (label → pending, docs/bench.md). A
 // preflight that then refuses leaves nothing journaled and nothing touched,
 // and the state goes on to failed with the reason; once the rights are
 // there the retry applies the change.
@@ -611,6 +618,60 @@ func TestCorePendingBeforePreflight(t *testing.T) {
 		t.Fatalf("retry with the rights: outcome %v, record %+v", oc, c.cluster.last())
 	}
 	wantSuccess(t, c, "all-1g.18gb")
+}
+
+// A change mid-drain whose Node was deleted and made again goes back to
+// pending (sameNode): the new Node says pending before its disruption is
+// redone, though the change was not announced afresh in checkNode.
+func TestCoreRecreatedNodeSaysPending(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c.applied(t, "all-balanced")
+	ch := &journal.Change{Config: "all-1g.18gb", PreviousConfig: "all-balanced", RequestedBy: "test",
+		StartedAt: c.clock.Now(), Phase: journal.PhaseDraining, GPUsChanged: []int{0, 1}, GPUsUntouched: []int{},
+		NodeUID: "uid-of-the-deleted-node", TaintAdded: true}
+	c.d.Journal.State.Change, c.d.Journal.State.Handled = ch, ""
+	if err := c.d.Journal.Save(); err != nil {
+		t.Fatal(err)
+	}
+	c.cluster.setLabel("all-1g.18gb")
+	c.restart(t, nvmlx.SimOptions{})
+	from := len(c.cluster.states)
+	if oc := c.pass(true, false); oc != outSuccess {
+		t.Fatalf("outcome %v, record %+v", oc, c.cluster.last())
+	}
+	if got := c.cluster.states[from:]; len(got) == 0 || got[0] != record.StatePending {
+		t.Fatalf("states written %v: the new Node was not told pending first", got)
+	}
+	wantSuccess(t, c, "all-1g.18gb")
+}
+
+// fakeOthers is another MIG manager at work (other) or none ("").
+type fakeOthers struct{ other string }
+
+func (o fakeOthers) Check(context.Context) (string, error) { return o.other, nil }
+
+// Another MIG manager found while pending is being written (slowly): the
+// refusal's failed comes after pending, never before it, so the node ends
+// failed; nothing is journaled, announced or touched.
+func TestCorePendingThenRefused(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c.applied(t, "all-balanced")
+	c.cluster.setLabel("all-1g.18gb")
+	c.d.Others = fakeOthers{other: "the GPU Operator's MIG manager (pod gpu-operator/nvidia-mig-manager-x)"}
+	c.cluster.slowState = 50 * time.Millisecond
+	started, from := c.cluster.count(record.ReasonStarted), len(c.cluster.states)
+	if oc := c.pass(false, false); oc == outSuccess {
+		t.Fatal("a change went ahead beside another MIG manager")
+	}
+	if got := c.cluster.states[from:]; !slices.Equal(got, []string{record.StatePending, record.StateFailed}) || c.cluster.seen().State != record.StateFailed {
+		t.Fatalf("states written %v, node at %q; want pending then failed", got, c.cluster.seen().State)
+	}
+	if rec := c.cluster.last(); !strings.Contains(rec.Reason, "another MIG manager") || c.cluster.count(record.ReasonManagerConflict) == 0 {
+		t.Errorf("record %+v: the reason does not name the other manager, or no Event", rec)
+	}
+	if c.d.Journal.State.Change != nil || c.cluster.count(record.ReasonStarted) != started || !c.holds(t, "all-balanced") {
+		t.Fatal("a refused change was journaled, announced or applied")
+	}
 }
 
 // GPUs changed behind the agent's back are reported once as drift (Event,
