@@ -211,8 +211,64 @@ func TestTwoSlotsHandedAtOnce(t *testing.T) {
 
 // A holder whose own queue is empty hands its slot to the second node of a
 // longer queue (the one that has waited longest after the first, which its
-// own holder serves next); that node leaves its first queue itself.
+// own holder serves next). That node stays in its first queue while it
+// holds, at no request: that queue's holder removes the entry in its own
+// hand-off, and the node sends no leave of its own when it releases.
 func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, clk := versionedFake()
+	queuedSlot(t, c, SlotLeaseName(0), "x")
+	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q", "r")
+	var leaves atomic.Int32
+	c.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.PatchAction).GetPatchType() == types.MergePatchType {
+			leaves.Add(1)
+		}
+		return false, nil, nil
+	})
+	q := newSlots(c, clk, "q")
+	q.N = 2
+	got := make(chan reconcile.Slot, 1)
+	go func() {
+		slot, err := q.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- slot
+	}()
+	waitUntil(t, "q watches", func() bool { return clk.HasWaiters() })
+	x := newSlots(c, clk, "x")
+	x.N = 2
+	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "q" {
+		t.Fatalf("x: %q %v (%v), want the second of the longer queue", to, err, apierrors.ReasonForError(err))
+	}
+	slot := <-got
+	if qs := queueOf(getSlot(t, c, SlotLeaseName(1))); len(qs) != 3 || leaves.Load() != 0 {
+		t.Fatalf("q left its first queue at once (%d leaves; queue %v): a request the hand-off of v removes for free", leaves.Load(), qs)
+	}
+	v := newSlots(c, clk, "v")
+	v.N = 2
+	if to, err := v.handOver(ctx, getSlot(t, c, SlotLeaseName(1)), storeOf(c)); err != nil || to != "p" {
+		t.Fatalf("v: %q %v, want p", to, err)
+	}
+	if qs := queueOf(getSlot(t, c, SlotLeaseName(1))); len(qs) != 1 || qs[0].node != "r" {
+		t.Fatalf("after v's hand-off the queue is %v, want r alone (q's entry removed in the same write)", qs)
+	}
+	waitUntil(t, "q's cache shows its entry gone", func() bool { return q.queuedOn(slot.(*slotHold).store) == "" })
+	slot.Release()
+	if n := leaves.Load(); n != 0 {
+		t.Errorf("q sent %d leaves at its release, its entry gone already", n)
+	}
+	if holder(getSlot(t, c, SlotLeaseName(0))) != "" {
+		t.Errorf("slot 0 after q's release: held by %q", holder(getSlot(t, c, SlotLeaseName(0))))
+	}
+}
+
+// A node served by another slot that releases it while still in its first
+// queue leaves that queue first: with no slot, that queue's holder would
+// otherwise hand it a slot it no longer waits for.
+func TestReleaseLeavesTheFirstQueue(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c, clk := versionedFake()
@@ -220,21 +276,29 @@ func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q", "r")
 	q := newSlots(c, clk, "q")
 	q.N = 2
-	got := make(chan error, 1)
-	go func() { _, err := q.Acquire(ctx); got <- err }()
+	got := make(chan reconcile.Slot, 1)
+	go func() {
+		slot, err := q.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- slot
+	}()
 	waitUntil(t, "q watches", func() bool { return clk.HasWaiters() })
 	x := newSlots(c, clk, "x")
 	x.N = 2
 	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "q" {
-		t.Fatalf("x: %q %v (%v), want the second of the longer queue", to, err, apierrors.ReasonForError(err))
+		t.Fatalf("x: %q %v, want q", to, err)
 	}
-	if err := <-got; err != nil {
-		t.Fatal(err)
+	(<-got).Release()
+	if qs := queueOf(getSlot(t, c, SlotLeaseName(1))); len(qs) != 2 || qs[0].node != "p" || qs[1].node != "r" {
+		t.Fatalf("after q's release the queue of slot 1 is %v, want p, r", qs)
 	}
-	waitUntil(t, "q leaves its first queue", func() bool {
-		qs := queueOf(getSlot(t, c, SlotLeaseName(1)))
-		return len(qs) == 2 && qs[0].node == "p" && qs[1].node == "r"
-	})
+	v := newSlots(c, clk, "v")
+	v.N = 2
+	if to, err := v.handOver(ctx, getSlot(t, c, SlotLeaseName(1)), storeOf(c)); err != nil || to != "p" {
+		t.Fatalf("v: %q %v, want p", to, err)
+	}
 }
 
 // An RBAC from before the queue (no patch): the node waits for a freed

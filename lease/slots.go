@@ -177,12 +177,13 @@ func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
 	var q queued // the queue this node joined
 	held := func(l *coordinationv1.Lease) reconcile.Slot {
 		unlink()
-		if on := q.on; on != "" && on != l.Name {
-			// Served by another slot (a free one, or handed on from
-			// another queue): leave the first queue, without holding
-			// up the change.
-			go s.leaveQueue(ctx, on)
-		}
+		// Served by another slot (a free one, or handed on from another
+		// queue), this node stays in the queue it joined while it holds:
+		// nobody hands it that slot meanwhile (a holder skips the nodes
+		// that hold a slot), and that queue's holder removes the entry in
+		// its own hand-off, a write it sends anyway. The release leaves
+		// what is still there (leaveOthers). So a hand-off across queues
+		// costs no request of its own.
 		h := s.hold(ctx, l, store, stop)
 		go h.strays(changed)
 		return h
@@ -1058,8 +1059,12 @@ func (h *slotHold) Release() {
 		return
 	case lost != nil:
 		s.Log.Warn("the rollout slot was lost; nothing to release", "lease", h.name, "err", lost)
+		s.leaveOthers(h.ctx, h.store, h.name)
 		return
 	}
+	// Out of the queues it still stands in, before the slot goes: once it
+	// holds none, their holders would hand it theirs.
+	s.leaveOthers(h.ctx, h.store, h.name)
 	// One write, from the Lease as last seen: handed to the first
 	// node of its queue, or released; only a conflict reads it first.
 	to, err := s.handOver(h.ctx, h.freshest(), h.store)
