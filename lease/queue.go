@@ -51,12 +51,12 @@ import (
 // finds a place ahead of them.
 
 // A holder hands its slot to the second node of another queue (the first
-// goes next on its own slot) when that node asked before its own queue's
-// first and N/2 or more of the waiting nodes asked between them (that
-// first included): joins that came at once overrun queues by different
-// lengths, and the nodes of a long queue would be passed over by a round
-// or more. With its own queue empty, to the second of any queue of two or
-// more. That node stays in its first queue while it holds (holders skip
+// goes next on its own slot), or a later one of it, when that node asked
+// before its own queue's first and N/2 or more of the waiting nodes asked
+// between them (that first included): joins that came at once overrun
+// queues by different lengths, and the nodes of a long queue would be
+// passed over by a round or more. With its own queue empty, to the second
+// of any queue of two or more. That node stays in its first queue while it holds (holders skip
 // the nodes that hold a slot), and that queue's holder removes its entry
 // in its own next hand-off; what is left when it releases, it leaves
 // first (Release). So a hand-off across queues costs no request of its
@@ -310,7 +310,11 @@ type roomSeen struct {
 // join it: TicketPace times its distance in line from the node just ahead
 // of it (the latest of line, the tickets of the nodes holding or queued,
 // before its own), so that the next in line joins first; at once when no
-// node in line is ahead of it. A node farther than the window (many are
+// node in line is ahead of it. When a node that asked after it is in line
+// already, no more than its distance from that node: it is being passed
+// over, and the gap to the node ahead is a lull before its wave, which
+// held it outside while its wave joined ahead of it (16 s at K = 200,
+// N = 10, in a debug run). A node farther than the window (many are
 // waiting, or few after a lull) joins after it, one window later each
 // time its distance doubles: still in ticket order (a hash of the place
 // chose among them before, and the nodes that asked first were passed
@@ -327,7 +331,15 @@ func (s *Slots) joinTurn(line []int64, window time.Duration, u float64) time.Dur
 	if i == 0 {
 		return 0
 	}
-	d := time.Duration(t-line[i-1]) * TicketPace * time.Millisecond
+	gap := t - line[i-1]
+	if i < len(line) {
+		// Passed over already: a node that asked after it is in line.
+		// Its turn is no farther than that node's distance behind it,
+		// not the gap to the one ahead (a lull before its wave): the
+		// others of its wave join at once, having someone just ahead.
+		gap = min(gap, line[i]-t)
+	}
+	d := time.Duration(gap) * TicketPace * time.Millisecond
 	if d <= window || window <= 0 {
 		return d
 	}
@@ -419,15 +431,15 @@ func (s *Slots) leaveQueue(ctx context.Context, name string) {
 
 // successor is the queue entry of the node slot l goes to when its holder
 // is done: the first of its queue that holds no slot (as the cache shows
-// them); or the second of another queue that asked before that one with
-// N/2 or more waiting nodes between them (passedBy), or of any queue of
-// two or more when l's queue is empty (queues that joins overran by
-// different lengths would serve their nodes out of order; that node
-// stays in its first queue while it holds, which the hand-offs there
-// clean up: holdersQueued); or the first of another
-// queue with N or more between them (its holder holds long). Of up to stealFrom such
-// nodes, the earliest ones, one at random: holders done at once do not
-// all take the same node. Node "" when none; the key is "" when the entry
+// them); or a node beyond the first of another queue that asked before
+// that one with N/2 or more waiting nodes between them (passedOver; its
+// second, or of any queue of two or more when l's queue is empty: queues
+// that joins overran by different lengths would serve their nodes out of
+// order; that node stays in its first queue while it holds, which the
+// hand-offs there clean up: holdersQueued); or the first of another queue
+// with N or more between them (its holder holds long). Of up to stealFrom
+// such nodes, the earliest ones, one at random: holders done at once do
+// not all take the same node. Node "" when none; the key is "" when the entry
 // is on another slot.
 func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry {
 	hs := s.holding(store)
@@ -455,10 +467,11 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry
 	slices.Sort(line)
 	var behind []queueEntry // the nodes of the other queues passed over
 	for _, q := range others {
-		switch {
-		case len(q) >= 2 && (next.node == "" || q[1].seq < next.seq && passedBy(line, q[1].seq, next.seq) >= max(1, s.N/2)):
-			behind = append(behind, q[1])
-		case len(q) >= 1 && next.node != "" && q[0].seq < next.seq && passedBy(line, q[0].seq, next.seq) >= max(2, s.N):
+		if p := s.passedOver(q, next, line); len(p) > 0 {
+			behind = append(behind, p...)
+			continue
+		}
+		if len(q) >= 1 && next.node != "" && q[0].seq < next.seq && passedBy(line, q[0].seq, next.seq) >= max(2, s.N) {
 			// The first of a queue whose holder is slow: its own holder
 			// would serve it next, but a round of nodes that asked after
 			// it went first meanwhile. Should that holder hand it the
@@ -474,6 +487,34 @@ func (s *Slots) successor(store cache.Store, l *coordinationv1.Lease) queueEntry
 	s.Log.Debug("handing the rollout slot to a node that waited longer in another queue", "lease", l.Name, "to", e.node)
 	e.key = ""
 	return e
+}
+
+// passedOver are the nodes of another queue q, but its first (its own
+// holder serves that one next), that a hand-off to next would pass over:
+// each that asked before next with N/2 or more waiting nodes of line (the
+// tickets of all, sorted) between them. Beyond a queue's second too: a
+// queue that joins overran holds a run of such nodes, in ticket order, and
+// holders done at once pick among the earliest of them (successor) rather
+// than all its second. With next none (the holder's own queue is empty),
+// the queue's second, and a later node when N/2 or more waiting nodes
+// asked after it.
+func (s *Slots) passedOver(q []queueEntry, next queueEntry, line []int64) []queueEntry {
+	var out []queueEntry
+	for j := 1; j < len(q); j++ {
+		e, to := q[j], next.seq
+		if next.node == "" {
+			if j == 1 {
+				out = append(out, e)
+				continue
+			}
+			to = line[len(line)-1]
+		}
+		if e.seq >= to || passedBy(line, e.seq, to) < max(1, s.N/2) {
+			break // and every later node of q: asked later, passed by fewer
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // passedBy is how many of the tickets of line (sorted) are after from and

@@ -301,6 +301,63 @@ func TestReleaseLeavesTheFirstQueue(t *testing.T) {
 	}
 }
 
+// A slot handed to a node while it holds another, that its watch shows
+// only once it has begun its release (two holders saw it waiting at once,
+// and strays ended with the hold), is handed on by the release: nobody
+// else would, and its queue would wait until it expired.
+func TestReleaseHandsOnAStraySlot(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, clk := versionedFake()
+	queuedSlot(t, c, SlotLeaseName(0), "x")
+	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q", "r")
+	q := newSlots(c, clk, "q")
+	q.N = 2
+	got := make(chan reconcile.Slot, 1)
+	go func() {
+		slot, err := q.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- slot
+	}()
+	waitUntil(t, "q watches", func() bool { return clk.HasWaiters() })
+	x := newSlots(c, clk, "x")
+	x.N = 2
+	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "q" {
+		t.Fatalf("x: %q %v, want q", to, err)
+	}
+	slot := <-got
+	// v hands slot 1 to q as q's release is sent: written through the
+	// tracker (a reactor may not call the clientset it runs in).
+	var once atomic.Bool
+	c.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		pa := a.(k8stesting.PatchAction)
+		if pa.GetPatchType() != types.JSONPatchType || pa.GetName() != SlotLeaseName(0) || !once.CompareAndSwap(false, true) {
+			return false, nil, nil
+		}
+		o, err := c.Tracker().Get(coordinationv1.SchemeGroupVersion.WithResource("leases"), "ns", SlotLeaseName(1))
+		if err != nil {
+			t.Error(err)
+			return false, nil, nil
+		}
+		l := o.(*coordinationv1.Lease).DeepCopy()
+		l.Spec.HolderIdentity = ptr.To("q")
+		l.Annotations[AnnotationHandedTo] = "q"
+		if err := c.Tracker().Update(coordinationv1.SchemeGroupVersion.WithResource("leases"), l, "ns"); err != nil {
+			t.Error(err)
+		}
+		return false, nil, nil
+	})
+	slot.Release()
+	if !once.Load() {
+		t.Fatal("q's release sent no hand-off of slot 0")
+	}
+	if h := holder(getSlot(t, c, SlotLeaseName(1))); h != "p" {
+		t.Errorf("slot 1, handed to q during its release, is held by %q, want p (the next of its queue)", h)
+	}
+}
+
 // An RBAC from before the queue (no patch): the node waits for a freed
 // slot as before, without a queue, and is not stuck.
 func TestNoPatchWaitsWithoutAQueue(t *testing.T) {

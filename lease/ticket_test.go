@@ -39,8 +39,9 @@ func ticketedSlot(t *testing.T, c *fake.Clientset, name, holderName string, queu
 }
 
 // joinTurn: the next in line joins first, TicketPace times its distance
-// from the node just ahead of it in line; one that nobody in line is ahead
-// of at once; one farther than the window after it, one window more each
+// from the node just ahead of it in line, or from the node just behind it
+// when that one is in line already (it is passed over: a lull before its
+// wave does not hold it back); one that nobody in line is ahead of at once; one farther than the window after it, one window more each
 // time its distance doubles, in ticket order; any
 // while no slot shows a ticket over the window, in hash order.
 func TestJoinTurnByTicket(t *testing.T) {
@@ -55,7 +56,8 @@ func TestJoinTurnByTicket(t *testing.T) {
 		{"no ticket seen: hash order over the window", ticketOf(150), nil, 250 * time.Millisecond},
 		{"ahead of everyone in line", ticketOf(90), line, 0},
 		{"passed over: 5 ms behind the node ahead", ticketOf(125), line, 5 * TicketPace * time.Millisecond},
-		{"level with the last in line", ticketOf(200), line, 80 * TicketPace * time.Millisecond},
+		{"level with the last in line: passed over, at once", ticketOf(200), line, 0},
+		{"after a lull, 10 ms before a node in line", ticketOf(190), line, 10 * TicketPace * time.Millisecond},
 		{"5 ms behind the last", ticketOf(205), line, 5 * TicketPace * time.Millisecond},
 		{"at the window", ticketOf(400), line, time.Second},
 		{"twice the window behind: one window later", ticketOf(600), line, 2 * time.Second},
@@ -215,6 +217,31 @@ func TestHandOffServesANodePassedOverInAnotherQueue(t *testing.T) {
 		if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != tc.want {
 			t.Errorf("%s: handed to %q (%v), want %s", tc.name, to, err, tc.want)
 		}
+	}
+}
+
+// A queue that joins overran holds passed-over nodes beyond its second: a
+// holder picks among the earliest of them (its third too), so that
+// holders done at once do not all take its second; not one that fewer
+// than N/2 waiting nodes asked after.
+func TestHandOffServesBeyondTheSecondOfAnOverrunQueue(t *testing.T) {
+	ctx := context.Background()
+	got := map[string]int{}
+	for range 40 {
+		c, clk := versionedFake()
+		ticketedSlot(t, c, SlotLeaseName(0), "x", "a", 10, "b", 11)
+		ticketedSlot(t, c, SlotLeaseName(1), "v", "p", 1, "q", 2, "r", 3, "s", 4)
+		x := newSlots(c, clk, "x")
+		x.N = 4 // slots 2 and 3 not made yet
+		to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[to]++
+	}
+	// q is passed over by r, s and a; r by s and a; s by a alone.
+	if got["q"] == 0 || got["r"] == 0 || got["q"]+got["r"] != 40 {
+		t.Errorf("handed to %v in 40 hand-offs, want q and r only, both", got)
 	}
 }
 
