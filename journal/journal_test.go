@@ -50,3 +50,29 @@ func TestJournalUpgrade(t *testing.T) {
 		t.Fatalf("upgraded mark %+v, change %+v", m, j.State.Change)
 	}
 }
+
+// The state machine: the moves of a change as it goes, a resume and a
+// reboot; not back to pending once the GPUs changed, nor out of refreshing
+// to anything but applying.
+func TestCanMove(t *testing.T) {
+	for _, tc := range []struct {
+		from, to Phase
+		want     bool
+	}{
+		{PhasePending, PhaseDraining, true},
+		{PhasePending, PhaseApplying, true},
+		{PhaseDraining, PhasePending, true},
+		{PhaseApplying, PhaseRebooting, true},
+		{PhaseRebooting, PhaseDraining, true},
+		{PhaseRestoring, PhaseRefreshing, true},
+		{PhaseRefreshing, PhaseApplying, true},
+		{PhaseApplying, PhasePending, false},
+		{PhasePending, PhaseRestoring, false},
+		{PhaseRefreshing, PhaseDraining, false},
+		{Phase("unknown"), PhaseApplying, false},
+	} {
+		if got := CanMove(tc.from, tc.to); got != tc.want {
+			t.Errorf("CanMove(%s, %s) = %v, want %v", tc.from, tc.to, got, tc.want)
+		}
+	}
+}

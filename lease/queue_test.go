@@ -209,24 +209,13 @@ func TestTwoSlotsHandedAtOnce(t *testing.T) {
 	}
 }
 
-// A holder whose own queue is empty hands its slot to the second node of a
-// longer queue (the one that has waited longest after the first, which its
-// own holder serves next). That node stays in its first queue while it
-// holds, at no request: that queue's holder removes the entry in its own
-// hand-off, and the node sends no leave of its own when it releases.
-func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c, clk := versionedFake()
+// handedAcross makes slot 0 held by x with an empty queue and slot 1 held
+// by v with p, q and r queued; q waits for a slot, and x, done, hands it
+// slot 0 (the second of the longer queue). It returns q and its slot.
+func handedAcross(ctx context.Context, t *testing.T, c *fake.Clientset, clk *clocktesting.FakeClock) (*Slots, reconcile.Slot) {
+	t.Helper()
 	queuedSlot(t, c, SlotLeaseName(0), "x")
 	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q", "r")
-	var leaves atomic.Int32
-	c.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.PatchAction).GetPatchType() == types.MergePatchType {
-			leaves.Add(1)
-		}
-		return false, nil, nil
-	})
 	q := newSlots(c, clk, "q")
 	q.N = 2
 	got := make(chan reconcile.Slot, 1)
@@ -241,9 +230,28 @@ func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 	x := newSlots(c, clk, "x")
 	x.N = 2
 	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "q" {
-		t.Fatalf("x: %q %v (%v), want the second of the longer queue", to, err, apierrors.ReasonForError(err))
+		t.Fatalf("x: %q %v (%v), want q, the second of the longer queue", to, err, apierrors.ReasonForError(err))
 	}
-	slot := <-got
+	return q, <-got
+}
+
+// A holder whose own queue is empty hands its slot to the second node of a
+// longer queue (the one that has waited longest after the first, which its
+// own holder serves next). That node stays in its first queue while it
+// holds, at no request: that queue's holder removes the entry in its own
+// hand-off, and the node sends no leave of its own when it releases.
+func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, clk := versionedFake()
+	var leaves atomic.Int32
+	c.PrependReactor("patch", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.PatchAction).GetPatchType() == types.MergePatchType {
+			leaves.Add(1)
+		}
+		return false, nil, nil
+	})
+	q, slot := handedAcross(ctx, t, c, clk)
 	if qs := queueOf(getSlot(t, c, SlotLeaseName(1))); len(qs) != 3 || leaves.Load() != 0 {
 		t.Fatalf("q left its first queue at once (%d leaves; queue %v): a request the hand-off of v removes for free", leaves.Load(), qs)
 	}
@@ -272,25 +280,8 @@ func TestReleaseLeavesTheFirstQueue(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c, clk := versionedFake()
-	queuedSlot(t, c, SlotLeaseName(0), "x")
-	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q", "r")
-	q := newSlots(c, clk, "q")
-	q.N = 2
-	got := make(chan reconcile.Slot, 1)
-	go func() {
-		slot, err := q.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- slot
-	}()
-	waitUntil(t, "q watches", func() bool { return clk.HasWaiters() })
-	x := newSlots(c, clk, "x")
-	x.N = 2
-	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "q" {
-		t.Fatalf("x: %q %v, want q", to, err)
-	}
-	(<-got).Release()
+	_, slot := handedAcross(ctx, t, c, clk)
+	slot.Release()
 	if qs := queueOf(getSlot(t, c, SlotLeaseName(1))); len(qs) != 2 || qs[0].node != "p" || qs[1].node != "r" {
 		t.Fatalf("after q's release the queue of slot 1 is %v, want p, r", qs)
 	}
@@ -309,25 +300,7 @@ func TestReleaseHandsOnAStraySlot(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c, clk := versionedFake()
-	queuedSlot(t, c, SlotLeaseName(0), "x")
-	queuedSlot(t, c, SlotLeaseName(1), "v", "p", "q", "r")
-	q := newSlots(c, clk, "q")
-	q.N = 2
-	got := make(chan reconcile.Slot, 1)
-	go func() {
-		slot, err := q.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- slot
-	}()
-	waitUntil(t, "q watches", func() bool { return clk.HasWaiters() })
-	x := newSlots(c, clk, "x")
-	x.N = 2
-	if to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c)); err != nil || to != "q" {
-		t.Fatalf("x: %q %v, want q", to, err)
-	}
-	slot := <-got
+	_, slot := handedAcross(ctx, t, c, clk)
 	// v hands slot 1 to q as q's release is sent: written through the
 	// tracker (a reactor may not call the clientset it runs in).
 	var once atomic.Bool

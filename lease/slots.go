@@ -1113,17 +1113,13 @@ func (h *slotHold) settle(written bool) {
 	if h.store == nil {
 		return
 	}
-	wait := h.s.Clock.After(strayWait)
-	for written {
-		if l := h.s.cached(h.store, h.name); l == nil || holder(l) != h.s.Holder {
-			break
-		}
+	shown := func() bool { l := h.s.cached(h.store, h.name); return l == nil || holder(l) != h.s.Holder }
+	for wait := h.s.Clock.After(strayWait); written && !shown(); {
 		select {
 		case <-h.changed:
-			continue
 		case <-wait:
+			written = false
 		}
-		break
 	}
 	h.s.handOnOthers(h.ctx, h.store, h.name)
 }

@@ -375,7 +375,7 @@ func (a *attempt) begin() error {
 			return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal}
 		}
 		d.event(a.ctx, a.node, EventNormal, record.ReasonStarted, fmt.Sprintf("applying MIG config %q: GPUs %v change, %v untouched; %s",
-			ch.Config, ch.GPUsChanged, ch.GPUsUntouched, requestedBy(ch.RequestedBy, ch.RequestedVia, ch.RequestedBySource)))
+			ch.Config, ch.GPUsChanged, ch.GPUsUntouched, record.RequestedByText(ch.RequestedBy, ch.RequestedVia, ch.RequestedBySource)))
 	}
 	j.Change = ch
 	return nil

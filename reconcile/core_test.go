@@ -284,7 +284,7 @@ func newCore(t *testing.T, spec string, o nvmlx.SimOptions, config string) *core
 	c.restart(t, o)
 	t.Cleanup(func() {
 		if n := c.d.badMoves.Load(); n > 0 {
-			t.Errorf("%d moves between phases that phases.go does not list", n)
+			t.Errorf("%d moves between phases that journal.CanMove does not list", n)
 		}
 	})
 	return c

@@ -74,7 +74,7 @@ type Daemon struct {
 	unusableSeen string
 	// removals is Request.Seq as the last pass saw it.
 	removals uint64
-	// badMoves counts moves between phases that phases.go does not list.
+	// badMoves counts moves between phases that journal.CanMove does not list.
 	badMoves atomic.Int64
 
 	mu         sync.Mutex
@@ -190,9 +190,14 @@ func (d *Daemon) discover() (*gpus.Inventory, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.showGPUs(n)
+	return n, nil
+}
+
+// showGPUs sets the GPU metrics from n.
+func (d *Daemon) showGPUs(n *gpus.Inventory) {
 	d.Metrics.SetGPUs(metricGPUs(n))
 	d.Metrics.SetUnusableGPUs(metricUnusable(n))
-	return n, nil
 }
 
 func metricUnusable(n *gpus.Inventory) []metrics.UnusableGPU {

@@ -3,7 +3,6 @@ package reconcile
 import (
 	"context"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/migagent/mig-agent/geometry"
@@ -132,8 +131,7 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 	if n == nil {
 		n, _ = d.discover() // refreshes the GPU metrics too
 	} else {
-		d.Metrics.SetGPUs(metricGPUs(n))
-		d.Metrics.SetUnusableGPUs(metricUnusable(n))
+		d.showGPUs(n)
 	}
 	if n != nil {
 		rec.Geometry = n.GeometryOf()
@@ -142,19 +140,6 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 	// Bounded: no name, pod list or error can make it too large to land
 	// or push the other records out of the history.
 	return rec.Bounded()
-}
-
-// requestedBy names who asked and how the agent knows, for Events:
-// `requested by "alice" via "kubectl-label" (stamp)`.
-func requestedBy(by, via, source string) string {
-	s := "requested by " + strconv.Quote(record.BoundText(by, record.MaxRequester))
-	if via != "" && via != by {
-		s += " via " + strconv.Quote(record.BoundText(via, record.MaxRequester))
-	}
-	if source == "" {
-		source = record.RequesterSourceUnknown
-	}
-	return s + " (" + source + ")"
 }
 
 // end writes the record of a change with the state label (the one caller

@@ -80,3 +80,19 @@ func TestBoundedWorstCase(t *testing.T) {
 		t.Errorf("BoundText cut a rune: %q", got)
 	}
 }
+
+// The requester in an Event: quoted, within MaxRequester, the way in only
+// when it differs, and where the name came from ("unknown" when nothing
+// said).
+func TestRequestedByText(t *testing.T) {
+	long := strings.Repeat("a", MaxRequester+10)
+	for _, tc := range []struct{ by, via, source, want string }{
+		{"alice", "kubectl-label", RequesterSourceStamp, `requested by "alice" via "kubectl-label" (stamp)`},
+		{"gitops", "gitops", "", `requested by "gitops" (unknown)`},
+		{long, "", "", `requested by "` + BoundText(long, MaxRequester) + `" (unknown)`},
+	} {
+		if got := RequestedByText(tc.by, tc.via, tc.source); got != tc.want {
+			t.Errorf("RequestedByText(%q, %q, %q) = %s, want %s", tc.by, tc.via, tc.source, got, tc.want)
+		}
+	}
+}

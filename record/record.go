@@ -12,6 +12,7 @@ package record
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -252,6 +253,20 @@ func (r ChangeRecord) Bounded() ChangeRecord {
 		r.GPUsUnusable = u
 	}
 	return r
+}
+
+// RequestedByText names who asked and how the agent knows, for Events:
+// `requested by "alice" via "kubectl-label" (stamp)`; each name within
+// MaxRequester.
+func RequestedByText(by, via, source string) string {
+	s := "requested by " + strconv.Quote(BoundText(by, MaxRequester))
+	if via != "" && via != by {
+		s += " via " + strconv.Quote(BoundText(via, MaxRequester))
+	}
+	if source == "" {
+		source = RequesterSourceUnknown
+	}
+	return s + " (" + source + ")"
 }
 
 // BoundText cuts s to at most limit bytes (at a rune boundary), marked with
