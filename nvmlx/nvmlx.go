@@ -1,6 +1,7 @@
 // Package nvmlx is mig-agent's only door to NVML: a narrow interface (GPU),
-// the real backend over go-nvml (the only package that imports it) and a
-// stateful simulator that enforces what the hardware enforces, so every
+// the real backend over go-nvml (with its subpackages, the only code that
+// imports it) and Sim, that backend over the simulated NVML library of
+// nvmlx/nvmlsim, which enforces what the hardware enforces, so every
 // state-changing path runs on a machine with no GPU.
 package nvmlx
 

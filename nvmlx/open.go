@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 )
 
 // ErrBadBackend: --nvml names no backend.
@@ -19,7 +21,7 @@ type Options struct {
 	// default libnvidia-ml.so.1.
 	Library string
 	// Sim configures the simulator.
-	Sim SimOptions
+	Sim nvmlsim.Options
 	// Logger receives the backend's logs; nil discards them.
 	Logger *slog.Logger
 	// Idle opens the backend without an NVML session (the daemon): NVML is

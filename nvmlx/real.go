@@ -13,6 +13,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/dl"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 )
 
 // LibraryName is the NVML library the real backend loads at run time. It is
@@ -216,7 +218,7 @@ func (g *realGPU) init() error {
 	if !g.opened {
 		g.opened = true
 		driver, ret := g.lib.SystemGetDriverVersion()
-		g.log.Info("NVML opened", "library", g.cfg.library, "driver", driver, "return", realReturnName(ret), "idle", g.idle)
+		g.log.Info("NVML opened", "library", g.cfg.library, "driver", driver, "return", nvmlreturn.Name(ret), "idle", g.idle)
 	} else {
 		g.log.Debug("NVML session opened")
 	}

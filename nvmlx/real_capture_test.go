@@ -2,12 +2,15 @@ package nvmlx
 
 import (
 	"fmt"
-	"log/slog"
+	"path/filepath"
 	"reflect"
 	"strconv"
+	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -73,16 +76,6 @@ type realCapturedGPU struct {
 	ResetReason string             `json:"resetReason,omitempty"`
 }
 
-// realReturnByName inverts realReturnName.
-func realReturnByName(name string) (nvml.Return, error) {
-	for r := nvml.Return(0); r < 1000; r++ {
-		if realReturnName(r) == name {
-			return r, nil
-		}
-	}
-	return 0, fmt.Errorf("unknown NVML return %q", name)
-}
-
 // parsePCIDeviceID reads "0x233510DE".
 func parsePCIDeviceID(s string) (uint32, error) {
 	v, err := strconv.ParseUint(s, 0, 32)
@@ -96,7 +89,7 @@ func parsePCIDeviceID(s string) (uint32, error) {
 func readRaw(lib nvml.Interface, i int, has func(string) bool) (realRawGPU, error) {
 	d, ret := lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
-		return realRawGPU{}, fmt.Errorf("DeviceGetHandleByIndex(%d): %s", i, realReturnName(ret))
+		return realRawGPU{}, fmt.Errorf("DeviceGetHandleByIndex(%d): %s", i, nvmlreturn.Name(ret))
 	}
 	r := realRawGPU{Index: i}
 	r.Name, _ = d.GetName()
@@ -112,29 +105,29 @@ func readRaw(lib nvml.Interface, i int, has func(string) bool) (realRawGPU, erro
 	}
 	if has("nvmlDeviceGetMigMode") {
 		cur, pend, ret := d.GetMigMode()
-		r.MigMode = realRawMigMode{Current: cur, Pending: pend, Return: realReturnName(ret)}
+		r.MigMode = realRawMigMode{Current: cur, Pending: pend, Return: nvmlreturn.Name(ret)}
 	}
 	for idx := range nvml.GPU_INSTANCE_PROFILE_COUNT {
 		info, ret := d.GetGpuInstanceProfileInfo(idx)
-		p := realRawProfile{Index: idx, Return: realReturnName(ret)}
+		p := realRawProfile{Index: idx, Return: nvmlreturn.Name(ret)}
 		if ret == nvml.SUCCESS {
 			p.Info = &info
 			if has("nvmlDeviceGetGpuInstancePossiblePlacements_v2") || has("nvmlDeviceGetGpuInstancePossiblePlacements") {
 				pls, ret := d.GetGpuInstancePossiblePlacements(&info)
-				p.Placements, p.PlacementsReturn = pls, realReturnName(ret)
+				p.Placements, p.PlacementsReturn = pls, nvmlreturn.Name(ret)
 			}
 			if has("nvmlDeviceGetGpuInstances") {
 				q := info
 				q.InstanceCount = max(q.InstanceCount, realListSlots)
 				gis, ret := d.GetGpuInstances(&q)
-				p.Instances, p.InstancesReturn = len(gis), realReturnName(ret)
+				p.Instances, p.InstancesReturn = len(gis), nvmlreturn.Name(ret)
 			}
 		}
 		r.Profiles = append(r.Profiles, p)
 	}
 	if has("nvmlDeviceGetMaxMigDeviceCount") {
 		n, ret := d.GetMaxMigDeviceCount()
-		r.MaxMigDevices, r.MaxMigDevicesReturn = n, realReturnName(ret)
+		r.MaxMigDevices, r.MaxMigDevicesReturn = n, nvmlreturn.Name(ret)
 	}
 	return r, nil
 }
@@ -188,13 +181,31 @@ func simRawFor(real realRawGPU) (realRawGPU, bool, error) {
 	if !ok {
 		return realRawGPU{}, false, nil
 	}
-	l, err := newSimLib(m.Key+"x1", SimOptions{}, slog.New(slog.DiscardHandler))
+	l, err := nvmlsim.New(m.Key+"x1", nvmlsim.Options{}, nil)
 	if err != nil {
+		return realRawGPU{}, false, err
+	}
+	if err := l.SetMigModes(0, real.MigMode.Current == nvml.DEVICE_MIG_ENABLE, real.MigMode.Pending == nvml.DEVICE_MIG_ENABLE); err != nil {
 		return realRawGPU{}, false, err
 	}
 	l.Init()
 	defer l.Shutdown()
-	l.st.GPUs[0].MigCurrent, l.st.GPUs[0].MigPending = real.MigMode.Current == nvml.DEVICE_MIG_ENABLE, real.MigMode.Pending == nvml.DEVICE_MIG_ENABLE
 	r, err := readRaw(l, 0, func(string) bool { return true })
 	return r, true, err
+}
+
+// TestSimMatchesH200Capture: the simulated H200, read through the same
+// nvml.Interface calls as the read-only hardware capture, answers like the
+// real H200 did (testdata/h200-real-profiles.json, driver 580.159.04).
+func TestSimMatchesH200Capture(t *testing.T) {
+	c := loadRealCapture(t, filepath.Join("testdata", "h200-real-profiles.json"))
+	for _, real := range c.Raw {
+		sim, ok, err := simRawFor(real)
+		if err != nil || !ok {
+			t.Fatalf("simulator for %s: %v %v", real.PCIDeviceID, ok, err)
+		}
+		for _, d := range compareRaw(real, sim) {
+			t.Errorf("GPU %d: %s", real.Index, d)
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -125,7 +126,7 @@ func (g *realGPU) facts(i int, dev nvml.Device) (Device, uint64, error) {
 		if a, ret := dev.GetArchitecture(); ret == nvml.SUCCESS {
 			d.Architecture = realArchName(a)
 		} else {
-			g.log.Debug("NVML architecture query failed", "gpu", i, "return", realReturnName(ret))
+			g.log.Debug("NVML architecture query failed", "gpu", i, "return", nvmlreturn.Name(ret))
 		}
 	}
 	if m, ok := profiles.ModelByPCIID(d.PCIDeviceID); ok && d.Architecture == "unknown" {

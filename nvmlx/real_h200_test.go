@@ -8,6 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -52,9 +53,9 @@ func fakeFromRaw(t *testing.T, r realRawGPU) *fakeNVML {
 		t.Fatalf("%d profile indices recorded, want %d", len(r.Profiles), nvml.GPU_INSTANCE_PROFILE_COUNT)
 	}
 	for _, p := range r.Profiles {
-		ret, err := realReturnByName(p.Return)
-		if err != nil {
-			t.Fatal(err)
+		ret, ok := nvmlreturn.ByName(p.Return)
+		if !ok {
+			t.Fatalf("unknown NVML return %q", p.Return)
 		}
 		if ret != nvml.SUCCESS {
 			g.infoRet[p.Index] = ret

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 )
 
 // TestRealGPUReadOnly reads this machine's GPUs through NVML and through
@@ -34,13 +36,13 @@ func TestRealGPUReadOnly(t *testing.T) {
 
 	lib := nvml.New(nvml.WithLibraryPath(path))
 	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatalf("nvml Init: %s", realReturnName(ret))
+		t.Fatalf("nvml Init: %s", nvmlreturn.Name(ret))
 	}
 	defer lib.Shutdown()
 	has := func(s string) bool { return lib.Extensions().LookupSymbol(s) == nil }
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		t.Fatalf("DeviceGetCount: %s", realReturnName(ret))
+		t.Fatalf("DeviceGetCount: %s", nvmlreturn.Name(ret))
 	}
 	for i := range n {
 		r, err := readRaw(lib, i, has)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -234,7 +235,7 @@ func (g *realGPU) SetMigMode(i int, enabled bool) (MigMode, error) {
 		return mode, fmt.Errorf("read MIG mode back after setting it: %w", rerr)
 	case activation != nvml.SUCCESS && mode.Pending == enabled && mode.Current != enabled:
 		g.log.Info("MIG mode change pending until a GPU reset or reboot", "gpu", i, "enabled", enabled,
-			"activation", realReturnName(activation))
+			"activation", nvmlreturn.Name(activation))
 		return mode, nil
 	case activation != nvml.SUCCESS && mode.Current != enabled:
 		return mode, fmt.Errorf("activation of the MIG mode failed and nothing is pending (current %t, pending %t): %w",
@@ -324,7 +325,7 @@ func (g *realGPU) CreateComputeInstance(i, giID, ciProfileIndex int) (ComputeIns
 	case nvml.SUCCESS:
 	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_INVALID_ARGUMENT:
 		return ComputeInstance{}, fmt.Errorf("GPU instance %d offers no compute instance profile at index %d (NVML: %s): %w",
-			giID, ciProfileIndex, realReturnName(ret), realError("GetComputeInstanceProfileInfo", i, nvml.ERROR_NOT_FOUND))
+			giID, ciProfileIndex, nvmlreturn.Name(ret), realError("GetComputeInstanceProfileInfo", i, nvml.ERROR_NOT_FOUND))
 	default:
 		return ComputeInstance{}, realError("GetComputeInstanceProfileInfo", i, ret)
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -81,7 +83,7 @@ func wantNVMLError(t *testing.T, err error, op, ret string) {
 
 func simDeviceOf(t *testing.T, key string) Device {
 	t.Helper()
-	s, err := NewSim(key+"x1", SimOptions{})
+	s, err := NewSim(key+"x1", nvmlsim.Options{})
 	if err != nil {
 		t.Fatalf("NewSim: %v", err)
 	}
@@ -687,7 +689,7 @@ func TestRealInit(t *testing.T) {
 		f.lib.InitFunc = func() nvml.Return { return tc.ret }
 		_, err := newReal(f.lib, realConfig{})
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || (tc.sentinel != nil && !errors.Is(err, tc.sentinel)) {
-			t.Errorf("Init %s: %v", realReturnName(tc.ret), err)
+			t.Errorf("Init %s: %v", nvmlreturn.Name(tc.ret), err)
 		}
 	}
 }
@@ -763,15 +765,15 @@ func TestRealReturnNames(t *testing.T) {
 		nvml.ERROR_UNKNOWN:                "ERROR_UNKNOWN",
 		nvml.Return(77):                   "ERROR_CODE_77",
 	} {
-		if got := realReturnName(r); got != want {
-			t.Errorf("realReturnName(%d) = %q, want %q", r, got, want)
+		if got := nvmlreturn.Name(r); got != want {
+			t.Errorf("nvmlreturn.Name(%d) = %q, want %q", r, got, want)
 		}
 	}
 	// Every sentinel's name is one realReturnName produces.
 	for _, s := range []*Error{ErrInUse, ErrInsufficientResources, ErrNotSupported, ErrResetRequired, ErrNotFound, ErrInvalidArgument, ErrNoPermission, ErrLibraryNotFound} {
 		found := false
 		for r := nvml.Return(0); r < 1000 && !found; r++ {
-			found = realReturnName(r) == s.Return
+			found = nvmlreturn.Name(r) == s.Return
 		}
 		if !found {
 			t.Errorf("no NVML return is named %q", s.Return)

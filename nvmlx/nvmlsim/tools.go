@@ -1,4 +1,4 @@
-package nvmlx
+package nvmlsim
 
 import (
 	"fmt"
@@ -82,8 +82,8 @@ import (
 // mig-parted and DRA kubelet plugin with only their nvml.New pointed here).
 // It shares o.StatePath with a mig-agent on the same spec. Like
 // libnvidia-ml, it is not initialized: the caller calls Init.
-func NewSimNVML(spec string, o SimOptions) (nvml.Interface, error) {
-	return newSimLib(spec, o, slog.New(slog.DiscardHandler))
+func NewSimNVML(spec string, o Options) (nvml.Interface, error) {
+	return New(spec, o, slog.New(slog.DiscardHandler))
 }
 
 // simCudaDriverVersion is what nvmlSystemGetCudaDriverVersion returns with
@@ -94,13 +94,13 @@ const simCudaDriverVersion = 13000
 // simNVMLVersion is nvmlSystemGetNVMLVersion's string: the CUDA major, then
 // the driver version ("13.580.159.04" measured on the H200 probe).
 func simNVMLVersion() string {
-	return fmt.Sprintf("%d.%s", simCudaDriverVersion/1000, SimDriverVersion)
+	return fmt.Sprintf("%d.%s", simCudaDriverVersion/1000, DriverVersion)
 }
 
 // InitWithFlags is Init with nvmlInitWithFlags' flags: NVML_INIT_FLAG_NO_GPUS
 // (do not fail without GPUs) and NVML_INIT_FLAG_NO_ATTACH (do not attach
 // GPUs); the simulated GPUs need neither, any other bit is INVALID_ARGUMENT.
-func (l *simLib) InitWithFlags(flags uint32) nvml.Return {
+func (l *Lib) InitWithFlags(flags uint32) nvml.Return {
 	if flags&^(nvml.INIT_FLAG_NO_GPUS|nvml.INIT_FLAG_NO_ATTACH) != 0 {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -108,7 +108,7 @@ func (l *simLib) InitWithFlags(flags uint32) nvml.Return {
 }
 
 // SystemGetNVMLVersion is simNVMLVersion (nvml.h nvmlSystemGetNVMLVersion).
-func (l *simLib) SystemGetNVMLVersion() (string, nvml.Return) {
+func (l *Lib) SystemGetNVMLVersion() (string, nvml.Return) {
 	l.lock()
 	defer l.unlock()
 	if !l.up() {
@@ -119,7 +119,7 @@ func (l *simLib) SystemGetNVMLVersion() (string, nvml.Return) {
 
 // SystemGetCudaDriverVersion is simCudaDriverVersion (nvml.h
 // nvmlSystemGetCudaDriverVersion: 1000*major + 10*minor).
-func (l *simLib) SystemGetCudaDriverVersion() (int, nvml.Return) {
+func (l *Lib) SystemGetCudaDriverVersion() (int, nvml.Return) {
 	l.lock()
 	defer l.unlock()
 	if !l.up() {
@@ -133,7 +133,7 @@ func (l *simLib) SystemGetCudaDriverVersion() (int, nvml.Return) {
 // "domain:bus:device", "bus:device.function", hex, any case, domain of 4
 // or 8 digits: go-nvlib nvpci gives "0000:00:06.0", NVML "00000000:00:06.0");
 // NOT_FOUND for none, INVALID_ARGUMENT for a malformed id.
-func (l *simLib) DeviceGetHandleByPciBusId(busID string) (nvml.Device, nvml.Return) {
+func (l *Lib) DeviceGetHandleByPciBusId(busID string) (nvml.Device, nvml.Return) {
 	want, ok := parsePCIBusID(busID)
 	if !ok {
 		return nil, nvml.ERROR_INVALID_ARGUMENT

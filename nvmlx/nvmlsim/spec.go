@@ -1,4 +1,4 @@
-package nvmlx
+package nvmlsim
 
 import (
 	"errors"
@@ -7,19 +7,22 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 	"github.com/migagent/mig-agent/profiles"
 )
 
-// Sentinel errors of the simulator's inputs; every error NewSim returns for
+// Sentinel errors of the simulator's inputs; every error New returns for
 // bad input wraps one of them.
 var (
-	// ErrBadSimSpec: the sim:SPEC is malformed or names an unknown model.
-	ErrBadSimSpec = errors.New("invalid simulator spec")
-	// ErrBadSimFaults: the --sim-faults SPEC is malformed.
-	ErrBadSimFaults = errors.New("invalid simulator faults")
-	// ErrSimState: the --sim-state file cannot be used (unreadable, corrupt,
+	// ErrBadSpec: the sim:SPEC is malformed or names an unknown model.
+	ErrBadSpec = errors.New("invalid simulator spec")
+	// ErrBadFaults: the --sim-faults SPEC is malformed.
+	ErrBadFaults = errors.New("invalid simulator faults")
+	// ErrState: the --sim-state file cannot be used (unreadable, corrupt,
 	// or holding other GPUs than the spec).
-	ErrSimState = errors.New("unusable simulator state")
+	ErrState = errors.New("unusable simulator state")
 )
 
 // maxSimGPUs bounds a spec; real nodes hold at most 8 or 16 GPUs.
@@ -51,23 +54,6 @@ func faultOps() []string {
 		OpGpuInstanceDestroy, OpComputeInstanceDestroy, OpSetMigMode, OpResetGpu, OpInit}
 }
 
-// isNVMLErrorName reports whether s is an NVML error return name as go-nvml
-// v0.13.4-1 spells it (nvml.Return constants other than SUCCESS).
-func isNVMLErrorName(s string) bool {
-	switch s {
-	case "ERROR_UNINITIALIZED", "ERROR_INVALID_ARGUMENT", "ERROR_NOT_SUPPORTED", "ERROR_NO_PERMISSION",
-		"ERROR_ALREADY_INITIALIZED", "ERROR_NOT_FOUND", "ERROR_INSUFFICIENT_SIZE", "ERROR_INSUFFICIENT_POWER",
-		"ERROR_DRIVER_NOT_LOADED", "ERROR_TIMEOUT", "ERROR_IRQ_ISSUE", "ERROR_LIBRARY_NOT_FOUND",
-		"ERROR_FUNCTION_NOT_FOUND", "ERROR_CORRUPTED_INFOROM", "ERROR_GPU_IS_LOST", "ERROR_RESET_REQUIRED",
-		"ERROR_OPERATING_SYSTEM", "ERROR_LIB_RM_VERSION_MISMATCH", "ERROR_IN_USE", "ERROR_MEMORY",
-		"ERROR_NO_DATA", "ERROR_VGPU_ECC_NOT_SUPPORTED", "ERROR_INSUFFICIENT_RESOURCES",
-		"ERROR_FREQ_NOT_SUPPORTED", "ERROR_ARGUMENT_VERSION_MISMATCH", "ERROR_DEPRECATED", "ERROR_NOT_READY",
-		"ERROR_GPU_NOT_FOUND", "ERROR_INVALID_STATE", "ERROR_RESET_TYPE_NOT_SUPPORTED", "ERROR_UNKNOWN":
-		return true
-	}
-	return false
-}
-
 // knownModelKeys lists the simulator's model keys, sorted.
 func knownModelKeys() string {
 	var keys []string
@@ -78,12 +64,12 @@ func knownModelKeys() string {
 	return strings.Join(keys, ", ")
 }
 
-// ParseSimSpec parses a simulator spec ("h200x8", "a100-40gbx4,h100-80gbx4";
+// ParseSpec parses a simulator spec ("h200x8", "a100-40gbx4,h100-80gbx4";
 // a leading "sim:" is allowed) into one model per GPU, in GPU index order.
-func ParseSimSpec(spec string) ([]*profiles.Model, error) {
+func ParseSpec(spec string) ([]*profiles.Model, error) {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s (want MODELxCOUNT[,MODELxCOUNT...], models: %s)",
-			ErrBadSimSpec, spec, fmt.Sprintf(format, a...), knownModelKeys())
+			ErrBadSpec, spec, fmt.Sprintf(format, a...), knownModelKeys())
 	}
 	s := strings.TrimPrefix(strings.TrimSpace(spec), "sim:")
 	if s == "" {
@@ -136,7 +122,7 @@ type faultPlan map[string]map[int]string
 func parseFaults(spec string) (faultPlan, error) {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w %q: %s (want OP:N=ERROR_NAME[,...], operations: %s)",
-			ErrBadSimFaults, spec, fmt.Sprintf(format, a...), strings.Join(faultOps(), ", "))
+			ErrBadFaults, spec, fmt.Sprintf(format, a...), strings.Join(faultOps(), ", "))
 	}
 	plan := faultPlan{}
 	if strings.TrimSpace(spec) == "" {
@@ -160,7 +146,7 @@ func parseFaults(spec string) (faultPlan, error) {
 		if err != nil || n < 1 {
 			return nil, bad("call number %q in %q is not a positive number", num, item)
 		}
-		if !isNVMLErrorName(name) {
+		if r, ok := nvmlreturn.ByName(name); !ok || r == nvml.SUCCESS {
 			return nil, bad("%q is not an NVML error name (like ERROR_IN_USE, ERROR_UNKNOWN)", name)
 		}
 		if plan[op] == nil {

@@ -1,4 +1,11 @@
-package nvmlx
+// Package nvmlsim is a simulated NVML library: go-nvml's nvml.Interface over
+// a simulated node's state (GPUs, MIG modes, GPU and compute instances,
+// processes), kept in memory or in a --sim-state file shared by processes,
+// with the hardware's and driver's rules (library.go), the calls NVIDIA's
+// own tools make (tools.go) and the node around NVML (node.go:
+// `nvidia-smi -r`, sysfs, the test hooks). nvmlx runs its real backend over
+// it for --nvml sim:SPEC (nvmlx.Sim); NewSimNVML gives the library alone.
+package nvmlsim
 
 import (
 	"fmt"
@@ -11,10 +18,11 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 	"github.com/migagent/mig-agent/profiles"
 )
 
-// simLib is the simulated NVML library: go-nvml's nvml.Interface over the
+// Lib is the simulated NVML library: go-nvml's nvml.Interface over the
 // simulator's state, with the hardware's and driver's rules (each rule names
 // its source; TestSimRules checks them one by one). The real backend runs on
 // it unchanged, so every test and scenario exercises the code that runs on
@@ -22,11 +30,11 @@ import (
 //
 // Implemented is what the real backend calls and what NVIDIA's
 // mig-parted apply path and DRA kubelet plugin enumeration call
-// (simImplemented; simnvml_tools.go names each tool's calls with their
+// (simImplemented; tools.go names each tool's calls with their
 // sources). The embedded interfaces are nil: any other method panics with a
 // nil dereference when called, so a backend change that starts calling a
 // new NVML function fails loudly in every test until the simulator learns it.
-type simLib struct {
+type Lib struct {
 	nvml.Interface // nil: unimplemented methods panic
 
 	log *slog.Logger
@@ -67,7 +75,7 @@ var simImplemented = []string{
 	"ComputeInstance.GetInfo", "ComputeInstance.Destroy",
 }
 
-var _ nvml.Interface = (*simLib)(nil)
+var _ nvml.Interface = (*Lib)(nil)
 
 // simPCISubsystemIDs are the PCI subsystem ids the simulator reports, per
 // model key; a model without one reports 0 (unknown), as no capture shows it.
@@ -80,6 +88,10 @@ var simPCISubsystemIDs = map[string]uint32{
 // indices it does not offer (MIG facts §5, measured).
 const simMaxProfileIndex = 17
 
+// notAvailable is the GPU and compute instance id NVML reports for a
+// process outside MIG: NVML_VALUE_NOT_AVAILABLE as an unsigned int.
+const notAvailable = ^uint32(0)
+
 // --- state plumbing ----------------------------------------------------------
 
 // lock takes the mutex and picks up a state another process wrote: what a
@@ -88,12 +100,12 @@ const simMaxProfileIndex = 17
 // NVML takes none. lockWrite also takes the lock that serializes every
 // process's read-modify-write of the file (flock on its directory: the
 // file itself is replaced by rename). unlock releases what was taken.
-func (l *simLib) lock() {
+func (l *Lib) lock() {
 	l.mu.Lock()
 	l.refresh()
 }
 
-func (l *simLib) lockWrite() {
+func (l *Lib) lockWrite() {
 	l.mu.Lock()
 	if l.path == "" {
 		return
@@ -103,7 +115,7 @@ func (l *simLib) lockWrite() {
 }
 
 // refresh reads the state file when another process replaced it.
-func (l *simLib) refresh() {
+func (l *Lib) refresh() {
 	if l.path == "" {
 		return
 	}
@@ -114,7 +126,7 @@ func (l *simLib) refresh() {
 	}
 }
 
-func (l *simLib) unlock() {
+func (l *Lib) unlock() {
 	if l.dirLock != nil {
 		_ = l.dirLock.Close() // closing the descriptor releases the flock
 		l.dirLock = nil
@@ -137,7 +149,7 @@ func flockDir(dir string) *os.File {
 
 // commit makes next the state: written to the file first, kept in memory
 // only when that worked.
-func (l *simLib) commit(next simState) error {
+func (l *Lib) commit(next simState) error {
 	if l.path != "" {
 		if err := writeSimState(l.path, &next); err != nil {
 			return err
@@ -150,7 +162,7 @@ func (l *simLib) commit(next simState) error {
 
 // mutate runs f on a copy of the state and commits it when f returns
 // SUCCESS (or keep: a change the return reports, like a pending mode).
-func (l *simLib) mutate(op string, f func(st *simState) (keep bool, ret nvml.Return)) nvml.Return {
+func (l *Lib) mutate(op string, f func(st *simState) (keep bool, ret nvml.Return)) nvml.Return {
 	next := l.st.clone()
 	keep, ret := f(&next)
 	if ret != nvml.SUCCESS && !keep {
@@ -170,7 +182,7 @@ func (l *simLib) mutate(op string, f func(st *simState) (keep bool, ret nvml.Ret
 // first op whose call number has a fault planned (SUCCESS: none). The
 // injection is logged with the fault as written, so the command's output
 // names it.
-func (l *simLib) fault(gpu int, ops ...string) nvml.Return {
+func (l *Lib) fault(gpu int, ops ...string) nvml.Return {
 	ret := nvml.SUCCESS
 	for _, op := range ops {
 		l.calls[op]++
@@ -184,22 +196,20 @@ func (l *simLib) fault(gpu int, ops ...string) nvml.Return {
 }
 
 // simReturnByName maps an NVML return name to its code (names checked by
-// parseFaults).
+// parseFaults and SetHandleError).
 func simReturnByName(name string) nvml.Return {
-	for r := nvml.SUCCESS; r <= nvml.ERROR_UNKNOWN; r++ {
-		if realReturnName(r) == name {
-			return r
-		}
+	if r, ok := nvmlreturn.ByName(name); ok {
+		return r
 	}
 	return nvml.ERROR_UNKNOWN
 }
 
 // up reports whether this process initialized the library (nvml.h: every
 // call but Init returns ERROR_UNINITIALIZED otherwise). Callers hold l.mu.
-func (l *simLib) up() bool { return l.refs > 0 }
+func (l *Lib) up() bool { return l.refs > 0 }
 
 // gpu returns GPU i of st and its model, or nil.
-func (l *simLib) gpu(st *simState, i int) (*simGPU, *profiles.Model) {
+func (l *Lib) gpu(st *simState, i int) (*simGPU, *profiles.Model) {
 	if i < 0 || i >= len(st.GPUs) {
 		return nil, nil
 	}
@@ -213,7 +223,7 @@ func (l *simLib) gpu(st *simState, i int) (*simGPU, *profiles.Model) {
 // sessions were opened and closed across processes. With the driver unloaded (the state's
 // driverUnloaded) it fails with DRIVER_NOT_LOADED; a --sim-faults Init:N
 // fault fails that call.
-func (l *simLib) Init() nvml.Return {
+func (l *Lib) Init() nvml.Return {
 	l.lockWrite()
 	defer l.unlock()
 	if ret := l.fault(-1, OpInit); ret != nvml.SUCCESS {
@@ -232,7 +242,7 @@ func (l *simLib) Init() nvml.Return {
 
 // Shutdown releases one reference; without one it is ERROR_UNINITIALIZED
 // (nvml.h nvmlShutdown).
-func (l *simLib) Shutdown() nvml.Return {
+func (l *Lib) Shutdown() nvml.Return {
 	l.lockWrite()
 	defer l.unlock()
 	if !l.up() {
@@ -253,20 +263,20 @@ type simExt struct{}
 func (simExt) LookupSymbol(string) error { return nil }
 
 // Extensions gives the symbol lookup.
-func (l *simLib) Extensions() nvml.ExtendedInterface { return simExt{} }
+func (l *Lib) Extensions() nvml.ExtendedInterface { return simExt{} }
 
-// SystemGetDriverVersion is SimDriverVersion.
-func (l *simLib) SystemGetDriverVersion() (string, nvml.Return) {
+// SystemGetDriverVersion is DriverVersion.
+func (l *Lib) SystemGetDriverVersion() (string, nvml.Return) {
 	l.lock()
 	defer l.unlock()
 	if !l.up() {
 		return "", nvml.ERROR_UNINITIALIZED
 	}
-	return SimDriverVersion, nvml.SUCCESS
+	return DriverVersion, nvml.SUCCESS
 }
 
 // SystemGetProcessName names a process on any GPU; NOT_FOUND otherwise.
-func (l *simLib) SystemGetProcessName(pid int) (string, nvml.Return) {
+func (l *Lib) SystemGetProcessName(pid int) (string, nvml.Return) {
 	l.lock()
 	defer l.unlock()
 	if !l.up() {
@@ -285,7 +295,7 @@ func (l *simLib) SystemGetProcessName(pid int) (string, nvml.Return) {
 // DeviceGetCount counts every GPU, also those whose handle cannot be
 // opened (nvml.h nvmlDeviceGetCount_v2: "the count can contain devices
 // that are not accessible").
-func (l *simLib) DeviceGetCount() (int, nvml.Return) {
+func (l *Lib) DeviceGetCount() (int, nvml.Return) {
 	l.lock()
 	defer l.unlock()
 	if !l.up() {
@@ -297,7 +307,7 @@ func (l *simLib) DeviceGetCount() (int, nvml.Return) {
 // DeviceGetHandleByIndex: INVALID_ARGUMENT past the count; the GPU's
 // handleError (NO_PERMISSION, ...) where the state gives one (nvml.h
 // nvmlDeviceGetHandleByIndex_v2).
-func (l *simLib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
+func (l *Lib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
 	l.lock()
 	defer l.unlock()
 	if !l.up() {
@@ -314,7 +324,7 @@ func (l *simLib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
 }
 
 // DeviceGetHandleByUUID finds a GPU by UUID; NOT_FOUND otherwise.
-func (l *simLib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
+func (l *Lib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
 	l.lock()
 	defer l.unlock()
 	if !l.up() {
@@ -337,7 +347,7 @@ func (l *simLib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
 // a simDevice with mig set.
 type simDevice struct {
 	nvml.Device // nil: unimplemented methods panic
-	lib         *simLib
+	lib         *Lib
 	index       int
 	mig         *simMigRef
 }
@@ -795,7 +805,7 @@ func (d *simDevice) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Retur
 	var out []nvml.ProcessInfo
 	return out, d.with(func(g *simGPU, _ *profiles.Model) nvml.Return {
 		for _, p := range g.Processes {
-			q := nvml.ProcessInfo{Pid: p.PID, GpuInstanceId: realNotAvailable, ComputeInstanceId: realNotAvailable}
+			q := nvml.ProcessInfo{Pid: p.PID, GpuInstanceId: notAvailable, ComputeInstanceId: notAvailable}
 			if p.GIID >= 0 {
 				q.GpuInstanceId, q.ComputeInstanceId = uint32(p.GIID), uint32(p.CIID)
 			}
@@ -825,7 +835,7 @@ func (d *simDevice) GetMPSComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Re
 // INVALID_ARGUMENT (nvml.h: handles become invalid).
 type simGpuInstance struct {
 	nvml.GpuInstance // nil: unimplemented methods panic
-	lib              *simLib
+	lib              *Lib
 	gpu, id          int
 	profileID, start int
 }
@@ -1113,58 +1123,3 @@ func findCI(g *simGPU, gi, ci int) *simCI {
 	}
 	return nil
 }
-
-// --- the node around NVML: nvidia-smi -r and sysfs ----------------------------
-
-// smiReset is `nvidia-smi -r -i BUSID` on the simulated node. Like the real
-// one it refuses while any client holds the GPU, this process's own NVML
-// session included (nvidia-smi lists the processes using the device), while
-// processes run on it, and where no reset is exposed ("Resetting GPU ... is
-// not supported", gpu-operator issue 1606). A reset makes the pending MIG
-// mode current and drops every GPU and compute instance.
-func (l *simLib) smiReset(busID string) ([]byte, error) {
-	l.lockWrite()
-	defer l.unlock()
-	gpu := slices.IndexFunc(l.st.GPUs, func(g simGPU) bool { return g.PCIBusID == busID })
-	if gpu < 0 {
-		return []byte(fmt.Sprintf("No devices were found matching %s.\n", busID)), simExit(6)
-	}
-	if ret := l.fault(gpu, OpResetGpu); ret != nvml.SUCCESS {
-		return []byte(fmt.Sprintf("Resetting GPU %s failed (injected %s).\n", busID, realReturnName(ret))), simExit(255)
-	}
-	if l.noReset {
-		return []byte(fmt.Sprintf("Resetting GPU %s is not supported.\n", busID)), simExit(3)
-	}
-	if l.up() {
-		return []byte(fmt.Sprintf("GPU %s is currently in use by another process (an NVML session of mig-agent).\n", busID)), simExit(255)
-	}
-	ret := l.mutate(OpResetGpu, func(st *simState) (bool, nvml.Return) {
-		g := &st.GPUs[gpu]
-		if len(g.Processes) > 0 {
-			return false, nvml.ERROR_IN_USE
-		}
-		g.MigCurrent = g.MigPending
-		g.Instances = []simGI{}
-		return false, nvml.SUCCESS
-	})
-	if ret != nvml.SUCCESS {
-		return []byte(fmt.Sprintf("GPU %s is currently in use by another process.\n", busID)), simExit(255)
-	}
-	return []byte(fmt.Sprintf("GPU %s was successfully reset.\n", busID)), nil
-}
-
-// simPCI is the simulated node's sysfs: every GPU is bound to the nvidia
-// driver and has a function reset, except with --sim-no-reset.
-type simPCI struct{ lib *simLib }
-
-func (p simPCI) HasReset(string) (bool, error) { return !p.lib.noReset, nil }
-func (p simPCI) Driver(string) (string, error) { return "nvidia", nil }
-func (p simPCI) Reset(bdf string) error {
-	return fmt.Errorf("sysfs reset of %s while the nvidia driver is bound: refused", bdf)
-}
-
-// simExit is a simulated command's exit status, like *exec.ExitError.
-type simExit int
-
-func (e simExit) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
-func (e simExit) ExitCode() int { return int(e) }

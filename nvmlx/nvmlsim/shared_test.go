@@ -1,9 +1,11 @@
-package nvmlx
+package nvmlsim_test
 
 import (
 	"path/filepath"
 	"testing"
 
+	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -11,11 +13,11 @@ import (
 // processes see the same real GPUs.
 func TestSimSharedStateFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
-	a, err := NewSim("h200x1", SimOptions{StatePath: path})
+	a, err := nvmlx.NewSim("h200x1", nvmlsim.Options{StatePath: path})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := NewSim("h200x1", SimOptions{StatePath: path})
+	b, err := nvmlx.NewSim("h200x1", nvmlsim.Options{StatePath: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +40,7 @@ func TestSimSharedStateFile(t *testing.T) {
 	if _, err := a.CreateGPUInstance(0, 0, profiles.Placement{Start: 0, Size: 8}); err == nil {
 		t.Fatal("a created a second 7g instance over b's")
 	}
-	if err := SimReboot(path); err != nil {
+	if err := nvmlsim.Reboot(path); err != nil {
 		t.Fatal(err)
 	}
 	if insts, _ := b.Instances(0); len(insts) != 0 {

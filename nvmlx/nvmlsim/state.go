@@ -1,4 +1,4 @@
-package nvmlx
+package nvmlsim
 
 import (
 	"bytes"
@@ -111,16 +111,16 @@ func readSimState(path string) (simState, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			return simState{}, err
 		}
-		return simState{}, fmt.Errorf("%w: %w", ErrSimState, err)
+		return simState{}, fmt.Errorf("%w: %w", ErrState, err)
 	}
 	var st simState
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&st); err != nil {
-		return simState{}, fmt.Errorf("%w: %s: %w", ErrSimState, path, err)
+		return simState{}, fmt.Errorf("%w: %s: %w", ErrState, path, err)
 	}
 	if err := st.check(); err != nil {
-		return simState{}, fmt.Errorf("%w: %s: %w", ErrSimState, path, err)
+		return simState{}, fmt.Errorf("%w: %s: %w", ErrState, path, err)
 	}
 	return st, nil
 }
@@ -233,13 +233,13 @@ func (st *simState) reboot() {
 	st.BootCount++
 }
 
-// SimReboot simulates a node reboot on the state file at statePath (the
+// Reboot simulates a node reboot on the state file at statePath (the
 // `sim reboot` command and --reboot-method sim): pending MIG modes become
 // current, every GPU and compute instance and process is dropped, and the
 // boot count grows by one. It takes the simulators' state lock.
-func SimReboot(statePath string) error {
+func Reboot(statePath string) error {
 	if statePath == "" {
-		return fmt.Errorf("%w: sim reboot needs a state file (--sim-state)", ErrSimState)
+		return fmt.Errorf("%w: sim reboot needs a state file (--sim-state)", ErrState)
 	}
 	if f := flockDir(filepath.Dir(statePath)); f != nil {
 		defer f.Close()
@@ -247,7 +247,7 @@ func SimReboot(statePath string) error {
 	st, err := readSimState(statePath)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: no state file at %s", ErrSimState, statePath)
+			return fmt.Errorf("%w: no state file at %s", ErrState, statePath)
 		}
 		return err
 	}

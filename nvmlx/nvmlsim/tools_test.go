@@ -1,4 +1,4 @@
-package nvmlx
+package nvmlsim
 
 import (
 	"encoding/json"
@@ -10,12 +10,14 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 )
 
 // simMigOn enables MIG on every GPU of l as an operator would: set the
 // mode, and on Ampere close NVML, reset the GPU (nvidia-smi -r) and open
 // NVML again.
-func simMigOn(t *testing.T, l *simLib) {
+func simMigOn(t *testing.T, l *Lib) {
 	t.Helper()
 	n, _ := l.DeviceGetCount()
 	var reset []string
@@ -31,12 +33,12 @@ func simMigOn(t *testing.T, l *simLib) {
 	}
 	l.Shutdown()
 	for _, bdf := range reset {
-		if out, err := l.smiReset(bdf); err != nil {
+		if out, err := l.SMIReset(bdf); err != nil {
 			t.Fatalf("reset %s: %s %v", bdf, out, err)
 		}
 	}
 	if ret := l.Init(); ret != nvml.SUCCESS {
-		t.Fatalf("Init: %s", realReturnName(ret))
+		t.Fatalf("Init: %s", nvmlreturn.Name(ret))
 	}
 }
 
@@ -84,7 +86,7 @@ func TestSimDriverPlacement(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.source, func(t *testing.T) {
-			l := simNVML(t, tc.spec, SimOptions{})
+			l := simNVML(t, tc.spec, Options{})
 			simMigOn(t, l)
 			d := simDev(t, l, 0)
 			var got []string
@@ -92,12 +94,12 @@ func TestSimDriverPlacement(t *testing.T) {
 				info := simInfoByID(t, d, id)
 				gi, ret := d.CreateGpuInstance(&info)
 				if ret != nvml.SUCCESS {
-					got = append(got, realReturnName(ret))
+					got = append(got, nvmlreturn.Name(ret))
 					continue
 				}
 				gii, ret := gi.GetInfo()
 				if ret != nvml.SUCCESS {
-					t.Fatalf("GetInfo: %s", realReturnName(ret))
+					t.Fatalf("GetInfo: %s", nvmlreturn.Name(ret))
 				}
 				got = append(got, fmt.Sprintf("%d@%d:%d", gii.Id, gii.Placement.Start, gii.Placement.Size))
 			}
@@ -158,35 +160,35 @@ func TestSimToolCalls(t *testing.T) {
 	tests := []struct {
 		call, caller string
 		spec         string
-		do           func(t *testing.T, l *simLib) result
+		do           func(t *testing.T, l *Lib) result
 		want         result
 	}{
 		{"SystemGetNVMLVersion: the probe's form, major >= 11", "mig-parted util/nvml.go IsNVMLVersionSupported", "h200x1",
-			func(t *testing.T, l *simLib) result { v, ret := l.SystemGetNVMLVersion(); return result{ret, v} },
+			func(t *testing.T, l *Lib) result { v, ret := l.SystemGetNVMLVersion(); return result{ret, v} },
 			result{nvml.SUCCESS, probe.NVMLVersion.Value}},
 		{"SystemGetNVMLVersion before Init", "nvml.h", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				l.Shutdown()
 				_, ret := l.SystemGetNVMLVersion()
 				return result{ret: ret}
 			},
 			result{ret: nvml.ERROR_UNINITIALIZED}},
 		{"SystemGetDriverVersion: the probe's", "dra nvlib.go getGpuInfo", "h200x1",
-			func(t *testing.T, l *simLib) result { v, ret := l.SystemGetDriverVersion(); return result{ret, v} },
+			func(t *testing.T, l *Lib) result { v, ret := l.SystemGetDriverVersion(); return result{ret, v} },
 			result{nvml.SUCCESS, probe.DriverVersion.Value}},
 		{"SystemGetCudaDriverVersion: the probe's", "dra nvlib.go getGpuInfo", "h200x1",
-			func(t *testing.T, l *simLib) result { v, ret := l.SystemGetCudaDriverVersion(); return result{ret, v} },
+			func(t *testing.T, l *Lib) result { v, ret := l.SystemGetCudaDriverVersion(); return result{ret, v} },
 			result{nvml.SUCCESS, probe.CudaDriverVersion.Value}},
 		{"InitWithFlags(NO_GPUS) opens a second reference", "dra nvlib.go ensureNVML", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				ret := l.InitWithFlags(nvml.INIT_FLAG_NO_GPUS)
 				return result{ret, l.refs}
 			}, result{nvml.SUCCESS, 2}},
 		{"InitWithFlags with an unknown flag", "nvml.h nvmlInitWithFlags", "h200x1",
-			func(t *testing.T, l *simLib) result { return result{ret: l.InitWithFlags(0x80)} },
+			func(t *testing.T, l *Lib) result { return result{ret: l.InitWithFlags(0x80)} },
 			result{ret: nvml.ERROR_INVALID_ARGUMENT}},
 		{"DeviceGetHandleByPciBusId with go-nvlib nvpci's address (4-digit domain)", "mig-parted util/device.go nvmlGetGPUDeviceIDs", "h200x2",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				d, ret := l.DeviceGetHandleByPciBusId("0000:11:00.0")
 				if ret != nvml.SUCCESS {
 					return result{ret: ret}
@@ -194,7 +196,7 @@ func TestSimToolCalls(t *testing.T) {
 				return result{ret, d.(*simDevice).index}
 			}, result{nvml.SUCCESS, 1}},
 		{"DeviceGetHandleByPciBusId with NVML's own form, lower case", "nvml.h nvmlDeviceGetHandleByPciBusId_v2", "h200x2",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				d, ret := l.DeviceGetHandleByPciBusId("00000000:10:00.0")
 				if ret != nvml.SUCCESS {
 					return result{ret: ret}
@@ -202,39 +204,39 @@ func TestSimToolCalls(t *testing.T) {
 				return result{ret, d.(*simDevice).index}
 			}, result{nvml.SUCCESS, 0}},
 		{"DeviceGetHandleByPciBusId: no such GPU", "nvml.h", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				_, ret := l.DeviceGetHandleByPciBusId("0000:99:00.0")
 				return result{ret: ret}
 			},
 			result{ret: nvml.ERROR_NOT_FOUND}},
 		{"DeviceGetHandleByPciBusId: malformed", "nvml.h", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				_, ret := l.DeviceGetHandleByPciBusId("gpu0")
 				return result{ret: ret}
 			},
 			result{ret: nvml.ERROR_INVALID_ARGUMENT}},
 		{"GetMinorNumber: the probe's for GPU 0", "dra nvlib.go getGpuInfo", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				v, ret := simDev(t, l, 0).GetMinorNumber()
 				return result{ret, v}
 			},
 			result{nvml.SUCCESS, pd.Minor.Value}},
 		{"GetMinorNumber of GPU 3 is 3", "dra deviceinfo.go (device name gpu-<minor>)", "h200x4",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				v, ret := simDev(t, l, 3).GetMinorNumber()
 				return result{ret, v}
 			},
 			result{nvml.SUCCESS, 3}},
 		{"GetBrand: the probe's", "go-nvlib GetBrandAsString", "h200x1",
-			func(t *testing.T, l *simLib) result { v, ret := simDev(t, l, 0).GetBrand(); return result{ret, int(v)} },
+			func(t *testing.T, l *Lib) result { v, ret := simDev(t, l, 0).GetBrand(); return result{ret, int(v)} },
 			result{nvml.SUCCESS, pd.Brand.Value}},
 		{"GetCudaComputeCapability: the probe's", "go-nvlib GetCudaComputeCapabilityAsString", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				ma, mi, ret := simDev(t, l, 0).GetCudaComputeCapability()
 				return result{ret, fmt.Sprintf("%d.%d", ma, mi)}
 			}, result{nvml.SUCCESS, pd.CC.Value}},
 		{"GetCudaComputeCapability of the A100 and the L40S", "CUDA GPUs list", "a100-40gbx1,l40sx1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				var out []string
 				for i := range 2 {
 					ma, mi, ret := simDev(t, l, i).GetCudaComputeCapability()
@@ -246,19 +248,19 @@ func TestSimToolCalls(t *testing.T) {
 				return result{nvml.SUCCESS, out}
 			}, result{nvml.SUCCESS, []string{"8.0", "8.9"}}},
 		{"GetArchitecture: the probe's", "go-nvlib GetArchitectureAsString", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				v, ret := simDev(t, l, 0).GetArchitecture()
 				return result{ret, int(v)}
 			},
 			result{nvml.SUCCESS, pd.Arch.Value}},
 		{"GetAddressingMode: NOT_SUPPORTED (no coherent memory)", "go-nvlib GetAddressingModeAsString", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				_, ret := simDev(t, l, 0).GetAddressingMode()
 				return result{ret: ret}
 			},
 			result{ret: nvml.ERROR_NOT_SUPPORTED}},
 		{"GetPciInfo bus id as go-nvlib GetPCIBusID reads it finds the same GPU", "go-nvlib GetPCIBusID; mig-parted DeviceGetHandleByPciBusId", "h200x2",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				info, ret := simDev(t, l, 1).GetPciInfo()
 				if ret != nvml.SUCCESS {
 					return result{ret: ret}
@@ -278,7 +280,7 @@ func TestSimToolCalls(t *testing.T) {
 				return result{ret, fmt.Sprintf("%s→%d", id, d.(*simDevice).index)}
 			}, result{nvml.SUCCESS, "0000:11:00.0→1"}},
 		{"GetDeviceHandleFromMigDeviceHandle gives the parent", "nvcdi mig-device-nvml.go; go-nvlib GetProfile", "h200x2",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				simMigOn(t, l)
 				d := simDev(t, l, 1)
 				gi, ret := simCreate(d, simInfo(t, d, 0), 3, 1)
@@ -299,17 +301,17 @@ func TestSimToolCalls(t *testing.T) {
 				}
 				u, _ := parent.GetUUID()
 				_, retGPU := d.GetDeviceHandleFromMigDeviceHandle()
-				return result{ret, []any{u == l.st.GPUs[1].UUID, realReturnName(retGPU)}}
+				return result{ret, []any{u == l.st.GPUs[1].UUID, nvmlreturn.Name(retGPU)}}
 			}, result{nvml.SUCCESS, []any{true, "ERROR_INVALID_ARGUMENT"}}},
 		{"CreateGpuInstance with MIG disabled", "nvml.h nvmlDeviceCreateGpuInstance", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				d := simDev(t, l, 0)
 				info := simInfo(t, d, 0)
 				_, ret := d.CreateGpuInstance(&info)
 				return result{ret: ret}
 			}, result{ret: nvml.ERROR_NOT_SUPPORTED}},
 		{"CreateGpuInstance: a second 1g+me finds the media engines taken", "MIG facts §3.8 (+me profiles own the OFA)", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				simMigOn(t, l)
 				d := simDev(t, l, 0)
 				info := simInfoByID(t, d, 20)
@@ -320,7 +322,7 @@ func TestSimToolCalls(t *testing.T) {
 				return result{ret: ret}
 			}, result{ret: nvml.ERROR_INSUFFICIENT_RESOURCES}},
 		{"CreateGpuInstance: a fault on CreateGpuInstance fails it", "--sim-faults", "h200x1",
-			func(t *testing.T, l *simLib) result {
+			func(t *testing.T, l *Lib) result {
 				simMigOn(t, l)
 				l.faults = faultPlan{OpCreateGpuInstance: {1: "ERROR_UNKNOWN"}}
 				d := simDev(t, l, 0)
@@ -331,10 +333,10 @@ func TestSimToolCalls(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.call, func(t *testing.T) {
-			l := simNVML(t, tc.spec, SimOptions{})
+			l := simNVML(t, tc.spec, Options{})
 			got := tc.do(t, l)
 			if got.ret != tc.want.ret {
-				t.Fatalf("%s: ret %s, want %s", tc.caller, realReturnName(got.ret), realReturnName(tc.want.ret))
+				t.Fatalf("%s: ret %s, want %s", tc.caller, nvmlreturn.Name(got.ret), nvmlreturn.Name(tc.want.ret))
 			}
 			if tc.want.got != nil && fmt.Sprint(got.got) != fmt.Sprint(tc.want.got) {
 				t.Errorf("%s: got %v, want %v", tc.caller, got.got, tc.want.got)
