@@ -2,13 +2,12 @@ package drain
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"reflect"
 	"testing"
 
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/testsupport"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -22,8 +21,6 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 )
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // staticSlice is the one ResourceSlice the NVIDIA DRA driver publishes for
 // node without DynamicMIG (publishResources in dra-driver-nvidia-gpu
@@ -92,7 +89,7 @@ func TestFindAffectedClaimsWithoutPodResources(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientset(objs...)
-			a, err := FindAffected(context.Background(), clientset.Wrap(c), quiet(), "n1", "", tc.change)
+			a, err := FindAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", tc.change)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,14 +122,14 @@ func TestFindAffectedClaimsOlderAPI(t *testing.T) {
 	}
 	c.PrependReactor("list", "resourceslices", notServed)
 	c.PrependReactor("list", "resourceclaims", notServed)
-	a, err := FindAffected(context.Background(), clientset.Wrap(c), quiet(), "n1", "", Change{MIGDevices: []string{"MIG-gone"}})
+	a, err := FindAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", Change{MIGDevices: []string{"MIG-gone"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(a.Names(), []string{"w/p"}) {
 		t.Fatalf("FindAffected = %v, want [w/p]", a.Names())
 	}
-	a, err = FindAffected(context.Background(), clientset.Wrap(c), quiet(), "n1", "", Change{MIGDevices: []string{"MIG-other"}})
+	a, err = FindAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", Change{MIGDevices: []string{"MIG-other"}})
 	if err != nil || len(a.Pods) != 0 {
 		t.Fatalf("FindAffected = %v, %v; want none", a.Names(), err)
 	}
@@ -145,7 +142,7 @@ func TestFindAffectedClaimsUnreadable(t *testing.T) {
 	c.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewServiceUnavailable("down")
 	})
-	if _, err := FindAffected(context.Background(), clientset.Wrap(c), quiet(), "n1", "", Change{MIGDevices: []string{"MIG-x"}}); err == nil {
+	if _, err := FindAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", Change{MIGDevices: []string{"MIG-x"}}); err == nil {
 		t.Fatal("FindAffected succeeded without the claims")
 	}
 }

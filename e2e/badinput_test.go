@@ -274,7 +274,7 @@ func TestBadInputLabels(t *testing.T) {
 
 // writeBadFitFile writes configs that parse but do not fit an H200 node.
 func writeBadFitFile(t *testing.T) string {
-	return flWriteConfig(t, `version: v1
+	return disConfig(t, `version: v1
 mig-configs:
   other-gpu-profile:
     - devices: all
@@ -317,7 +317,7 @@ func TestBadInputDaemonConfigFile(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
 	kubetest.CreateNode(t, node, map[string]string{record.LabelConfig: "a"})
-	file := flWriteConfig(t, biEntry(`{"1g.18gb": -3}`))
+	file := disConfig(t, biEntry(`{"1g.18gb": -3}`))
 	a := StartAgent(t, &Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", file}})
 	code, ok := a.Wait(30 * time.Second)
 	if !ok || code != 2 {

@@ -31,7 +31,7 @@ import (
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/journal"
-	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -283,8 +283,8 @@ func checkRecord(t testing.TB, m map[string]any, notBefore time.Time) {
 	if v, _ := m["agentVersion"].(string); v == "" {
 		t.Errorf("agentVersion empty")
 	}
-	if v, _ := m["driverVersion"].(string); v != nvmlx.SimDriverVersion {
-		t.Errorf("driverVersion = %q, want %q", v, nvmlx.SimDriverVersion)
+	if v, _ := m["driverVersion"].(string); v != nvmlsim.DriverVersion {
+		t.Errorf("driverVersion = %q, want %q", v, nvmlsim.DriverVersion)
 	}
 	if v, _ := m["configHash"].(string); !hexSHA256.MatchString(v) {
 		t.Errorf("configHash = %q, want 64 hex digits", v)

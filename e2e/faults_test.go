@@ -27,6 +27,7 @@ import (
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
@@ -56,32 +57,32 @@ func (r *ffRecorder) add(gpu int, ops ...string) {
 }
 
 func (r *ffRecorder) SetMigMode(gpu int, enabled bool) (nvmlx.MigMode, error) {
-	r.add(gpu, nvmlx.OpSetMigMode)
+	r.add(gpu, nvmlsim.OpSetMigMode)
 	return r.GPU.SetMigMode(gpu, enabled)
 }
 
 func (r *ffRecorder) CreateGPUInstance(gpu, profileID int, at profiles.Placement) (int, error) {
-	r.add(gpu, nvmlx.OpCreateGpuInstanceWithPlacement, nvmlx.OpCreateGpuInstance)
+	r.add(gpu, nvmlsim.OpCreateGpuInstanceWithPlacement, nvmlsim.OpCreateGpuInstance)
 	return r.GPU.CreateGPUInstance(gpu, profileID, at)
 }
 
 func (r *ffRecorder) CreateComputeInstance(gpu, gi, ciProfileIndex int) (nvmlx.ComputeInstance, error) {
-	r.add(gpu, nvmlx.OpCreateComputeInstance)
+	r.add(gpu, nvmlsim.OpCreateComputeInstance)
 	return r.GPU.CreateComputeInstance(gpu, gi, ciProfileIndex)
 }
 
 func (r *ffRecorder) DestroyComputeInstance(gpu, gi, ci int) error {
-	r.add(gpu, nvmlx.OpComputeInstanceDestroy)
+	r.add(gpu, nvmlsim.OpComputeInstanceDestroy)
 	return r.GPU.DestroyComputeInstance(gpu, gi, ci)
 }
 
 func (r *ffRecorder) DestroyGPUInstance(gpu, gi int) error {
-	r.add(gpu, nvmlx.OpGpuInstanceDestroy)
+	r.add(gpu, nvmlsim.OpGpuInstanceDestroy)
 	return r.GPU.DestroyGPUInstance(gpu, gi)
 }
 
 func (r *ffRecorder) ResetGPU(gpu int) error {
-	r.add(gpu, nvmlx.OpResetGpu)
+	r.add(gpu, nvmlsim.OpResetGpu)
 	return r.GPU.ResetGPU(gpu)
 }
 
@@ -92,13 +93,13 @@ var ffOps = []struct {
 	op     string
 	errors []string
 }{
-	{nvmlx.OpGpuInstanceDestroy, []string{"ERROR_IN_USE", "ERROR_UNKNOWN"}},
-	{nvmlx.OpComputeInstanceDestroy, []string{"ERROR_IN_USE", "ERROR_UNKNOWN"}},
-	{nvmlx.OpSetMigMode, []string{"ERROR_IN_USE", "ERROR_UNKNOWN"}},
-	{nvmlx.OpResetGpu, []string{"ERROR_IN_USE", "ERROR_UNKNOWN"}},
-	{nvmlx.OpCreateGpuInstanceWithPlacement, []string{"ERROR_INSUFFICIENT_RESOURCES", "ERROR_UNKNOWN"}},
-	{nvmlx.OpCreateGpuInstance, []string{"ERROR_INSUFFICIENT_RESOURCES", "ERROR_UNKNOWN"}},
-	{nvmlx.OpCreateComputeInstance, []string{"ERROR_INSUFFICIENT_RESOURCES", "ERROR_UNKNOWN"}},
+	{nvmlsim.OpGpuInstanceDestroy, []string{"ERROR_IN_USE", "ERROR_UNKNOWN"}},
+	{nvmlsim.OpComputeInstanceDestroy, []string{"ERROR_IN_USE", "ERROR_UNKNOWN"}},
+	{nvmlsim.OpSetMigMode, []string{"ERROR_IN_USE", "ERROR_UNKNOWN"}},
+	{nvmlsim.OpResetGpu, []string{"ERROR_IN_USE", "ERROR_UNKNOWN"}},
+	{nvmlsim.OpCreateGpuInstanceWithPlacement, []string{"ERROR_INSUFFICIENT_RESOURCES", "ERROR_UNKNOWN"}},
+	{nvmlsim.OpCreateGpuInstance, []string{"ERROR_INSUFFICIENT_RESOURCES", "ERROR_UNKNOWN"}},
+	{nvmlsim.OpCreateComputeInstance, []string{"ERROR_INSUFFICIENT_RESOURCES", "ERROR_UNKNOWN"}},
 }
 
 // ffTransition is one representative change.
@@ -180,7 +181,7 @@ func ffReference(t *testing.T, tr ffTransition, base, fileName string) ([]ffCall
 	if err := os.WriteFile(state, raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sim, err := nvmlx.NewSim(tr.spec, nvmlx.SimOptions{StatePath: state})
+	sim, err := nvmlx.NewSim(tr.spec, nvmlsim.Options{StatePath: state})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +207,7 @@ func ffReference(t *testing.T, tr ffTransition, base, fileName string) ([]ffCall
 	}
 	muts := sim.Mutations()
 	for _, o := range ffOps {
-		if o.op == nvmlx.OpCreateGpuInstance {
+		if o.op == nvmlsim.OpCreateGpuInstance {
 			continue // counted under CreateGpuInstanceWithPlacement
 		}
 		n := 0
@@ -243,7 +244,7 @@ func TestFaultMatrix(t *testing.T) {
 			var fileArgs []string
 			fileName := ""
 			if tr.file != "" {
-				fileName = flWriteConfig(t, tr.file)
+				fileName = disConfig(t, tr.file)
 				fileArgs = []string{"-f", fileName}
 			}
 			calls, ref, plan := ffReference(t, tr, base, fileName)
@@ -292,7 +293,7 @@ func TestFaultMatrix(t *testing.T) {
 							if !strings.Contains(stderr, want) || !strings.Contains(stderr, nvErr) || !strings.Contains(stderr, fault[:strings.Index(fault, "=")]) {
 								t.Errorf("%s: message lacks %q, the error or the fault:\n%s", fault, want, stderr)
 							}
-						case code == 3 && o.op == nvmlx.OpResetGpu:
+						case code == 3 && o.op == nvmlsim.OpResetGpu:
 							// The reset failed: the mode change waits for a
 							// reboot (docs/reference.md#disruption-and-reboot), and the message says so.
 							if !strings.Contains(stderr, fmt.Sprintf("GPUs [%d]", gpu)) || !strings.Contains(stderr, "reboot") {
@@ -310,7 +311,7 @@ func TestFaultMatrix(t *testing.T) {
 						// a mode change that waits for a reboot (exit 3)
 						// ends it after the mode step: instances made before
 						// a reboot would not survive it.
-						modeStep := o.op == nvmlx.OpSetMigMode || o.op == nvmlx.OpResetGpu
+						modeStep := o.op == nvmlsim.OpSetMigMode || o.op == nvmlsim.OpResetGpu
 						mid := flReadSim(t, state)
 						for i := range mid.GPUs {
 							unchanged := !changed[i] || code == 1 && modeStep && i > gpu
@@ -422,7 +423,7 @@ func ffSetup(t *testing.T, spec, from, fileText, target string, pods []ffPod, ex
 	sim := []string{"--nvml", "sim:" + spec, "--sim-state", state}
 	var fileArgs []string
 	if fileText != "" {
-		fileArgs = []string{"-f", flWriteConfig(t, fileText)}
+		fileArgs = []string{"-f", disConfig(t, fileText)}
 	}
 	out, stderr, code := RunCLI(t, append(append([]string{"plan", "-o", "json", "-c", target}, fileArgs...), sim...)...)
 	var plan ffPlanJSON

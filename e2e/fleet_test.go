@@ -78,16 +78,6 @@ func (s flSim) migUUIDs(i int) []string {
 	return out
 }
 
-// flWriteConfig writes a config file into a fresh temp dir.
-func flWriteConfig(t testing.TB, text string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // flPrepareSim applies config on a fresh sim state file with the CLI, so a
 // daemon starts from that geometry.
 func flPrepareSim(t testing.TB, spec, config string, extra ...string) string {
@@ -179,7 +169,7 @@ func TestFleetMixedNode(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
 	kubetest.CreateNode(t, node, nil)
-	file := flWriteConfig(t, `version: v1
+	file := disConfig(t, `version: v1
 mig-configs:
   l40s-mig:
     - devices: all

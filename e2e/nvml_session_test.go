@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"net/http"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -10,7 +9,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -32,7 +31,7 @@ func nsRead(t testing.TB, path string) nsState {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		t.Fatal(err)
 	}
-	if raw, err := os.ReadFile(nvmlx.SessionsPath(path)); err == nil {
+	if raw, err := os.ReadFile(nvmlsim.SessionsPath(path)); err == nil {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			t.Fatal(err)
 		}
@@ -67,15 +66,6 @@ func nsSetUnloaded(t testing.TB, path string, unloaded bool) {
 	}
 }
 
-func nsReady(a *Agent) bool {
-	resp, err := http.Get(a.Metrics + "/readyz")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
 // TestIdleAgentHoldsNoNVMLSession: between passes the agent holds no NVML
 // session (every nvmlInit has its nvmlShutdown), so a driver upgrade can
 // unload the module; while NVML cannot be opened (the module unloaded)
@@ -98,7 +88,7 @@ func TestIdleAgentHoldsNoNVMLSession(t *testing.T) {
 	// The driver goes away (an upgrade unloads the module): not ready, NVML down.
 	nsSetUnloaded(t, o.SimState, true)
 	WaitFor(t, 15*time.Second, "the agent to report NVML down and not ready", func() bool {
-		return !nsReady(a) && rbMetric(a.Scrape(t), "migagent_nvml_up") == "0"
+		return !ccReady(a) && rbMetric(a.Scrape(t), "migagent_nvml_up") == "0"
 	})
 	if s := nsRead(t, o.SimState); s.Inits != s.Shutdowns {
 		t.Fatalf("an NVML session stayed open while the driver was away: %+v", s)
@@ -106,7 +96,7 @@ func TestIdleAgentHoldsNoNVMLSession(t *testing.T) {
 	// The driver is back: the agent opens NVML again by itself and acts.
 	nsSetUnloaded(t, o.SimState, false)
 	WaitFor(t, 30*time.Second, "the agent to be ready with NVML up again", func() bool {
-		return nsReady(a) && rbMetric(a.Scrape(t), "migagent_nvml_up") == "1"
+		return ccReady(a) && rbMetric(a.Scrape(t), "migagent_nvml_up") == "1"
 	})
 	SelectConfig(t, c, node, "all-balanced")
 	WaitState(t, c, node, record.StateSuccess, "all-balanced", changeTimeout)

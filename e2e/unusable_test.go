@@ -10,6 +10,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -47,7 +48,7 @@ func TestUnopenableGPULeavesOthersConverging(t *testing.T) {
 	node := kubetest.NewName(t, "node")
 	kubetest.CreateNode(t, node, nil)
 	state := filepath.Join(t.TempDir(), "sim.json")
-	sim, err := nvmlx.NewSim("h200x3", nvmlx.SimOptions{StatePath: state})
+	sim, err := nvmlx.NewSim("h200x3", nvmlsim.Options{StatePath: state})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package gpus
+package gpus_test
 
 import (
 	"errors"
@@ -9,45 +9,12 @@ import (
 	"testing"
 
 	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
 )
-
-func newSim(t *testing.T, spec string, o nvmlx.SimOptions) *nvmlx.Sim {
-	t.Helper()
-	s, err := nvmlx.NewSim(spec, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func parseSpec(t *testing.T, y string) *ConfigFile {
-	t.Helper()
-	spec, err := geometry.Parse([]byte(y))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &ConfigFile{Path: "test.yaml", SHA256: "x", Spec: spec}
-}
-
-// applyConfig plans config name on the sim and applies it.
-func applyConfig(t *testing.T, g nvmlx.GPU, f *ConfigFile, name string, o ApplyOptions) (*Applied, error) {
-	t.Helper()
-	n, err := Discover(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, _, err := Lookup(f, name, n.GPUs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, err := geometry.BuildPlan(spec, name, n.GPUs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ApplyAndVerify(g, n, plan, f, name, o)
-}
 
 func mutationsSince(before, after map[string]int) map[string]int {
 	d := map[string]int{}
@@ -62,7 +29,7 @@ func mutationsSince(before, after map[string]int) map[string]int {
 // The planner's minimal diff is what reaches NVML: 7×1g → 2×1g+2g+3g costs
 // 5 destroys and 2 creates; 7×1g → 4×1g+3g costs 3 and 1.
 func TestApplyMinimalMutations(t *testing.T) {
-	f := parseSpec(t, `version: v1
+	f := testsupport.ParseSpec(t, `version: v1
 mig-configs:
   four-plus-three:
     - devices: all
@@ -77,17 +44,17 @@ mig-configs:
 		{"four-plus-three", 3, 1},
 	} {
 		t.Run(tc.to, func(t *testing.T) {
-			s := newSim(t, "h200x1", nvmlx.SimOptions{})
-			if _, err := applyConfig(t, s, f, "all-1g.18gb", ApplyOptions{}); err != nil {
+			s := testsupport.NewSim(t, "h200x1", nvmlsim.Options{})
+			if _, err := testsupport.ApplyConfig(t, s, f, "all-1g.18gb", gpus.ApplyOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			before := s.Mutations()
-			res, err := applyConfig(t, s, f, tc.to, ApplyOptions{})
+			res, err := testsupport.ApplyConfig(t, s, f, tc.to, gpus.ApplyOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			d := mutationsSince(before, s.Mutations())
-			if d[nvmlx.OpGpuInstanceDestroy] != tc.destroys || d[nvmlx.OpCreateGpuInstanceWithPlacement] != tc.creates || d[nvmlx.OpSetMigMode] != 0 {
+			if d[nvmlsim.OpGpuInstanceDestroy] != tc.destroys || d[nvmlsim.OpCreateGpuInstanceWithPlacement] != tc.creates || d[nvmlsim.OpSetMigMode] != 0 {
 				t.Fatalf("mutations %v, want %d destroys and %d creates", d, tc.destroys, tc.creates)
 			}
 			if len(res.Changed) != 1 {
@@ -95,7 +62,7 @@ mig-configs:
 			}
 			// Applying again changes nothing.
 			before = s.Mutations()
-			if _, err := applyConfig(t, s, f, tc.to, ApplyOptions{}); err != nil {
+			if _, err := testsupport.ApplyConfig(t, s, f, tc.to, gpus.ApplyOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			if d := mutationsSince(before, s.Mutations()); len(d) != 0 {
@@ -108,15 +75,15 @@ mig-configs:
 // Ampere: a mode change takes effect through a reset of just that GPU; with
 // no reset possible it needs a reboot (ErrRebootRequired), creates wait.
 func TestApplyAmpereModeChange(t *testing.T) {
-	f := parseSpec(t, `version: v1
+	f := testsupport.ParseSpec(t, `version: v1
 mig-configs:
   gpu1:
     - devices: [1]
       mig-enabled: true
       mig-devices: {"3g.20gb": 2}
 `)
-	s := newSim(t, "a100-40gbx2", nvmlx.SimOptions{})
-	res, err := applyConfig(t, s, f, "gpu1", ApplyOptions{})
+	s := testsupport.NewSim(t, "a100-40gbx2", nvmlsim.Options{})
+	res, err := testsupport.ApplyConfig(t, s, f, "gpu1", gpus.ApplyOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,12 +91,12 @@ mig-configs:
 		t.Fatalf("reset %v reboot %v, want reset [1]", res.Reset, res.RebootGPUs)
 	}
 
-	noReset := newSim(t, "a100-40gbx2", nvmlx.SimOptions{NoReset: true})
-	res, err = applyConfig(t, noReset, f, "gpu1", ApplyOptions{})
-	if !errors.Is(err, ErrRebootRequired) || len(res.RebootGPUs) != 1 || res.RebootGPUs[0] != 1 {
+	noReset := testsupport.NewSim(t, "a100-40gbx2", nvmlsim.Options{NoReset: true})
+	res, err = testsupport.ApplyConfig(t, noReset, f, "gpu1", gpus.ApplyOptions{})
+	if !errors.Is(err, gpus.ErrRebootRequired) || len(res.RebootGPUs) != 1 || res.RebootGPUs[0] != 1 {
 		t.Fatalf("err %v reboot %v, want ErrRebootRequired on GPU 1", err, res.RebootGPUs)
 	}
-	if d := noReset.Mutations(); d[nvmlx.OpCreateGpuInstanceWithPlacement] != 0 {
+	if d := noReset.Mutations(); d[nvmlsim.OpCreateGpuInstanceWithPlacement] != 0 {
 		t.Fatalf("created instances before the reboot: %v", d)
 	}
 	// Why no reset happened reaches the result and the error.
@@ -138,17 +105,17 @@ mig-configs:
 	}
 
 	// A reset the settings forbid says so.
-	off := newSim(t, "a100-40gbx2", nvmlx.SimOptions{})
-	res, err = applyConfig(t, off, f, "gpu1", ApplyOptions{NoReset: true})
-	if !errors.Is(err, ErrRebootRequired) || res.NoReset[1] != "GPU reset disabled" || len(res.Reset) != 0 {
+	off := testsupport.NewSim(t, "a100-40gbx2", nvmlsim.Options{})
+	res, err = testsupport.ApplyConfig(t, off, f, "gpu1", gpus.ApplyOptions{NoReset: true})
+	if !errors.Is(err, gpus.ErrRebootRequired) || res.NoReset[1] != "GPU reset disabled" || len(res.Reset) != 0 {
 		t.Errorf("reset disabled: err %v, why %q, reset %v", err, res.NoReset[1], res.Reset)
 	}
 }
 
 // Hopper changes mode at once: no reset, no reboot.
 func TestApplyHopperModeChange(t *testing.T) {
-	s := newSim(t, "h100-80gbx2", nvmlx.SimOptions{NoReset: true})
-	res, err := applyConfig(t, s, nil, "all-balanced", ApplyOptions{})
+	s := testsupport.NewSim(t, "h100-80gbx2", nvmlsim.Options{NoReset: true})
+	res, err := testsupport.ApplyConfig(t, s, nil, "all-balanced", gpus.ApplyOptions{})
 	if err != nil || len(res.Reset) != 0 || len(res.RebootGPUs) != 0 {
 		t.Fatalf("err %v reset %v reboot %v", err, res.Reset, res.RebootGPUs)
 	}
@@ -157,21 +124,21 @@ func TestApplyHopperModeChange(t *testing.T) {
 // An NVML failure mid-GPU names the GPU and how far it got; a retry
 // re-plans from what is there and converges.
 func TestApplyFaultThenRetry(t *testing.T) {
-	s := newSim(t, "h200x2", nvmlx.SimOptions{Faults: "CreateGpuInstanceWithPlacement:6=ERROR_INSUFFICIENT_RESOURCES"})
-	_, err := applyConfig(t, s, nil, "all-balanced", ApplyOptions{})
-	var pe *partialError
+	s := testsupport.NewSim(t, "h200x2", nvmlsim.Options{Faults: "CreateGpuInstanceWithPlacement:6=ERROR_INSUFFICIENT_RESOURCES"})
+	_, err := testsupport.ApplyConfig(t, s, nil, "all-balanced", gpus.ApplyOptions{})
+	var pe *gpus.PartialError
 	if !errors.As(err, &pe) || pe.GPU != 1 || pe.Created != 1 || !errors.Is(err, nvmlx.ErrInsufficientResources) {
 		t.Fatalf("err %v, want a partialError on GPU 1 after 1 create", err)
 	}
-	if _, err := applyConfig(t, s, nil, "all-balanced", ApplyOptions{}); err != nil {
+	if _, err := testsupport.ApplyConfig(t, s, nil, "all-balanced", gpus.ApplyOptions{}); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
 }
 
 // A failed compute-instance create leaves no GPU instance behind.
 func TestApplyComputeFaultUndoesGPUInstance(t *testing.T) {
-	s := newSim(t, "h200x1", nvmlx.SimOptions{Faults: "CreateComputeInstance:1=ERROR_UNKNOWN"})
-	if _, err := applyConfig(t, s, nil, "all-7g.141gb", ApplyOptions{}); err == nil {
+	s := testsupport.NewSim(t, "h200x1", nvmlsim.Options{Faults: "CreateComputeInstance:1=ERROR_UNKNOWN"})
+	if _, err := testsupport.ApplyConfig(t, s, nil, "all-7g.141gb", gpus.ApplyOptions{}); err == nil {
 		t.Fatal("want an error")
 	}
 	insts, err := s.Instances(0)
@@ -219,7 +186,7 @@ mig-configs:
 // compute instances.
 func geometryOf(t *testing.T, g nvmlx.GPU) string {
 	t.Helper()
-	n, err := Discover(g)
+	n, err := gpus.Discover(g)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,22 +204,22 @@ func geometryOf(t *testing.T, g nvmlx.GPU) string {
 // exportApply applies config name of f on a fresh sim of spec, exports the
 // result and applies the export on another fresh sim; both must end with
 // the same geometry, and the export must already hold on the first.
-func exportApply(t *testing.T, spec string, f *ConfigFile, name string) {
+func exportApply(t *testing.T, spec string, f *gpus.ConfigFile, name string) {
 	t.Helper()
-	s := newSim(t, spec, nvmlx.SimOptions{})
-	if _, err := applyConfig(t, s, f, name, ApplyOptions{}); err != nil {
+	s := testsupport.NewSim(t, spec, nvmlsim.Options{})
+	if _, err := testsupport.ApplyConfig(t, s, f, name, gpus.ApplyOptions{}); err != nil {
 		t.Fatalf("%s on %s: %v", name, spec, err)
 	}
-	n, err := Discover(s)
+	n, err := gpus.Discover(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := n.Export(ExportName).Marshal()
+	data, err := n.Export(gpus.ExportName).Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
-	exported := parseSpec(t, string(data))
-	plan, err := geometry.BuildPlan(exported.Spec, ExportName, n.GPUs)
+	exported := testsupport.ParseSpec(t, string(data))
+	plan, err := geometry.BuildPlan(exported.Spec, gpus.ExportName, n.GPUs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,8 +228,8 @@ func exportApply(t *testing.T, spec string, f *ConfigFile, name string) {
 			t.Fatalf("%s on %s: the export does not hold where it was read: %+v\n%s", name, spec, gp, data)
 		}
 	}
-	fresh := newSim(t, spec, nvmlx.SimOptions{})
-	if _, err := applyConfig(t, fresh, exported, ExportName, ApplyOptions{}); err != nil {
+	fresh := testsupport.NewSim(t, spec, nvmlsim.Options{})
+	if _, err := testsupport.ApplyConfig(t, fresh, exported, gpus.ExportName, gpus.ApplyOptions{}); err != nil {
 		t.Fatalf("%s on %s: applying the export: %v\n%s", name, spec, err, data)
 	}
 	if want, got := geometryOf(t, s), geometryOf(t, fresh); want != got {
@@ -280,7 +247,7 @@ func TestExportApplyReproduces(t *testing.T) {
 	}
 	done := 0
 	for _, file := range files {
-		f, err := LoadConfigFile(file)
+		f, err := gpus.LoadConfigFile(file)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,7 +256,7 @@ func TestExportApplyReproduces(t *testing.T) {
 				continue
 			}
 			spec := m.Key + "x2"
-			n, err := Discover(newSim(t, spec, nvmlx.SimOptions{}))
+			n, err := gpus.Discover(testsupport.NewSim(t, spec, nvmlsim.Options{}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -302,7 +269,7 @@ func TestExportApplyReproduces(t *testing.T) {
 			}
 		}
 	}
-	shared := parseSpec(t, sharedGI)
+	shared := testsupport.ParseSpec(t, sharedGI)
 	for _, name := range shared.Spec.Names {
 		exportApply(t, "h200x2", shared, name)
 		done++
@@ -317,7 +284,7 @@ func TestExportApplyReproduces(t *testing.T) {
 // instance is destroyed or created, the other compute instances keep their
 // MIG device UUIDs, and what would be evicted is the removed one alone.
 func TestApplyComputeOnlyChange(t *testing.T) {
-	f := parseSpec(t, `version: v1
+	f := testsupport.ParseSpec(t, `version: v1
 mig-configs:
   two:
     - devices: all
@@ -328,12 +295,12 @@ mig-configs:
       mig-enabled: true
       mig-devices: {"1c.3g.71gb": 3, "3g.71gb": 1}
 `)
-	s := newSim(t, "h200x1", nvmlx.SimOptions{})
-	if _, err := applyConfig(t, s, f, "two", ApplyOptions{}); err != nil {
+	s := testsupport.NewSim(t, "h200x1", nvmlsim.Options{})
+	if _, err := testsupport.ApplyConfig(t, s, f, "two", gpus.ApplyOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	uuids := func() []string {
-		n, _ := Discover(s)
+		n, _ := gpus.Discover(s)
 		var out []string
 		for u := range n.MIGDevices() {
 			out = append(out, u)
@@ -342,12 +309,12 @@ mig-configs:
 		return out
 	}
 	before, m0 := uuids(), s.Mutations()
-	if _, err := applyConfig(t, s, f, "three", ApplyOptions{}); err != nil {
+	if _, err := testsupport.ApplyConfig(t, s, f, "three", gpus.ApplyOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	after := uuids()
 	d := mutationsSince(m0, s.Mutations())
-	if len(d) != 1 || d[nvmlx.OpCreateComputeInstance] != 1 {
+	if len(d) != 1 || d[nvmlsim.OpCreateComputeInstance] != 1 {
 		t.Fatalf("adding a compute instance: mutations %v, want 1 compute instance create", d)
 	}
 	if len(after) != 4 || len(common(before, after)) != 3 {
@@ -356,21 +323,21 @@ mig-configs:
 
 	// Back to two: the plan destroys one compute instance, the newest, and
 	// that MIG device is all that would be evicted.
-	n, _ := Discover(s)
+	n, _ := gpus.Discover(s)
 	plan, err := geometry.BuildPlan(f.Spec, "two", n.GPUs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gpus, migs := Takes(n, plan)
+	targets, migs := gpus.Takes(n, plan)
 	added := minusStrings(after, before)
-	if len(gpus) != 1 || len(migs) != 1 || migs[0] != added[0] {
-		t.Fatalf("targets %v %v; want the GPU and the added MIG device %v", gpus, migs, added)
+	if len(targets) != 1 || len(migs) != 1 || migs[0] != added[0] {
+		t.Fatalf("targets %v %v; want the GPU and the added MIG device %v", targets, migs, added)
 	}
 	m1 := s.Mutations()
-	if _, err := ApplyAndVerify(s, n, plan, f, "two", ApplyOptions{}); err != nil {
+	if _, err := gpus.ApplyAndVerify(s, n, plan, f, "two", gpus.ApplyOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if d := mutationsSince(m1, s.Mutations()); len(d) != 1 || d[nvmlx.OpComputeInstanceDestroy] != 1 {
+	if d := mutationsSince(m1, s.Mutations()); len(d) != 1 || d[nvmlsim.OpComputeInstanceDestroy] != 1 {
 		t.Fatalf("removing a compute instance: mutations %v", d)
 	}
 	if got := uuids(); strings.Join(got, " ") != strings.Join(before, " ") {

@@ -1,16 +1,18 @@
-package gpus
+package gpus_test
 
 import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 )
 
 // A device-filter with a PCI subsystem id matches the GPUs NVML reports it
 // for (the simulated H200 reports the measured 0x18BF10DE) and no other.
 func TestApplySubsystemDeviceFilter(t *testing.T) {
-	f := parseSpec(t, `version: v1
+	f := testsupport.ParseSpec(t, `version: v1
 mig-configs:
   by-subsystem:
     - device-filter: ["0x233510DE:0x18BF10DE"]
@@ -21,8 +23,8 @@ mig-configs:
       devices: all
       mig-enabled: false
 `)
-	s := newSim(t, "h200x1,a100-40gbx1", nvmlx.SimOptions{})
-	res, err := applyConfig(t, s, f, "by-subsystem", ApplyOptions{})
+	s := testsupport.NewSim(t, "h200x1,a100-40gbx1", nvmlsim.Options{})
+	res, err := testsupport.ApplyConfig(t, s, f, "by-subsystem", gpus.ApplyOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,8 +40,8 @@ mig-configs:
 // Ampere with a host client attached: SetMigMode leaves the mode pending
 // (activation IN_USE); the apply resets just that GPU and converges.
 func TestApplyAmpereClientAttachedResets(t *testing.T) {
-	s := newSim(t, "a30x1", nvmlx.SimOptions{})
-	res, err := applyConfig(t, s, nil, "all-1g.6gb", ApplyOptions{})
+	s := testsupport.NewSim(t, "a30x1", nvmlsim.Options{})
+	res, err := testsupport.ApplyConfig(t, s, nil, "all-1g.6gb", gpus.ApplyOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +59,7 @@ func TestApplyAmpereClientAttachedResets(t *testing.T) {
 // cannot be opened is unknown); Discover lists such a GPU in Unusable, not
 // in Devices.
 func TestUnusableNamed(t *testing.T) {
-	f := parseSpec(t, `version: v1
+	f := testsupport.ParseSpec(t, `version: v1
 mig-configs:
   all:
     - devices: all
@@ -76,11 +78,11 @@ mig-configs:
       mig-enabled: true
       mig-devices: {}
 `)
-	s := newSim(t, "h200x3", nvmlx.SimOptions{})
+	s := testsupport.NewSim(t, "h200x3", nvmlsim.Options{})
 	if err := s.SetHandleError(1, "ERROR_NO_PERMISSION"); err != nil {
 		t.Fatal(err)
 	}
-	n, err := Discover(s)
+	n, err := gpus.Discover(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,11 +90,11 @@ mig-configs:
 		t.Fatalf("devices %d, unusable %+v", len(n.Devices), n.Unusable)
 	}
 	for name, want := range map[string]bool{"all": true, "others": false, "one": true, "filtered": true} {
-		if got := len(UnusableNamed(f.Spec, name, n.Unusable)) == 1; got != want {
+		if got := len(gpus.UnusableNamed(f.Spec, name, n.Unusable)) == 1; got != want {
 			t.Errorf("config %s names GPU 1: %v, want %v", name, got, want)
 		}
 	}
-	if msg := UnusableReason("one", n.Unusable, false); !strings.Contains(msg, "GPU 1") || !strings.Contains(msg, "ERROR_NO_PERMISSION") {
+	if msg := gpus.UnusableReason("one", n.Unusable, false); !strings.Contains(msg, "GPU 1") || !strings.Contains(msg, "ERROR_NO_PERMISSION") {
 		t.Errorf("reason %q", msg)
 	}
 }

@@ -62,7 +62,7 @@ type Change struct {
 	// after the GPUs changed.
 	PluginsNoted bool `json:"pluginsNoted,omitempty"`
 	// NodeUID is the UID of the Node object the change started on: a Node
-	// created again under the same name is another object (nodeuid.go).
+	// created again under the same name is another object (reconcile/nodeuid.go).
 	NodeUID string `json:"nodeUid,omitempty"`
 }
 
@@ -76,7 +76,7 @@ type State struct {
 	// too: a counter held only in memory would show a reboot to no scrape.
 	Reboots int `json:"reboots,omitempty"`
 	// RebootFor marks the reboot asked for the current request: never a
-	// second one for it (rebootguard.go).
+	// second one for it (reconcile/reboot.go).
 	RebootFor *RebootMark `json:"rebootFor,omitempty"`
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/readonce"
+	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/settings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,7 +61,7 @@ func TestServedBy(t *testing.T) {
 			conflictPart: "the Node's allocatable has nvidia.com/mig-1g.18gb, and the NVIDIA DRA driver announces 1 devices"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			k := &Disruptor{Client: clientset.Wrap(fake.NewClientset(tc.objects...)), Log: discard(), Node: "n1", S: &settings.Settings{}}
+			k := &Disruptor{Client: clientset.Wrap(fake.NewClientset(tc.objects...)), Log: testsupport.Discard(), Node: "n1", S: &settings.Settings{}}
 			path, conflict, err := k.ServedBy(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -90,7 +91,7 @@ func TestWaitResourcesDRA(t *testing.T) {
 	}
 	old := nvidiaSlice([2]string{"gpu-0-mig-3g71gb-9-0", "MIG-old"}, [2]string{"gpu-1", "GPU-1"})
 	c := fake.NewClientset(gpuNode(nil), old)
-	k := &Disruptor{Client: clientset.Wrap(c), Log: discard(), Node: "n1", S: &settings.Settings{}}
+	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", S: &settings.Settings{}}
 	if path, _, err := k.ServedBy(context.Background()); err != nil || path != record.ServedByDRA {
 		t.Fatalf("ServedBy = %q, %v", path, err)
 	}
@@ -121,7 +122,7 @@ func TestDevicePluginsListsDRAPlugin(t *testing.T) {
 	c := fake.NewClientset(pod("dra-driver-nvidia-gpu-kubelet-plugin-x7k2p", map[string]string{
 		"app.kubernetes.io/name": "dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu-component": "kubelet-plugin"}),
 		pod("dra-driver-nvidia-gpu-controller-1", map[string]string{"dra-driver-nvidia-gpu-component": "controller"}))
-	k := &Disruptor{Client: clientset.Wrap(c), Log: discard(), Node: "n1", S: &settings.Settings{}}
+	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", S: &settings.Settings{}}
 	got, err := k.DevicePlugins(context.Background())
 	if err != nil || len(got) != 1 || got[0] != "nvidia-dra-driver-gpu/dra-driver-nvidia-gpu-kubelet-plugin-x7k2p/u-x" {
 		t.Fatalf("DevicePlugins = %v, %v", got, err)
@@ -135,7 +136,7 @@ func TestDevicePluginsListsDRAPlugin(t *testing.T) {
 // DynamicMIG), the device plugin pods. Outside a look, each reads.
 func TestOneLookReadsOnce(t *testing.T) {
 	c := fake.NewClientset(gpuNode(nil), nvidiaSlice([2]string{"gpu-0", "GPU-a"}))
-	k := &Disruptor{Client: clientset.Wrap(c), Log: discard(), Node: "n1", S: &settings.Settings{}}
+	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", S: &settings.Settings{}}
 	lists := func() map[string]int {
 		n := map[string]int{}
 		for _, a := range c.Actions() {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/testsupport"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -138,7 +139,7 @@ func TestKubeDesiredRequester(t *testing.T) {
 func TestRecordHugeRequesterLands(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0)), Component: "mig-agent", Log: discard()}
+	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0)), Component: "mig-agent", Log: testsupport.Discard()}
 	for i := range 4 {
 		if err := k.Record(ctx, record.ChangeRecord{Config: fmt.Sprintf("c%d", i), Result: record.StateSuccess, RequestedBy: "alice"}, record.StateSuccess); err != nil {
 			t.Fatal(err)

@@ -1,13 +1,9 @@
 package lease
 
 import (
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 )
-
-func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // waitUntil waits (real time, up to 5 s) for cond, or fails with what.
 func waitUntil(t *testing.T, what string, cond func() bool) {

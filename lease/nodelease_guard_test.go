@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/testsupport"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +23,7 @@ import (
 // One agent per node under attack (findings 4, 5).
 
 func newNodeLease(c *fake.Clientset, clk *clocktesting.FakeClock, id string) *NodeLease {
-	return &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: id, Holder: "agent " + id, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	return &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: id, Holder: "agent " + id, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 }
 
 // Finding 4: the node Lease deleted mid-change is taken again within

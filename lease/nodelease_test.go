@@ -9,13 +9,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/journal"
-	"github.com/migagent/mig-agent/record"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/journal"
+	"github.com/migagent/mig-agent/record"
 )
 
 // One agent per node across state dirs: a live holder keeps a second
@@ -28,7 +30,7 @@ func TestNodeLease(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	lease := func(id string) *NodeLease {
 		return &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "gpu-1", Identity: id, Holder: "agent " + id,
-			Duration: 30 * time.Second, Clock: clk, Log: discard()}
+			Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 	}
 	a, b := lease("a"), lease("b")
 	if err := a.Take(ctx); err != nil || !a.held {
@@ -69,7 +71,7 @@ func TestNodeLease(t *testing.T) {
 func TestNodeLeaseKeep(t *testing.T) {
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	a := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "a", Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	a := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "a", Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := a.Take(ctx); err != nil {
 		t.Fatal(err)
@@ -99,7 +101,7 @@ func TestNodeLeaseKeep(t *testing.T) {
 	if n := renewals; n != 3 {
 		t.Errorf("%d requests for 3 renewals", n)
 	}
-	b := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "b", Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	b := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "b", Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 	if err := b.Take(context.Background()); !errors.Is(err, journal.ErrAnotherAgent) {
 		t.Fatalf("a renewed Lease was taken: %v", err)
 	}
@@ -111,7 +113,7 @@ func TestNodeLeaseKeep(t *testing.T) {
 		t.Fatalf("the Lease was not released by Keep's end: %v", err)
 	}
 	// b holds it now; an agent a that starts renewing learns it lost it.
-	a2 := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "a", Duration: 30 * time.Second, Clock: clk, Log: discard(), held: true}
+	a2 := &NodeLease{Client: clientset.Wrap(c), Namespace: "ns", Node: "n", Identity: "a", Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard(), held: true}
 	go func() { done <- a2.Keep(context.Background()) }()
 	deadline := time.After(5 * time.Second)
 	for {

@@ -6,12 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/testsupport"
 )
 
 // --max-concurrent P%: the share of the agents whose node Leases are
@@ -36,7 +38,7 @@ func TestPoolShare(t *testing.T) {
 	lease("mig-agent-node-gone", map[string]string{LabelLease: "node"}, now.Add(-time.Hour))
 	lease(SlotLeaseName(0), map[string]string{LabelRolloutSlot: "true"}, now)
 	for _, tc := range []struct{ percent, want int }{{10, 1}, {25, 2}, {50, 4}, {100, 9}, {1, 1}} {
-		s := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Percent: tc.percent, Clock: clk, Log: discard()}
+		s := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Percent: tc.percent, Clock: clk, Log: testsupport.Discard()}
 		n, pool, err := s.PoolShare(context.Background())
 		if err != nil || pool != 9 || n != tc.want {
 			t.Errorf("%d%%: PoolShare = %d of %d, %v; want %d of 9", tc.percent, n, pool, err, tc.want)

@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/testsupport"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -34,7 +36,7 @@ import (
 // and never released by its former holder.
 
 func newSlots(c *fake.Clientset, clk *clocktesting.FakeClock, holder string) *Slots {
-	return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 1, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 }
 
 // Finding 3: a holder whose clock runs 40 s behind (more than the lease

@@ -7,23 +7,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/reconcile"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/reconcile"
 )
 
 func TestSlotExpires(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 	if ok, err := crashed.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
 		t.Fatal(ok, err)
 	}
-	other := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	other := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 	if ok, _ := other.try(ctx, SlotLeaseName(0)); ok != nil {
 		t.Fatal("took a live slot")
 	}
@@ -40,13 +42,13 @@ func TestSlotExpiresWhileQueued(t *testing.T) {
 	defer cancel()
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}
+	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 	if ok, err := crashed.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
 		t.Fatal(ok, err)
 	}
 	got := make(chan error, 1)
 	go func() {
-		_, err := (&Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: discard()}).Acquire(ctx)
+		_, err := (&Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "alive", N: 1, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}).Acquire(ctx)
 		got <- err
 	}()
 	for deadline := time.Now().Add(5 * time.Second); !clk.HasWaiters(); time.Sleep(time.Millisecond) {
@@ -81,7 +83,7 @@ func TestSlots(t *testing.T) {
 	c := fake.NewClientset()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	slot := func(holder string) *Slots {
-		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: discard(), Spread: 200 * time.Millisecond}
+		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard(), Spread: 200 * time.Millisecond}
 	}
 	relA, err := acquireStepping(t, clk, slot("a"))
 	if err != nil {

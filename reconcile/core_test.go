@@ -21,6 +21,7 @@ import (
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -275,7 +276,7 @@ func testSettings() *settings.Settings {
 }
 
 // newCore builds a daemon over a fresh simulator with spec.
-func newCore(t *testing.T, spec string, o nvmlx.SimOptions, config string) *core {
+func newCore(t *testing.T, spec string, o nvmlsim.Options, config string) *core {
 	t.Helper()
 	dir := t.TempDir()
 	c := &core{spec: spec, simState: filepath.Join(dir, "sim.json"), stateDir: filepath.Join(dir, "state"),
@@ -292,7 +293,7 @@ func newCore(t *testing.T, spec string, o nvmlx.SimOptions, config string) *core
 
 // restart builds the daemon afresh over the same GPUs, journal and
 // cluster, as a new process would (o: the simulator's options).
-func (c *core) restart(t *testing.T, o nvmlx.SimOptions) {
+func (c *core) restart(t *testing.T, o nvmlsim.Options) {
 	t.Helper()
 	o.StatePath = c.simState
 	c.sim = newSim(t, c.spec, o)
@@ -405,7 +406,7 @@ func TestCoreResumeAtEachPhase(t *testing.T) {
 		{phase: journal.PhaseRefreshing, gpusDone: true, wantRestart: true},
 	} {
 		t.Run(string(tc.phase), func(t *testing.T) {
-			c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+			c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 			c.applied(t, "all-balanced")
 			pods := c.runPods(t, "1g.18gb", 0, 1)
 			// The state a crash at this phase leaves.
@@ -439,7 +440,7 @@ func TestCoreResumeAtEachPhase(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.cluster.setLabel("all-1g.18gb")
-			c.restart(t, nvmlx.SimOptions{})
+			c.restart(t, nvmlsim.Options{})
 			c.disrupt.affected, c.disrupt.evicted = 0, nil
 
 			if oc := c.pass(true, false); oc != outSuccess {
@@ -474,7 +475,7 @@ func TestCoreResumeAtEachPhase(t *testing.T) {
 // for evictions), leaves the GPUs untouched, and the next pass abandons it
 // (undoing its taint, recording why) and applies the new config.
 func TestCoreSupersede(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	c.runPods(t, "1g.18gb", 1)
 	c.cluster.setLabel("all-1g.18gb")
@@ -515,7 +516,7 @@ func TestCoreSupersede(t *testing.T) {
 // --retry-backoff-max; a pass before the retry is due touches nothing; the
 // retry after the cause is gone succeeds.
 func TestCoreBackoff(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	// A process no pod accounts for on a GPU instance the change destroys.
 	n, err := gpus.Discover(c.sim)
@@ -580,7 +581,7 @@ func TestCoreBackoff(t *testing.T) {
 // and the state goes on to failed with the reason; once the rights are
 // there the retry applies the change.
 func TestCorePendingBeforePreflight(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	c.cluster.setLabel("all-1g.18gb")
 	started := c.cluster.count(record.ReasonStarted)
@@ -624,7 +625,7 @@ func TestCorePendingBeforePreflight(t *testing.T) {
 // pending (sameNode): the new Node says pending before its disruption is
 // redone, though the change was not announced afresh in checkNode.
 func TestCoreRecreatedNodeSaysPending(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	ch := &journal.Change{Config: "all-1g.18gb", PreviousConfig: "all-balanced", RequestedBy: "test",
 		StartedAt: c.clock.Now(), Phase: journal.PhaseDraining, GPUsChanged: []int{0, 1}, GPUsUntouched: []int{},
@@ -634,7 +635,7 @@ func TestCoreRecreatedNodeSaysPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.cluster.setLabel("all-1g.18gb")
-	c.restart(t, nvmlx.SimOptions{})
+	c.restart(t, nvmlsim.Options{})
 	from := len(c.cluster.states)
 	if oc := c.pass(true, false); oc != outSuccess {
 		t.Fatalf("outcome %v, record %+v", oc, c.cluster.last())
@@ -654,7 +655,7 @@ func (o fakeOthers) Check(context.Context) (string, error) { return o.other, nil
 // refusal's failed comes after pending, never before it, so the node ends
 // failed; nothing is journaled, announced or touched.
 func TestCorePendingThenRefused(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	c.cluster.setLabel("all-1g.18gb")
 	c.d.Others = fakeOthers{other: "the GPU Operator's MIG manager (pod gpu-operator/nvidia-mig-manager-x)"}
@@ -678,7 +679,7 @@ func TestCorePendingThenRefused(t *testing.T) {
 // metric) and left alone; with --reapply-on-drift the applied config is
 // applied again.
 func TestCoreDrift(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	drift := func() outcome {
 		t.Helper()
@@ -726,7 +727,7 @@ func TestCoreDrift(t *testing.T) {
 // restart on the same boot without asking again, and finishes after the
 // reboot; the record says a reboot was made.
 func TestCoreRebootResume(t *testing.T) {
-	noReset := nvmlx.SimOptions{NoReset: true}
+	noReset := nvmlsim.Options{NoReset: true}
 	c := newCore(t, "a100-40gbx2", noReset, "")
 	f := parseSpec(t, "version: v1\nmig-configs:\n  gpu1:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n")
 	setup := func() {
@@ -753,7 +754,7 @@ func TestCoreRebootResume(t *testing.T) {
 		t.Fatalf("same boot: outcome %v, reboots %d", oc, c.reboot.calls)
 	}
 
-	if err := nvmlx.SimReboot(c.simState); err != nil {
+	if err := nvmlsim.Reboot(c.simState); err != nil {
 		t.Fatal(err)
 	}
 	c.restart(t, noReset)
@@ -779,7 +780,7 @@ func TestCoreRebootResume(t *testing.T) {
 // lifting the taint is the Node update on which the DaemonSet controller
 // places them; the taint is lifted after.
 func TestCoreDevicePluginRestartedBeforeTaintLifted(t *testing.T) {
-	c := newCore(t, "h200x1", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x1", nvmlsim.Options{}, "")
 	c.disrupt.plugins = []string{"gpu-operator/nvidia-device-plugin-daemonset-x/uid-dp"}
 	c.cluster.setLabel("all-1g.18gb")
 	if oc := c.pass(false, false); oc != outSuccess {
@@ -794,7 +795,7 @@ func TestCoreDevicePluginRestartedBeforeTaintLifted(t *testing.T) {
 }
 
 func TestCoreRelabelSkipsBackoff(t *testing.T) {
-	c := newCore(t, "h200x1", nvmlx.SimOptions{Faults: "CreateGpuInstanceWithPlacement:1=ERROR_INSUFFICIENT_RESOURCES"}, "")
+	c := newCore(t, "h200x1", nvmlsim.Options{Faults: "CreateGpuInstanceWithPlacement:1=ERROR_INSUFFICIENT_RESOURCES"}, "")
 	c.cluster.setLabel("all-balanced")
 	if oc := c.pass(false, false); oc != outRetry || c.cluster.last().Result != record.StateFailed {
 		t.Fatalf("outcome %v, record %+v: want a failure retried with backoff", oc, c.cluster.last())
@@ -818,7 +819,7 @@ func TestCoreRelabelSkipsBackoff(t *testing.T) {
 // --reapply-on-drift, and records the hash before and after; a change made
 // on the GPUs by hand afterwards is still only drift.
 func TestCoreChangedDefinitionIsNewRequest(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	file := filepath.Join(t.TempDir(), "config.yaml")
 	write := func(profile string, n int) {
 		t.Helper()
@@ -880,7 +881,7 @@ func TestCoreChangedDefinitionIsNewRequest(t *testing.T) {
 	// At start, a definition changed while the agent was away is acted on
 	// too, even where the GPUs happen to match (only the hash differs).
 	write("7g.141gb", 1) // GPU 1 holds this by hand; GPU 0 does not
-	c.restart(t, nvmlx.SimOptions{})
+	c.restart(t, nvmlsim.Options{})
 	c.d.S.ConfigFile = file
 	if oc := c.pass(true, false); oc != outSuccess {
 		t.Fatalf("start pass: outcome %v, record %+v", oc, c.cluster.last())
@@ -906,7 +907,7 @@ func (f *fakeCDI) Refresh(context.Context) (bool, error) {
 // config already applied; a failure is a named, retryable failure whose
 // retry runs the step again (the change stays journaled) and then succeeds.
 func TestCoreCDIAfterChange(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	f := &fakeCDI{}
 	c.d.CDI = f
 	c.applied(t, "all-1g.18gb")
@@ -958,7 +959,7 @@ func (g *downGPU) Begin() error {
 // --nvml-unavailable-restart, counted from the first failure, and passes
 // again once it opens; 0 never fails it.
 func TestCoreLiveAfterNVMLUnavailable(t *testing.T) {
-	c := newCore(t, "h200x1", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x1", nvmlsim.Options{}, "")
 	g := &downGPU{GPU: c.d.GPU, down: true}
 	c.d.GPU = g
 	c.d.S.NVMLUnavailableRestart = 5 * time.Minute
@@ -1029,7 +1030,7 @@ func (f *fakeUnits) Start(_ context.Context, names []string) error {
 // where their processes block it, and started again after; without them
 // the failure says what to do.
 func TestCoreHostClientsStoppedForBlockingProcesses(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	n, err := gpus.Discover(c.sim)
 	if err != nil {
@@ -1067,7 +1068,7 @@ func TestCoreHostClientsStoppedForBlockingProcesses(t *testing.T) {
 // with the DRA driver named.
 func TestCoreAllocationPath(t *testing.T) {
 	t.Run("both refused", func(t *testing.T) {
-		c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+		c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 		c.applied(t, "all-balanced")
 		pods := c.runPods(t, "1g.18gb", 0, 1)
 		c.disrupt.conflict = "nvidia.com/gpu in the Node's allocatable and gpu.nvidia.com ResourceSlice s1"
@@ -1088,7 +1089,7 @@ func TestCoreAllocationPath(t *testing.T) {
 		}
 	})
 	t.Run("dra", func(t *testing.T) {
-		c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+		c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 		c.disrupt.path = record.ServedByDRA
 		c.applied(t, "all-balanced")
 		if rec := c.cluster.last(); rec.ServedBy != record.ServedByDRA {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/migagent/mig-agent/journal"
-	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -94,7 +94,7 @@ func TestCoreStopsWhenSlotLost(t *testing.T) {
 		{"before the first GPU step", 2, true, "GPU 0: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+			c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 			c.applied(t, "all-balanced")
 			pods := c.runPods(t, "1g.18gb", 0, 1)
 			slots := &fakeSlots{okChecks: tc.okChecks, lost: errors.New(`rollout slot mig-agent-slot-0 is held by "other" now`)}
@@ -138,7 +138,7 @@ func TestCoreStopsWhenSlotLost(t *testing.T) {
 // 0 done) resumes only with a slot: while it cannot take one, no GPU is
 // touched.
 func TestCoreResumeNeedsSlot(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	ch := &journal.Change{Config: "all-1g.18gb", PreviousConfig: "all-balanced", RequestedBy: "test",
 		StartedAt: c.clock.Now(), Phase: journal.PhaseApplying, GPUsChanged: []int{0, 1}, GPUsUntouched: []int{},
@@ -148,7 +148,7 @@ func TestCoreResumeNeedsSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.cluster.setLabel("all-1g.18gb")
-	c.restart(t, nvmlx.SimOptions{})
+	c.restart(t, nvmlsim.Options{})
 	slots := &fakeSlots{acquireErr: errors.New("the API server is away")}
 	c.d.Slots = slots
 	if oc := c.pass(true, false); oc != outRetry {
@@ -170,7 +170,7 @@ func TestCoreResumeNeedsSlot(t *testing.T) {
 // Finding 4: the node lost to another agent (its node Lease) mid-apply:
 // the change stops before the next GPU step with that reason.
 func TestCoreStopsWhenNodeLost(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	// Confirmed before draining, before evicting (no pods: not asked),
 	// then before each GPU step: GPU 0's first step passes, the next not.
@@ -194,7 +194,7 @@ func TestCoreStopsWhenNodeLost(t *testing.T) {
 // Finding 2: a reboot is not asked for when the slot cannot be kept
 // through it (lost): no reboot, a failure naming why.
 func TestCoreNoRebootWithoutSlot(t *testing.T) {
-	noReset := nvmlx.SimOptions{NoReset: true}
+	noReset := nvmlsim.Options{NoReset: true}
 	c := newCore(t, "a100-40gbx2", noReset, "")
 	c.d.File = parseSpec(t, "version: v1\nmig-configs:\n  gpu1:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n")
 	c.d.S.RebootMethod = settings.RebootSystemctl
@@ -232,7 +232,7 @@ func (r *recordRefused) Record(ctx context.Context, rec record.ChangeRecord, sta
 // success: the pass is a failure naming why (retried), the journal does
 // not hold the config as handled, and no MigConfigApplied Event is posted.
 func TestCoreSuccessNeedsItsRecord(t *testing.T) {
-	c := newCore(t, "h200x2", nvmlx.SimOptions{}, "")
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
 	rc := &recordRefused{fakeCluster: c.cluster, refuse: true}
 	c.d.Cluster = rc

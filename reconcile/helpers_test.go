@@ -8,11 +8,12 @@ import (
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func newSim(t *testing.T, spec string, o nvmlx.SimOptions) *nvmlx.Sim {
+func newSim(t *testing.T, spec string, o nvmlsim.Options) *nvmlx.Sim {
 	t.Helper()
 	s, err := nvmlx.NewSim(spec, o)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -34,7 +35,7 @@ func openGPUs(s *settings.Settings, log *slog.Logger) (nvmlx.GPU, error) {
 func openBackend(s *settings.Settings, log *slog.Logger, idle bool) (nvmlx.GPU, error) {
 	g, err := nvmlx.Open(nvmlx.Options{
 		Backend: s.NVML, Library: s.NVMLLibrary, Logger: log, Idle: idle,
-		Sim: nvmlx.SimOptions{StatePath: s.SimState, Faults: s.SimFaults, NoReset: s.SimNoReset},
+		Sim: nvmlsim.Options{StatePath: s.SimState, Faults: s.SimFaults, NoReset: s.SimNoReset},
 	})
 	if err != nil {
 		if strings.HasPrefix(s.NVML, "sim:") || (s.NVML != "real") {
@@ -497,7 +498,7 @@ func simCmd() *cobra.Command {
 			if s.SimState == "" {
 				return badInput(errors.New("--sim-state is required"))
 			}
-			if err := nvmlx.SimReboot(s.SimState); err != nil {
+			if err := nvmlsim.Reboot(s.SimState); err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), "simulated reboot of", s.SimState)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -22,7 +23,7 @@ var updateProfiles = flag.Bool("update-profiles", false, "rewrite testdata/profi
 func TestProfilesGolden(t *testing.T) {
 	for _, m := range profiles.Models() {
 		t.Run(m.Key, func(t *testing.T) {
-			sim, err := nvmlx.NewSim(m.Key+"x2", nvmlx.SimOptions{})
+			sim, err := nvmlx.NewSim(m.Key+"x2", nvmlsim.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -27,6 +27,7 @@ import (
 	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/settings"
 	"github.com/migagent/mig-agent/standalone"
@@ -277,7 +278,7 @@ type simRebooter struct {
 
 func (r simRebooter) Reboot(_ context.Context, reason string) error {
 	r.log.Info("simulated reboot", "reason", reason, "simState", r.path)
-	return nvmlx.SimReboot(r.path)
+	return nvmlsim.Reboot(r.path)
 }
 
 // noReboot: --reboot-method none; someone else reboots.

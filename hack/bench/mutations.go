@@ -7,6 +7,7 @@ import (
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
 )
 
@@ -61,7 +62,7 @@ type gi struct{ profile, start, size int }
 // in-memory simulator and compares its mutations with the minimum and with
 // a teardown (destroy everything on a changed GPU, create everything).
 func runMutations(configFile string) (*mutationFigures, error) {
-	sim, err := nvmlx.NewSim("h200x8", nvmlx.SimOptions{})
+	sim, err := nvmlx.NewSim("h200x8", nvmlsim.Options{})
 	if err != nil {
 		return nil, err
 	}
@@ -94,8 +95,8 @@ func runMutations(configFile string) (*mutationFigures, error) {
 			return nil, err
 		}
 		tm := transitionMutations{To: name,
-			Ours:                     d(nvmlx.OpCreateGpuInstanceWithPlacement) + d(nvmlx.OpGpuInstanceDestroy) + d(nvmlx.OpSetMigMode),
-			ComputeInstanceMutations: d(nvmlx.OpCreateComputeInstance) + d(nvmlx.OpComputeInstanceDestroy),
+			Ours:                     d(nvmlsim.OpCreateGpuInstanceWithPlacement) + d(nvmlsim.OpGpuInstanceDestroy) + d(nvmlsim.OpSetMigMode),
+			ComputeInstanceMutations: d(nvmlsim.OpCreateComputeInstance) + d(nvmlsim.OpComputeInstanceDestroy),
 		}
 		for i := range before.Devices {
 			cur, want := instancesOf(before.Instances[i]), instancesOf(after.Instances[i])
@@ -212,7 +213,7 @@ func placeable(cat profiles.Catalogue, keep []gi, rest []int) (bool, error) {
 	if model == "" {
 		return false, fmt.Errorf("no simulator model with this catalogue")
 	}
-	sim, err := nvmlx.NewSim(model+"x1", nvmlx.SimOptions{})
+	sim, err := nvmlx.NewSim(model+"x1", nvmlsim.Options{})
 	if err != nil {
 		return false, err
 	}

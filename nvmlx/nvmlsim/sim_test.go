@@ -79,7 +79,7 @@ func profileID(t *testing.T, s *nvmlx.Sim, gpu int, name string) int {
 	return p.ID
 }
 
-func TestParseSimSpec(t *testing.T) {
+func TestParseSpec(t *testing.T) {
 	good := []struct {
 		spec string
 		want []string
@@ -703,7 +703,7 @@ func TestSimFaults(t *testing.T) {
 	wantNVML(t, err, "ERROR_UNKNOWN")
 }
 
-func TestSimReboot(t *testing.T) {
+func TestReboot(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.json")
 	s := enabled(t, "h200x1,a100-40gbx1", nvmlsim.Options{StatePath: path})
 	g := must[int](t)(s.CreateGPUInstance(0, 0, profiles.Placement{Start: 0, Size: 8}))

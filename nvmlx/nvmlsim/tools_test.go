@@ -145,7 +145,7 @@ func loadProbe(t *testing.T) simProbe {
 
 // TestSimToolCalls makes each NVML call NVIDIA's mig-parted and DRA kubelet
 // plugin make that the simulator learnt for them, with the arguments and
-// handle kinds they use (simnvml_tools.go's table), and checks the answer
+// handle kinds they use (tools.go's table), and checks the answer
 // against the H200 probe where it measured it.
 func TestSimToolCalls(t *testing.T) {
 	probe := loadProbe(t)

@@ -1,8 +1,0 @@
-package kube
-
-import (
-	"io"
-	"log/slog"
-)
-
-func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
