@@ -11,15 +11,17 @@
 //     noteDevicePlugins, apply, finish); a step fails with a StepError, and
 //     conclude turns the end of the checklist into the pass's outcome.
 //   - end.go: the one exit of a change: its record, state, Event, metrics
-//     and journal (the one caller of Cluster.Record).
+//     and journal; the record is handed to Cluster.Record (the one caller),
+//     which writes it (kube/record.go).
 //   - reboot.go: the reboot decision (the one caller of Rebooter.Reboot).
 //   - ports.go: the core's own types (Node, Request) and every way it
 //     reaches the world (Cluster, Disruptor, Slots, OtherManagers, ...).
 //   - which pods a change affects: gpus/takes.go, used by the drain step.
-//   - core_test.go: the core on the simulator with a fake clock and fake
-//     adapters.
+//   - core_test.go: the core on the simulator with a fake clock and the
+//     fakes of its ports (internal/testsupport).
 //
-// It may import geometry, gpus, journal, record, settings, metrics, nvmlx and
+// It may import geometry, gpus, journal, record, settings, nvmlx and
 // internal/backoff; never client-go (go list -deps shows no k8s.io package
-// but k8s.io/utils/clock).
+// but k8s.io/utils/clock) nor Prometheus: the metrics it reports are its own
+// values (GPUMetric, UnusableGPUMetric), which the Prometheus side converts.
 package reconcile

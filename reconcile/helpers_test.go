@@ -1,4 +1,4 @@
-package reconcile
+package reconcile_test
 
 import (
 	"io"
