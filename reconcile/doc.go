@@ -10,9 +10,8 @@
 //     awaitReboot, begin, takeSlot, drain, checkProcesses, stopHostClients,
 //     noteDevicePlugins, apply, finish); a step fails with a StepError, and
 //     conclude turns the end of the checklist into the pass's outcome.
-//   - end.go: the one exit of a change: its record, state, Event, metrics
-//     and journal; the record is handed to Cluster.Record (the one caller),
-//     which writes it (kube/record.go).
+//   - end.go: the one exit of a change: its record (written by the
+//     Cluster: kube/record.go), state, Event, metrics and journal.
 //   - reboot.go: the reboot decision (the one caller of Rebooter.Reboot).
 //   - ports.go: the core's own types (Node, Request) and every way it
 //     reaches the world (Cluster, Disruptor, Slots, OtherManagers, ...).
@@ -22,6 +21,5 @@
 //
 // It may import geometry, gpus, journal, record, settings, nvmlx and
 // internal/backoff; never client-go (go list -deps shows no k8s.io package
-// but k8s.io/utils/clock) nor Prometheus: the metrics it reports are its own
-// values (GPUMetric, UnusableGPUMetric), which the Prometheus side converts.
+// but k8s.io/utils/clock) nor Prometheus (its metric values are its own).
 package reconcile

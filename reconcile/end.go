@@ -136,22 +136,11 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 	}
 	if n != nil {
 		rec.Geometry = n.GeometryOf()
-		rec.GPUsUnusable = recordUnusable(n.Unusable)
+		for _, u := range n.Unusable { // NVML's entries, as the record has them
+			rec.GPUsUnusable = append(rec.GPUsUnusable, record.UnusableGPU{Index: u.Index, Return: u.Return, Reason: u.Reason})
+		}
 	}
 	return rec
-}
-
-// recordUnusable is the gpusUnusable entries of a record for the GPUs NVML
-// cannot open.
-func recordUnusable(us []nvmlx.UnusableGPU) []record.UnusableGPU {
-	if len(us) == 0 {
-		return nil
-	}
-	out := make([]record.UnusableGPU, len(us))
-	for i, u := range us {
-		out[i] = record.UnusableGPU{Index: u.Index, Return: u.Return, Reason: u.Reason}
-	}
-	return out
 }
 
 // end hands the record of a change with the state label to the Cluster
