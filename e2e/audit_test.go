@@ -369,8 +369,8 @@ func TestAuditFallback(t *testing.T) {
 		msgs = append(msgs, ev.Message)
 	}
 	all := strings.Join(msgs, "\n")
-	if !strings.Contains(all, `config "all-1g.18gb"`) || !strings.Contains(all, "requested by unknown") ||
-		!strings.Contains(all, `config "all-balanced"`) || !strings.Contains(all, "requested by gitops") {
+	if !strings.Contains(all, `config "all-1g.18gb"`) || !strings.Contains(all, `requested by "unknown"`) ||
+		!strings.Contains(all, `config "all-balanced"`) || !strings.Contains(all, `requested by "gitops"`) {
 		t.Errorf("the Events do not name the dropped records:\n%s", all)
 	}
 	if got := strings.Count(a.Log(), "change record dropped from the history"); got != wantDropped {

@@ -1,7 +1,8 @@
 // Package kube is the Kubernetes side of the agent, behind the reconcile
 // core's interfaces: the watch of its Node and the snapshot the core sees
-// (Cluster, kube.go), the change records on the Node (record.go, bounded
-// history, retire.go), the requester of a change (requester.go), Events,
+// (Cluster, kube.go), the writing of a change record on the Node, whole
+// (record.go: bounded, patched with its history, retried, the records the
+// history drops named), the requester of a change (requester.go), Events,
 // the rights check before a change (preflight.go), the pods a change
 // disturbs (Disruptor, over package drain; dra.go on the DRA path), other
 // MIG managers (othermanager.go), and the status a person reads

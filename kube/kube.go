@@ -24,7 +24,6 @@ import (
 
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/kclient"
-	"github.com/migagent/mig-agent/internal/text"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -171,15 +170,6 @@ func (k *Cluster) Reachable(ctx context.Context) error {
 	return conn.Close()
 }
 
-// GetNode reads the agent's Node.
-func (k *Cluster) GetNode(ctx context.Context) (*reconcile.Node, error) {
-	n, err := k.getNode(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return k.snapshot(n), nil
-}
-
 func (k *Cluster) getNode(ctx context.Context) (*corev1.Node, error) {
 	return k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
 }
@@ -216,71 +206,7 @@ func (k *Cluster) SetState(ctx context.Context, state string) error {
 	return k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: state}}})
 }
 
-// Record writes a change record as the last change and at the head of the
-// history (bounded to record.HistoryMaxRecords and record.HistoryMaxBytes), together with
-// the state label, in one patch.
-// Once written, the record is logged whole (the agent's own trail of every
-// record), and each record that the history bound dropped leaves a log line
-// and an Event (retire.go): a record leaves the Node, never the trail.
-func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) error {
-	dropped, err := k.RecordRetiring(ctx, node, rec, state)
-	if err != nil {
-		return err
-	}
-	raw, _ := json.Marshal(rec)
-	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
-		"requestedVia", rec.RequestedVia, "record", string(raw))
-	for _, old := range dropped {
-		k.retire(ctx, node, old)
-	}
-	return nil
-}
-
-// RecordRetiring is Record, returning the records that the history bound
-// dropped from the history (oldest last) when the write succeeded.
-func (k *Cluster) RecordRetiring(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) ([]json.RawMessage, error) {
-	last, err := json.Marshal(rec)
-	if err != nil {
-		return nil, err
-	}
-	var hist []json.RawMessage
-	aside := ""
-	if node != nil {
-		if raw := node.Annotations[record.AnnotationHistory]; raw != "" {
-			if err := json.Unmarshal([]byte(raw), &hist); err != nil {
-				// Not ours to drop: kept aside, and a new history starts.
-				hist, aside = nil, text.Truncate(raw, record.HistoryMaxBytes)
-			}
-		}
-	}
-	hist = append([]json.RawMessage{last}, hist...)
-	var dropped []json.RawMessage
-	if len(hist) > record.HistoryMaxRecords {
-		hist, dropped = hist[:record.HistoryMaxRecords], hist[record.HistoryMaxRecords:]
-	}
-	var histJSON []byte
-	for {
-		histJSON, _ = json.Marshal(hist)
-		if len(histJSON) <= record.HistoryMaxBytes || len(hist) == 1 {
-			break
-		}
-		dropped = append([]json.RawMessage{hist[len(hist)-1]}, dropped...)
-		hist = hist[:len(hist)-1]
-	}
-	annotations := map[string]any{record.AnnotationLastChange: string(last), record.AnnotationHistory: string(histJSON)}
-	if aside != "" {
-		annotations[record.AnnotationHistoryUnparsable] = aside
-	}
-	patch := map[string]any{"metadata": map[string]any{
-		"annotations": annotations,
-		"labels":      map[string]any{record.LabelState: state},
-	}}
-	if err := k.patchNode(ctx, patch); err != nil {
-		return nil, err
-	}
-	return dropped, nil
-}
-
+// patchNode merge-patches the Node as the agent (field manager mig-agent).
 func (k *Cluster) patchNode(ctx context.Context, patch map[string]any) error {
 	data, err := json.Marshal(patch)
 	if err != nil {
@@ -309,7 +235,7 @@ func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string)
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: k.Node + ".", Namespace: metav1.NamespaceDefault},
 		InvolvedObject: ref,
 		Reason:         reason,
-		Message:        text.Truncate(msg, 1024),
+		Message:        record.Truncate(msg, 1024),
 		Type:           eventType,
 		Source:         corev1.EventSource{Component: k.Component, Host: k.Node},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,

@@ -156,7 +156,7 @@ func TestRecordRetiring(t *testing.T) {
 	var r record.ChangeRecord
 	_ = json.Unmarshal(last[len(last)-1], &r)
 	if len(retired) != len(last) || !strings.Contains(retired[len(retired)-1].Message, fmt.Sprintf("%q", r.Config)) ||
-		!strings.Contains(retired[len(retired)-1].Message, "requested by alice via kubectl-label") {
+		!strings.Contains(retired[len(retired)-1].Message, `requested by "alice" via "kubectl-label"`) {
 		t.Errorf("Events %+v, want one %s per dropped record naming it", retired, record.ReasonRecordRetired)
 	}
 	if got := strings.Count(logs.String(), "dropped from the history"); got != len(last) {

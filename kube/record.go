@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -9,9 +10,15 @@ import (
 
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
-	"github.com/migagent/mig-agent/internal/text"
 	"github.com/migagent/mig-agent/record"
 )
+
+// The writing of a change record on the Node, whole: the record bounded
+// (once, here), put at the head of the history with the history's bound,
+// patched with the state label, retried through an API server outage, a
+// shorter record or the state label alone when the whole one is refused,
+// and each record the history's bound drops logged and named in an Event.
+// The core decides when a change ends and hands its record to Record.
 
 // recordRetry bounds how long a record write rides out an API server
 // outage.
@@ -25,7 +32,9 @@ const recordRetry = 2 * time.Minute
 // with a Warning Event that names the record; the error is returned then.
 // state "" keeps the Node's state label (pending when it has none).
 func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state string) error {
-	rec = rec.Bounded() // whatever the caller built: a bounded record lands
+	// Whatever a name, a pod list or an error says, a bounded record lands
+	// and never pushes more than its share out of the history.
+	rec = rec.Bounded()
 	var node *corev1.Node
 	write := func(r record.ChangeRecord) error {
 		return k.retry(ctx, func() error {
@@ -36,7 +45,7 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 			node = fresh
 			if !historyParses(fresh) {
 				k.log().Warn("the change history on the Node is not valid JSON; keeping it aside",
-					"annotation", record.AnnotationHistory, "keptIn", record.AnnotationHistoryUnparsable, "value", text.Truncate(fresh.Annotations[record.AnnotationHistory], 512))
+					"annotation", record.AnnotationHistory, "keptIn", record.AnnotationHistoryUnparsable, "value", record.Truncate(fresh.Annotations[record.AnnotationHistory], 512))
 				k.warn(ctx, fresh, record.ReasonHistoryUnparsable,
 					fmt.Sprintf("the %s annotation was not valid JSON; it is kept in %s and a new history starts", record.AnnotationHistory, record.AnnotationHistoryUnparsable))
 			}
@@ -56,7 +65,7 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 	k.log().Error("writing the change record failed", "config", rec.Config, "result", rec.Result, "err", err)
 	if apierr.Permanent(err) {
 		slim := rec
-		slim.Geometry, slim.Reason = nil, text.Truncate(rec.Reason, 256)
+		slim.Geometry, slim.Reason = nil, record.Truncate(rec.Reason, 256)
 		err2 := write(slim)
 		if err2 == nil {
 			k.warn(ctx, node, record.ReasonRecordFailed, "the full change record was refused ("+err.Error()+"); a shorter one was written")
@@ -72,8 +81,76 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 		}
 	}
 	k.warn(ctx, node, record.ReasonRecordFailed, fmt.Sprintf("the %s record of config %q (%s) could not be written: %v",
-		rec.Result, rec.Config, requestedByText(rec), err))
+		rec.Result, rec.Config, requestedBy(rec), err))
 	return fmt.Errorf("the change record did not land: %w", err)
+}
+
+// recordOn writes a change record as the last change and at the head of
+// the history (bounded to record.HistoryMaxRecords and
+// record.HistoryMaxBytes), together with the state label, in one patch on
+// node as read just before. Once written, the record is logged whole (the
+// agent's own trail of every record), and each record that the history
+// bound dropped leaves a log line and an Event (retire): a record leaves
+// the Node, never the trail.
+func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) error {
+	dropped, err := k.RecordRetiring(ctx, node, rec, state)
+	if err != nil {
+		return err
+	}
+	raw, _ := json.Marshal(rec)
+	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
+		"requestedVia", rec.RequestedVia, "record", string(raw))
+	for _, old := range dropped {
+		k.retire(ctx, node, old)
+	}
+	return nil
+}
+
+// RecordRetiring patches rec as the last change and at the head of node's
+// history, with the state label, and returns the records that the history
+// bound dropped from the history (oldest last) when the write succeeded.
+// A history that is not a JSON array is kept aside, not dropped.
+func (k *Cluster) RecordRetiring(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) ([]json.RawMessage, error) {
+	last, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	var hist []json.RawMessage
+	aside := ""
+	if node != nil {
+		if raw := node.Annotations[record.AnnotationHistory]; raw != "" {
+			if err := json.Unmarshal([]byte(raw), &hist); err != nil {
+				// Not ours to drop: kept aside, and a new history starts.
+				hist, aside = nil, record.Truncate(raw, record.HistoryMaxBytes)
+			}
+		}
+	}
+	hist = append([]json.RawMessage{last}, hist...)
+	var dropped []json.RawMessage
+	if len(hist) > record.HistoryMaxRecords {
+		hist, dropped = hist[:record.HistoryMaxRecords], hist[record.HistoryMaxRecords:]
+	}
+	var histJSON []byte
+	for {
+		histJSON, _ = json.Marshal(hist)
+		if len(histJSON) <= record.HistoryMaxBytes || len(hist) == 1 {
+			break
+		}
+		dropped = append([]json.RawMessage{hist[len(hist)-1]}, dropped...)
+		hist = hist[:len(hist)-1]
+	}
+	annotations := map[string]any{record.AnnotationLastChange: string(last), record.AnnotationHistory: string(histJSON)}
+	if aside != "" {
+		annotations[record.AnnotationHistoryUnparsable] = aside
+	}
+	patch := map[string]any{"metadata": map[string]any{
+		"annotations": annotations,
+		"labels":      map[string]any{record.LabelState: state},
+	}}
+	if err := k.patchNode(ctx, patch); err != nil {
+		return nil, err
+	}
+	return dropped, nil
 }
 
 // historyParses reports whether the Node's history annotation is valid
@@ -81,6 +158,40 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 func historyParses(node *corev1.Node) bool {
 	_, err := record.SplitHistory(node.Annotations[record.AnnotationHistory])
 	return err == nil
+}
+
+// retire logs a record dropped from the history, whole, and posts a Normal
+// Event that names it.
+func (k *Cluster) retire(ctx context.Context, node *corev1.Node, raw json.RawMessage) {
+	uid := string(node.UID)
+	k.log().Info("change record dropped from the history by its bound; kept in this log",
+		"annotation", record.AnnotationHistory, "maxRecords", record.HistoryMaxRecords, "maxBytes", record.HistoryMaxBytes, "record", string(raw))
+	if err := k.event(context.WithoutCancel(ctx), uid, corev1.EventTypeNormal, record.ReasonRecordRetired, retiredMessage(raw)); err != nil {
+		k.log().Warn("posting an event failed", "reason", record.ReasonRecordRetired, "err", err)
+	}
+}
+
+// retiredMessage names a dropped record in an Event: its config, result,
+// times and requester (the whole record is in the agent's log).
+func retiredMessage(raw json.RawMessage) string {
+	var r record.ChangeRecord
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return fmt.Sprintf("a record that was not valid JSON left %s (the history keeps %d records, %d bytes): %s",
+			record.AnnotationHistory, record.HistoryMaxRecords, record.HistoryMaxBytes, record.Truncate(string(raw), 512))
+	}
+	by := requestedBy(r)
+	if r.RequestedAt != nil {
+		by += " at " + r.RequestedAt.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("the record of config %q (%s, started %s, finished %s, %s, configHash %s) left %s, which keeps the newest %d records within %d bytes; the whole record is in the agent's log",
+		r.Config, r.Result, r.StartedAt.UTC().Format(time.RFC3339), r.FinishedAt.UTC().Format(time.RFC3339), by,
+		r.ConfigHash, record.AnnotationHistory, record.HistoryMaxRecords, record.HistoryMaxBytes)
+}
+
+// requestedBy names who asked for a record's change, as every Event that
+// names a requester does (record.RequestedByText).
+func requestedBy(r record.ChangeRecord) string {
+	return record.RequestedByText(r.RequestedBy, r.RequestedVia, r.RequestedBySource)
 }
 
 // warn posts a Warning Event on node (nil: by name only); a failure is

@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/migagent/mig-agent/internal/text"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -157,6 +156,6 @@ func TestRecordHugeRequesterLands(t *testing.T) {
 	}
 	if by := recs[0].RequestedBy; len(by) > record.MaxRequester || !strings.Contains(by, record.TruncatedMark) ||
 		recs[0].RequestedBySource != record.RequesterSourceStamp {
-		t.Errorf("requestedBy %d bytes %q (source %q), want a marked start within %d", len(by), text.Truncate(by, 40), recs[0].RequestedBySource, record.MaxRequester)
+		t.Errorf("requestedBy %d bytes %q (source %q), want a marked start within %d", len(by), record.Truncate(by, 40), recs[0].RequestedBySource, record.MaxRequester)
 	}
 }

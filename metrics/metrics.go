@@ -15,19 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/migagent/mig-agent/internal/text"
+	"github.com/migagent/mig-agent/record"
 )
 
 // Namespace is the prefix of every mig-agent metric.
 const Namespace = "migagent"
-
-// States of migagent_state, in the order the agent's label uses them.
-const (
-	StatePending   = "pending"
-	StateRebooting = "rebooting"
-	StateSuccess   = "success"
-	StateFailed    = "failed"
-)
 
 // Results of migagent_reconfigurations_total that are present from the start.
 const (
@@ -39,9 +31,10 @@ const (
 // text is cut at a rune boundary and ends with "…".
 const MaxLabelValueLen = 256
 
-// states returns every value of the state label, in print order.
+// states returns every value of the state label, in print order: the
+// states of the node's label (package record).
 func states() []string {
-	return []string{StatePending, StateRebooting, StateSuccess, StateFailed}
+	return []string{record.StatePending, record.StateRebooting, record.StateSuccess, record.StateFailed}
 }
 
 // DurationBuckets returns the buckets of
@@ -279,7 +272,7 @@ func (m *Metrics) SetNVMLUp(up bool) { m.nvmlUp.Set(b2f(up)) }
 // at one); the reason is cut to MaxLabelValueLen bytes. An empty reason
 // removes the series (for example after a success).
 func (m *Metrics) SetLastFailure(reason string) {
-	m.snap.update(func(s *snapshot) { s.lastFailure = text.Truncate(labelValue(reason), MaxLabelValueLen) })
+	m.snap.update(func(s *snapshot) { s.lastFailure = record.Truncate(labelValue(reason), MaxLabelValueLen) })
 }
 
 // SetRebootGuardTripped sets migagent_reboot_guard_tripped to 1 or 0.

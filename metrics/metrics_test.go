@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+
+	"github.com/migagent/mig-agent/record"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/metrics.golden")
@@ -47,7 +49,7 @@ func scrape(t *testing.T, m *Metrics) string {
 func TestGolden(t *testing.T) {
 	m := newMetrics("v0.1.0-test", "go1.26.8", false)
 	m.SetNVMLUp(true)
-	m.SetState(StatePending)
+	m.SetState(record.StatePending)
 	m.SetDesiredConfig("all-1g.18gb")
 	m.SetDesiredConfig("all-balanced") // replaces all-1g.18gb
 	m.SetGPUs([]GPU{{Index: 2, UUID: "GPU-gone", Model: "NVIDIA H200"}})
@@ -58,9 +60,9 @@ func TestGolden(t *testing.T) {
 	m.AddEvictedPods(-1) // ignored
 	m.ObserveReconfiguration(ResultFailed, 3*time.Minute)
 	m.SetLastFailure("drain: pods still running after 5m0s: ml/trainer-0")
-	m.SetState(StateRebooting)
+	m.SetState(record.StateRebooting)
 	m.IncReboots()
-	m.SetState(StateSuccess)
+	m.SetState(record.StateSuccess)
 	m.ObserveReconfiguration(ResultSuccess, 42*time.Second)
 	m.ObserveReconfiguration(ResultSuccess, 30*time.Millisecond)
 	m.SetAppliedConfig("all-1g.18gb", "sha256:0000")
@@ -75,10 +77,10 @@ func TestGolden(t *testing.T) {
 	m.SetCollectorError("pod-resources", true)
 	// A second request that does not fit: failed at once, GPUs untouched.
 	m.SetDesiredConfig("all-3g.71gb")
-	m.SetState(StatePending)
+	m.SetState(record.StatePending)
 	m.ObserveReconfiguration(ResultFailed, 80*time.Millisecond)
 	m.SetLastFailure(`config "all-3g.71gb" does not fit GPU 0 (NVIDIA H200): 3 × 3g.71gb need 12 memory slices, the GPU has 8`)
-	m.SetState(StateFailed)
+	m.SetState(record.StateFailed)
 
 	got := scrape(t, m)
 	path := filepath.Join("testdata", "metrics.golden")
@@ -152,7 +154,7 @@ func TestGoldenHasContractMetrics(t *testing.T) {
 
 func TestPromlint(t *testing.T) {
 	m := New("v0.1.0") // with the Go and process collectors
-	m.SetState(StateSuccess)
+	m.SetState(record.StateSuccess)
 	m.SetDesiredConfig("all-balanced")
 	m.SetAppliedConfig("all-balanced", "sha256:00")
 	m.SetGPUs(twoGPUs())
@@ -233,13 +235,13 @@ func TestSeriesRemoval(t *testing.T) {
 		},
 		{
 			name:   "state: only the current one is 1",
-			do:     func(m *Metrics) { m.SetState(StatePending); m.SetState(StateFailed) },
+			do:     func(m *Metrics) { m.SetState(record.StatePending); m.SetState(record.StateFailed) },
 			metric: "migagent_state",
 			want:   []string{`{state="failed"} 1`, `{state="pending"} 0`, `{state="rebooting"} 0`, `{state="success"} 0`},
 		},
 		{
 			name:   "state: unknown sets all to 0 and adds no series",
-			do:     func(m *Metrics) { m.SetState(StateSuccess); m.SetState("bogus") },
+			do:     func(m *Metrics) { m.SetState(record.StateSuccess); m.SetState("bogus") },
 			metric: "migagent_state",
 			want:   []string{`{state="failed"} 0`, `{state="pending"} 0`, `{state="rebooting"} 0`, `{state="success"} 0`},
 		},

@@ -6,12 +6,14 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/migagent/mig-agent/record"
 )
 
 func TestServer(t *testing.T) {
 	var readyErr, liveErr error
 	m := newMetrics("v", "go", false)
-	m.SetState(StateSuccess)
+	m.SetState(record.StateSuccess)
 	srv := NewServer("127.0.0.1:0", m, func() error { return readyErr }, func() error { return liveErr })
 	ts := httptest.NewServer(srv.Handler)
 	defer ts.Close()

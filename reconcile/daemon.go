@@ -14,7 +14,6 @@ import (
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/journal"
-	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
@@ -200,10 +199,10 @@ func (d *Daemon) showGPUs(n *gpus.Inventory) {
 	d.Metrics.SetUnusableGPUs(metricUnusable(n))
 }
 
-func metricUnusable(n *gpus.Inventory) []metrics.UnusableGPU {
-	out := make([]metrics.UnusableGPU, 0, len(n.Unusable))
+func metricUnusable(n *gpus.Inventory) []UnusableGPUMetric {
+	out := make([]UnusableGPUMetric, 0, len(n.Unusable))
 	for _, u := range n.Unusable {
-		out = append(out, metrics.UnusableGPU{Index: u.Index, Error: u.Return})
+		out = append(out, UnusableGPUMetric{Index: u.Index, Error: u.Return})
 	}
 	return out
 }
@@ -223,10 +222,10 @@ func (d *Daemon) noteUnusable(ctx context.Context, node *Node, n *gpus.Inventory
 	}
 }
 
-func metricGPUs(n *gpus.Inventory) []metrics.GPU {
-	out := make([]metrics.GPU, 0, len(n.Devices))
+func metricGPUs(n *gpus.Inventory) []GPUMetric {
+	out := make([]GPUMetric, 0, len(n.Devices))
 	for i, dev := range n.Devices {
-		g := metrics.GPU{Index: dev.Index, UUID: dev.UUID, Model: dev.Name, PCIBusID: dev.PCIBusID,
+		g := GPUMetric{Index: dev.Index, UUID: dev.UUID, Model: dev.Name, PCIBusID: dev.PCIBusID,
 			MigEnabled: dev.MigMode.Current, ModePending: dev.MigMode.Current != dev.MigMode.Pending, Instances: map[string]int{}}
 		for _, gi := range n.Instances[i] {
 			g.Instances[gi.Profile]++

@@ -10,16 +10,16 @@
 //     awaitReboot, begin, takeSlot, drain, checkProcesses, stopHostClients,
 //     noteDevicePlugins, apply, finish); a step fails with a StepError, and
 //     conclude turns the end of the checklist into the pass's outcome.
-//   - end.go: the one exit of a change: its record, state, Event, metrics
-//     and journal (the one caller of Cluster.Record).
+//   - end.go: the one exit of a change: its record (written by the
+//     Cluster: kube/record.go), state, Event, metrics and journal.
 //   - reboot.go: the reboot decision (the one caller of Rebooter.Reboot).
 //   - ports.go: the core's own types (Node, Request) and every way it
 //     reaches the world (Cluster, Disruptor, Slots, OtherManagers, ...).
 //   - which pods a change affects: gpus/takes.go, used by the drain step.
-//   - core_test.go: the core on the simulator with a fake clock and fake
-//     adapters.
+//   - core_test.go: the core on the simulator with a fake clock and the
+//     fakes of its ports (internal/testsupport).
 //
-// It may import geometry, gpus, journal, record, settings, metrics, nvmlx and
+// It may import geometry, gpus, journal, record, settings, nvmlx and
 // internal/backoff; never client-go (go list -deps shows no k8s.io package
-// but k8s.io/utils/clock).
+// but k8s.io/utils/clock) nor Prometheus (its metric values are its own).
 package reconcile

@@ -13,10 +13,11 @@ import (
 )
 
 // The one exit of a change: every way a change ends (success, failure,
-// waiting for a reboot, abandoned for a newer request) builds its record
-// here (record) and writes it, with the state label, through end, the one
-// caller of Cluster.Record; end also posts the Event and reports metrics
-// and the journal.
+// waiting for a reboot, abandoned for a newer request) fills in its record
+// here (record) and hands it, with the state label, to the Cluster through
+// end, the one caller of Cluster.Record; end also posts the Event and
+// reports metrics and the journal. The writing of the record (bounded,
+// patched, retried) is the Cluster's.
 
 // success ends a change whose GPUs hold its config: the record, the
 // state label, the Event. It ends the pass (endPass(outSuccess)) only when
@@ -106,7 +107,7 @@ func (d *Daemon) failure(ctx context.Context, node *Node, ch *journal.Change, se
 // record builds the audit record of the change, with the geometry of n (the
 // GPUs as just read; nil reads them now).
 func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time, n *gpus.Inventory) record.ChangeRecord {
-	rec := record.ChangeRecord{Result: result, Reason: record.CapReason(reason), FinishedAt: now.UTC(), AgentVersion: d.Version,
+	rec := record.ChangeRecord{Result: result, Reason: reason, FinishedAt: now.UTC(), AgentVersion: d.Version,
 		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
 	if drv, err := d.GPU.DriverVersion(); err == nil {
 		rec.DriverVersion = drv
@@ -135,17 +136,18 @@ func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time
 	}
 	if n != nil {
 		rec.Geometry = n.GeometryOf()
-		rec.GPUsUnusable = n.Unusable
+		for _, u := range n.Unusable { // NVML's entries, as the record has them
+			rec.GPUsUnusable = append(rec.GPUsUnusable, record.UnusableGPU{Index: u.Index, Return: u.Return, Reason: u.Reason})
+		}
 	}
-	// Bounded: no name, pod list or error can make it too large to land
-	// or push the other records out of the history.
-	return rec.Bounded()
+	return rec
 }
 
-// end writes the record of a change with the state label (the one caller
-// of Cluster.Record) and posts the Event (none when evType is ""). The
-// Cluster retries API errors and falls back to a shorter record or the
-// state alone; what did not land is logged, and returned.
+// end hands the record of a change with the state label to the Cluster
+// (the one caller of Cluster.Record) and posts the Event (none when evType
+// is ""). The Cluster bounds the record, retries API errors and falls back
+// to a shorter record or the state alone; what did not land is logged, and
+// returned.
 func (d *Daemon) end(ctx context.Context, node *Node, state string, rec record.ChangeRecord, evType, reason, msg string) error {
 	if state != "" {
 		d.showState(state)

@@ -1,83 +1,21 @@
-package reconcile
+package reconcile_test
 
 import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
+	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 )
 
 // The core under a lost rollout slot or a lost node: it stops before its
 // next disruptive step and says so (issue findings 1, 2, 4).
-
-// fakeSlots hands out one slot; the slot answers Check with nil for its
-// first okChecks calls, then with lost. acquireErr fails Acquire.
-type fakeSlots struct {
-	mu         sync.Mutex
-	okChecks   int
-	lost       error
-	acquireErr error
-	acquired   int
-	checks     int
-	released   int
-	extendErr  error
-	extended   int
-}
-
-func (f *fakeSlots) Acquire(context.Context) (Slot, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.acquireErr != nil {
-		return nil, f.acquireErr
-	}
-	f.acquired++
-	return fakeSlot{f}, nil
-}
-
-func (f *fakeSlots) ExtendForReboot(context.Context) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.extended++
-	return f.extendErr
-}
-
-type fakeSlot struct{ f *fakeSlots }
-
-func (s fakeSlot) Check(context.Context) error {
-	s.f.mu.Lock()
-	defer s.f.mu.Unlock()
-	s.f.checks++
-	if s.f.checks > s.f.okChecks {
-		return s.f.lost
-	}
-	return nil
-}
-
-func (s fakeSlot) Release() {
-	s.f.mu.Lock()
-	defer s.f.mu.Unlock()
-	s.f.released++
-}
-
-// fakeOwner answers Confirm with err after ok calls.
-type fakeOwner struct {
-	ok, calls int
-	err       error
-}
-
-func (o *fakeOwner) Confirm(context.Context) error {
-	o.calls++
-	if o.calls > o.ok {
-		return o.err
-	}
-	return nil
-}
 
 // A slot lost at each disruptive step: the change stops before it (no
 // eviction, no GPU step past it), fails with a reason naming the loss and
@@ -97,37 +35,37 @@ func TestCoreStopsWhenSlotLost(t *testing.T) {
 			c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 			c.applied(t, "all-balanced")
 			pods := c.runPods(t, "1g.18gb", 0, 1)
-			slots := &fakeSlots{okChecks: tc.okChecks, lost: errors.New(`rollout slot mig-agent-slot-0 is held by "other" now`)}
+			slots := &testsupport.FakeSlots{OKChecks: tc.okChecks, Lost: errors.New(`rollout slot mig-agent-slot-0 is held by "other" now`)}
 			c.d.Slots = slots
-			c.cluster.setLabel("all-1g.18gb")
-			if oc := c.pass(false, false); oc != outRetry {
-				t.Fatalf("outcome %v, want a retry; record %+v", oc, c.cluster.last())
+			c.cluster.SetLabel("all-1g.18gb")
+			if oc := c.pass(false, false); oc != reconcile.OutRetry {
+				t.Fatalf("reconcile.Outcome %v, want a retry; record %+v", oc, c.cluster.Last())
 			}
 			if c.holds(t, "all-1g.18gb") || !c.holds(t, "all-balanced") {
 				t.Fatal("the GPUs changed after the slot was lost")
 			}
-			if got := len(c.disrupt.evicted) > 0; got != tc.wantEvict {
-				t.Fatalf("evicted %v (of %v), want evictions %v", c.disrupt.evicted, pods, tc.wantEvict)
+			if got := len(c.disrupt.Evicted) > 0; got != tc.wantEvict {
+				t.Fatalf("evicted %v (of %v), want evictions %v", c.disrupt.Evicted, pods, tc.wantEvict)
 			}
-			rec := c.cluster.last()
+			rec := c.cluster.Last()
 			if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "rollout slot was lost") ||
 				!strings.Contains(rec.Reason, "stopped before "+tc.step) || !strings.Contains(rec.Reason, `held by "other"`) {
 				t.Fatalf("record %+v, want a failure naming the lost slot and the step %q", rec, tc.step)
 			}
-			if c.cluster.count(record.ReasonSlotLost) != 1 {
-				t.Errorf("events %v, want one %s", c.cluster.events, record.ReasonSlotLost)
+			if c.cluster.Count(record.ReasonSlotLost) != 1 {
+				t.Errorf("events %v, want one %s", c.cluster.Events, record.ReasonSlotLost)
 			}
-			if c.disrupt.tainted {
+			if c.disrupt.Tainted {
 				t.Error("the node stays tainted")
 			}
-			if slots.released != 1 {
-				t.Errorf("released %d times", slots.released)
+			if slots.Released != 1 {
+				t.Errorf("released %d times", slots.Released)
 			}
 			// The retry takes a slot again and finishes.
-			slots.okChecks, slots.checks = 1<<20, 0
+			slots.OKChecks, slots.Checks = 1<<20, 0
 			c.clock.Step(c.d.S.RetryBackoffMax)
-			if oc := c.pass(false, true); oc != outSuccess {
-				t.Fatalf("retry: outcome %v, record %+v", oc, c.cluster.last())
+			if oc := c.pass(false, true); oc != reconcile.OutSuccess {
+				t.Fatalf("retry: reconcile.Outcome %v, record %+v", oc, c.cluster.Last())
 			}
 			wantSuccess(t, c, "all-1g.18gb")
 		})
@@ -147,23 +85,23 @@ func TestCoreResumeNeedsSlot(t *testing.T) {
 	if err := c.d.Journal.Save(); err != nil {
 		t.Fatal(err)
 	}
-	c.cluster.setLabel("all-1g.18gb")
+	c.cluster.SetLabel("all-1g.18gb")
 	c.restart(t, nvmlsim.Options{})
-	slots := &fakeSlots{acquireErr: errors.New("the API server is away")}
+	slots := &testsupport.FakeSlots{AcquireErr: errors.New("the API server is away")}
 	c.d.Slots = slots
-	if oc := c.pass(true, false); oc != outRetry {
-		t.Fatalf("outcome %v, record %+v", oc, c.cluster.last())
+	if oc := c.pass(true, false); oc != reconcile.OutRetry {
+		t.Fatalf("reconcile.Outcome %v, record %+v", oc, c.cluster.Last())
 	}
 	if !c.holds(t, "all-balanced") {
 		t.Fatal("a resumed change touched the GPUs without a slot")
 	}
-	slots.acquireErr, slots.okChecks = nil, 1<<20
+	slots.AcquireErr, slots.OKChecks = nil, 1<<20
 	c.clock.Step(c.d.S.RetryBackoffMax)
-	if oc := c.pass(false, true); oc != outSuccess {
-		t.Fatalf("with a slot: outcome %v, record %+v", oc, c.cluster.last())
+	if oc := c.pass(false, true); oc != reconcile.OutSuccess {
+		t.Fatalf("with a slot: reconcile.Outcome %v, record %+v", oc, c.cluster.Last())
 	}
-	if slots.acquired != 1 {
-		t.Errorf("acquired %d slots", slots.acquired)
+	if slots.Acquired != 1 {
+		t.Errorf("acquired %d slots", slots.Acquired)
 	}
 }
 
@@ -174,17 +112,17 @@ func TestCoreStopsWhenNodeLost(t *testing.T) {
 	c.applied(t, "all-balanced")
 	// Confirmed before draining, before evicting (no pods: not asked),
 	// then before each GPU step: GPU 0's first step passes, the next not.
-	c.d.Owner = &fakeOwner{ok: 2, err: errors.New("another agent holds this node")}
-	c.cluster.setLabel("all-1g.18gb")
-	if oc := c.pass(false, false); oc != outRetry {
-		t.Fatalf("outcome %v, record %+v", oc, c.cluster.last())
+	c.d.Owner = &testsupport.FakeOwner{OK: 2, Err: errors.New("another agent holds this node")}
+	c.cluster.SetLabel("all-1g.18gb")
+	if oc := c.pass(false, false); oc != reconcile.OutRetry {
+		t.Fatalf("reconcile.Outcome %v, record %+v", oc, c.cluster.Last())
 	}
-	rec := c.cluster.last()
+	rec := c.cluster.Last()
 	if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "no longer holds its node") || !strings.Contains(rec.Reason, "stopped before GPU 0") {
 		t.Fatalf("record %+v", rec)
 	}
-	if c.cluster.count(record.ReasonNodeLost) != 1 {
-		t.Errorf("events %v", c.cluster.events)
+	if c.cluster.Count(record.ReasonNodeLost) != 1 {
+		t.Errorf("events %v", c.cluster.Events)
 	}
 	if c.holds(t, "all-1g.18gb") {
 		t.Fatal("every GPU step ran after the node was lost")
@@ -196,16 +134,16 @@ func TestCoreStopsWhenNodeLost(t *testing.T) {
 func TestCoreNoRebootWithoutSlot(t *testing.T) {
 	noReset := nvmlsim.Options{NoReset: true}
 	c := newCore(t, "a100-40gbx2", noReset, "")
-	c.d.File = parseSpec(t, "version: v1\nmig-configs:\n  gpu1:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n")
+	c.d.File = testsupport.ParseSpec(t, "version: v1\nmig-configs:\n  gpu1:\n    - devices: [1]\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 2}\n")
 	c.d.S.RebootMethod = settings.RebootSystemctl
-	slots := &fakeSlots{okChecks: 1 << 20, extendErr: errors.New(`rollout slot mig-agent-slot-0 is held by "other" now`)}
+	slots := &testsupport.FakeSlots{OKChecks: 1 << 20, ExtendErr: errors.New(`rollout slot mig-agent-slot-0 is held by "other" now`)}
 	c.d.Slots = slots
-	c.cluster.setLabel("gpu1")
+	c.cluster.SetLabel("gpu1")
 	oc := c.pass(true, false)
-	if c.reboot.calls != 0 {
-		t.Fatalf("rebooted (outcome %v) without keeping the slot", oc)
+	if c.reboot.Calls != 0 {
+		t.Fatalf("rebooted (reconcile.Outcome %v) without keeping the slot", oc)
 	}
-	rec := c.cluster.last()
+	rec := c.cluster.Last()
 	if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "not rebooting") || !strings.Contains(rec.Reason, `held by "other"`) {
 		t.Fatalf("record %+v", rec)
 	}
@@ -217,7 +155,7 @@ func TestCoreNoRebootWithoutSlot(t *testing.T) {
 // recordRefused is a Cluster whose Record fails (the record did not land)
 // while refuse is set.
 type recordRefused struct {
-	*fakeCluster
+	*testsupport.FakeCluster
 	refuse bool
 }
 
@@ -225,7 +163,7 @@ func (r *recordRefused) Record(ctx context.Context, rec record.ChangeRecord, sta
 	if r.refuse {
 		return errors.New("the change record did not land: Node annotations too large")
 	}
-	return r.fakeCluster.Record(ctx, rec, state)
+	return r.FakeCluster.Record(ctx, rec, state)
 }
 
 // Finding 7: a change whose success record cannot land does not report
@@ -234,18 +172,18 @@ func (r *recordRefused) Record(ctx context.Context, rec record.ChangeRecord, sta
 func TestCoreSuccessNeedsItsRecord(t *testing.T) {
 	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
 	c.applied(t, "all-balanced")
-	rc := &recordRefused{fakeCluster: c.cluster, refuse: true}
+	rc := &recordRefused{FakeCluster: c.cluster, refuse: true}
 	c.d.Cluster = rc
-	c.cluster.setLabel("all-1g.18gb")
-	applied := c.cluster.count(record.ReasonApplied)
-	if oc := c.pass(false, false); oc == outSuccess {
+	c.cluster.SetLabel("all-1g.18gb")
+	applied := c.cluster.Count(record.ReasonApplied)
+	if oc := c.pass(false, false); oc == reconcile.OutSuccess {
 		t.Fatal("a change whose record did not land reported success")
 	}
-	if c.cluster.count(record.ReasonApplied) != applied {
+	if c.cluster.Count(record.ReasonApplied) != applied {
 		t.Error("a MigConfigApplied Event for a change without its record")
 	}
-	if c.cluster.count(record.ReasonRecordFailed) == 0 {
-		t.Errorf("events %v, want %s", c.cluster.events, record.ReasonRecordFailed)
+	if c.cluster.Count(record.ReasonRecordFailed) == 0 {
+		t.Errorf("events %v, want %s", c.cluster.Events, record.ReasonRecordFailed)
 	}
 	if j := c.d.Journal.State; j.Handled == "all-1g.18gb" {
 		t.Errorf("journal %+v: the change counts as handled", j)
@@ -253,10 +191,10 @@ func TestCoreSuccessNeedsItsRecord(t *testing.T) {
 	// Once records land again, the retry records the config applied.
 	rc.refuse = false
 	c.clock.Step(c.d.S.RetryBackoffMax)
-	if oc := c.pass(false, true); oc != outSuccess {
-		t.Fatalf("retry: outcome %v, record %+v", oc, c.cluster.last())
+	if oc := c.pass(false, true); oc != reconcile.OutSuccess {
+		t.Fatalf("retry: reconcile.Outcome %v, record %+v", oc, c.cluster.Last())
 	}
-	if rec := c.cluster.last(); rec.Result != record.StateSuccess || rec.Config != "all-1g.18gb" || rec.RequestedBySource != "" && rec.RequestedBy != "test" {
+	if rec := c.cluster.Last(); rec.Result != record.StateSuccess || rec.Config != "all-1g.18gb" || rec.RequestedBySource != "" && rec.RequestedBy != "test" {
 		t.Fatalf("record %+v", rec)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -68,8 +67,6 @@ type Cluster interface {
 	Watch(ctx context.Context, h WatchHandlers) (*NodeWatch, error)
 	// Desired is the config node asks for (standalone: the selected one).
 	Desired(node *Node) Request
-	// GetNode reads the Node afresh (Standalone: nil).
-	GetNode(ctx context.Context) (*Node, error)
 	// SetState sets the state label (and nothing else).
 	SetState(ctx context.Context, state string) error
 	// Record writes a change record and the state label together, on the
@@ -230,13 +227,15 @@ type Notifier interface {
 	Status(format string, args ...any) error
 }
 
-// Metrics is what the daemon reports; *metrics.Metrics implements it.
+// Metrics is what the daemon reports. The Prometheus side implements it
+// (package metrics, through the agent's wiring): the core names no
+// Prometheus type.
 type Metrics interface {
 	SetState(state string)
 	SetDesiredConfig(name string)
 	SetAppliedConfig(name, hash string)
-	SetGPUs(gpus []metrics.GPU)
-	SetUnusableGPUs(gpus []metrics.UnusableGPU)
+	SetGPUs(gpus []GPUMetric)
+	SetUnusableGPUs(gpus []UnusableGPUMetric)
 	ObserveReconfiguration(result string, d time.Duration)
 	AddEvictedPods(n int)
 	IncReboots()
@@ -251,7 +250,25 @@ type Metrics interface {
 	SetResourcesConverged(b bool)
 }
 
-var _ Metrics = (*metrics.Metrics)(nil)
+// GPUMetric is what the metrics show of one GPU.
+type GPUMetric struct {
+	Index       int
+	UUID        string
+	Model       string // the device name, as DCGM's modelName: "NVIDIA H200"
+	PCIBusID    string
+	MigEnabled  bool // current MIG mode
+	ModePending bool // a MIG mode change waits for a reset or reboot
+	// Instances counts GPU instances per profile name ("1g.18gb" → 7).
+	Instances map[string]int
+}
+
+// UnusableGPUMetric is what the metrics show of a GPU NVML counts but
+// cannot open: the agent leaves it alone.
+type UnusableGPUMetric struct {
+	Index int
+	// Error is NVML's return code name ("ERROR_NO_PERMISSION").
+	Error string
+}
 
 type nopNotifier struct{}
 

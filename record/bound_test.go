@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/migagent/mig-agent/nvmlx"
 )
 
 // Finding 7: whatever a user name, a pod list or an error holds, a record
@@ -26,9 +24,9 @@ func TestBoundedWorstCase(t *testing.T) {
 			geo[fmt.Sprint(g)] = append(geo[fmt.Sprint(g)], fmt.Sprintf("1g.18gb@%d", s))
 		}
 	}
-	var unusable []nvmlx.UnusableGPU
+	var unusable []UnusableGPU
 	for g := range 16 {
-		unusable = append(unusable, nvmlx.UnusableGPU{Index: g, Return: "ERROR_UNKNOWN", Reason: huge})
+		unusable = append(unusable, UnusableGPU{Index: g, Return: "ERROR_UNKNOWN", Reason: huge})
 	}
 	now := time.Now()
 	r := ChangeRecord{Config: strings.Repeat("c", 63), PreviousConfig: strings.Repeat("c", 63), Result: StateFailed, Reason: huge,

@@ -5,19 +5,15 @@
 // writes a record goes through here: the agent's writer (package kube),
 // its reboot guard (package reconcile), `mig-agent status` and the tests.
 //
-// It may import the standard library, metrics (the state names) and nvmlx
-// (the unusable-GPU entry of a record); nothing of Kubernetes.
+// It imports the standard library only: it owns the state names and the
+// unusable-GPU entry of a record, and the packages that have their own
+// (metrics, nvmlx) convert to them.
 package record
 
 import (
-	"fmt"
 	"slices"
 	"strconv"
 	"time"
-	"unicode/utf8"
-
-	"github.com/migagent/mig-agent/metrics"
-	"github.com/migagent/mig-agent/nvmlx"
 )
 
 // Node labels and annotations of the Kubernetes protocol (docs/reference.md#labels-and-annotations-on-the-node).
@@ -41,13 +37,13 @@ const (
 	ConfigMapKey = "config.yaml"
 )
 
-// States of LabelState: the values of migagent_state, defined once in
-// metrics.
+// States of LabelState, in the order the agent moves through them; also
+// the values of the metric migagent_state.
 const (
-	StatePending   = metrics.StatePending
-	StateRebooting = metrics.StateRebooting
-	StateSuccess   = metrics.StateSuccess
-	StateFailed    = metrics.StateFailed
+	StatePending   = "pending"
+	StateRebooting = "rebooting"
+	StateSuccess   = "success"
+	StateFailed    = "failed"
 )
 
 // History bounds (docs/reference.md#labels-and-annotations-on-the-node).
@@ -105,7 +101,18 @@ type ChangeRecord struct {
 	// Geometry is the per-GPU geometry after the change ("0": ["3g.71gb@0", ...]).
 	Geometry map[string][]string `json:"geometry,omitempty"`
 	// GPUsUnusable are the GPUs NVML counts but could not open, left alone.
-	GPUsUnusable []nvmlx.UnusableGPU `json:"gpusUnusable,omitempty"`
+	GPUsUnusable []UnusableGPU `json:"gpusUnusable,omitempty"`
+}
+
+// UnusableGPU is an entry of gpusUnusable: a GPU NVML counts but the agent
+// cannot read, left alone.
+type UnusableGPU struct {
+	Index int `json:"index"`
+	// Return is NVML's return code name ("ERROR_NO_PERMISSION"), or
+	// "ERROR_UNKNOWN" for a failure that is not NVML's.
+	Return string `json:"error"`
+	// Reason is the whole error: which call failed.
+	Reason string `json:"reason"`
 }
 
 // Event reasons (stable; documented in docs/observability.md).
@@ -267,34 +274,6 @@ func RequestedByText(by, via, source string) string {
 		source = RequesterSourceUnknown
 	}
 	return s + " (" + source + ")"
-}
-
-// BoundText cuts s to at most limit bytes (at a rune boundary), marked with
-// TruncatedMark and its whole length.
-func BoundText(s string, limit int) string {
-	if len(s) <= limit {
-		return s
-	}
-	suffix := fmt.Sprintf("%s%d bytes in all]", TruncatedMark, len(s))
-	cut := max(limit-len(suffix), 0)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + suffix
-}
-
-// CapReason shortens reason to MaxRecordReason bytes (at a rune boundary),
-// saying how much was left out and where the whole text is.
-func CapReason(reason string) string {
-	if len(reason) <= MaxRecordReason {
-		return reason
-	}
-	suffix := fmt.Sprintf(" … (%d bytes in all; the whole reason is in the agent's log)", len(reason))
-	cut := MaxRecordReason - len(suffix)
-	for cut > 0 && !utf8.RuneStart(reason[cut]) {
-		cut--
-	}
-	return reason[:cut] + suffix
 }
 
 // MaxDisrupted is the largest number of records whose disruption

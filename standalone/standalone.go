@@ -33,9 +33,6 @@ func (s *Standalone) Desired(*reconcile.Node) reconcile.Request {
 	return reconcile.Request{Config: s.Config, By: record.RequesterStandalone, Source: record.RequesterSourceStandalone, Asked: s.Config != ""}
 }
 
-// GetNode implements Cluster: there is no Node.
-func (s *Standalone) GetNode(context.Context) (*reconcile.Node, error) { return nil, nil }
-
 // SetState implements Cluster: the state is in the metrics only.
 func (s *Standalone) SetState(context.Context, string) error { return nil }
 

@@ -88,7 +88,7 @@ func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err
 	m := metrics.New(version)
 	notifier := systemd.NewNotifier(log)
 	d := &reconcile.Daemon{
-		S: s, Log: log, Notify: notifier, Metrics: m, Journal: jnl, File: file,
+		S: s, Log: log, Notify: notifier, Metrics: metricsPort{m}, Journal: jnl, File: file,
 		Clock: clock.RealClock{}, Version: version, BootID: bootID,
 		Cluster: &standalone.Standalone{Config: s.SelectedConfig, Log: log},
 	}

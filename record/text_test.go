@@ -1,4 +1,4 @@
-package text
+package record
 
 import (
 	"testing"
