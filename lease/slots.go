@@ -21,8 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -368,16 +366,8 @@ func nextWindow(window, gap, delay time.Duration) time.Duration {
 // when watch returns; the informer stops with ctx.
 func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store, error) {
 	sel := labels.SelectorFromSet(labels.Set{LabelRolloutSlot: "true"}).String()
-	leases := s.Client.CoordinationV1().Leases(s.Namespace)
-	inf := kclient.NewInformer(s.Client, &coordinationv1.Lease{},
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = sel
-			return leases.List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = sel
-			return leases.Watch(ctx, o)
-		})
+	inf := kclient.Watch(s.Client, &coordinationv1.Lease{}, s.Client.CoordinationV1().Leases(s.Namespace),
+		kclient.Selector{Label: sel})
 	poke := func(obj any) {
 		// Seen now: expiry counts from here (leaseObserver).
 		if l, ok := obj.(*coordinationv1.Lease); ok {
@@ -393,8 +383,8 @@ func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store
 	}); err != nil {
 		return nil, fmt.Errorf("watching the rollout slots: %w", err)
 	}
-	go inf.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	kclient.Start(ctx, inf)
+	if !kclient.Synced(ctx, inf) {
 		return nil, fmt.Errorf("watching the rollout slots: %w", context.Cause(ctx))
 	}
 	return inf.GetStore(), nil
