@@ -833,9 +833,8 @@ const strayWait = 2 * time.Second
 // held its own that its watch had not shown yet (strays ends with the
 // hold): once the watch shows the release's own write, it shows every
 // write before it, the stray one too. Nobody else would hand that slot
-// on: its queue waited on it until it expired (13 s of a slot's 20 s
-// rollout in a debug run at K = 200, N = 10). Without a write of its own
-// (the slot lost, or the write failed), with what the watch shows now.
+// on: its queue would wait on it until it expired. Without a write of its
+// own (the slot lost, or the write failed), with what the watch shows now.
 func (h *slotHold) settle(written bool) {
 	if h.store == nil {
 		return
