@@ -15,10 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
@@ -70,17 +67,7 @@ func (k *Cluster) desired(node *corev1.Node) reconcile.Request {
 
 // Watch implements reconcile.Cluster with an informer on the one Node.
 func (k *Cluster) Watch(ctx context.Context, h reconcile.WatchHandlers) (*reconcile.NodeWatch, error) {
-	sel := fields.OneTermEqualSelector("metadata.name", k.Node).String()
-	nodes := k.Client.CoreV1().Nodes()
-	inf := kclient.NewInformer(k.Client, &corev1.Node{},
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = sel
-			return nodes.List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = sel
-			return nodes.Watch(ctx, o)
-		})
+	inf := kclient.Watch(k.Client, &corev1.Node{}, k.Client.CoreV1().Nodes(), kclient.ByName(k.Node))
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { h.Changed() },
 		// The Node is gone: a change still draining stops where it safely
@@ -120,11 +107,7 @@ func (k *Cluster) Watch(ctx context.Context, h reconcile.WatchHandlers) (*reconc
 	// process never exits.
 	k.watched.Store(&inf)
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		inf.RunWithContext(ctx)
-	}()
+	done := kclient.Start(ctx, inf)
 	return &reconcile.NodeWatch{
 		Node: func() (*reconcile.Node, bool) {
 			obj, ok, err := inf.GetStore().GetByKey(k.Node)
@@ -133,7 +116,7 @@ func (k *Cluster) Watch(ctx context.Context, h reconcile.WatchHandlers) (*reconc
 			}
 			return k.snapshot(obj.(*corev1.Node)), true
 		},
-		Sync: func(ctx context.Context) bool { return cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) },
+		Sync: func(ctx context.Context) bool { return kclient.Synced(ctx, inf) },
 		Stop: func() {
 			cancel()
 			<-done

@@ -16,10 +16,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -425,18 +422,8 @@ func (l *NodeLease) Keep(ctx context.Context) error {
 // watch pokes when the node Lease is deleted, or written with another
 // holder: an informer on that one Lease (a field selector on its name).
 func (l *NodeLease) watch(ctx context.Context, poked chan<- struct{}) error {
-	name := NodeLeaseName(l.Node)
-	sel := fields.OneTermEqualSelector("metadata.name", name).String()
-	leases := l.Client.CoordinationV1().Leases(l.Namespace)
-	inf := kclient.NewInformer(l.Client, &coordinationv1.Lease{},
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = sel
-			return leases.List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = sel
-			return leases.Watch(ctx, o)
-		})
+	inf := kclient.Watch(l.Client, &coordinationv1.Lease{}, l.Client.CoordinationV1().Leases(l.Namespace),
+		kclient.ByName(NodeLeaseName(l.Node)))
 	poke := func() {
 		select {
 		case poked <- struct{}{}:
@@ -456,8 +443,9 @@ func (l *NodeLease) watch(ctx context.Context, poked chan<- struct{}) error {
 	l.mu.Lock()
 	l.cache, l.synced = inf.GetStore(), inf.HasSynced
 	l.mu.Unlock()
+	done := kclient.Start(ctx, inf)
 	go func() {
-		inf.RunWithContext(ctx)
+		<-done
 		l.mu.Lock()
 		l.cache, l.synced = nil, nil // stopped: Confirm reads the API server
 		l.mu.Unlock()

@@ -40,43 +40,35 @@ import (
 // receives every write of a slot Lease, queue included, so a queue as long
 // as the pool would cost the pool's square in bytes at every hand-off. The
 // nodes beyond wait without a request. First come, first served: each
-// node's place in line is its ticket, when it first saw the slots (it
-// asked; AnnotationTicket); a queue is ordered by ticket, and when a place
-// opens (a hand-off) the waiting nodes join in ticket order (joinTurn),
-// each TicketPace times its distance in line from the node just ahead of
-// it: the next in line joins first, and the others see the queue full
-// again in their caches before their turn. Two that join at once both
-// stay (a join never conflicts): a queue may run over, still in ticket
-// order, and a node that asked before the ones that overran it still
-// finds a place ahead of them.
-
-// A holder hands its slot to the second node of another queue (the first
-// goes next on its own slot), or a later one of it, when that node asked
-// before its own queue's first and N/2 or more of the waiting nodes asked
-// between them (that first included): joins that came at once overrun
-// queues by different lengths, and the nodes of a long queue would be
-// passed over by a round or more. With its own queue empty, to the second
-// of any queue of two or more. That node stays in its first queue while it holds (holders skip
-// the nodes that hold a slot), and that queue's holder removes its entry
-// in its own next hand-off; what is left when it releases, it leaves
-// first (Release). So a hand-off across queues costs no request of its
-// own: at K = 200, 2.37 slot Lease requests a node against 2.80 at N = 10,
-// 2.54 against 2.85 at N = 50 (docs/fleet.md). Measured before that at K = 200, N = 10 (by when nodes asked): at most 4.1 rounds
-// past its turn with the rule before (a queue longer by two), 2.4 with
-// this one, for 2.72 slot Lease requests a node against 2.40. Taking from
-// any queue whose second asked first (no N/2) cost 2.79 and 3.20 requests
-// a node at N = 10 and 50 in an earlier measure. (Taking from a queue of
-// one too leaves no slot idle while a node waits, but where the holders
-// finish together, K = 100, N = 50, every one of them took a node, each
-// paying a leave: 2.78 to 3.16 slot Lease requests a node. Not kept.)
+// node's place in line is its ticket, when it first saw the slots
+// (AnnotationTicket); a queue is ordered by ticket, and when a place opens
+// (a hand-off) the waiting nodes join in ticket order (joinTurn), each
+// TicketPace times its distance in line from the node just ahead of it:
+// the next in line joins first, and the others see the queue full again in
+// their caches before their turn. Two that join at once both stay (a join
+// never conflicts): a queue may run over, still in ticket order, and a node
+// that asked before the ones that overran it still finds a place ahead of
+// them.
+//
+// Joins that come at once overrun the queues by different lengths, so the
+// nodes of a long queue would be served a round or more after nodes that
+// asked later. A holder therefore hands its slot to a node beyond the first
+// of another queue (the first goes next on its own slot) when that node
+// asked before its own queue's first and N/2 or more waiting nodes asked
+// between them (successor, passedOver); with its own queue empty, to the
+// second of any queue of two or more. That node stays in its first queue
+// while it holds (holders skip the nodes that hold a slot), and that
+// queue's holder removes its entry in its own next hand-off; what is left
+// when it releases, it leaves first (Release). So a hand-off across queues
+// costs no request of its own. The design history and the measured costs
+// are in docs/design/rollout-slots.md.
 const (
 	// QueueKeyPrefix starts the annotation keys of a slot's queue: one key
 	// a queued node, QueueKeyPrefix + 20 hex digits of the SHA-256 of its
 	// name, valued "SEQ NODE". SEQ orders the queue, equal ones by key: the
-	// joiner's ticket (AnnotationTicket). (Agents before tickets wrote one
-	// more than the highest SEQ they saw: behind the entries they saw, and
-	// 1, ahead of every ticket, in an empty queue. A pool of both agents
-	// still serves each node once; in that order.)
+	// joiner's ticket (AnnotationTicket). Agents from before tickets write
+	// one more than the highest SEQ they saw (1 in an empty queue); a pool
+	// of both still serves each node once, in SEQ order.
 	QueueKeyPrefix = "q.migagent.io/"
 	// AnnotationHandedTo names the node a slot was handed to, until that
 	// node's own first write of the slot (a renewal, its hand-off). While
@@ -285,9 +277,9 @@ func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[strin
 // ahead is how many of the waiting nodes q were in line before this node
 // (an earlier ticket; the same, a key before its own): a queue has a place
 // for it while fewer than QueueLength are. Joins that came at once overrun
-// the queues with nodes that asked later, which would keep a node that
-// asked first out until they drained (5 s at K = 100, N = 10); it joins
-// ahead of them instead.
+// the queues with nodes that asked later; counting only those ahead lets a
+// node that asked first join ahead of them instead of waiting until they
+// drained.
 func (s *Slots) ahead(q []queueEntry) int {
 	t, k := s.ticket.Load(), queueKey(s.Holder)
 	n := 0
@@ -311,17 +303,14 @@ type roomSeen struct {
 // of it (the latest of line, the tickets of the nodes holding or queued,
 // before its own), so that the next in line joins first; at once when no
 // node in line is ahead of it. When a node that asked after it is in line
-// already, no more than its distance from that node: it is being passed
-// over, and the gap to the node ahead is a lull before its wave, which
-// held it outside while its wave joined ahead of it (16 s at K = 200,
-// N = 10, in a debug run). A node farther than the window (many are
-// waiting, or few after a lull) joins after it, one window later each
-// time its distance doubles: still in ticket order (a hash of the place
-// chose among them before, and the nodes that asked first were passed
-// over: at most 7 rounds past their turn at K = 200, N = 1, against 2),
-// yet a crowd far behind spreads over a few windows and does not run
-// the queue dry. Every node joins over the window, in the order u (a hash
-// of the place, alike on every node), while the slots show no ticket.
+// already, it is being passed over: no more than its distance from that
+// node, since the gap to the node ahead is then a lull before its wave and
+// would hold it outside while its wave joins ahead of it. A node farther
+// than the window (many are waiting, or few after a lull) joins one window
+// later each time its distance doubles: still in ticket order, yet a crowd
+// far behind spreads over a few windows and does not run the queue dry.
+// While the slots show no ticket, every node joins over the window in the
+// order u (a hash of the place, alike on every node).
 func (s *Slots) joinTurn(line []int64, window time.Duration, u float64) time.Duration {
 	if len(line) == 0 {
 		return time.Duration(u * float64(window))

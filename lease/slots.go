@@ -21,13 +21,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
@@ -145,268 +142,6 @@ func renewedUntil(l *coordinationv1.Lease) time.Time {
 
 // SlotLeaseName is the name of slot i.
 func SlotLeaseName(i int) string { return fmt.Sprintf("mig-agent-slot-%d", i) }
-
-// Acquire blocks until a slot is taken (or ctx ends) and returns it. The
-// node's place in line (AnnotationTicket) is when it first sees the slots
-// (its watch synced): the queues serve first come, first served.
-// While it waits it holds one watch on the slot Leases and sends nothing
-// else: a try follows a Lease change or an expiry, and only when the cache
-// shows a slot free (released, expired, absent, or this holder's own).
-func (s *Slots) Acquire(ctx context.Context) (slot reconcile.Slot, err error) {
-	if s.Percent > 0 {
-		n, pool, err := s.PoolShare(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("counting the agents for --max-concurrent %d%%: %w", s.Percent, err)
-		}
-		s.Log.Debug("rollout slots from the pool", "percent", s.Percent, "agents", pool, "slots", n)
-		s.N = n
-	}
-	// The watch outlives the wait when a slot is taken: the holder's
-	// hand-off reads the queue from it (slotHold.Release stops it).
-	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	unlink := context.AfterFunc(ctx, stop)
-	changed := make(chan struct{}, 1)
-	store, err := s.watch(wctx, changed)
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	// In line from the first look: a node is known to the others only from
-	// then on, and a node that asked first is served first.
-	s.ticket.Store(s.Clock.Now().UnixMilli())
-	var q queued // the queue this node joined
-	held := func(l *coordinationv1.Lease) reconcile.Slot {
-		unlink()
-		// Served by another slot (a free one, or handed on from another
-		// queue), this node stays in the queue it joined while it holds:
-		// nobody hands it that slot meanwhile (a holder skips the nodes
-		// that hold a slot), and that queue's holder removes the entry in
-		// its own hand-off, a write it sends anyway. The release leaves
-		// what is still there (leaveOthers). So a hand-off across queues
-		// costs no request of its own.
-		h := s.hold(ctx, l, store, stop)
-		h.changed = changed
-		go h.strays()
-		return h
-	}
-	defer func() {
-		if slot == nil && q.on != "" {
-			s.leaveQueue(ctx, q.on) // gave up waiting
-		}
-	}()
-	spread := s.spread()
-	retries := backoff.API()
-	logged := false
-	exists := map[string]bool{} // created by another while absent from the cache
-	hand := handOffs{window: spread, freed: map[string]time.Time{}}
-	seenFree := map[string]time.Time{} // when this node first saw each slot free
-	seenRoom := map[string]roomSeen{}  // when it first saw a place in a slot's queue
-	lost := map[string]lostRace{}      // per slot, the version a race was lost on
-	recounted := map[string]string{}   // per slot, the version a late turn was counted again for
-	for {
-		now := s.Clock.Now()
-		// A slot handed to this node by its last holder is this node's,
-		// without a request.
-		if l := s.handed(ctx, store); l != nil {
-			s.Log.Info("took rollout slot", "lease", l.Name, "handedBy", "its last holder")
-			return held(l), nil
-		}
-		q.track(s, store, now)
-		hand.observe(store, s.Namespace, s.N, s.Holder, now)
-		free, next := s.scan(ctx, store)
-		// Every queued node sees the same slots freed at about the same
-		// moment, and tries each in an order all of them agree on (turn),
-		// counted from that moment, over a window all of them size alike
-		// from the hand-offs they all saw: the first in that order takes
-		// the slot, and the others find it taken in their caches when
-		// their turn comes, without a request. A pool-wide change starts
-		// every queued node at once: the first slots are taken in turn
-		// too. This node goes for the free slot where its turn comes
-		// first; its own slot (kept through a reboot) at once. A freed
-		// slot that has a queue (its holder did not see it) goes to its
-		// queue first, in the queue's order, a HandOffGap apart; then to
-		// the others. Each node has a home slot (home): a free slot is
-		// tried first by the nodes whose home it is, over the window,
-		// and by the others only after it, so that when many slots are
-		// free at once (a pool-wide change) about K/N nodes race for
-		// each, not all K for all N.
-		var pick *candidate
-		var wait time.Duration
-		window := hand.shared(store, s.Namespace, s.N)
-		roomOn, roomWait := "", time.Duration(0)
-		if q.on == "" && !q.off {
-			roomOn, roomWait = s.room(store, window, seenRoom, now)
-		}
-		isFree := map[string]bool{}
-		for i := range free {
-			c := &free[i]
-			isFree[c.name] = true
-			if c.lease == nil && exists[c.name] && q.on == c.name {
-				continue // created a moment ago, and this node is in its queue
-			}
-			if l, ok := lost[c.name]; ok && c.lease != nil && c.lease.ResourceVersion == l.rv && now.Before(l.until) {
-				continue // lost a race for it: the winner's write is on its way to the cache
-			}
-			at, ok := seenFree[c.name]
-			if !ok {
-				at, seenFree[c.name] = now, now
-			}
-			if c.lease == nil && q.on != "" {
-				// Never made, as the cache shows it, while this node is
-				// queued: while slots are still being made (the start
-				// of a pool-wide change), it is another node's home
-				// slot, made a moment ago or about to be, and a create
-				// would likely lose; the queue serves this node. Once
-				// no slot has been made for a while, it is nobody's
-				// home (fewer nodes than slots hash to some): it is
-				// made in turn (below: two windows on), lest the pool
-				// run on fewer slots than N; by the nodes that have
-				// another ahead of them in their queue (the next of a
-				// queue goes next anyway: a create would only race).
-				if s.nextInQueue(store, q.on) {
-					continue
-				}
-				at = later(at, hand.lastMade)
-			}
-			turn := s.turn(*c, window)
-			if c.name != s.home() {
-				turn += window // after the nodes whose home slot it is
-				if q.on != "" || roomOn != "" {
-					// A queue is this node's way in: another node's
-					// home slot only when still free a window later.
-					turn += window
-				}
-			}
-			if cq := queueOf(c.lease); len(cq) > 0 {
-				if pos := s.queuePos(cq); pos >= 0 {
-					turn = time.Duration(pos) * HandOffGap
-				} else {
-					turn += window
-				}
-			}
-			w := turn - now.Sub(at)
-			if rv := slotVersion(c); w < -lateTurn && recounted[c.name] != rv {
-				// This node looks long after its turn: its process or its
-				// watch was held up (a loaded machine), so its cache is
-				// likely behind the slot's taker. It counts its turn again
-				// from now instead of trying at once with the others that
-				// were held up too; once a slot version, so that a node
-				// always late still tries.
-				seenFree[c.name], w, recounted[c.name] = now, turn, rv
-			}
-			if holder(c.lease) == s.Holder {
-				w = 0
-			}
-			if pick == nil || w < wait {
-				pick, wait = c, w
-			}
-		}
-		for name := range seenFree {
-			if !isFree[name] {
-				delete(seenFree, name)
-			}
-		}
-		trouble := false // an error or a lost race: look again after a jittered wait
-		var turn <-chan time.Time
-		switch {
-		case pick != nil && wait > 0:
-			turn = s.Clock.After(wait)
-		case pick != nil:
-			// One try a round: a node that lost a race does not try that
-			// slot's version again until the winner's write reaches its
-			// cache (lost), and looks again after a jittered wait or the
-			// next change of the slots. (Holding every slot back until then
-			// was measured, K = 200, N = 50: no fewer conflicts; one
-			// node's losses came 0.3 to 1.5 s apart, each on a new
-			// hand-off.) The take of a freed slot carries the window for
-			// the slot's next hand-off; a slot's first take (its create)
-			// was no hand-off, and moves no window.
-			if pick.lease != nil {
-				s.window = hand.next(window, s.order(*pick))
-			}
-			got, err := s.take(ctx, pick.name, pick.lease, exists[pick.name])
-			switch {
-			case got != nil:
-				s.Log.Info("took rollout slot", "lease", pick.name)
-				return held(got), nil
-			case errors.Is(err, errSlotExists):
-				exists[pick.name] = true
-				trouble = true
-				if q.on == "" && !q.off {
-					// Created a moment ago by another node (its write is
-					// on its way to the cache): this node queues behind
-					// it instead of racing for another slot.
-					if rv, err := s.join(ctx, pick.name); err == nil {
-						q.joined(pick.name, rv, now)
-						trouble = false
-					}
-				}
-			case err != nil:
-				s.Log.Debug("rollout slot", "lease", pick.name, "err", err)
-				trouble = true
-			default:
-				// Another node won it; its write reaches the cache. Until
-				// it does, the cached version is not tried again.
-				trouble = true
-				if pick.lease != nil {
-					lost[pick.name] = lostRace{rv: pick.lease.ResourceVersion, until: now.Add(lostRaceHold)}
-				}
-			}
-		}
-		var joinTurn <-chan time.Time
-		if q.on == "" && !q.off && (pick == nil || pick.name != s.home() && holder(pick.lease) != s.Holder) {
-			// No free slot for this node but other nodes' home slots:
-			// join a queue that has a place, at this node's turn.
-			// Nothing else is sent while waiting.
-			on, w := roomOn, roomWait
-			var rv string
-			var err error
-			switch {
-			case on == "":
-			case w > 0:
-				joinTurn = s.Clock.After(w)
-				on = ""
-			default:
-				rv, err = s.join(ctx, on)
-			}
-			switch {
-			case apierrors.IsForbidden(err):
-				// An RBAC from before the queue (no patch of Leases):
-				// wait for a freed slot, without a queue.
-				s.Log.Warn("cannot join a rollout slot queue; waiting for a freed slot instead", "err", err)
-				q.off = true
-			case err != nil:
-				s.Log.Debug("joining a rollout slot queue", "err", err)
-				trouble = true
-			case on != "":
-				q.joined(on, rv, now)
-				s.Log.Debug("joined a rollout slot queue", "lease", on, "ticket", s.ticket.Load())
-			}
-		}
-		if !logged {
-			s.Log.Info("all rollout slots taken; waiting", "slots", s.N, "queue", q.on)
-			logged = true
-		}
-		var retry, expiry <-chan time.Time
-		if trouble {
-			retry = s.Clock.After(retries.Step())
-		} else {
-			retries = backoff.API()
-		}
-		if !next.IsZero() {
-			expiry = s.Clock.After(max(next.Sub(s.Clock.Now()), 0) + time.Millisecond)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-changed:
-		case <-turn:
-		case <-joinTurn:
-		case <-expiry:
-		case <-retry:
-		}
-	}
-}
 
 // nextInQueue: this node is in slot name's queue, as the cache shows it,
 // with nobody still waiting ahead of it.
@@ -631,16 +366,8 @@ func nextWindow(window, gap, delay time.Duration) time.Duration {
 // when watch returns; the informer stops with ctx.
 func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store, error) {
 	sel := labels.SelectorFromSet(labels.Set{LabelRolloutSlot: "true"}).String()
-	leases := s.Client.CoordinationV1().Leases(s.Namespace)
-	inf := kclient.NewInformer(s.Client, &coordinationv1.Lease{},
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = sel
-			return leases.List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = sel
-			return leases.Watch(ctx, o)
-		})
+	inf := kclient.Watch(s.Client, &coordinationv1.Lease{}, s.Client.CoordinationV1().Leases(s.Namespace),
+		kclient.Selector{Label: sel})
 	poke := func(obj any) {
 		// Seen now: expiry counts from here (leaseObserver).
 		if l, ok := obj.(*coordinationv1.Lease); ok {
@@ -656,8 +383,8 @@ func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store
 	}); err != nil {
 		return nil, fmt.Errorf("watching the rollout slots: %w", err)
 	}
-	go inf.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	kclient.Start(ctx, inf)
+	if !kclient.Synced(ctx, inf) {
 		return nil, fmt.Errorf("watching the rollout slots: %w", context.Cause(ctx))
 	}
 	return inf.GetStore(), nil
@@ -1106,9 +833,8 @@ const strayWait = 2 * time.Second
 // held its own that its watch had not shown yet (strays ends with the
 // hold): once the watch shows the release's own write, it shows every
 // write before it, the stray one too. Nobody else would hand that slot
-// on: its queue waited on it until it expired (13 s of a slot's 20 s
-// rollout in a debug run at K = 200, N = 10). Without a write of its own
-// (the slot lost, or the write failed), with what the watch shows now.
+// on: its queue would wait on it until it expired. Without a write of its
+// own (the slot lost, or the write failed), with what the watch shows now.
 func (h *slotHold) settle(written bool) {
 	if h.store == nil {
 		return

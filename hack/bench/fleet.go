@@ -929,7 +929,7 @@ func parallel(workers int, items []string, fn func(string) error) error {
 	return first
 }
 
-// printFleet prints the fleet table (markdown, as docs/fleet.md holds it).
+// printFleet prints the fleet table (markdown, as docs/design/rollout-slots.md holds it).
 func printFleet(w io.Writer, r *fleetResults) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| K nodes\t| N\t| rollout s\t| max disrupted\t| slot held ms\t| hand-off ms\t| rollout / (⌈K/N⌉ × held)\t| node time ms\t| rollout / (⌈K/N⌉ × node time)\t| rollout / (lead-in + ⌈K/N⌉ × mean hold)\t| rollout / perfect FCFS semaphore\t| agent req/node\t| slot Lease req/node\t| 409s (share)\t| most rounds late (asked)\t| most rounds late (began)\t| req/s idle\t| req first 10 s after outage\t| RssAnon sum MiB\t|")
