@@ -18,6 +18,24 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 )
 
+// Which pods a change evicts, the whole rule (Disruptor.Affected):
+//   - the pods holding a GPU or MIG device the change takes away (a whole
+//     GPU that changes in any way, a MIG device whose GPU instance is
+//     destroyed), as the kubelet PodResources API reports them: under an
+//     nvidia.com/ resource (device plugin) or through a ResourceClaim on the
+//     NVIDIA DRA driver (FindAffected, Holders);
+//   - when PodResources cannot be read: every pod of the node requesting an
+//     nvidia.com/ resource, and every pod a ResourceClaim holding a device of
+//     the change is reserved for (fallback);
+//   - with a change that takes anything away, the pods --gpu-client-selector
+//     matches (SelectedPods);
+//   - never a finished pod (Succeeded, Failed), nor a pod the API server no
+//     longer has or that runs on another node (PodResources is stale, or a
+//     pod of that name was made elsewhere);
+//   - at the eviction, a pod not found, on another node, or found with
+//     another UID (a new pod took the name) is already gone and counts as
+//     evicted (Disruptor.Evict, Evict).
+
 // How affected pods were found (Affected.How, the change record's affectedBy).
 const (
 	// HowPodResources: from the kubelet PodResources API.
@@ -370,4 +388,51 @@ func SelectedPods(ctx context.Context, client kclient.Interface, node, selector 
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// Affected implements reconcile.Disruptor: the pods the change of gpuUUIDs
+// and migUUIDs evicts, by the rule above, sorted, and how they were found.
+func (d *Disruptor) Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) ([]string, string, error) {
+	a, err := FindAffected(ctx, d.Client, d.Log, d.Node, d.Settings.PodResourcesSocket, Change{GPUs: gpuUUIDs, MIGDevices: migUUIDs})
+	if err != nil {
+		return nil, "", err
+	}
+	if a.FellBack() {
+		d.Log.Warn("PodResources unreadable: every GPU pod on the node counts as affected", "how", a.How)
+	}
+	names := a.Names()
+	if d.Settings.GPUClientSelector != "" && (len(gpuUUIDs) > 0 || len(migUUIDs) > 0) {
+		clients, err := SelectedPods(ctx, d.Client, d.Node, d.Settings.GPUClientSelector)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, c := range clients {
+			if !slices.Contains(names, c) {
+				names = append(names, c)
+			}
+		}
+		sort.Strings(names)
+	}
+	return names, a.How, nil
+}
+
+// Evict implements reconcile.Disruptor: it evicts the pods of names still
+// on the node (Evict, with the drain settings); pods already gone count as
+// evicted.
+func (d *Disruptor) Evict(ctx context.Context, names []string) ([]string, error) {
+	var pods []corev1.Pod
+	for _, n := range names {
+		ns, name, _ := strings.Cut(n, "/")
+		p, err := d.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && p.Spec.NodeName != d.Node) {
+			continue // gone (or a new pod of that name elsewhere)
+		}
+		if err != nil {
+			return nil, err
+		}
+		pods = append(pods, *p)
+	}
+	return Evict(ctx, d.Client, d.Log, pods, EvictOptions{
+		Timeout: d.Settings.DrainTimeout, RetryDelay: d.Settings.EvictionRetryDelay, RefuseUnmanaged: !d.Settings.EvictUnmanagedPods,
+	})
 }

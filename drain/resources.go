@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -34,15 +36,6 @@ var (
 	ErrResourcesTimeout = errors.New("node allocatable did not show the expected resources")
 )
 
-// GPUGeometry is what one GPU looks like after a change, as the device
-// plugin sees it.
-type GPUGeometry struct {
-	MigEnabled bool
-	// Devices has one entry per MIG device: the profile name of its compute
-	// instance as NVML names it ("1g.18gb", "1c.3g.71gb", "1g.18gb+me").
-	Devices []string
-}
-
 // MIGResourceName is the mixed-strategy resource of a MIG profile:
 // "nvidia.com/mig-1g.18gb"; a "+" becomes "." ("1g.18gb+me" →
 // "nvidia.com/mig-1g.18gb.me"), as the device plugin names it.
@@ -54,35 +47,37 @@ func MIGResourceName(profile string) (corev1.ResourceName, error) {
 	return corev1.ResourceName(ResourceMIGPrefix + strings.ReplaceAll(n.String(), "+", ".")), nil
 }
 
-// ExpectedResources returns what NVIDIA's device plugin advertises for gpus
-// under strategy (empty means none):
+// ExpectedResources returns what NVIDIA's device plugin advertises under
+// strategy (empty means none) for the GPUs: migMode has each GPU by UUID,
+// true where its MIG mode is on; migDevices the MIG devices of those by UUID,
+// each with its compute instance's profile as NVML names it ("1g.18gb",
+// "1c.3g.71gb", "1g.18gb+me").
 //   - none: nvidia.com/gpu = every GPU (MIG is ignored);
 //   - single: nvidia.com/gpu = every MIG device + every GPU with MIG off;
 //   - mixed: nvidia.com/mig-<profile> per MIG device profile, and
 //     nvidia.com/gpu = every GPU with MIG off.
 //
 // Resources with a count of 0 are left out.
-func ExpectedResources(strategy string, gpus []GPUGeometry) (map[corev1.ResourceName]int64, error) {
+func ExpectedResources(strategy string, migMode map[string]bool, migDevices map[string]string) (map[corev1.ResourceName]int64, error) {
 	out := map[corev1.ResourceName]int64{}
 	switch strategy {
 	case "", profiles.StrategyNone:
-		out[ResourceGPU] = int64(len(gpus))
+		out[ResourceGPU] = int64(len(migMode))
 	case profiles.StrategySingle, profiles.StrategyMixed:
-		for i, g := range gpus {
-			if !g.MigEnabled {
+		for _, on := range migMode {
+			if !on {
 				out[ResourceGPU]++
-				continue
 			}
-			for _, d := range g.Devices {
-				name, err := MIGResourceName(d)
-				if err != nil {
-					return nil, fmt.Errorf("GPU %d: %w", i, err)
-				}
-				if strategy == profiles.StrategySingle {
-					name = ResourceGPU
-				}
-				out[name]++
+		}
+		for _, uuid := range slices.Sorted(maps.Keys(migDevices)) {
+			name, err := MIGResourceName(migDevices[uuid])
+			if err != nil {
+				return nil, fmt.Errorf("MIG device %s: %w", uuid, err)
 			}
+			if strategy == profiles.StrategySingle {
+				name = ResourceGPU
+			}
+			out[name]++
 		}
 	default:
 		return nil, fmt.Errorf("%w %q: want %s, %s or %s", ErrUnknownStrategy, strategy, profiles.StrategyNone, profiles.StrategySingle, profiles.StrategyMixed)

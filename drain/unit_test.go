@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -130,37 +131,58 @@ func TestRequestsGPU(t *testing.T) {
 	}
 }
 
+// testGPU is one GPU in TestExpectedResources: its MIG mode, and the
+// profiles of its MIG devices.
+type testGPU struct {
+	migOn    bool
+	profiles []string
+}
+
+// exposedBy is gs as WaitResources takes them, the GPUs and MIG devices
+// named by their position.
+func exposedBy(gs []testGPU) (map[string]bool, map[string]string) {
+	migMode, migDevices := map[string]bool{}, map[string]string{}
+	for i, g := range gs {
+		migMode[fmt.Sprintf("GPU-%d", i)] = g.migOn
+		for j, p := range g.profiles {
+			migDevices[fmt.Sprintf("MIG-%d-%d", i, j)] = p
+		}
+	}
+	return migMode, migDevices
+}
+
 func TestExpectedResources(t *testing.T) {
-	mig := func(devs ...string) GPUGeometry { return GPUGeometry{MigEnabled: true, Devices: devs} }
-	whole := GPUGeometry{}
+	mig := func(devs ...string) testGPU { return testGPU{migOn: true, profiles: devs} }
+	whole := testGPU{}
 	tests := []struct {
 		name     string
 		strategy string
-		gpus     []GPUGeometry
+		gpus     []testGPU
 		want     map[corev1.ResourceName]int64
 		err      error
 	}{
 		{"mixed, all balanced", profiles.StrategyMixed,
-			[]GPUGeometry{mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"), mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb")},
+			[]testGPU{mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"), mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb")},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 4, "nvidia.com/mig-2g.35gb": 2, "nvidia.com/mig-3g.71gb": 2}, nil},
-		{"mixed with a whole GPU", profiles.StrategyMixed, []GPUGeometry{mig("7g.141gb"), whole, whole},
+		{"mixed with a whole GPU", profiles.StrategyMixed, []testGPU{mig("7g.141gb"), whole, whole},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-7g.141gb": 1, "nvidia.com/gpu": 2}, nil},
-		{"mixed, +me and compute instance", profiles.StrategyMixed, []GPUGeometry{mig("1g.18gb+me", "1c.3g.71gb", "1c.3g.71gb")},
+		{"mixed, +me and compute instance", profiles.StrategyMixed, []testGPU{mig("1g.18gb+me", "1c.3g.71gb", "1c.3g.71gb")},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb.me": 1, "nvidia.com/mig-1c.3g.71gb": 2}, nil},
-		{"mixed, MIG on without devices", profiles.StrategyMixed, []GPUGeometry{mig()}, map[corev1.ResourceName]int64{}, nil},
-		{"single", profiles.StrategySingle, []GPUGeometry{mig("1g.18gb", "1g.18gb", "1g.18gb"), mig("1g.18gb"), whole},
+		{"mixed, MIG on without devices", profiles.StrategyMixed, []testGPU{mig()}, map[corev1.ResourceName]int64{}, nil},
+		{"single", profiles.StrategySingle, []testGPU{mig("1g.18gb", "1g.18gb", "1g.18gb"), mig("1g.18gb"), whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 5}, nil},
-		{"none counts GPUs", profiles.StrategyNone, []GPUGeometry{mig("1g.18gb", "1g.18gb"), whole},
+		{"none counts GPUs", profiles.StrategyNone, []testGPU{mig("1g.18gb", "1g.18gb"), whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 2}, nil},
-		{"empty strategy is none", "", []GPUGeometry{whole},
+		{"empty strategy is none", "", []testGPU{whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 1}, nil},
 		{"no GPUs", profiles.StrategyMixed, nil, map[corev1.ResourceName]int64{}, nil},
-		{"unknown strategy", "Mixed", []GPUGeometry{whole}, nil, ErrUnknownStrategy},
-		{"bad profile", profiles.StrategyMixed, []GPUGeometry{mig("1g.18")}, nil, profiles.ErrBadName},
+		{"unknown strategy", "Mixed", []testGPU{whole}, nil, ErrUnknownStrategy},
+		{"bad profile", profiles.StrategyMixed, []testGPU{mig("1g.18")}, nil, profiles.ErrBadName},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ExpectedResources(tc.strategy, tc.gpus)
+			migMode, migDevices := exposedBy(tc.gpus)
+			got, err := ExpectedResources(tc.strategy, migMode, migDevices)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) {
 					t.Fatalf("err = %v, want %v", err, tc.err)

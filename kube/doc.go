@@ -2,11 +2,10 @@
 // core's interfaces: the watch of its Node and the snapshot the core sees
 // (Cluster, kube.go), the change records on the Node (record.go, bounded
 // history, retire.go), the requester of a change (requester.go), Events,
-// the rights check before a change (preflight.go), the pods a change
-// disturbs (Disruptor, over package drain; dra.go on the DRA path), other
-// MIG managers (othermanager.go), and the status a person reads
-// (status.go). The Leases (rollout slots, the node Lease) are package
-// lease's.
+// the rights check before a change (preflight.go), other MIG managers
+// (othermanager.go), and the status a person reads (status.go). The pods a
+// change disturbs are package drain's (drain.Disruptor); the Leases
+// (rollout slots, the node Lease) are package lease's.
 //
 // It may import client-go (through internal/kclient), drain, record,
 // gpus (the inventory) and reconcile (the interfaces it implements).

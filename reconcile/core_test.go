@@ -239,7 +239,7 @@ func (f *fakeDisruptor) RestartDevicePlugins(_ context.Context, pods []string) (
 	return pods, nil
 }
 
-func (f *fakeDisruptor) WaitResources(context.Context, string, *gpus.Inventory, time.Duration) (bool, bool, error) {
+func (f *fakeDisruptor) WaitResources(context.Context, string, map[string]bool, map[string]string, time.Duration) (bool, bool, error) {
 	if f.converge != nil && !*f.converge {
 		return true, false, errors.New("announced [MIG-old], want [MIG-new]")
 	}

@@ -14,10 +14,10 @@ import (
 	"github.com/spf13/viper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
@@ -287,7 +287,7 @@ func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, s
 	if err != nil {
 		return err
 	}
-	d := &kube.Disruptor{Client: client, Log: log, Node: node, S: &settings.Settings{PodResourcesSocket: socket}}
+	d := &drain.Disruptor{Client: client, Log: log, Node: node, Settings: &settings.Settings{PodResourcesSocket: socket}}
 	how, err := gpus.PreviewEvictions(ctx, d, n, plan)
 	if err != nil {
 		return fmt.Errorf("listing the pods the change would evict: %w", err)
