@@ -35,7 +35,7 @@ type Disruptor struct {
 
 	// path is what ServedBy found last (record.ServedBy*).
 	path string
-	// restarted: RestartDevicePlugins restarted a pod since the last
+	// restarted: restartDevicePlugins restarted a pod since the last
 	// WaitResources, so a new plugin pod is on its way (readSharing waits
 	// briefly for it).
 	restarted bool
@@ -69,54 +69,54 @@ func (d *Disruptor) Taint(ctx context.Context) (bool, error) {
 // Untaint implements reconcile.Disruptor, as Taint.
 func (d *Disruptor) Untaint(ctx context.Context) error {
 	if n := d.cachedNode(ctx); n != nil {
-		if _, done, err := RemoveTaintFrom(ctx, d.Client, n); done {
+		if _, done, err := removeTaintFrom(ctx, d.Client, n); done {
 			return err
 		}
 	}
-	_, err := RemoveTaint(ctx, d.Client, d.Node)
+	_, err := removeTaint(ctx, d.Client, d.Node)
 	return err
 }
 
-// ReadOperands implements reconcile.Disruptor, from the watched Node.
+// readOperands implements reconcile.Disruptor, from the watched Node.
 func (d *Disruptor) ReadOperands(ctx context.Context) (json.RawMessage, error) {
-	var saved Saved
+	var saved savedLabels
 	if n := d.cachedNode(ctx); n != nil {
-		saved = OperandsOf(n)
+		saved = operandsOf(n)
 	} else {
 		var err error
-		if saved, err = ReadOperands(ctx, d.Client, d.Node); err != nil {
+		if saved, err = readOperands(ctx, d.Client, d.Node); err != nil {
 			return nil, err
 		}
 	}
 	return json.Marshal(saved)
 }
 
-// PauseOperands implements reconcile.Disruptor.
+// pauseOperands implements reconcile.Disruptor.
 func (d *Disruptor) PauseOperands(ctx context.Context, raw json.RawMessage) error {
-	var saved Saved
+	var saved savedLabels
 	if err := json.Unmarshal(raw, &saved); err != nil {
 		return fmt.Errorf("operand labels: %w", err)
 	}
-	return PauseOperands(ctx, d.Client, d.Log, d.Node, saved, d.OperandWait)
+	return pauseOperands(ctx, d.Client, d.Log, d.Node, saved, d.OperandWait)
 }
 
-// RestoreOperands implements reconcile.Disruptor.
+// restoreOperands implements reconcile.Disruptor.
 func (d *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) error {
-	var saved Saved
+	var saved savedLabels
 	if err := json.Unmarshal(raw, &saved); err != nil {
 		return fmt.Errorf("journaled operand labels: %w", err)
 	}
-	return RestoreOperands(ctx, d.Client, d.Log, d.Node, saved)
+	return restoreOperands(ctx, d.Client, d.Log, d.Node, saved)
 }
 
 // DevicePlugins implements reconcile.Disruptor.
 func (d *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
-	return ListDevicePlugins(ctx, d.Client, d.Node)
+	return listDevicePlugins(ctx, d.Client, d.Node)
 }
 
-// RestartDevicePlugins implements reconcile.Disruptor.
+// restartDevicePlugins implements reconcile.Disruptor.
 func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]string, error) {
-	restarted, err := RestartDevicePlugins(ctx, d.Client, d.Log, pods)
+	restarted, err := restartDevicePlugins(ctx, d.Client, d.Log, pods)
 	if len(restarted) > 0 {
 		d.restarted = true
 	}
@@ -127,19 +127,19 @@ func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]
 // ServedBy found it) the node's gpu.nvidia.com ResourceSlices must announce
 // exactly the GPUs with MIG off and the MIG devices (announced); otherwise
 // the Node's allocatable must show exactly what the device plugin
-// advertises for them under strategy (ExpectedResources).
+// advertises for them under strategy (expectedResources).
 func (d *Disruptor) WaitResources(ctx context.Context, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
 	if d.path == record.ServedByDRA {
 		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), timeout)
 		return true, ok, err
 	}
-	want, err := ExpectedResources(strategy, migMode, migDevices)
+	want, err := expectedResources(strategy, migMode, migDevices)
 	if err != nil {
 		return false, false, err
 	}
 	sharing := d.readSharing(ctx, d.restarted)
 	d.restarted = false
-	ok, err = WaitAdvertised(ctx, d.Client, d.Node, want, sharing, timeout)
+	ok, err = waitAdvertised(ctx, d.Client, d.Node, want, sharing, timeout)
 	return true, ok, err
 }
 
@@ -150,26 +150,26 @@ const (
 	sharingReadDelay = time.Second
 )
 
-// readSharing reads the device plugin's sharing config (ReadSharing); nil
+// readSharing reads the device plugin's sharing config (readNodeSharing); nil
 // where it cannot be known, so that the plugin's documented forms are
 // accepted. When this change restarted plugin pods (restarted), no plugin
 // pod at all is retried briefly: the restart removed the old pod, and its
 // DaemonSet has not made the new one yet. A node that had no plugin pod
 // before the change has none to wait for.
-func (d *Disruptor) readSharing(ctx context.Context, restarted bool) *Sharing {
+func (d *Disruptor) readSharing(ctx context.Context, restarted bool) *sharingConfig {
 	var err error
 	for try := 0; try < sharingReadTries; try++ {
-		var s *Sharing
+		var s *sharingConfig
 		if n := d.cachedNode(ctx); n != nil {
-			s, err = ReadSharingOf(ctx, d.Client, n)
+			s, err = readSharingOf(ctx, d.Client, n)
 		} else {
-			s, err = ReadSharing(ctx, d.Client, d.Node)
+			s, err = readNodeSharing(ctx, d.Client, d.Node)
 		}
 		if err == nil {
 			d.Log.Debug("device plugin sharing config", "source", s.Source)
 			return s
 		}
-		if !restarted || !errors.Is(err, ErrNoPluginPod) {
+		if !restarted || !errors.Is(err, errNoPluginPod) {
 			break
 		}
 		select {

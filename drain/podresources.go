@@ -13,50 +13,48 @@ import (
 )
 
 const (
-	// DefaultPodResourcesSocket is where the kubelet serves PodResources.
-	DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
-	// PodResourcesTimeout bounds one List call when ctx has no earlier deadline.
-	PodResourcesTimeout = 10 * time.Second
+	// podResourcesTimeout bounds one List call when ctx has no earlier deadline.
+	podResourcesTimeout = 10 * time.Second
 	// podResourcesMaxMsg is the kubelet's own client limit (16 MiB).
 	podResourcesMaxMsg = 16 << 20
-	// GPUResourcePrefix starts every resource NVIDIA's device plugin advertises.
-	GPUResourcePrefix = "nvidia.com/"
+	// gpuResourcePrefix starts every resource NVIDIA's device plugin advertises.
+	gpuResourcePrefix = "nvidia.com/"
 )
 
-// ErrPodResources is wrapped by every ListPodResources error.
-var ErrPodResources = errors.New("cannot read the kubelet PodResources API")
+// errPodResources is wrapped by every listPodResources error.
+var errPodResources = errors.New("cannot read the kubelet PodResources API")
 
-// PodDevices is one pod's devices as the kubelet PodResources API reports them.
-type PodDevices struct {
+// podDevices is one pod's devices as the kubelet PodResources API reports them.
+type podDevices struct {
 	Namespace  string
 	Name       string
-	Containers []ContainerDevices
+	Containers []containerDevices
 }
 
-// ContainerDevices is one container's devices: resource name → device ids
+// containerDevices is one container's devices: resource name → device ids
 // (device plugins), and the DRA devices its claims gave it.
-type ContainerDevices struct {
+type containerDevices struct {
 	Name    string
 	Devices map[string][]string
 	// Dynamic is what DRA allocated to the container, one entry per claim
 	// (ContainerResources.dynamic_resources).
-	Dynamic []DynamicResource
+	Dynamic []dynamicResource
 	// Claims are the devices of Dynamic by driver, pool and device, the
 	// key the node's ResourceSlices name them by (every driver).
 	Claims []dra.ClaimDevice
 }
 
-// DynamicResource is one ResourceClaim's devices in one container
-// (PodResources v1 DynamicResource).
-type DynamicResource struct {
+// dynamicResource is one ResourceClaim's devices in one container
+// (PodResources v1 dynamicResource).
+type dynamicResource struct {
 	ClaimName      string
 	ClaimNamespace string
-	Claims         []ClaimResource
+	Claims         []claimResource
 }
 
-// ClaimResource is one allocated DRA device (PodResources v1 ClaimResource):
+// claimResource is one allocated DRA device (PodResources v1 claimResource):
 // the driver/pool/device triplet names it.
-type ClaimResource struct {
+type claimResource struct {
 	CDIDevices []string
 	Driver     string
 	Pool       string
@@ -66,20 +64,20 @@ type ClaimResource struct {
 }
 
 // Key is "namespace/name".
-func (p PodDevices) Key() string { return p.Namespace + "/" + p.Name }
+func (p podDevices) Key() string { return p.Namespace + "/" + p.Name }
 
 // GPUDeviceIDs returns the ids of the devices the pod holds under nvidia.com/
-// resources, normalized (see NormalizeDeviceID), sorted and without repeats.
-func (p PodDevices) GPUDeviceIDs() []string {
+// resources, normalized (see normalizeDeviceID), sorted and without repeats.
+func (p podDevices) GPUDeviceIDs() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, c := range p.Containers {
 		for res, ids := range c.Devices {
-			if !strings.HasPrefix(res, GPUResourcePrefix) {
+			if !strings.HasPrefix(res, gpuResourcePrefix) {
 				continue
 			}
 			for _, id := range ids {
-				id = NormalizeDeviceID(id)
+				id = normalizeDeviceID(id)
 				if !seen[id] {
 					seen[id] = true
 					out = append(out, id)
@@ -91,37 +89,37 @@ func (p PodDevices) GPUDeviceIDs() []string {
 	return out
 }
 
-// NormalizeDeviceID strips the replica suffix that NVIDIA's device plugin
+// normalizeDeviceID strips the replica suffix that NVIDIA's device plugin
 // appends to shared devices (time-slicing, MPS: "GPU-<uuid>::3"), leaving the
 // GPU or MIG device UUID.
-func NormalizeDeviceID(id string) string {
+func normalizeDeviceID(id string) string {
 	if i := strings.Index(id, "::"); i >= 0 {
 		return id[:i]
 	}
 	return id
 }
 
-// ListPodResources lists every pod's devices over the kubelet PodResources
+// listPodResources lists every pod's devices over the kubelet PodResources
 // v1 API at socket (a unix socket path): one unary gRPC call,
 // /v1.PodResourcesLister/List, made over HTTP/2 without TLS (grpcwire.go).
-// Each call dials afresh and is bounded by PodResourcesTimeout.
-func ListPodResources(ctx context.Context, socket string) ([]PodDevices, error) {
+// Each call dials afresh and is bounded by podResourcesTimeout.
+func listPodResources(ctx context.Context, socket string) ([]podDevices, error) {
 	if socket == "" {
-		return nil, fmt.Errorf("%w: no socket configured", ErrPodResources)
+		return nil, fmt.Errorf("%w: no socket configured", errPodResources)
 	}
 	abs, err := filepath.Abs(socket)
 	if err != nil {
-		return nil, fmt.Errorf("%w: socket %s: %w", ErrPodResources, socket, err)
+		return nil, fmt.Errorf("%w: socket %s: %w", errPodResources, socket, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, PodResourcesTimeout)
+	ctx, cancel := context.WithTimeout(ctx, podResourcesTimeout)
 	defer cancel()
 	msg, err := unaryCall(ctx, abs, podResourcesListMethod, nil, podResourcesMaxMsg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: List at %s: %w", ErrPodResources, abs, err)
+		return nil, fmt.Errorf("%w: List at %s: %w", errPodResources, abs, err)
 	}
 	out, err := decodeListPodResources(msg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: List at %s: %w", ErrPodResources, abs, err)
+		return nil, fmt.Errorf("%w: List at %s: %w", errPodResources, abs, err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
 	return out, nil
@@ -131,7 +129,7 @@ func ListPodResources(ctx context.Context, socket string) ([]PodDevices, error) 
 // field 5: per claim, claim_resources with driver_name, pool_name,
 // device_name), as the kubelet fills it from what the DRA driver prepared
 // (kubernetes pkg/kubelet/cm/container_manager_linux.go GetDynamicResources).
-func claimDevicesOf(drs []DynamicResource) []dra.ClaimDevice {
+func claimDevicesOf(drs []dynamicResource) []dra.ClaimDevice {
 	var out []dra.ClaimDevice
 	for _, dr := range drs {
 		for _, r := range dr.Claims {
@@ -143,7 +141,7 @@ func claimDevicesOf(drs []DynamicResource) []dra.ClaimDevice {
 
 // NVIDIAClaimDevices returns the devices the pod holds through claims on
 // the NVIDIA DRA driver, without repeats, in order.
-func (p PodDevices) NVIDIAClaimDevices() []dra.ClaimDevice {
+func (p podDevices) NVIDIAClaimDevices() []dra.ClaimDevice {
 	seen := map[dra.ClaimDevice]bool{}
 	var out []dra.ClaimDevice
 	for _, c := range p.Containers {

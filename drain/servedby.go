@@ -26,9 +26,9 @@ import (
 // (DevicePlugins lists it) and the change succeeds only when the slices
 // announce exactly the new devices.
 
-// DRAPollInterval is how often WaitResources reads the node's ResourceSlices
+// draPollInterval is how often WaitResources reads the node's ResourceSlices
 // on the DRA path.
-const DRAPollInterval = time.Second
+const draPollInterval = time.Second
 
 // ServedBy implements reconcile.Disruptor: the DRA path when the NVIDIA DRA
 // driver announces GPUs or MIG devices of the node, the device plugin's when
@@ -74,7 +74,7 @@ func (d *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err er
 func devicePluginResources(node *corev1.Node) []string {
 	var out []string
 	for name, q := range node.Status.Allocatable {
-		if strings.HasPrefix(string(name), GPUResourcePrefix) && !q.IsZero() {
+		if strings.HasPrefix(string(name), gpuResourcePrefix) && !q.IsZero() {
 			out = append(out, string(name))
 		}
 	}
@@ -126,7 +126,7 @@ func (d *Disruptor) waitSlices(ctx context.Context, want []string, timeout time.
 				last = ctx.Err().Error()
 			}
 			return false, errors.New(last)
-		case <-time.After(DRAPollInterval):
+		case <-time.After(draPollInterval):
 		}
 	}
 }

@@ -32,46 +32,46 @@ func TestNormalizeDeviceID(t *testing.T) {
 		"3":              "3",
 		"MIG-aa::1::bad": "MIG-aa",
 	} {
-		if got := NormalizeDeviceID(in); got != want {
+		if got := normalizeDeviceID(in); got != want {
 			t.Errorf("NormalizeDeviceID(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
 
 func TestHolders(t *testing.T) {
-	pods := []PodDevices{
-		{Namespace: "a", Name: "whole", Containers: []ContainerDevices{
+	pods := []podDevices{
+		{Namespace: "a", Name: "whole", Containers: []containerDevices{
 			{Name: "c", Devices: map[string][]string{"nvidia.com/gpu": {"GPU-1"}}},
 		}},
-		{Namespace: "a", Name: "shared", Containers: []ContainerDevices{
+		{Namespace: "a", Name: "shared", Containers: []containerDevices{
 			{Name: "c", Devices: map[string][]string{"nvidia.com/gpu.shared": {"GPU-2::3"}}},
 		}},
-		{Namespace: "b", Name: "mig", Containers: []ContainerDevices{
+		{Namespace: "b", Name: "mig", Containers: []containerDevices{
 			{Name: "init", Devices: map[string][]string{"nvidia.com/mig-1g.18gb": {"MIG-a"}}},
 			{Name: "c", Devices: map[string][]string{"nvidia.com/mig-3g.71gb": {"MIG-b"}}},
 		}},
-		{Namespace: "b", Name: "other-vendor", Containers: []ContainerDevices{
+		{Namespace: "b", Name: "other-vendor", Containers: []containerDevices{
 			{Name: "c", Devices: map[string][]string{"example.com/gpu": {"GPU-1"}}},
 		}},
 		{Namespace: "b", Name: "cpu-only"},
 		// Claims on the NVIDIA DRA driver, as PodResources dynamic_resources
 		// names them (device names of dra-driver-nvidia-gpu deviceinfo.go,
 		// mig.go ToCanonicalName).
-		{Namespace: "c", Name: "claim-mig", Containers: []ContainerDevices{
+		{Namespace: "c", Name: "claim-mig", Containers: []containerDevices{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}},
 		}},
-		{Namespace: "c", Name: "claim-gpu", Containers: []ContainerDevices{
+		{Namespace: "c", Name: "claim-gpu", Containers: []containerDevices{
 			{Name: "a", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}}},
 			{Name: "b", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}}}, // one claim, two containers
 		}},
-		{Namespace: "c", Name: "claim-unknown", Containers: []ContainerDevices{
+		{Namespace: "c", Name: "claim-unknown", Containers: []containerDevices{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-1"}}},
 		}},
-		{Namespace: "c", Name: "claim-other-driver", Containers: []ContainerDevices{
+		{Namespace: "c", Name: "claim-other-driver", Containers: []containerDevices{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: "example.com/gpu", Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}},
 		}},
 	}
-	idx := DRAIndex{UUIDs: map[dra.ClaimDevice]string{
+	idx := draIndex{UUIDs: map[dra.ClaimDevice]string{
 		{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}: "MIG-c",
 		{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}:                 "GPU-1",
 	}}
@@ -84,23 +84,23 @@ func TestHolders(t *testing.T) {
 	}
 	tests := []struct {
 		name   string
-		change Change
+		change deviceChange
 		want   map[string][]string
 	}{
-		{"nothing", Change{}, with(map[string][]string{})},
-		{"one whole GPU", Change{GPUs: []string{"GPU-1"}}, with(map[string][]string{"a/whole": {"GPU-1"}, "c/claim-gpu": {"GPU-1"}})},
-		{"shared replica", Change{GPUs: []string{"GPU-2"}}, with(map[string][]string{"a/shared": {"GPU-2"}})},
-		{"MIG device of an init container", Change{MIGDevices: []string{"MIG-a"}}, with(map[string][]string{"b/mig": {"MIG-a"}})},
-		{"MIG device kept", Change{MIGDevices: []string{"MIG-zzz"}}, with(map[string][]string{})},
-		{"claimed MIG device taken", Change{MIGDevices: []string{"MIG-c"}}, with(map[string][]string{"c/claim-mig": {"MIG-c"}})},
+		{"nothing", deviceChange{}, with(map[string][]string{})},
+		{"one whole GPU", deviceChange{GPUs: []string{"GPU-1"}}, with(map[string][]string{"a/whole": {"GPU-1"}, "c/claim-gpu": {"GPU-1"}})},
+		{"shared replica", deviceChange{GPUs: []string{"GPU-2"}}, with(map[string][]string{"a/shared": {"GPU-2"}})},
+		{"MIG device of an init container", deviceChange{MIGDevices: []string{"MIG-a"}}, with(map[string][]string{"b/mig": {"MIG-a"}})},
+		{"MIG device kept", deviceChange{MIGDevices: []string{"MIG-zzz"}}, with(map[string][]string{})},
+		{"claimed MIG device taken", deviceChange{MIGDevices: []string{"MIG-c"}}, with(map[string][]string{"c/claim-mig": {"MIG-c"}})},
 		// The GPU of a claimed MIG device changes, the MIG device stays.
-		{"claimed MIG device kept on a changing GPU", Change{GPUs: []string{"GPU-0"}}, with(map[string][]string{})},
-		{"both", Change{GPUs: []string{"GPU-1", "GPU-9"}, MIGDevices: []string{"MIG-b", "MIG-a"}},
+		{"claimed MIG device kept on a changing GPU", deviceChange{GPUs: []string{"GPU-0"}}, with(map[string][]string{})},
+		{"both", deviceChange{GPUs: []string{"GPU-1", "GPU-9"}, MIGDevices: []string{"MIG-b", "MIG-a"}},
 			with(map[string][]string{"a/whole": {"GPU-1"}, "b/mig": {"MIG-a", "MIG-b"}, "c/claim-gpu": {"GPU-1"}})},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Holders(pods, tc.change, idx)
+			got := deviceHolders(pods, tc.change, idx)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("Holders = %v, want %v", got, tc.want)
 			}
@@ -125,7 +125,7 @@ func TestRequestsGPU(t *testing.T) {
 		{"other vendor", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: rl("amd.com/gpu")}}}}, false},
 	}
 	for _, tc := range tests {
-		if got := RequestsGPU(&corev1.Pod{Spec: tc.spec}); got != tc.want {
+		if got := requestsGPU(&corev1.Pod{Spec: tc.spec}); got != tc.want {
 			t.Errorf("%s: RequestsGPU = %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -176,13 +176,13 @@ func TestExpectedResources(t *testing.T) {
 		{"empty strategy is none", "", []testGPU{whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 1}, nil},
 		{"no GPUs", profiles.StrategyMixed, nil, map[corev1.ResourceName]int64{}, nil},
-		{"unknown strategy", "Mixed", []testGPU{whole}, nil, ErrUnknownStrategy},
+		{"unknown strategy", "Mixed", []testGPU{whole}, nil, errUnknownStrategy},
 		{"bad profile", profiles.StrategyMixed, []testGPU{mig("1g.18")}, nil, profiles.ErrBadName},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			migMode, migDevices := exposedBy(tc.gpus)
-			got, err := ExpectedResources(tc.strategy, migMode, migDevices)
+			got, err := expectedResources(tc.strategy, migMode, migDevices)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) {
 					t.Fatalf("err = %v, want %v", err, tc.err)
@@ -200,7 +200,7 @@ func TestExpectedResources(t *testing.T) {
 }
 
 func TestSavedJSONAndPaused(t *testing.T) {
-	s := Saved{
+	s := savedLabels{
 		"nvidia.com/gpu.deploy.device-plugin": ptr.To("true"),
 		"nvidia.com/gpu.deploy.dcgm":          ptr.To("false"),
 		"nvidia.com/gpu.deploy.nvsm":          nil,
@@ -213,7 +213,7 @@ func TestSavedJSONAndPaused(t *testing.T) {
 	if !strings.Contains(string(b), `"nvidia.com/gpu.deploy.nvsm":null`) {
 		t.Errorf("absent label not kept as null: %s", b)
 	}
-	var back Saved
+	var back savedLabels
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
@@ -241,14 +241,14 @@ func TestRefuse(t *testing.T) {
 	tests := []struct {
 		name    string
 		pods    []corev1.Pod
-		opts    EvictOptions
+		opts    evictOptions
 		wantErr []string // substrings; none means no error
 	}{
-		{"managed", []corev1.Pod{pod("a", false, &owned)}, EvictOptions{RefuseUnmanaged: true}, nil},
-		{"unmanaged evicted by default", []corev1.Pod{pod("a", false, nil)}, EvictOptions{}, nil},
-		{"unmanaged refused", []corev1.Pod{pod("a", false, &owned), pod("b", false, nil)}, EvictOptions{RefuseUnmanaged: true},
+		{"managed", []corev1.Pod{pod("a", false, &owned)}, evictOptions{RefuseUnmanaged: true}, nil},
+		{"unmanaged evicted by default", []corev1.Pod{pod("a", false, nil)}, evictOptions{}, nil},
+		{"unmanaged refused", []corev1.Pod{pod("a", false, &owned), pod("b", false, nil)}, evictOptions{RefuseUnmanaged: true},
 			[]string{"no controller", "ns/b"}},
-		{"static pod", []corev1.Pod{pod("s", true, nil)}, EvictOptions{}, []string{"static pods", "ns/s"}},
+		{"static pod", []corev1.Pod{pod("s", true, nil)}, evictOptions{}, []string{"static pods", "ns/s"}},
 	}
 	for _, tc := range tests {
 		err := refuse(tc.pods, tc.opts)
@@ -258,7 +258,7 @@ func TestRefuse(t *testing.T) {
 			}
 			continue
 		}
-		if !errors.Is(err, ErrNotEvictable) {
+		if !errors.Is(err, errNotEvictable) {
 			t.Errorf("%s: err = %v, want ErrNotEvictable", tc.name, err)
 			continue
 		}
@@ -276,11 +276,11 @@ func TestRefuse(t *testing.T) {
 func TestWaitAllocatableWatches(t *testing.T) {
 	mig := corev1.ResourceName("nvidia.com/mig-1g.18gb")
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{
-		Allocatable: corev1.ResourceList{ResourceGPU: resource.MustParse("1"), mig: resource.MustParse("0")}}}
+		Allocatable: corev1.ResourceList{resourceGPU: resource.MustParse("1"), mig: resource.MustParse("0")}}}
 	c := fake.NewClientset(n)
 	done := make(chan error, 1)
 	go func() {
-		ok, err := WaitAllocatable(context.Background(), clientset.Wrap(c), "n1", map[corev1.ResourceName]int64{mig: 7}, 30*time.Second)
+		ok, err := waitAllocatable(context.Background(), clientset.Wrap(c), "n1", map[corev1.ResourceName]int64{mig: 7}, 30*time.Second)
 		if err == nil && !ok {
 			err = errors.New("not ok")
 		}
@@ -303,7 +303,7 @@ func TestWaitAllocatableWatches(t *testing.T) {
 		t.Fatalf("requests while nothing changed: %v, want [list watch]", got)
 	}
 	n = n.DeepCopy()
-	n.Status.Allocatable = corev1.ResourceList{ResourceGPU: resource.MustParse("0"), mig: resource.MustParse("7")}
+	n.Status.Allocatable = corev1.ResourceList{resourceGPU: resource.MustParse("0"), mig: resource.MustParse("7")}
 	if _, err := c.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

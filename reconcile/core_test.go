@@ -193,7 +193,7 @@ func (f *fakeDisruptor) Evict(ctx context.Context, names []string) ([]string, er
 		hook()
 	}
 	if ctx.Err() != nil {
-		return nil, ctx.Err() // as drain.Evict: the wait ends with the context
+		return nil, ctx.Err() // as drain.Disruptor.Evict: the wait ends with the context
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
