@@ -269,7 +269,7 @@ func planCmd() *cobra.Command {
 	c.Flags().String("strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+record.LabelStrategy)
 	c.Flags().String("node-name", "", "also list the pods each GPU's change would evict on this Node")
 	c.Flags().String("kubeconfig", "", "kubeconfig for --node-name (default $KUBECONFIG, else in-cluster)")
-	c.Flags().String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket for --node-name")
+	c.Flags().String("pod-resources-socket", podResourcesSocket, "kubelet PodResources API socket for --node-name")
 	return c
 }
 
