@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
@@ -66,10 +67,10 @@ func (c deviceChange) Empty() bool { return len(c.GPUs) == 0 && len(c.MIGDevices
 func (c deviceChange) set() map[string]bool {
 	s := make(map[string]bool, len(c.GPUs)+len(c.MIGDevices))
 	for _, id := range c.GPUs {
-		s[normalizeDeviceID(id)] = true
+		s[podresources.NormalizeDeviceID(id)] = true
 	}
 	for _, id := range c.MIGDevices {
-		s[normalizeDeviceID(id)] = true
+		s[podresources.NormalizeDeviceID(id)] = true
 	}
 	return s
 }
@@ -100,7 +101,7 @@ func (a affectedPods) FellBack() bool { return strings.HasPrefix(a.How, howAllGP
 // resolve (not in the node's ResourceSlices, or they could not be read)
 // counts as taken away, named "gpu.nvidia.com/<pool>/<device>": a pod is
 // never left on a device that may go.
-func deviceHolders(pods []podDevices, change deviceChange, idx draIndex) map[string][]string {
+func deviceHolders(pods []podresources.Pod, change deviceChange, idx draIndex) map[string][]string {
 	gone := change.set()
 	out := map[string][]string{}
 	for _, p := range pods {
@@ -162,7 +163,7 @@ func readDRAIndex(ctx context.Context, client kclient.Interface, log *slog.Logge
 
 // holdsClaims reports whether any pod holds a device of the NVIDIA DRA
 // driver through a claim.
-func holdsClaims(pods []podDevices) bool {
+func holdsClaims(pods []podresources.Pod) bool {
 	for _, p := range pods {
 		if len(p.NVIDIAClaimDevices()) > 0 {
 			return true
@@ -177,7 +178,7 @@ func requestsGPU(pod *corev1.Pod) bool {
 	has := func(r corev1.ResourceRequirements) bool {
 		for _, l := range []corev1.ResourceList{r.Requests, r.Limits} {
 			for name := range l {
-				if strings.HasPrefix(string(name), gpuResourcePrefix) {
+				if strings.HasPrefix(string(name), podresources.GPUResourcePrefix) {
 					return true
 				}
 			}
@@ -220,7 +221,7 @@ func findAffected(ctx context.Context, client kclient.Interface, log *slog.Logge
 	if change.Empty() {
 		return affectedPods{How: howNothing}, nil
 	}
-	held, err := listPodResources(ctx, socket)
+	held, err := podresources.List(ctx, socket)
 	if err != nil {
 		log.Warn("pod resources unreadable; every GPU pod of the node counts as affected", "error", err)
 		return fallback(ctx, client, log, node, change, howAllGPUPodsPrefix+err.Error())

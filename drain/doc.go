@@ -13,6 +13,8 @@
 // added flag of Taint) so that a restarted agent undoes exactly that and
 // nothing else.
 //
-// It imports client-go, the kubelet API, record and settings only; it
-// knows nothing of the reconcile core, NVML or the geometry.
+// It learns which pod holds which device through drain/podresources (the
+// kubelet PodResources API), and imports client-go, dra, record and
+// settings besides; it knows nothing of the reconcile core, NVML or the
+// geometry.
 package drain

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/internal/kclient"
@@ -95,7 +96,7 @@ func expectedResources(strategy string, migMode map[string]bool, migDevices map[
 func advertisesGPU(node *corev1.Node) bool {
 	for _, l := range []corev1.ResourceList{node.Status.Capacity, node.Status.Allocatable} {
 		for r := range l {
-			if strings.HasPrefix(string(r), gpuResourcePrefix) {
+			if strings.HasPrefix(string(r), podresources.GPUResourcePrefix) {
 				return true
 			}
 		}

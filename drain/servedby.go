@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -74,7 +75,7 @@ func (d *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err er
 func devicePluginResources(node *corev1.Node) []string {
 	var out []string
 	for name, q := range node.Status.Allocatable {
-		if strings.HasPrefix(string(name), gpuResourcePrefix) && !q.IsZero() {
+		if strings.HasPrefix(string(name), podresources.GPUResourcePrefix) && !q.IsZero() {
 			out = append(out, string(name))
 		}
 	}

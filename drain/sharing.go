@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/kclient"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -137,7 +138,7 @@ func parseSharing(data []byte) (map[corev1.ResourceName]replicated, error) {
 		}
 		name := r.Name
 		if !strings.Contains(name, "/") {
-			name = gpuResourcePrefix + name
+			name = podresources.GPUResourcePrefix + name
 		}
 		as := corev1.ResourceName(name)
 		if rr.RenameByDefault {

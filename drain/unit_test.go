@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -32,42 +33,42 @@ func TestNormalizeDeviceID(t *testing.T) {
 		"3":              "3",
 		"MIG-aa::1::bad": "MIG-aa",
 	} {
-		if got := normalizeDeviceID(in); got != want {
+		if got := podresources.NormalizeDeviceID(in); got != want {
 			t.Errorf("NormalizeDeviceID(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
 
 func TestHolders(t *testing.T) {
-	pods := []podDevices{
-		{Namespace: "a", Name: "whole", Containers: []containerDevices{
+	pods := []podresources.Pod{
+		{Namespace: "a", Name: "whole", Containers: []podresources.Container{
 			{Name: "c", Devices: map[string][]string{"nvidia.com/gpu": {"GPU-1"}}},
 		}},
-		{Namespace: "a", Name: "shared", Containers: []containerDevices{
+		{Namespace: "a", Name: "shared", Containers: []podresources.Container{
 			{Name: "c", Devices: map[string][]string{"nvidia.com/gpu.shared": {"GPU-2::3"}}},
 		}},
-		{Namespace: "b", Name: "mig", Containers: []containerDevices{
+		{Namespace: "b", Name: "mig", Containers: []podresources.Container{
 			{Name: "init", Devices: map[string][]string{"nvidia.com/mig-1g.18gb": {"MIG-a"}}},
 			{Name: "c", Devices: map[string][]string{"nvidia.com/mig-3g.71gb": {"MIG-b"}}},
 		}},
-		{Namespace: "b", Name: "other-vendor", Containers: []containerDevices{
+		{Namespace: "b", Name: "other-vendor", Containers: []podresources.Container{
 			{Name: "c", Devices: map[string][]string{"example.com/gpu": {"GPU-1"}}},
 		}},
 		{Namespace: "b", Name: "cpu-only"},
 		// Claims on the NVIDIA DRA driver, as PodResources dynamic_resources
 		// names them (device names of dra-driver-nvidia-gpu deviceinfo.go,
 		// mig.go ToCanonicalName).
-		{Namespace: "c", Name: "claim-mig", Containers: []containerDevices{
+		{Namespace: "c", Name: "claim-mig", Containers: []podresources.Container{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}},
 		}},
-		{Namespace: "c", Name: "claim-gpu", Containers: []containerDevices{
+		{Namespace: "c", Name: "claim-gpu", Containers: []podresources.Container{
 			{Name: "a", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}}},
 			{Name: "b", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}}}, // one claim, two containers
 		}},
-		{Namespace: "c", Name: "claim-unknown", Containers: []containerDevices{
+		{Namespace: "c", Name: "claim-unknown", Containers: []podresources.Container{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-1"}}},
 		}},
-		{Namespace: "c", Name: "claim-other-driver", Containers: []containerDevices{
+		{Namespace: "c", Name: "claim-other-driver", Containers: []podresources.Container{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: "example.com/gpu", Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}},
 		}},
 	}

@@ -716,7 +716,7 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 		what = "the DRA driver to announce the new MIG devices"
 	}
 	_ = d.notify().Status("waiting for %s", what)
-	migMode, migDevices := exposed(n)
+	migMode, migDevices := n.Exposed()
 	waited, ok, err := d.Disrupt.WaitResources(ctx, node.Strategy, migMode, migDevices, d.S.ResourceWaitTimeout)
 	if !waited {
 		d.Log.Warn("computing the expected resources failed; not waiting for them", "err", err)
@@ -775,25 +775,4 @@ func (d *Daemon) preflight(ctx context.Context, node *Node) error {
 		return fmt.Errorf("preflight: the agent may not write what the change must record, so nothing is changed: %w", err)
 	}
 	return nil
-}
-
-// exposed is what the GPUs as n holds them expose, as
-// Disruptor.WaitResources takes it: each GPU's MIG mode by UUID (true: on),
-// and the MIG devices (one per compute instance) of the GPUs whose MIG mode
-// is on, by UUID with the compute instance's profile.
-func exposed(n *gpus.Inventory) (migMode map[string]bool, migDevices map[string]string) {
-	migMode, migDevices = map[string]bool{}, map[string]string{}
-	for i, dev := range n.Devices {
-		on := dev.MigCapable && dev.MigMode.Current
-		migMode[dev.UUID] = on
-		if !on {
-			continue
-		}
-		for _, gi := range n.Instances[i] {
-			for _, ci := range gi.ComputeInstances {
-				migDevices[ci.UUID] = ci.Profile
-			}
-		}
-	}
-	return migMode, migDevices
 }

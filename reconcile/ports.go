@@ -152,11 +152,9 @@ type Disruptor interface {
 	// WaitResources waits until the node advertises exactly what the GPUs
 	// imply, on the path that serves it: the device plugin's resources
 	// under the MIG strategy in the Node's allocatable, or the DRA driver's
-	// devices in the node's ResourceSlices. migMode has each GPU by UUID,
-	// true where its MIG mode is on; migDevices the MIG devices of those
-	// GPUs (one per compute instance) by UUID, with the compute instance's
-	// profile ("1g.18gb"); see exposed. ok is false on timeout. waited is
-	// false when nothing could be expected (nothing was awaited).
+	// devices in the node's ResourceSlices. migMode and migDevices are what
+	// the GPUs expose (gpus.Inventory.Exposed). ok is false on timeout.
+	// waited is false when nothing could be expected (nothing was awaited).
 	WaitResources(ctx context.Context, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error)
 	// ServedBy says which allocation path hands the node's GPUs to pods
 	// (record.ServedByDevicePlugin, record.ServedByDRA, "" when neither is

@@ -1,4 +1,8 @@
-package drain
+// Package podresources reads the kubelet PodResources API: which pod holds
+// which device, under a device plugin's resource or through a DRA claim. It
+// makes its one unary gRPC call itself (grpcwire.go) and decodes the
+// messages field by field (wire.go), without linking grpc-go.
+package podresources
 
 import (
 	"context"
@@ -17,44 +21,44 @@ const (
 	podResourcesTimeout = 10 * time.Second
 	// podResourcesMaxMsg is the kubelet's own client limit (16 MiB).
 	podResourcesMaxMsg = 16 << 20
-	// gpuResourcePrefix starts every resource NVIDIA's device plugin advertises.
-	gpuResourcePrefix = "nvidia.com/"
+	// GPUResourcePrefix starts every resource NVIDIA's device plugin advertises.
+	GPUResourcePrefix = "nvidia.com/"
 )
 
-// errPodResources is wrapped by every listPodResources error.
-var errPodResources = errors.New("cannot read the kubelet PodResources API")
+// ErrUnreadable is wrapped by every List error.
+var ErrUnreadable = errors.New("cannot read the kubelet PodResources API")
 
-// podDevices is one pod's devices as the kubelet PodResources API reports them.
-type podDevices struct {
+// Pod is one pod's devices as the kubelet PodResources API reports them.
+type Pod struct {
 	Namespace  string
 	Name       string
-	Containers []containerDevices
+	Containers []Container
 }
 
-// containerDevices is one container's devices: resource name → device ids
+// Container is one container's devices: resource name → device ids
 // (device plugins), and the DRA devices its claims gave it.
-type containerDevices struct {
+type Container struct {
 	Name    string
 	Devices map[string][]string
 	// Dynamic is what DRA allocated to the container, one entry per claim
 	// (ContainerResources.dynamic_resources).
-	Dynamic []dynamicResource
+	Dynamic []DynamicResource
 	// Claims are the devices of Dynamic by driver, pool and device, the
 	// key the node's ResourceSlices name them by (every driver).
 	Claims []dra.ClaimDevice
 }
 
-// dynamicResource is one ResourceClaim's devices in one container
-// (PodResources v1 dynamicResource).
-type dynamicResource struct {
+// DynamicResource is one ResourceClaim's devices in one container
+// (PodResources v1 DynamicResource).
+type DynamicResource struct {
 	ClaimName      string
 	ClaimNamespace string
-	Claims         []claimResource
+	Claims         []ClaimResource
 }
 
-// claimResource is one allocated DRA device (PodResources v1 claimResource):
+// ClaimResource is one allocated DRA device (PodResources v1 ClaimResource):
 // the driver/pool/device triplet names it.
-type claimResource struct {
+type ClaimResource struct {
 	CDIDevices []string
 	Driver     string
 	Pool       string
@@ -64,20 +68,20 @@ type claimResource struct {
 }
 
 // Key is "namespace/name".
-func (p podDevices) Key() string { return p.Namespace + "/" + p.Name }
+func (p Pod) Key() string { return p.Namespace + "/" + p.Name }
 
 // GPUDeviceIDs returns the ids of the devices the pod holds under nvidia.com/
-// resources, normalized (see normalizeDeviceID), sorted and without repeats.
-func (p podDevices) GPUDeviceIDs() []string {
+// resources, normalized (see NormalizeDeviceID), sorted and without repeats.
+func (p Pod) GPUDeviceIDs() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, c := range p.Containers {
 		for res, ids := range c.Devices {
-			if !strings.HasPrefix(res, gpuResourcePrefix) {
+			if !strings.HasPrefix(res, GPUResourcePrefix) {
 				continue
 			}
 			for _, id := range ids {
-				id = normalizeDeviceID(id)
+				id = NormalizeDeviceID(id)
 				if !seen[id] {
 					seen[id] = true
 					out = append(out, id)
@@ -89,37 +93,37 @@ func (p podDevices) GPUDeviceIDs() []string {
 	return out
 }
 
-// normalizeDeviceID strips the replica suffix that NVIDIA's device plugin
+// NormalizeDeviceID strips the replica suffix that NVIDIA's device plugin
 // appends to shared devices (time-slicing, MPS: "GPU-<uuid>::3"), leaving the
 // GPU or MIG device UUID.
-func normalizeDeviceID(id string) string {
+func NormalizeDeviceID(id string) string {
 	if i := strings.Index(id, "::"); i >= 0 {
 		return id[:i]
 	}
 	return id
 }
 
-// listPodResources lists every pod's devices over the kubelet PodResources
+// List lists every pod's devices over the kubelet PodResources
 // v1 API at socket (a unix socket path): one unary gRPC call,
 // /v1.PodResourcesLister/List, made over HTTP/2 without TLS (grpcwire.go).
 // Each call dials afresh and is bounded by podResourcesTimeout.
-func listPodResources(ctx context.Context, socket string) ([]podDevices, error) {
+func List(ctx context.Context, socket string) ([]Pod, error) {
 	if socket == "" {
-		return nil, fmt.Errorf("%w: no socket configured", errPodResources)
+		return nil, fmt.Errorf("%w: no socket configured", ErrUnreadable)
 	}
 	abs, err := filepath.Abs(socket)
 	if err != nil {
-		return nil, fmt.Errorf("%w: socket %s: %w", errPodResources, socket, err)
+		return nil, fmt.Errorf("%w: socket %s: %w", ErrUnreadable, socket, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, podResourcesTimeout)
 	defer cancel()
 	msg, err := unaryCall(ctx, abs, podResourcesListMethod, nil, podResourcesMaxMsg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: List at %s: %w", errPodResources, abs, err)
+		return nil, fmt.Errorf("%w: List at %s: %w", ErrUnreadable, abs, err)
 	}
 	out, err := decodeListPodResources(msg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: List at %s: %w", errPodResources, abs, err)
+		return nil, fmt.Errorf("%w: List at %s: %w", ErrUnreadable, abs, err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
 	return out, nil
@@ -129,7 +133,7 @@ func listPodResources(ctx context.Context, socket string) ([]podDevices, error) 
 // field 5: per claim, claim_resources with driver_name, pool_name,
 // device_name), as the kubelet fills it from what the DRA driver prepared
 // (kubernetes pkg/kubelet/cm/container_manager_linux.go GetDynamicResources).
-func claimDevicesOf(drs []dynamicResource) []dra.ClaimDevice {
+func claimDevicesOf(drs []DynamicResource) []dra.ClaimDevice {
 	var out []dra.ClaimDevice
 	for _, dr := range drs {
 		for _, r := range dr.Claims {
@@ -141,7 +145,7 @@ func claimDevicesOf(drs []dynamicResource) []dra.ClaimDevice {
 
 // NVIDIAClaimDevices returns the devices the pod holds through claims on
 // the NVIDIA DRA driver, without repeats, in order.
-func (p podDevices) NVIDIAClaimDevices() []dra.ClaimDevice {
+func (p Pod) NVIDIAClaimDevices() []dra.ClaimDevice {
 	seen := map[dra.ClaimDevice]bool{}
 	var out []dra.ClaimDevice
 	for _, c := range p.Containers {

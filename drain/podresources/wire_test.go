@@ -1,4 +1,4 @@
-package drain
+package podresources
 
 import (
 	"context"
@@ -53,10 +53,10 @@ func TestDecodeListPodResources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []podDevices{{Namespace: "ml", Name: "train", Containers: []containerDevices{{
+	want := []Pod{{Namespace: "ml", Name: "train", Containers: []Container{{
 		Name:    "main",
 		Devices: map[string][]string{"nvidia.com/mig-1g.18gb": {"MIG-a", "MIG-b", "MIG-c"}},
-		Dynamic: []dynamicResource{{ClaimName: "gpu", ClaimNamespace: "ml", Claims: []claimResource{{
+		Dynamic: []DynamicResource{{ClaimName: "gpu", ClaimNamespace: "ml", Claims: []ClaimResource{{
 			CDIDevices: []string{"k8s.gpu.nvidia.com/device=mig-0"},
 			Driver:     "gpu.nvidia.com", Pool: "node-1", Device: "gpu-0-mig-1g", ShareID: "share-1"}}}},
 		Claims: []dra.ClaimDevice{{Driver: "gpu.nvidia.com", Pool: "node-1", Device: "gpu-0-mig-1g"}},
@@ -107,7 +107,7 @@ func serve(t *testing.T, l *lister) string {
 
 func TestListPodResourcesOverGRPCServer(t *testing.T) {
 	socket := serve(t, &lister{resp: listResponse()})
-	got, err := listPodResources(context.Background(), socket)
+	got, err := List(context.Background(), socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +121,8 @@ func TestListPodResourcesOverGRPCServer(t *testing.T) {
 
 func TestListPodResourcesStatusError(t *testing.T) {
 	socket := serve(t, &lister{err: status.Error(codes.PermissionDenied, "not allowed: 100%")})
-	_, err := listPodResources(context.Background(), socket)
-	if !errors.Is(err, errPodResources) || !errors.Is(err, errGRPCStatus) {
+	_, err := List(context.Background(), socket)
+	if !errors.Is(err, ErrUnreadable) || !errors.Is(err, errGRPCStatus) {
 		t.Fatalf("err %v, want ErrPodResources and a gRPC status", err)
 	}
 	if !strings.Contains(err.Error(), "PermissionDenied") || !strings.Contains(err.Error(), "not allowed: 100%") {
@@ -131,8 +131,8 @@ func TestListPodResourcesStatusError(t *testing.T) {
 }
 
 func TestListPodResourcesNoServer(t *testing.T) {
-	_, err := listPodResources(context.Background(), filepath.Join(t.TempDir(), "none.sock"))
-	if !errors.Is(err, errPodResources) {
+	_, err := List(context.Background(), filepath.Join(t.TempDir(), "none.sock"))
+	if !errors.Is(err, ErrUnreadable) {
 		t.Fatalf("err %v, want ErrPodResources", err)
 	}
 }

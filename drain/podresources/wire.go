@@ -1,4 +1,4 @@
-package drain
+package podresources
 
 import (
 	"fmt"
@@ -24,25 +24,25 @@ const (
 	fieldContainerDevices = 2 // ContainerResources.devices
 	fieldContainerDynamic = 5 // ContainerResources.dynamic_resources
 
-	fieldDevicesResource = 1 // containerDevices.resource_name
-	fieldDevicesIDs      = 2 // containerDevices.device_ids
+	fieldDevicesResource = 1 // ContainerDevices.resource_name
+	fieldDevicesIDs      = 2 // ContainerDevices.device_ids
 
-	fieldDynamicClaimName      = 2 // dynamicResource.claim_name (1, class_name, was removed)
-	fieldDynamicClaimNamespace = 3 // dynamicResource.claim_namespace
-	fieldDynamicClaimResources = 4 // dynamicResource.claim_resources
+	fieldDynamicClaimName      = 2 // DynamicResource.claim_name (1, class_name, was removed)
+	fieldDynamicClaimNamespace = 3 // DynamicResource.claim_namespace
+	fieldDynamicClaimResources = 4 // DynamicResource.claim_resources
 
-	fieldClaimCDIDevices = 1 // claimResource.cdi_devices
-	fieldClaimDriver     = 2 // claimResource.driver_name
-	fieldClaimPool       = 3 // claimResource.pool_name
-	fieldClaimDevice     = 4 // claimResource.device_name
-	fieldClaimShareID    = 5 // claimResource.share_id
+	fieldClaimCDIDevices = 1 // ClaimResource.cdi_devices
+	fieldClaimDriver     = 2 // ClaimResource.driver_name
+	fieldClaimPool       = 3 // ClaimResource.pool_name
+	fieldClaimDevice     = 4 // ClaimResource.device_name
+	fieldClaimShareID    = 5 // ClaimResource.share_id
 
 	fieldCDIDeviceName = 1 // CDIDevice.name
 )
 
 // decodeListPodResources decodes a ListPodResourcesResponse.
-func decodeListPodResources(b []byte) ([]podDevices, error) {
-	var out []podDevices
+func decodeListPodResources(b []byte) ([]Pod, error) {
+	var out []Pod
 	err := eachField(b, func(num protowire.Number, v []byte) error {
 		if num != fieldListPodResources {
 			return nil
@@ -57,8 +57,8 @@ func decodeListPodResources(b []byte) ([]podDevices, error) {
 	return out, nil
 }
 
-func decodePodResources(b []byte) (podDevices, error) {
-	var p podDevices
+func decodePodResources(b []byte) (Pod, error) {
+	var p Pod
 	err := eachField(b, func(num protowire.Number, v []byte) error {
 		switch num {
 		case fieldPodName:
@@ -75,8 +75,8 @@ func decodePodResources(b []byte) (podDevices, error) {
 	return p, err
 }
 
-func decodeContainer(b []byte) (containerDevices, error) {
-	c := containerDevices{Devices: map[string][]string{}}
+func decodeContainer(b []byte) (Container, error) {
+	c := Container{Devices: map[string][]string{}}
 	err := eachField(b, func(num protowire.Number, v []byte) error {
 		switch num {
 		case fieldContainerName:
@@ -109,8 +109,8 @@ func decodeDevices(b []byte) (resource string, ids []string, err error) {
 	return resource, ids, err
 }
 
-func decodeDynamic(b []byte) (dynamicResource, error) {
-	var d dynamicResource
+func decodeDynamic(b []byte) (DynamicResource, error) {
+	var d DynamicResource
 	err := eachField(b, func(num protowire.Number, v []byte) error {
 		switch num {
 		case fieldDynamicClaimName:
@@ -127,8 +127,8 @@ func decodeDynamic(b []byte) (dynamicResource, error) {
 	return d, err
 }
 
-func decodeClaimResource(b []byte) (claimResource, error) {
-	var c claimResource
+func decodeClaimResource(b []byte) (ClaimResource, error) {
+	var c ClaimResource
 	err := eachField(b, func(num protowire.Number, v []byte) error {
 		switch num {
 		case fieldClaimCDIDevices:
