@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
@@ -18,21 +19,39 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 )
 
-// How affected pods were found (Affected.How, the change record's affectedBy).
+// Which pods a change evicts, the whole rule (Disruptor.Affected):
+//   - the pods holding a GPU or MIG device the change takes away (a whole
+//     GPU that changes in any way, a MIG device whose GPU instance is
+//     destroyed), as the kubelet PodResources API reports them: under an
+//     nvidia.com/ resource (device plugin) or through a ResourceClaim on the
+//     NVIDIA DRA driver (findAffected, deviceHolders);
+//   - when PodResources cannot be read: every pod of the node requesting an
+//     nvidia.com/ resource, and every pod a ResourceClaim holding a device of
+//     the change is reserved for (fallback);
+//   - with a change that takes anything away, the pods --gpu-client-selector
+//     matches (selectedPods);
+//   - never a finished pod (Succeeded, Failed), nor a pod the API server no
+//     longer has or that runs on another node (PodResources is stale, or a
+//     pod of that name was made elsewhere);
+//   - at the eviction, a pod not found, on another node, or found with
+//     another UID (a new pod took the name) is already gone and counts as
+//     evicted (Disruptor.Evict, evict).
+
+// How affected pods were found (affectedPods.How, the change record's affectedBy).
 const (
-	// HowPodResources: from the kubelet PodResources API.
-	HowPodResources = record.AffectedByPodResources
-	// HowAllGPUPodsPrefix starts How when PodResources could not be read and
+	// howPodResources: from the kubelet PodResources API.
+	howPodResources = record.AffectedByPodResources
+	// howAllGPUPodsPrefix starts How when PodResources could not be read and
 	// every pod of the node requesting an nvidia.com/ resource counts as
 	// affected; the reason follows.
-	HowAllGPUPodsPrefix = record.AffectedByAllGPUPodsPrefix
-	// HowNothing: the change takes no device away, so no pod is affected.
-	HowNothing = record.AffectedByNothing
+	howAllGPUPodsPrefix = record.AffectedByAllGPUPodsPrefix
+	// howNothing: the change takes no device away, so no pod is affected.
+	howNothing = record.AffectedByNothing
 )
 
-// Change is what a MIG change takes away, by the device ids the device
+// deviceChange is what a MIG change takes away, by the device ids the device
 // plugin hands to pods.
-type Change struct {
+type deviceChange struct {
 	// GPUs are the UUIDs ("GPU-…") of whole GPUs that change in any way,
 	// their MIG mode included. A pod holding one of them is affected.
 	GPUs []string
@@ -43,26 +62,26 @@ type Change struct {
 }
 
 // Empty reports whether the change takes nothing away.
-func (c Change) Empty() bool { return len(c.GPUs) == 0 && len(c.MIGDevices) == 0 }
+func (c deviceChange) Empty() bool { return len(c.GPUs) == 0 && len(c.MIGDevices) == 0 }
 
-func (c Change) set() map[string]bool {
+func (c deviceChange) set() map[string]bool {
 	s := make(map[string]bool, len(c.GPUs)+len(c.MIGDevices))
 	for _, id := range c.GPUs {
-		s[NormalizeDeviceID(id)] = true
+		s[podresources.NormalizeDeviceID(id)] = true
 	}
 	for _, id := range c.MIGDevices {
-		s[NormalizeDeviceID(id)] = true
+		s[podresources.NormalizeDeviceID(id)] = true
 	}
 	return s
 }
 
-// Affected is the answer of FindAffected.
-type Affected struct {
+// affectedPods is the answer of findAffected.
+type affectedPods struct {
 	// Pods to evict, as read from the API server (UIDs included), sorted by
 	// namespace/name.
 	Pods []corev1.Pod
-	// How they were found: HowPodResources, HowNothing, or
-	// HowAllGPUPodsPrefix + why PodResources could not be read.
+	// How they were found: howPodResources, howNothing, or
+	// howAllGPUPodsPrefix + why PodResources could not be read.
 	How string
 	// Devices maps "namespace/name" to the device ids that made the pod
 	// affected (PodResources only).
@@ -70,19 +89,19 @@ type Affected struct {
 }
 
 // Names returns "namespace/name" of each pod, in order.
-func (a Affected) Names() []string { return podNames(a.Pods) }
+func (a affectedPods) Names() []string { return podNames(a.Pods) }
 
 // FellBack reports whether PodResources could not be read.
-func (a Affected) FellBack() bool { return strings.HasPrefix(a.How, HowAllGPUPodsPrefix) }
+func (a affectedPods) FellBack() bool { return strings.HasPrefix(a.How, howAllGPUPodsPrefix) }
 
-// Holders returns, for each pod that holds a device of the change, the ids
+// deviceHolders returns, for each pod that holds a device of the change, the ids
 // it holds ("namespace/name" → sorted ids): devices under an nvidia.com/
 // resource (device plugin) by their UUID, and devices of claims on the
 // NVIDIA DRA driver by the UUID idx gives them. A claimed device idx cannot
 // resolve (not in the node's ResourceSlices, or they could not be read)
 // counts as taken away, named "gpu.nvidia.com/<pool>/<device>": a pod is
 // never left on a device that may go.
-func Holders(pods []PodDevices, change Change, idx DRAIndex) map[string][]string {
+func deviceHolders(pods []podresources.Pod, change deviceChange, idx draIndex) map[string][]string {
 	gone := change.set()
 	out := map[string][]string{}
 	for _, p := range pods {
@@ -109,24 +128,24 @@ func Holders(pods []PodDevices, change Change, idx DRAIndex) map[string][]string
 	return out
 }
 
-// DRAIndex resolves the NVIDIA DRA driver's devices on the node (pool and
+// draIndex resolves the NVIDIA DRA driver's devices on the node (pool and
 // device name, as claims and PodResources name them) to their UUIDs.
-type DRAIndex struct {
+type draIndex struct {
 	UUIDs map[dra.ClaimDevice]string
 	// Pools are the driver's pools on the node (its pool is named after
 	// the node).
 	Pools map[string]bool
 }
 
-// ReadDRAIndex reads the node's ResourceSlices into a DRAIndex: the NVIDIA
+// readDRAIndex reads the node's ResourceSlices into a draIndex: the NVIDIA
 // driver's uuid attribute of each device (GpuInfo.Attributes and
 // MigDeviceInfo.GetDevice in dra-driver-nvidia-gpu
 // cmd/gpu-kubelet-plugin/deviceinfo.go). No DRA API, or no right to read
 // it, gives an index that resolves nothing (so every claimed NVIDIA device
 // counts as taken away); the driver's pool is still known by the node's
 // name (publishResources names it so).
-func ReadDRAIndex(ctx context.Context, client kclient.Interface, log *slog.Logger, node string) (DRAIndex, error) {
-	x := DRAIndex{UUIDs: map[dra.ClaimDevice]string{}, Pools: map[string]bool{node: true}}
+func readDRAIndex(ctx context.Context, client kclient.Interface, log *slog.Logger, node string) (draIndex, error) {
+	x := draIndex{UUIDs: map[dra.ClaimDevice]string{}, Pools: map[string]bool{node: true}}
 	sl, err := dra.NodeSlices(ctx, client, node)
 	switch {
 	case errors.Is(err, dra.ErrNoDRA) || apierrors.IsForbidden(err):
@@ -144,7 +163,7 @@ func ReadDRAIndex(ctx context.Context, client kclient.Interface, log *slog.Logge
 
 // holdsClaims reports whether any pod holds a device of the NVIDIA DRA
 // driver through a claim.
-func holdsClaims(pods []PodDevices) bool {
+func holdsClaims(pods []podresources.Pod) bool {
 	for _, p := range pods {
 		if len(p.NVIDIAClaimDevices()) > 0 {
 			return true
@@ -153,13 +172,13 @@ func holdsClaims(pods []PodDevices) bool {
 	return false
 }
 
-// RequestsGPU reports whether pod requests (or limits) an nvidia.com/
+// requestsGPU reports whether pod requests (or limits) an nvidia.com/
 // resource in any container, init container or at pod level.
-func RequestsGPU(pod *corev1.Pod) bool {
+func requestsGPU(pod *corev1.Pod) bool {
 	has := func(r corev1.ResourceRequirements) bool {
 		for _, l := range []corev1.ResourceList{r.Requests, r.Limits} {
 			for name := range l {
-				if strings.HasPrefix(string(name), GPUResourcePrefix) {
+				if strings.HasPrefix(string(name), podresources.GPUResourcePrefix) {
 					return true
 				}
 			}
@@ -183,38 +202,38 @@ func terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// FindAffected returns the pods of node that a change disturbs. It asks the
+// findAffected returns the pods of node that a change disturbs. It asks the
 // kubelet PodResources API at socket which pod holds which device: a pod is
 // affected when any of its containers holds a GPU or MIG device of change
 // under an nvidia.com/ resource, or through a ResourceClaim on the NVIDIA
 // DRA driver (dynamic_resources, resolved to UUIDs by the node's
-// ResourceSlices; see Holders). When PodResources cannot be read (socket ""
+// ResourceSlices; see deviceHolders). When PodResources cannot be read (socket ""
 // included), every pod on the node that requests an nvidia.com/ resource
 // counts as affected, and so does every pod a ResourceClaim holding a
 // device of the change is reserved for; How says why. Finished pods (Succeeded, Failed)
 // hold no device and are never returned. An error means the API server
 // could not be asked.
-func FindAffected(ctx context.Context, client kclient.Interface, log *slog.Logger, node, socket string,
-	change Change) (Affected, error) {
+func findAffected(ctx context.Context, client kclient.Interface, log *slog.Logger, node, socket string,
+	change deviceChange) (affectedPods, error) {
 	if node == "" {
-		return Affected{}, fmt.Errorf("find affected pods: %w", ErrNoNode)
+		return affectedPods{}, fmt.Errorf("find affected pods: %w", errNoNode)
 	}
 	if change.Empty() {
-		return Affected{How: HowNothing}, nil
+		return affectedPods{How: howNothing}, nil
 	}
-	held, err := ListPodResources(ctx, socket)
+	held, err := podresources.List(ctx, socket)
 	if err != nil {
 		log.Warn("pod resources unreadable; every GPU pod of the node counts as affected", "error", err)
-		return fallback(ctx, client, log, node, change, HowAllGPUPodsPrefix+err.Error())
+		return fallback(ctx, client, log, node, change, howAllGPUPodsPrefix+err.Error())
 	}
-	var idx DRAIndex
+	var idx draIndex
 	if holdsClaims(held) {
-		if idx, err = ReadDRAIndex(ctx, client, log, node); err != nil {
-			return Affected{}, err
+		if idx, err = readDRAIndex(ctx, client, log, node); err != nil {
+			return affectedPods{}, err
 		}
 	}
-	holders := Holders(held, change, idx)
-	out := Affected{How: HowPodResources, Devices: map[string][]string{}}
+	holders := deviceHolders(held, change, idx)
+	out := affectedPods{How: howPodResources, Devices: map[string][]string{}}
 	keys := make([]string, 0, len(holders))
 	for k := range holders {
 		keys = append(keys, k)
@@ -228,7 +247,7 @@ func FindAffected(ctx context.Context, client kclient.Interface, log *slog.Logge
 			log.Info("pod in pod resources is gone", "pod", key)
 			continue
 		case err != nil:
-			return Affected{}, fmt.Errorf("get pod %s: %w", key, err)
+			return affectedPods{}, fmt.Errorf("get pod %s: %w", key, err)
 		case pod.Spec.NodeName != node:
 			// PodResources is stale, or a pod of that name was made elsewhere.
 			log.Warn("pod in pod resources runs on another node; ignored", "pod", key, "podNode", pod.Spec.NodeName)
@@ -246,14 +265,14 @@ func FindAffected(ctx context.Context, client kclient.Interface, log *slog.Logge
 // node requesting an nvidia.com/ resource, and the pods a ResourceClaim is
 // reserved for (status.reservedFor) whose allocation (status.allocation)
 // holds a device of the change on this node's NVIDIA DRA pool.
-func fallback(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, change Change, how string) (Affected, error) {
+func fallback(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, change deviceChange, how string) (affectedPods, error) {
 	out, err := allGPUPods(ctx, client, node, how)
 	if err != nil {
 		return out, err
 	}
 	claimed, err := claimHolders(ctx, client, log, node, change)
 	if err != nil {
-		return Affected{}, err
+		return affectedPods{}, err
 	}
 	for _, p := range claimed {
 		if !slices.ContainsFunc(out.Pods, func(q corev1.Pod) bool { return q.UID == p.UID }) {
@@ -270,7 +289,7 @@ func fallback(ctx context.Context, client kclient.Interface, log *slog.Logger, n
 // device of the change are reserved for. No DRA API, or no right to list
 // claims: none (the nvidia.com/ request rule stands alone, and says so in
 // the log).
-func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, change Change) ([]corev1.Pod, error) {
+func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, change deviceChange) ([]corev1.Pod, error) {
 	claims, err := dra.Claims(ctx, client)
 	switch {
 	case errors.Is(err, dra.ErrNoDRA):
@@ -281,7 +300,7 @@ func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logge
 	case err != nil:
 		return nil, err
 	}
-	var idx DRAIndex
+	var idx draIndex
 	gone := change.set()
 	var out []corev1.Pod
 	for _, c := range claims {
@@ -291,7 +310,7 @@ func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logge
 				continue
 			}
 			if idx.UUIDs == nil {
-				if idx, err = ReadDRAIndex(ctx, client, log, node); err != nil {
+				if idx, err = readDRAIndex(ctx, client, log, node); err != nil {
 					return nil, err
 				}
 			}
@@ -319,15 +338,15 @@ func claimHolders(ctx context.Context, client kclient.Interface, log *slog.Logge
 	return out, nil
 }
 
-func allGPUPods(ctx context.Context, client kclient.Interface, node, how string) (Affected, error) {
+func allGPUPods(ctx context.Context, client kclient.Interface, node, how string) (affectedPods, error) {
 	pods, err := NodePods(ctx, client, node)
 	if err != nil {
-		return Affected{}, err
+		return affectedPods{}, err
 	}
-	out := Affected{How: how}
+	out := affectedPods{How: how}
 	for i := range pods {
 		p := &pods[i]
-		if RequestsGPU(p) && !terminal(p) {
+		if requestsGPU(p) && !terminal(p) {
 			out.Pods = append(out.Pods, *p)
 		}
 	}
@@ -345,15 +364,15 @@ func podNames(pods []corev1.Pod) []string {
 	return out
 }
 
-// SelectedPods lists the pods of node that selector (a label selector)
+// selectedPods lists the pods of node that selector (a label selector)
 // matches and that are not terminating, as "namespace/name": GPU clients
 // that request no GPU resource (a monitoring agent, a sidecar that opens
 // the GPUs), which PodResources cannot tie to a device. The agent evicts
 // them with the pods a change affects (--gpu-client-selector); a DaemonSet
 // brings its pod back only where it tolerates the reconfiguring taint.
-func SelectedPods(ctx context.Context, client kclient.Interface, node, selector string) ([]string, error) {
+func selectedPods(ctx context.Context, client kclient.Interface, node, selector string) ([]string, error) {
 	if node == "" {
-		return nil, fmt.Errorf("list GPU client pods: %w", ErrNoNode)
+		return nil, fmt.Errorf("list GPU client pods: %w", errNoNode)
 	}
 	list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		LabelSelector: selector,
@@ -370,4 +389,51 @@ func SelectedPods(ctx context.Context, client kclient.Interface, node, selector 
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// Affected implements reconcile.Disruptor: the pods the change of gpuUUIDs
+// and migUUIDs evicts, by the rule above, sorted, and how they were found.
+func (d *Disruptor) Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) ([]string, string, error) {
+	a, err := findAffected(ctx, d.Client, d.Log, d.Node, d.Settings.PodResourcesSocket, deviceChange{GPUs: gpuUUIDs, MIGDevices: migUUIDs})
+	if err != nil {
+		return nil, "", err
+	}
+	if a.FellBack() {
+		d.Log.Warn("PodResources unreadable: every GPU pod on the node counts as affected", "how", a.How)
+	}
+	names := a.Names()
+	if d.Settings.GPUClientSelector != "" && (len(gpuUUIDs) > 0 || len(migUUIDs) > 0) {
+		clients, err := selectedPods(ctx, d.Client, d.Node, d.Settings.GPUClientSelector)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, c := range clients {
+			if !slices.Contains(names, c) {
+				names = append(names, c)
+			}
+		}
+		sort.Strings(names)
+	}
+	return names, a.How, nil
+}
+
+// Evict implements reconcile.Disruptor: it evicts the pods of names still
+// on the node (evict, with the drain settings); pods already gone count as
+// evicted.
+func (d *Disruptor) Evict(ctx context.Context, names []string) ([]string, error) {
+	var pods []corev1.Pod
+	for _, n := range names {
+		ns, name, _ := strings.Cut(n, "/")
+		p, err := d.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && p.Spec.NodeName != d.Node) {
+			continue // gone (or a new pod of that name elsewhere)
+		}
+		if err != nil {
+			return nil, err
+		}
+		pods = append(pods, *p)
+	}
+	return evict(ctx, d.Client, d.Log, pods, evictOptions{
+		Timeout: d.Settings.DrainTimeout, RetryDelay: d.Settings.EvictionRetryDelay, RefuseUnmanaged: !d.Settings.EvictUnmanagedPods,
+	})
 }

@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-// SelectedPods: the selector's pods on this node, not terminating.
+// selectedPods: the selector's pods on this node, not terminating.
 func TestSelectedPods(t *testing.T) {
 	pod := func(ns, name, node string, labels map[string]string, deleting bool) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}, Spec: corev1.PodSpec{NodeName: node}}
@@ -29,14 +29,14 @@ func TestSelectedPods(t *testing.T) {
 		pod("monitoring", "going", "n1", mon, true),
 		pod("ml", "other", "n1", nil, false),
 	)
-	got, err := SelectedPods(context.Background(), clientset.Wrap(c), "n1", "gpu-client=true")
+	got, err := selectedPods(context.Background(), clientset.Wrap(c), "n1", "gpu-client=true")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"ml/sidecar", "monitoring/agent-a"}; !slices.Equal(got, want) {
 		t.Errorf("SelectedPods = %v, want %v", got, want)
 	}
-	if _, err := SelectedPods(context.Background(), clientset.Wrap(c), "", "a=b"); err == nil {
+	if _, err := selectedPods(context.Background(), clientset.Wrap(c), "", "a=b"); err == nil {
 		t.Error("no node: no error")
 	}
 }

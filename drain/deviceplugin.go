@@ -17,7 +17,7 @@ import (
 	"github.com/migagent/mig-agent/internal/readonce"
 )
 
-// DevicePluginPods are the pod labels of the daemons that read the MIG
+// devicePluginPods are the pod labels of the daemons that read the MIG
 // devices once, when they start, and so must be restarted to see a new
 // geometry:
 //   - NVIDIA's device plugin enumerates the devices in startPlugins
@@ -41,7 +41,7 @@ import (
 // pkg/mig/reconfigure/reconfigure.go restartValidatorPod: the pods
 // app=nvidia-operator-validator on the node; its DaemonSet,
 // assets/state-operator-validation/0500_daemonset.yaml, brings new ones).
-var DevicePluginPods = []struct{ Key, Value string }{
+var devicePluginPods = []struct{ Key, Value string }{
 	{"app", "nvidia-device-plugin-daemonset"},
 	{"app", "gpu-feature-discovery"},
 	{"app", "nvidia-operator-validator"},
@@ -49,20 +49,20 @@ var DevicePluginPods = []struct{ Key, Value string }{
 	{"app.kubernetes.io/name", "gpu-feature-discovery"},
 }
 
-// DRAPluginPods are the pod labels of NVIDIA's DRA driver kubelet plugin,
+// draPluginPods are the pod labels of NVIDIA's DRA driver kubelet plugin,
 // which, without DynamicMIG, announces the MIG devices that exist when it
 // starts and never looks again (publishResources in dra-driver-nvidia-gpu
 // cmd/gpu-kubelet-plugin/driver.go). Its chart labels the DaemonSet's pods
 // "<name>-component: kubelet-plugin" with name dra-driver-nvidia-gpu
 // (deployments/helm/dra-driver-nvidia-gpu/templates/_helpers.tpl
 // selectorLabels, templates/kubeletplugin.yaml).
-var DRAPluginPods = []struct{ Key, Value string }{
+var draPluginPods = []struct{ Key, Value string }{
 	{"dra-driver-nvidia-gpu-component", "kubelet-plugin"},
 }
 
-// IsDRAPluginPod reports whether p is one of DRAPluginPods.
-func IsDRAPluginPod(p *corev1.Pod) bool {
-	for _, l := range DRAPluginPods {
+// isDRAPluginPod reports whether p is one of draPluginPods.
+func isDRAPluginPod(p *corev1.Pod) bool {
+	for _, l := range draPluginPods {
 		if p.Labels[l.Key] == l.Value {
 			return true
 		}
@@ -70,9 +70,9 @@ func IsDRAPluginPod(p *corev1.Pod) bool {
 	return false
 }
 
-// IsDevicePluginPod reports whether p is one of DevicePluginPods.
-func IsDevicePluginPod(p *corev1.Pod) bool {
-	for _, l := range DevicePluginPods {
+// isDevicePluginPod reports whether p is one of devicePluginPods.
+func isDevicePluginPod(p *corev1.Pod) bool {
+	for _, l := range devicePluginPods {
 		if p.Labels[l.Key] == l.Value {
 			return true
 		}
@@ -80,16 +80,16 @@ func IsDevicePluginPod(p *corev1.Pod) bool {
 	return false
 }
 
-// ListDevicePlugins lists the device plugin, GPU Feature Discovery and DRA
-// kubelet plugin pods of node (DevicePluginPods, DRAPluginPods) that are
+// listDevicePlugins lists the device plugin, GPU Feature Discovery and DRA
+// kubelet plugin pods of node (devicePluginPods, draPluginPods) that are
 // not terminating, as
 // "namespace/name/uid". Take the list before the GPUs change: those pods
 // enumerated the old geometry. (Comparing creation times with the time of
 // the change instead would trust the node's clock to agree with the API
 // server's.)
-func ListDevicePlugins(ctx context.Context, client kclient.Interface, node string) ([]string, error) {
+func listDevicePlugins(ctx context.Context, client kclient.Interface, node string) ([]string, error) {
 	if node == "" {
-		return nil, fmt.Errorf("list device plugins: %w", ErrNoNode)
+		return nil, fmt.Errorf("list device plugins: %w", errNoNode)
 	}
 	pods, err := NodePods(ctx, client, node)
 	if err != nil {
@@ -98,7 +98,7 @@ func ListDevicePlugins(ctx context.Context, client kclient.Interface, node strin
 	var out []string
 	for i := range pods {
 		p := &pods[i]
-		if (IsDevicePluginPod(p) || IsDRAPluginPod(p)) && p.DeletionTimestamp == nil {
+		if (isDevicePluginPod(p) || isDRAPluginPod(p)) && p.DeletionTimestamp == nil {
 			out = append(out, p.Namespace+"/"+p.Name+"/"+string(p.UID))
 		}
 	}
@@ -122,14 +122,14 @@ func NodePods(ctx context.Context, client kclient.Interface, node string) ([]cor
 	})
 }
 
-// RestartDevicePlugins evicts the pods of ListDevicePlugins' list that still
+// restartDevicePlugins evicts the pods of listDevicePlugins' list that still
 // exist with the same UID, so that their DaemonSets start new ones that read
 // the new geometry. A pod that is gone, or was replaced by a new one (a
 // paused operand brought back), already reads it and is skipped. Eviction
 // (not deletion) keeps the agent's permissions to what it already needs for
 // workloads. It returns the pods it evicted ("namespace/name") and does not
 // wait for their successors: the caller waits for the node's allocatable.
-func RestartDevicePlugins(ctx context.Context, client kclient.Interface, log *slog.Logger, pods []string) ([]string, error) {
+func restartDevicePlugins(ctx context.Context, client kclient.Interface, log *slog.Logger, pods []string) ([]string, error) {
 	var out []string
 	for _, ref := range pods {
 		parts := strings.SplitN(ref, "/", 3)

@@ -1,4 +1,4 @@
-package drain_test
+package drain
 
 import (
 	"context"
@@ -12,8 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/migagent/mig-agent/drain"
 )
 
 func TestRestartDevicePlugins(t *testing.T) {
@@ -33,7 +31,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	mk("workload", nil)
 	mk("validator", map[string]string{"app": "nvidia-operator-validator"})
 
-	pods, err := drain.ListDevicePlugins(ctx, e.a, e.node)
+	pods, err := listDevicePlugins(ctx, e.a, e.node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +52,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	waitGone(t, e, replaced.Name, replaced.UID)
 	fresh := mk("chart-gfd", map[string]string{"app.kubernetes.io/name": "gpu-feature-discovery"})
 
-	restarted, err := drain.RestartDevicePlugins(ctx, e.a, testLog(t), pods)
+	restarted, err := restartDevicePlugins(ctx, e.a, testLog(t), pods)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,11 +70,11 @@ func TestRestartDevicePlugins(t *testing.T) {
 		t.Errorf("remaining pods %v", r)
 	}
 	// Repeating it (a retry after a crash) restarts nothing more.
-	again, err := drain.RestartDevicePlugins(ctx, e.a, testLog(t), pods)
+	again, err := restartDevicePlugins(ctx, e.a, testLog(t), pods)
 	if err != nil || len(again) != 0 {
 		t.Errorf("second RestartDevicePlugins = %v, %v", again, err)
 	}
-	if _, err := drain.RestartDevicePlugins(ctx, e.a, testLog(t), []string{"no-uid"}); err == nil {
+	if _, err := restartDevicePlugins(ctx, e.a, testLog(t), []string{"no-uid"}); err == nil {
 		t.Error("a malformed pod reference was accepted")
 	}
 }
@@ -102,18 +100,18 @@ func TestWaitAllocatableExact(t *testing.T) {
 	small, big := corev1.ResourceName("nvidia.com/mig-1g.18gb"), corev1.ResourceName("nvidia.com/mig-3g.71gb")
 	e.k.SetAllocatable(corev1.ResourceList{small: resource.MustParse("7"), big: resource.MustParse("2"), "nvidia.com/gpu": resource.MustParse("0"),
 		"example.com/other": resource.MustParse("3")})
-	ok, err := drain.WaitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 7}, time.Second)
-	if ok || !errors.Is(err, drain.ErrResourcesTimeout) || !strings.Contains(err.Error(), "nvidia.com/mig-3g.71gb: have 2, want 0") {
+	ok, err := waitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 7}, time.Second)
+	if ok || !errors.Is(err, errResourcesTimeout) || !strings.Contains(err.Error(), "nvidia.com/mig-3g.71gb: have 2, want 0") {
 		t.Fatalf("stale resource: %v, %v", ok, err)
 	}
 	// The kubelet zeroes the allocatable of a resource whose plugin went.
 	e.k.SetAllocatable(corev1.ResourceList{big: resource.MustParse("0")})
-	ok, err = drain.WaitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 7}, 5*time.Second)
+	ok, err = waitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 7}, 5*time.Second)
 	if !ok || err != nil {
 		t.Fatalf("converged: %v, %v", ok, err)
 	}
 	// More than wanted is no match either.
-	ok, _ = drain.WaitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 6}, time.Second)
+	ok, _ = waitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{small: 6}, time.Second)
 	if ok {
 		t.Error("7 devices matched a want of 6")
 	}

@@ -1,16 +1,20 @@
 // Package drain moves workloads out of the way of a MIG change (docs/reference.md#disruption-and-reboot):
-// it learns which pod holds which GPU or MIG device from the kubelet
-// PodResources API, picks exactly the pods whose devices a change takes away
-// (or, when PodResources cannot be read, every pod of the node that requests
-// an nvidia.com/ resource), evicts them through the Eviction API so that
-// PodDisruptionBudgets hold, taints the node while the change runs, pauses
-// and restores the GPU Operator's operands, and waits for the device plugin
-// to advertise the new resources.
+// Disruptor is the agent's reconcile.Disruptor. It learns which pod holds
+// which GPU or MIG device from the kubelet PodResources API, picks exactly
+// the pods whose devices a change takes away (affected.go holds the whole
+// rule), evicts them through the Eviction API so that PodDisruptionBudgets
+// hold, taints the node while the change runs, pauses and restores the GPU
+// Operator's operands, restarts the device plugin and waits for the node
+// to advertise the new devices (its allocatable, or the DRA driver's
+// ResourceSlices).
 //
 // Every step is safe to repeat, and what a step changed is returned in a
-// form the caller can journal (Saved, the added flag of AddTaint) so that a
-// restarted agent undoes exactly that and nothing else.
+// form the caller can journal (the operand labels of ReadOperands, the
+// added flag of Taint) so that a restarted agent undoes exactly that and
+// nothing else.
 //
-// It imports client-go and the kubelet API only; it knows nothing of the
-// agent, NVML or the geometry.
+// It learns which pod holds which device through drain/podresources (the
+// kubelet PodResources API), and imports client-go, dra, record and
+// settings besides; it knows nothing of the reconcile core, NVML or the
+// geometry.
 package drain

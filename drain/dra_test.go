@@ -81,15 +81,15 @@ func TestFindAffectedClaimsWithoutPodResources(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		change Change
+		change deviceChange
 		want   []string
 	}{
-		{"MIG device goes", Change{MIGDevices: []string{"MIG-gone"}}, []string{"w/on-gone", "w/unknown"}},
-		{"whole GPU changes", Change{GPUs: []string{"GPU-1"}}, []string{"w/unknown", "w/whole"}},
+		{"MIG device goes", deviceChange{MIGDevices: []string{"MIG-gone"}}, []string{"w/on-gone", "w/unknown"}},
+		{"whole GPU changes", deviceChange{GPUs: []string{"GPU-1"}}, []string{"w/unknown", "w/whole"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientset(objs...)
-			a, err := FindAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", tc.change)
+			a, err := findAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", tc.change)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -122,14 +122,14 @@ func TestFindAffectedClaimsOlderAPI(t *testing.T) {
 	}
 	c.PrependReactor("list", "resourceslices", notServed)
 	c.PrependReactor("list", "resourceclaims", notServed)
-	a, err := FindAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", Change{MIGDevices: []string{"MIG-gone"}})
+	a, err := findAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", deviceChange{MIGDevices: []string{"MIG-gone"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(a.Names(), []string{"w/p"}) {
 		t.Fatalf("FindAffected = %v, want [w/p]", a.Names())
 	}
-	a, err = FindAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", Change{MIGDevices: []string{"MIG-other"}})
+	a, err = findAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", deviceChange{MIGDevices: []string{"MIG-other"}})
 	if err != nil || len(a.Pods) != 0 {
 		t.Fatalf("FindAffected = %v, %v; want none", a.Names(), err)
 	}
@@ -142,7 +142,7 @@ func TestFindAffectedClaimsUnreadable(t *testing.T) {
 	c.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewServiceUnavailable("down")
 	})
-	if _, err := FindAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", Change{MIGDevices: []string{"MIG-x"}}); err == nil {
+	if _, err := findAffected(context.Background(), clientset.Wrap(c), testsupport.Discard(), "n1", "", deviceChange{MIGDevices: []string{"MIG-x"}}); err == nil {
 		t.Fatal("FindAffected succeeded without the claims")
 	}
 }

@@ -19,53 +19,53 @@ import (
 
 // Sentinel errors of the package.
 var (
-	// ErrNoNode: a node name is required.
-	ErrNoNode = errors.New("no node name")
-	// ErrNotEvictable: a pod that holds a device of the change cannot be
+	// errNoNode: a node name is required.
+	errNoNode = errors.New("no node name")
+	// errNotEvictable: a pod that holds a device of the change cannot be
 	// evicted (a static pod), or may not be (a pod with no controller while
-	// EvictOptions.RefuseUnmanaged is set). Nothing was evicted.
-	ErrNotEvictable = errors.New("pods that must leave cannot be evicted")
-	// ErrDrainTimeout: pods were still on the node when the drain timeout
+	// evictOptions.RefuseUnmanaged is set). Nothing was evicted.
+	errNotEvictable = errors.New("pods that must leave cannot be evicted")
+	// errDrainTimeout: pods were still on the node when the drain timeout
 	// passed (a PodDisruptionBudget, or a pod slow to terminate).
-	ErrDrainTimeout = errors.New("pods still on the node after the drain timeout")
-	// ErrEvictionFailed: an eviction failed before the timeout with an error
+	errDrainTimeout = errors.New("pods still on the node after the drain timeout")
+	// errEvictionFailed: an eviction failed before the timeout with an error
 	// that is not retried (not a 429), such as the API server going away.
-	ErrEvictionFailed = errors.New("eviction failed")
+	errEvictionFailed = errors.New("eviction failed")
 )
 
-// Defaults of EvictOptions.
+// Defaults of evictOptions.
 const (
-	DefaultDrainTimeout    = 5 * time.Minute
-	DefaultEvictRetryDelay = 5 * time.Second
+	defaultDrainTimeout    = 5 * time.Minute
+	defaultEvictRetryDelay = 5 * time.Second
 )
 
-// EvictOptions tune Evict.
-type EvictOptions struct {
+// evictOptions tune evict.
+type evictOptions struct {
 	// Timeout bounds the whole drain: evictions retried while a
 	// PodDisruptionBudget forbids them, and the wait for the pods to be gone.
-	// 0 means DefaultDrainTimeout.
+	// 0 means defaultDrainTimeout.
 	Timeout time.Duration
 	// RetryDelay is the pause after an eviction answered 429 (a
 	// PodDisruptionBudget) or refused in a terminating namespace before the
-	// next try. 0 means DefaultEvictRetryDelay.
+	// next try. 0 means defaultEvictRetryDelay.
 	RetryDelay time.Duration
-	// RefuseUnmanaged makes Evict fail, before evicting anything, when a pod
+	// RefuseUnmanaged makes evict fail, before evicting anything, when a pod
 	// has no controller (nothing would recreate it), naming the pods. The
 	// default (false) evicts them too: they hold a device that goes away.
 	RefuseUnmanaged bool
 }
 
-func (o EvictOptions) withDefaults() EvictOptions {
+func (o evictOptions) withDefaults() evictOptions {
 	if o.Timeout <= 0 {
-		o.Timeout = DefaultDrainTimeout
+		o.Timeout = defaultDrainTimeout
 	}
 	if o.RetryDelay <= 0 {
-		o.RetryDelay = DefaultEvictRetryDelay
+		o.RetryDelay = defaultEvictRetryDelay
 	}
 	return o
 }
 
-// Evict evicts exactly pods through the Eviction API (policy/v1, so
+// evict evicts exactly pods through the Eviction API (policy/v1, so
 // PodDisruptionBudgets hold), each pod with its own termination grace
 // period, and waits until every one is gone, by UID (a new pod of the same
 // name does not count). It returns "namespace/name" of the pods that are gone.
@@ -88,7 +88,7 @@ func (o EvictOptions) withDefaults() EvictOptions {
 // a new pod that took the name since the pods were chosen is never evicted
 // (the server answers 409, and the chosen pod counts as gone).
 //
-// Before evicting anything it refuses, with ErrNotEvictable, static (mirror)
+// Before evicting anything it refuses, with errNotEvictable, static (mirror)
 // pods, which the kubelet owns and no eviction removes (kubectl's drain
 // skips them and leaves them running; here they hold a device that goes
 // away, so the change must not go on), and, with RefuseUnmanaged, pods that
@@ -97,13 +97,13 @@ func (o EvictOptions) withDefaults() EvictOptions {
 // is handed (kubectl drain's --ignore-daemonsets filter only chooses which
 // pods to hand it): they hold a device that is destroyed.
 //
-// Pods still present after Timeout give ErrDrainTimeout, naming each with
+// Pods still present after Timeout give errDrainTimeout, naming each with
 // why it stayed; an eviction error other than those retried ends the drain
-// with ErrEvictionFailed, wrapping the API error, once the other pods are
-// done. Either way the pods already gone are returned. Evict is safe to call
+// with errEvictionFailed, wrapping the API error, once the other pods are
+// done. Either way the pods already gone are returned. evict is safe to call
 // again with the same pods.
-func Evict(ctx context.Context, client kclient.Interface, log *slog.Logger, pods []corev1.Pod,
-	opts EvictOptions) ([]string, error) {
+func evict(ctx context.Context, client kclient.Interface, log *slog.Logger, pods []corev1.Pod,
+	opts evictOptions) ([]string, error) {
 	opts = opts.withDefaults()
 	if len(pods) == 0 {
 		return nil, nil
@@ -150,10 +150,10 @@ func Evict(ctx context.Context, client kclient.Interface, log *slog.Logger, pods
 			return gone, fmt.Errorf("drain interrupted: %w; still on the node: %s", ctx.Err(), strings.Join(stay, ", "))
 		}
 		if len(failed) > 0 {
-			return gone, fmt.Errorf("%w after %s: %w; still on the node: %s", ErrEvictionFailed,
+			return gone, fmt.Errorf("%w after %s: %w; still on the node: %s", errEvictionFailed,
 				time.Since(start).Round(time.Millisecond), errors.Join(failed...), strings.Join(stay, ", "))
 		}
-		return gone, fmt.Errorf("%w (%s): %s", ErrDrainTimeout, opts.Timeout, strings.Join(stay, ", "))
+		return gone, fmt.Errorf("%w (%s): %s", errDrainTimeout, opts.Timeout, strings.Join(stay, ", "))
 	}
 	log.Info("pods evicted", "pods", gone, "duration", time.Since(start).Round(time.Millisecond))
 	return gone, nil
@@ -163,7 +163,7 @@ func Evict(ctx context.Context, client kclient.Interface, log *slog.Logger, pods
 // (kubectl's drain helper: one second).
 const deletionPoll = time.Second
 
-// evictOne evicts pod, retrying as Evict says, and waits until it is gone. It
+// evictOne evicts pod, retrying as evict says, and waits until it is gone. It
 // returns nil once it is gone, ctx's error when ctx ends first, or the
 // eviction error that is not retried.
 func evictOne(ctx context.Context, client kclient.Interface, log *slog.Logger, pod *corev1.Pod, retryDelay time.Duration) error {
@@ -244,8 +244,8 @@ evicting:
 	}
 }
 
-// refuse checks pods that Evict must not or may not evict.
-func refuse(pods []corev1.Pod, opts EvictOptions) error {
+// refuse checks pods that evict must not or may not evict.
+func refuse(pods []corev1.Pod, opts evictOptions) error {
 	var static, unmanaged []string
 	for i := range pods {
 		p := &pods[i]
@@ -266,7 +266,7 @@ func refuse(pods []corev1.Pod, opts EvictOptions) error {
 		parts = append(parts, "pods with no controller, which nothing would recreate (refused by setting): "+strings.Join(unmanaged, ", "))
 	}
 	if len(parts) > 0 {
-		return fmt.Errorf("%w: %s", ErrNotEvictable, strings.Join(parts, "; "))
+		return fmt.Errorf("%w: %s", errNotEvictable, strings.Join(parts, "; "))
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package drain_test
+package drain
 
 import (
 	"context"
@@ -24,7 +24,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/dra"
-	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/kubetest"
@@ -112,12 +111,12 @@ func TestWholeGPUChangeEvictsOnlyItsPods(t *testing.T) {
 	e.k.RunPod(t, e.ns, "cpu-only", nil, nil, rsOwner("rs"))
 	slices.Sort(all)
 
-	aff, err := drain.FindAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), drain.Change{GPUs: []string{gpuUUID(3)}})
+	aff, err := findAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), deviceChange{GPUs: []string{gpuUUID(3)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := keys(e.ns, "gpu3-r0", "gpu3-r1")
-	if aff.How != drain.HowPodResources || !slices.Equal(aff.Names(), want) {
+	if aff.How != howPodResources || !slices.Equal(aff.Names(), want) {
 		t.Fatalf("FindAffected = %v by %q, want %v by pod-resources", aff.Names(), aff.How, want)
 	}
 	if e.k.ListCalls() == 0 {
@@ -127,7 +126,7 @@ func TestWholeGPUChangeEvictsOnlyItsPods(t *testing.T) {
 		t.Errorf("Devices = %v", aff.Devices)
 	}
 
-	evicted, err := drain.Evict(ctx, e.a, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	evicted, err := evict(ctx, e.a, testLog(t), aff.Pods, evictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,14 +144,14 @@ func TestWholeGPUChangeEvictsOnlyItsPods(t *testing.T) {
 	}
 
 	// Repeating the drain (a resumed change) is harmless.
-	again, err := drain.Evict(ctx, e.a, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
+	again, err := evict(ctx, e.a, testLog(t), aff.Pods, evictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(again, want) {
 		t.Errorf("second Evict = %v, %v", again, err)
 	}
 	// Nothing changes: nothing affected, and PodResources is not even asked.
 	calls := e.k.ListCalls()
-	aff, err = drain.FindAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), drain.Change{})
-	if err != nil || len(aff.Pods) != 0 || aff.How != drain.HowNothing || e.k.ListCalls() != calls {
+	aff, err = findAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), deviceChange{})
+	if err != nil || len(aff.Pods) != 0 || aff.How != howNothing || e.k.ListCalls() != calls {
 		t.Errorf("empty change: %v by %q, %v", aff.Names(), aff.How, err)
 	}
 }
@@ -176,16 +175,16 @@ func TestMIGDevicesDestroyedAffectOnlyTheirPods(t *testing.T) {
 	e.k.RunPod(t, e.ns, "whole", map[string]string{"nvidia.com/gpu": "1"},
 		map[string][]string{"nvidia.com/gpu": {gpuUUID(1)}}, rsOwner("rs"))
 
-	change := drain.Change{MIGDevices: []string{"MIG-bbbb", "MIG-eeee", "MIG-ffff-unused"}}
-	aff, err := drain.FindAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), change)
+	change := deviceChange{MIGDevices: []string{"MIG-bbbb", "MIG-eeee", "MIG-ffff-unused"}}
+	aff, err := findAffected(ctx, e.a, testLog(t), e.node, e.k.Socket(), change)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := keys(e.ns, "small-b", "two")
-	if !slices.Equal(aff.Names(), want) || aff.How != drain.HowPodResources {
+	if !slices.Equal(aff.Names(), want) || aff.How != howPodResources {
 		t.Fatalf("FindAffected = %v by %q, want %v", aff.Names(), aff.How, want)
 	}
-	evicted, err := drain.Evict(ctx, e.a, testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	evicted, err := evict(ctx, e.a, testLog(t), aff.Pods, evictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(evicted, want) {
 		t.Fatalf("Evict = %v, %v; want %v", evicted, err, want)
 	}
@@ -213,7 +212,7 @@ func TestNoPodResourcesMeansAllGPUPods(t *testing.T) {
 
 	missing := filepath.Join(t.TempDir(), "no-kubelet.sock")
 	for _, socket := range []string{missing, ""} {
-		aff, err := drain.FindAffected(ctx, e.a, testLog(t), e.node, socket, drain.Change{GPUs: []string{gpuUUID(0)}})
+		aff, err := findAffected(ctx, e.a, testLog(t), e.node, socket, deviceChange{GPUs: []string{gpuUUID(0)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -266,10 +265,10 @@ func TestPDBBlocksDrainUntilTimeout(t *testing.T) {
 	createPDB(t, e, "db", map[string]string{"app": "db"}, 0)
 
 	start := time.Now()
-	evicted, err := drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*guarded, *free},
-		drain.EvictOptions{Timeout: 3 * time.Second, RetryDelay: time.Second})
+	evicted, err := evict(ctx, e.a, testLog(t), []corev1.Pod{*guarded, *free},
+		evictOptions{Timeout: 3 * time.Second, RetryDelay: time.Second})
 	took := time.Since(start)
-	if !errors.Is(err, drain.ErrDrainTimeout) {
+	if !errors.Is(err, errDrainTimeout) {
 		t.Fatalf("Evict err = %v, want ErrDrainTimeout", err)
 	}
 	for _, s := range []string{e.ns + "/guarded", "disruption budget"} {
@@ -300,7 +299,7 @@ func TestPDBBlocksDrainUntilTimeout(t *testing.T) {
 	if _, err := e.c.PolicyV1().PodDisruptionBudgets(e.ns).UpdateStatus(ctx, pdb, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	evicted, err = drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*guarded}, drain.EvictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second})
+	evicted, err = evict(ctx, e.a, testLog(t), []corev1.Pod{*guarded}, evictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(evicted, []string{e.ns + "/guarded"}) {
 		t.Errorf("Evict after the budget allows it = %v, %v", evicted, err)
 	}
@@ -311,9 +310,9 @@ func TestSlowTerminationTimesOut(t *testing.T) {
 	e := newEnv(t, nil)
 	slow := e.k.RunPod(t, e.ns, "slow", nil, nil, rsOwner("rs"))
 	e.k.KeepTerminating(slow)
-	_, err := drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*slow},
-		drain.EvictOptions{Timeout: 2 * time.Second, RetryDelay: time.Second})
-	if !errors.Is(err, drain.ErrDrainTimeout) || !strings.Contains(err.Error(), e.ns+"/slow (terminating, grace period until") {
+	_, err := evict(context.Background(), e.a, testLog(t), []corev1.Pod{*slow},
+		evictOptions{Timeout: 2 * time.Second, RetryDelay: time.Second})
+	if !errors.Is(err, errDrainTimeout) || !strings.Contains(err.Error(), e.ns+"/slow (terminating, grace period until") {
 		t.Errorf("err = %v", err)
 	}
 }
@@ -329,32 +328,32 @@ func TestNotEvictable(t *testing.T) {
 	})
 	bare := e.k.RunPod(t, e.ns, "bare", nil, nil, nil)
 	managed := e.k.RunPod(t, e.ns, "managed", nil, nil, rsOwner("rs"))
-	opts := drain.EvictOptions{Timeout: 5 * time.Second, RetryDelay: time.Second}
+	opts := evictOptions{Timeout: 5 * time.Second, RetryDelay: time.Second}
 
-	_, err := drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*managed, *static}, opts)
-	if !errors.Is(err, drain.ErrNotEvictable) || !strings.Contains(err.Error(), e.ns+"/static") {
+	_, err := evict(context.Background(), e.a, testLog(t), []corev1.Pod{*managed, *static}, opts)
+	if !errors.Is(err, errNotEvictable) || !strings.Contains(err.Error(), e.ns+"/static") {
 		t.Errorf("static: err = %v", err)
 	}
 	opts.RefuseUnmanaged = true
-	_, err = drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*managed, *bare}, opts)
-	if !errors.Is(err, drain.ErrNotEvictable) || !strings.Contains(err.Error(), e.ns+"/bare") {
+	_, err = evict(context.Background(), e.a, testLog(t), []corev1.Pod{*managed, *bare}, opts)
+	if !errors.Is(err, errNotEvictable) || !strings.Contains(err.Error(), e.ns+"/bare") {
 		t.Errorf("unmanaged refused: err = %v", err)
 	}
 	if got, want := remaining(t, e), keys(e.ns, "bare", "managed", "static"); !slices.Equal(got, want) {
 		t.Errorf("a refused drain evicted pods: left %v, want %v", got, want)
 	}
 	opts.RefuseUnmanaged = false
-	evicted, err := drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*bare}, opts)
+	evicted, err := evict(context.Background(), e.a, testLog(t), []corev1.Pod{*bare}, opts)
 	if err != nil || !slices.Equal(evicted, []string{e.ns + "/bare"}) {
 		t.Errorf("unmanaged by default: %v, %v", evicted, err)
 	}
 }
 
-// evictAsync runs Evict in a goroutine; the result comes on the channel.
-func evictAsync(t *testing.T, e env, pods []corev1.Pod, opts drain.EvictOptions) <-chan evictResult {
+// evictAsync runs evict in a goroutine; the result comes on the channel.
+func evictAsync(t *testing.T, e env, pods []corev1.Pod, opts evictOptions) <-chan evictResult {
 	out := make(chan evictResult, 1)
 	go func() {
-		gone, err := drain.Evict(context.Background(), e.a, testLog(t), pods, opts)
+		gone, err := evict(context.Background(), e.a, testLog(t), pods, opts)
 		out <- evictResult{gone, err}
 	}()
 	return out
@@ -377,7 +376,7 @@ func TestPDBRefusalRetriedUntilAllowed(t *testing.T) {
 	})
 	createPDB(t, e, "db", map[string]string{"app": "db"}, 0)
 	start := time.Now()
-	res := evictAsync(t, e, []corev1.Pod{*guarded}, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: 300 * time.Millisecond})
+	res := evictAsync(t, e, []corev1.Pod{*guarded}, evictOptions{Timeout: 30 * time.Second, RetryDelay: 300 * time.Millisecond})
 	time.Sleep(1500 * time.Millisecond)
 	select {
 	case r := <-res:
@@ -405,7 +404,7 @@ func TestPDBRefusalRetriedUntilAllowed(t *testing.T) {
 }
 
 // The eviction deletes each pod with its own terminationGracePeriodSeconds,
-// and Evict waits until the pod is really gone: a new pod that takes the
+// and evict waits until the pod is really gone: a new pod that takes the
 // name (a StatefulSet's) is not the evicted one, and is left alone.
 func TestEvictionGracePeriodAndWaitByUID(t *testing.T) {
 	e := newEnv(t, nil)
@@ -417,7 +416,7 @@ func TestEvictionGracePeriodAndWaitByUID(t *testing.T) {
 		Spec:       spec,
 	})
 	e.k.KeepTerminating(slow)
-	res := evictAsync(t, e, []corev1.Pod{*slow}, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	res := evictAsync(t, e, []corev1.Pod{*slow}, evictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
 
 	var cur *corev1.Pod
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -457,7 +456,7 @@ func TestEvictionGracePeriodAndWaitByUID(t *testing.T) {
 
 	// Evicting the old pod again (a resumed drain) leaves the new one alone:
 	// the eviction names the old UID.
-	again, err := drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*slow}, drain.EvictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
+	again, err := evict(ctx, e.a, testLog(t), []corev1.Pod{*slow}, evictOptions{Timeout: 10 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(again, []string{e.ns + "/db-0"}) {
 		t.Errorf("second Evict = %v, %v", again, err)
 	}
@@ -472,8 +471,8 @@ func TestDaemonSetPodEvicted(t *testing.T) {
 	e := newEnv(t, nil)
 	ds := e.k.RunPod(t, e.ns, "ds-pod", map[string]string{"nvidia.com/gpu": "1"}, nil, &metav1.OwnerReference{
 		APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: "00000000-0000-0000-0000-000000000002", Controller: ptr.To(true)})
-	gone, err := drain.Evict(context.Background(), e.a, testLog(t), []corev1.Pod{*ds},
-		drain.EvictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second, RefuseUnmanaged: true})
+	gone, err := evict(context.Background(), e.a, testLog(t), []corev1.Pod{*ds},
+		evictOptions{Timeout: 20 * time.Second, RetryDelay: time.Second, RefuseUnmanaged: true})
 	if err != nil || !slices.Equal(gone, []string{e.ns + "/ds-pod"}) {
 		t.Errorf("Evict = %v, %v", gone, err)
 	}
@@ -484,7 +483,7 @@ func TestDaemonSetPodEvicted(t *testing.T) {
 
 // In a namespace being deleted the API server refuses evictions (403,
 // NamespaceTerminating): a pod not yet terminating is retried until the
-// timeout (ErrDrainTimeout, not a failure at once); a terminating one is
+// timeout (errDrainTimeout, not a failure at once); a terminating one is
 // waited for.
 func TestEvictionInTerminatingNamespace(t *testing.T) {
 	e := newEnv(t, nil)
@@ -505,15 +504,15 @@ func TestEvictionInTerminatingNamespace(t *testing.T) {
 	}
 
 	start := time.Now()
-	_, err = drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*running}, drain.EvictOptions{Timeout: 3 * time.Second, RetryDelay: 500 * time.Millisecond})
-	if !errors.Is(err, drain.ErrDrainTimeout) || !strings.Contains(err.Error(), e.ns+"/running") {
+	_, err = evict(ctx, e.a, testLog(t), []corev1.Pod{*running}, evictOptions{Timeout: 3 * time.Second, RetryDelay: 500 * time.Millisecond})
+	if !errors.Is(err, errDrainTimeout) || !strings.Contains(err.Error(), e.ns+"/running") {
 		t.Errorf("running pod: err = %v, want ErrDrainTimeout", err)
 	}
 	if took := time.Since(start); took < 3*time.Second {
 		t.Errorf("gave up after %s, before the timeout", took)
 	}
 
-	res := evictAsync(t, e, []corev1.Pod{*leaving}, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	res := evictAsync(t, e, []corev1.Pod{*leaving}, evictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
 	time.Sleep(time.Second)
 	if err := e.c.CoreV1().Pods(e.ns).Delete(ctx, "leaving", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
@@ -531,7 +530,7 @@ func TestEvictInterrupted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := drain.Evict(ctx, e.a, testLog(t), []corev1.Pod{*slow}, drain.EvictOptions{Timeout: time.Minute, RetryDelay: time.Second})
+	_, err := evict(ctx, e.a, testLog(t), []corev1.Pod{*slow}, evictOptions{Timeout: time.Minute, RetryDelay: time.Second})
 	if err == nil || !strings.Contains(err.Error(), "drain interrupted") || !strings.Contains(err.Error(), e.ns+"/slow (terminating") {
 		t.Errorf("err = %v", err)
 	}
@@ -556,7 +555,7 @@ func taints(t *testing.T, e env) []string {
 
 // The taint from the agent's watch of its Node: one patch carrying the
 // watched resourceVersion. A Node changed since (a stale copy) is not
-// written: the caller reads it (AddTaint, RemoveTaint) instead.
+// written: the caller reads it (AddTaint, removeTaint) instead.
 func TestTaintFromWatchedNode(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
@@ -569,7 +568,7 @@ func TestTaintFromWatchedNode(t *testing.T) {
 		return n
 	}
 	stale := read()
-	added, done, err := drain.AddTaintFrom(ctx, e.a, stale)
+	added, done, err := AddTaintFrom(ctx, e.a, stale)
 	if err != nil || !done || !added {
 		t.Fatalf("AddTaintFrom = %v, %v, %v", added, done, err)
 	}
@@ -579,14 +578,14 @@ func TestTaintFromWatchedNode(t *testing.T) {
 	// The copy from before the patch is stale: nothing is written.
 	fresh := read()
 	stale.Spec.Taints = fresh.Spec.Taints
-	if removed, done, err := drain.RemoveTaintFrom(ctx, e.a, stale); err != nil || done || removed {
+	if removed, done, err := removeTaintFrom(ctx, e.a, stale); err != nil || done || removed {
 		t.Errorf("RemoveTaintFrom with a stale copy = %v, %v, %v; want nothing done", removed, done, err)
 	}
 	// A copy that already shows the taint is left to AddTaint.
-	if added, done, err := drain.AddTaintFrom(ctx, e.a, fresh); err != nil || done || added {
+	if added, done, err := AddTaintFrom(ctx, e.a, fresh); err != nil || done || added {
 		t.Errorf("AddTaintFrom over a copy with the taint = %v, %v, %v; want nothing done", added, done, err)
 	}
-	if removed, done, err := drain.RemoveTaintFrom(ctx, e.a, fresh); err != nil || !done || !removed {
+	if removed, done, err := removeTaintFrom(ctx, e.a, fresh); err != nil || !done || !removed {
 		t.Fatalf("RemoveTaintFrom = %v, %v, %v", removed, done, err)
 	}
 	if got := taints(t, e); !slices.Equal(got, before) {
@@ -600,7 +599,7 @@ func TestTaint(t *testing.T) {
 	before := taints(t, e) // admission's not-ready taint
 	ours := "migagent.io/reconfiguring=true:NoSchedule"
 
-	added, err := drain.AddTaint(ctx, e.a, e.node)
+	added, err := AddTaint(ctx, e.a, e.node)
 	if err != nil || !added {
 		t.Fatalf("AddTaint = %v, %v", added, err)
 	}
@@ -608,7 +607,7 @@ func TestTaint(t *testing.T) {
 	if got := taints(t, e); !slices.Equal(got, want) {
 		t.Errorf("taints %v, want %v", got, want)
 	}
-	added, err = drain.AddTaint(ctx, e.a, e.node)
+	added, err = AddTaint(ctx, e.a, e.node)
 	if err != nil || added {
 		t.Errorf("second AddTaint = %v, %v; want false (already there)", added, err)
 	}
@@ -616,7 +615,7 @@ func TestTaint(t *testing.T) {
 		t.Errorf("taints after a second add %v, want %v", got, want)
 	}
 	for _, wantRemoved := range []bool{true, false} {
-		removed, err := drain.RemoveTaint(ctx, e.a, e.node)
+		removed, err := removeTaint(ctx, e.a, e.node)
 		if err != nil || removed != wantRemoved {
 			t.Errorf("RemoveTaint = %v, %v; want %v", removed, err, wantRemoved)
 		}
@@ -630,23 +629,23 @@ func TestTaint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: drain.TaintKey, Value: "maintenance", Effect: corev1.TaintEffectNoSchedule})
+	n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: TaintKey, Value: "maintenance", Effect: corev1.TaintEffectNoSchedule})
 	if _, err := e.c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	userTaints := taints(t, e)
-	added, err = drain.AddTaint(ctx, e.a, e.node)
+	added, err = AddTaint(ctx, e.a, e.node)
 	if err != nil || added {
 		t.Errorf("AddTaint over a user's taint = %v, %v; want false", added, err)
 	}
-	removed, err := drain.RemoveTaint(ctx, e.a, e.node)
+	removed, err := removeTaint(ctx, e.a, e.node)
 	if err != nil || removed {
 		t.Errorf("RemoveTaint with only the user's taint = %v, %v; want false", removed, err)
 	}
 	if got := taints(t, e); !slices.Equal(got, userTaints) {
 		t.Errorf("user's taint touched: %v, want %v", got, userTaints)
 	}
-	if _, err := drain.AddTaint(ctx, e.a, ""); !errors.Is(err, drain.ErrNoNode) {
+	if _, err := AddTaint(ctx, e.a, ""); !errors.Is(err, errNoNode) {
 		t.Errorf("AddTaint without node: %v", err)
 	}
 }
@@ -660,7 +659,7 @@ func playDaemonSets(ctx context.Context, t *testing.T, e env, pods map[string]st
 			return false, nil
 		}
 		for label, pod := range pods {
-			if n.Labels[label] == drain.PausedValue {
+			if n.Labels[label] == PausedValue {
 				err := e.c.CoreV1().Pods(e.ns).Delete(ctx, pod, metav1.DeleteOptions{})
 				if err == nil || apierrors.IsNotFound(err) {
 					delete(pods, label)
@@ -688,7 +687,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 		dcgm = "nvidia.com/gpu.deploy.dcgm"
 		nvsm = "nvidia.com/gpu.deploy.nvsm"
 	)
-	e := newEnv(t, map[string]string{dp: "true", gfd: "false", dcgm: "true", nvsm: drain.PausedValue, "keep": "me"})
+	e := newEnv(t, map[string]string{dp: "true", gfd: "false", dcgm: "true", nvsm: PausedValue, "keep": "me"})
 	ctx := context.Background()
 	operand := func(name, app string) {
 		e.k.CreatePod(t, &corev1.Pod{
@@ -700,7 +699,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	operand("dcgm", "nvidia-dcgm")
 	operand("gfd", "gpu-feature-discovery") // its label is "false": not ours to stop
 
-	saved, err := drain.ReadOperands(ctx, e.a, e.node)
+	saved, err := readOperands(ctx, e.a, e.node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -709,7 +708,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var journaled drain.Saved
+	var journaled savedLabels
 	if err := json.Unmarshal(b, &journaled); err != nil {
 		t.Fatal(err)
 	}
@@ -724,7 +723,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 		playDaemonSets(dsCtx, t, e, map[string]string{dp: "device-plugin", dcgm: "dcgm"})
 	}()
 	start := time.Now()
-	err = drain.PauseOperands(ctx, e.a, testLog(t), e.node, journaled, 20*time.Second)
+	err = pauseOperands(ctx, e.a, testLog(t), e.node, journaled, 20*time.Second)
 	stopDS()
 	<-dsDone
 	if err != nil {
@@ -732,7 +731,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	}
 	t.Logf("operands left after %s", time.Since(start).Round(time.Millisecond))
 	l := nodeLabels(t, e)
-	for label, want := range map[string]string{dp: drain.PausedValue, dcgm: drain.PausedValue, nvsm: drain.PausedValue, gfd: "false"} {
+	for label, want := range map[string]string{dp: PausedValue, dcgm: PausedValue, nvsm: PausedValue, gfd: "false"} {
 		if l[label] != want {
 			t.Errorf("paused: %s=%q, want %q", label, l[label], want)
 		}
@@ -745,7 +744,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	}
 
 	for range 2 { // restoring twice is harmless
-		if err := drain.RestoreOperands(ctx, e.a, testLog(t), e.node, journaled); err != nil {
+		if err := restoreOperands(ctx, e.a, testLog(t), e.node, journaled); err != nil {
 			t.Fatal(err)
 		}
 		l = nodeLabels(t, e)
@@ -768,15 +767,15 @@ func TestOperandsThatDoNotLeaveTimeOut(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "stuck-plugin", Labels: map[string]string{"app": "nvidia-device-plugin-daemonset"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "dp"}}},
 	})
-	saved, err := drain.ReadOperands(ctx, e.a, e.node)
+	saved, err := readOperands(ctx, e.a, e.node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = drain.PauseOperands(ctx, e.a, testLog(t), e.node, saved, time.Second)
-	if !errors.Is(err, drain.ErrOperandsTimeout) || !strings.Contains(err.Error(), e.ns+"/stuck-plugin") {
+	err = pauseOperands(ctx, e.a, testLog(t), e.node, saved, time.Second)
+	if !errors.Is(err, errOperandsTimeout) || !strings.Contains(err.Error(), e.ns+"/stuck-plugin") {
 		t.Errorf("err = %v", err)
 	}
-	if err := drain.RestoreOperands(ctx, e.a, testLog(t), e.node, saved); err != nil {
+	if err := restoreOperands(ctx, e.a, testLog(t), e.node, saved); err != nil {
 		t.Fatal(err)
 	}
 	if got := nodeLabels(t, e)[dp]; got != "custom-value" {
@@ -792,7 +791,7 @@ func TestWaitAllocatable(t *testing.T) {
 
 	// No device plugin advertises anything: skipped at once.
 	start := time.Now()
-	ok, err := drain.WaitAllocatable(ctx, e.a, e.node, want, 10*time.Second)
+	ok, err := waitAllocatable(ctx, e.a, e.node, want, 10*time.Second)
 	if !ok || err != nil || time.Since(start) > 2*time.Second {
 		t.Fatalf("no nvidia.com resources: %v, %v after %s; want an immediate true", ok, err, time.Since(start))
 	}
@@ -803,7 +802,7 @@ func TestWaitAllocatable(t *testing.T) {
 		e.k.SetAllocatable(corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("0"), mig: resource.MustParse("7")})
 	}()
 	start = time.Now()
-	ok, err = drain.WaitAllocatable(ctx, e.a, e.node, want, 15*time.Second)
+	ok, err = waitAllocatable(ctx, e.a, e.node, want, 15*time.Second)
 	if !ok || err != nil {
 		t.Fatalf("WaitAllocatable = %v, %v", ok, err)
 	}
@@ -811,8 +810,8 @@ func TestWaitAllocatable(t *testing.T) {
 		t.Errorf("returned after %s, before the resources changed", took)
 	}
 
-	ok, err = drain.WaitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{mig: 8, "nvidia.com/gpu": 1}, time.Second)
-	if ok || !errors.Is(err, drain.ErrResourcesTimeout) ||
+	ok, err = waitAllocatable(ctx, e.a, e.node, map[corev1.ResourceName]int64{mig: 8, "nvidia.com/gpu": 1}, time.Second)
+	if ok || !errors.Is(err, errResourcesTimeout) ||
 		!strings.Contains(err.Error(), "nvidia.com/mig-1g.18gb: have 7, want 8") || !strings.Contains(err.Error(), "nvidia.com/gpu: have 0, want 1") {
 		t.Errorf("short wait = %v, %v", ok, err)
 	}
@@ -829,7 +828,7 @@ func TestWaitAllocatableSurvivesAPIServerRestart(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		ok, err := drain.WaitAllocatable(context.Background(), e.a, e.node, map[corev1.ResourceName]int64{mig: 2}, time.Minute)
+		ok, err := waitAllocatable(context.Background(), e.a, e.node, map[corev1.ResourceName]int64{mig: 2}, time.Minute)
 		done <- result{ok, err}
 	}()
 	kubetest.RestartAPIServer(t, 2*time.Second)
@@ -876,25 +875,25 @@ func TestClaimsOnDevicesThatGoAreAffected(t *testing.T) {
 
 	for _, tc := range []struct {
 		name   string
-		change drain.Change
+		change deviceChange
 		want   []string
 	}{
-		{"MIG device destroyed", drain.Change{GPUs: []string{gpu0}, MIGDevices: []string{"MIG-go"}}, keys(e.ns, "on-go")},
-		{"whole GPU changes", drain.Change{GPUs: []string{gpu1}}, keys(e.ns, "whole")},
+		{"MIG device destroyed", deviceChange{GPUs: []string{gpu0}, MIGDevices: []string{"MIG-go"}}, keys(e.ns, "on-go")},
+		{"whole GPU changes", deviceChange{GPUs: []string{gpu1}}, keys(e.ns, "whole")},
 	} {
-		aff, err := drain.FindAffected(ctx, clientset.Wrap(e.c), testLog(t), e.node, e.k.Socket(), tc.change)
+		aff, err := findAffected(ctx, clientset.Wrap(e.c), testLog(t), e.node, e.k.Socket(), tc.change)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if aff.How != drain.HowPodResources || !slices.Equal(aff.Names(), tc.want) {
+		if aff.How != howPodResources || !slices.Equal(aff.Names(), tc.want) {
 			t.Fatalf("%s: FindAffected = %v by %q, want %v by pod-resources", tc.name, aff.Names(), aff.How, tc.want)
 		}
 	}
-	aff, err := drain.FindAffected(ctx, clientset.Wrap(e.c), testLog(t), e.node, e.k.Socket(), drain.Change{MIGDevices: []string{"MIG-go"}})
+	aff, err := findAffected(ctx, clientset.Wrap(e.c), testLog(t), e.node, e.k.Socket(), deviceChange{MIGDevices: []string{"MIG-go"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	evicted, err := drain.Evict(ctx, clientset.Wrap(e.c), testLog(t), aff.Pods, drain.EvictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
+	evicted, err := evict(ctx, clientset.Wrap(e.c), testLog(t), aff.Pods, evictOptions{Timeout: 30 * time.Second, RetryDelay: time.Second})
 	if err != nil || !slices.Equal(evicted, keys(e.ns, "on-go")) {
 		t.Fatalf("Evict = %v, %v", evicted, err)
 	}

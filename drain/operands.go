@@ -25,20 +25,20 @@ import (
 // MIG manager does; the GPU Operator's DaemonSets then leave the node.
 const PausedValue = "paused-for-mig-change"
 
-// ErrOperandsTimeout: operand pods were still on the node after the wait.
-var ErrOperandsTimeout = errors.New("GPU Operator operand pods still on the node")
+// errOperandsTimeout: operand pods were still on the node after the wait.
+var errOperandsTimeout = errors.New("GPU Operator operand pods still on the node")
 
-// Operand is a GPU Operator operand: its node deploy label, and the app
+// operand is a GPU Operator operand: its node deploy label, and the app
 // label of its pods ("" when there is nothing to wait for).
-type Operand struct {
+type operand struct {
 	Label string
 	App   string
 }
 
 // Operands returns the operands that hold GPUs and are paused during a
 // change: the ones NVIDIA's MIG manager pauses, with the same pod app labels.
-func Operands() []Operand {
-	return []Operand{
+func Operands() []operand {
+	return []operand{
 		{Label: "nvidia.com/gpu.deploy.device-plugin", App: "nvidia-device-plugin-daemonset"},
 		{Label: "nvidia.com/gpu.deploy.gpu-feature-discovery", App: "gpu-feature-discovery"},
 		{Label: "nvidia.com/gpu.deploy.dcgm-exporter", App: "nvidia-dcgm-exporter"},
@@ -51,16 +51,16 @@ func Operands() []Operand {
 	}
 }
 
-// Saved holds the operand labels' values before a pause: label → value,
+// savedLabels holds the operand labels' values before a pause: label → value,
 // nil where the label was absent. It is plain JSON ({"label": "true",
 // "other": null}), for the caller's journal.
-type Saved map[string]*string
+type savedLabels map[string]*string
 
-// Paused lists, sorted, the labels that PauseOperands sets to PausedValue:
+// Paused lists, sorted, the labels that pauseOperands sets to PausedValue:
 // those present with a value other than "false". An absent label means the
 // operator does not deploy that operand here, and "false" means someone
 // turned it off on purpose; both are left exactly as they are.
-func (s Saved) Paused() []string {
+func (s savedLabels) Paused() []string {
 	var out []string
 	for l, v := range s {
 		if v != nil && *v != "false" {
@@ -71,25 +71,25 @@ func (s Saved) Paused() []string {
 	return out
 }
 
-// ReadOperands reads the operand labels of node. Journal the result, then
-// call PauseOperands with it, so that a crash between the two leaves a
+// readOperands reads the operand labels of node. Journal the result, then
+// call pauseOperands with it, so that a crash between the two leaves a
 // record of what to restore. A label already at PausedValue (left by an
 // interrupted change) is saved as "true", what NVIDIA's manager restores.
-func ReadOperands(ctx context.Context, client kclient.Interface, node string) (Saved, error) {
+func readOperands(ctx context.Context, client kclient.Interface, node string) (savedLabels, error) {
 	if node == "" {
-		return nil, fmt.Errorf("read operand labels: %w", ErrNoNode)
+		return nil, fmt.Errorf("read operand labels: %w", errNoNode)
 	}
 	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("read operand labels of node %s: %w", node, err)
 	}
-	return OperandsOf(n), nil
+	return operandsOf(n), nil
 }
 
-// OperandsOf is what ReadOperands saves, from a Node already read (the
+// operandsOf is what readOperands saves, from a Node already read (the
 // agent's watch of its Node).
-func OperandsOf(n *corev1.Node) Saved {
-	saved := Saved{}
+func operandsOf(n *corev1.Node) savedLabels {
+	saved := savedLabels{}
 	for _, op := range Operands() {
 		v, ok := n.Labels[op.Label]
 		switch {
@@ -104,14 +104,14 @@ func OperandsOf(n *corev1.Node) Saved {
 	return saved
 }
 
-// PauseOperands sets the labels of saved.Paused() to PausedValue and waits
+// pauseOperands sets the labels of saved.Paused() to PausedValue and waits
 // up to wait (0: no wait) for the operands' pods to leave node. A label whose
-// value changed since ReadOperands is left alone and logged. On
-// ErrOperandsTimeout (or any error) the caller restores with saved.
-func PauseOperands(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, saved Saved,
+// value changed since readOperands is left alone and logged. On
+// errOperandsTimeout (or any error) the caller restores with saved.
+func pauseOperands(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, saved savedLabels,
 	wait time.Duration) error {
 	if node == "" {
-		return fmt.Errorf("pause operands: %w", ErrNoNode)
+		return fmt.Errorf("pause operands: %w", errNoNode)
 	}
 	toPause := saved.Paused()
 	if len(toPause) == 0 {
@@ -198,17 +198,17 @@ func waitOperandsGone(ctx context.Context, client kclient.Interface, node string
 	if len(left) == 0 && lastErr != nil {
 		return fmt.Errorf("wait for operand pods to leave node %s: %w", node, lastErr)
 	}
-	return fmt.Errorf("%w after %s: %s", ErrOperandsTimeout, timeout, strings.Join(left, ", "))
+	return fmt.Errorf("%w after %s: %s", errOperandsTimeout, timeout, strings.Join(left, ", "))
 }
 
-// RestoreOperands puts back the values of saved: each label that is at
+// restoreOperands puts back the values of saved: each label that is at
 // PausedValue now gets its saved value (removed where it was absent). A
 // label with any other value was not paused by us, or was changed since,
 // and is left alone. Safe to repeat.
-func RestoreOperands(ctx context.Context, client kclient.Interface, log *slog.Logger, node string,
-	saved Saved) error {
+func restoreOperands(ctx context.Context, client kclient.Interface, log *slog.Logger, node string,
+	saved savedLabels) error {
 	if node == "" {
-		return fmt.Errorf("restore operands: %w", ErrNoNode)
+		return fmt.Errorf("restore operands: %w", errNoNode)
 	}
 	if len(saved) == 0 {
 		return nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/internal/kclient"
@@ -22,70 +25,63 @@ import (
 
 // Resource names NVIDIA's device plugin advertises.
 const (
-	ResourceGPU       = corev1.ResourceName("nvidia.com/gpu")
-	ResourceMIGPrefix = "nvidia.com/mig-"
+	resourceGPU       = corev1.ResourceName("nvidia.com/gpu")
+	resourceMIGPrefix = "nvidia.com/mig-"
 )
 
 var (
-	// ErrUnknownStrategy: not none, single or mixed.
-	ErrUnknownStrategy = errors.New("unknown MIG strategy")
-	// ErrResourcesTimeout: the node's allocatable did not show the expected
+	// errUnknownStrategy: not none, single or mixed.
+	errUnknownStrategy = errors.New("unknown MIG strategy")
+	// errResourcesTimeout: the node's allocatable did not show the expected
 	// resources in time.
-	ErrResourcesTimeout = errors.New("node allocatable did not show the expected resources")
+	errResourcesTimeout = errors.New("node allocatable did not show the expected resources")
 )
 
-// GPUGeometry is what one GPU looks like after a change, as the device
-// plugin sees it.
-type GPUGeometry struct {
-	MigEnabled bool
-	// Devices has one entry per MIG device: the profile name of its compute
-	// instance as NVML names it ("1g.18gb", "1c.3g.71gb", "1g.18gb+me").
-	Devices []string
-}
-
-// MIGResourceName is the mixed-strategy resource of a MIG profile:
+// migResourceName is the mixed-strategy resource of a MIG profile:
 // "nvidia.com/mig-1g.18gb"; a "+" becomes "." ("1g.18gb+me" →
 // "nvidia.com/mig-1g.18gb.me"), as the device plugin names it.
-func MIGResourceName(profile string) (corev1.ResourceName, error) {
+func migResourceName(profile string) (corev1.ResourceName, error) {
 	n, err := profiles.Parse(profile)
 	if err != nil {
 		return "", err
 	}
-	return corev1.ResourceName(ResourceMIGPrefix + strings.ReplaceAll(n.String(), "+", ".")), nil
+	return corev1.ResourceName(resourceMIGPrefix + strings.ReplaceAll(n.String(), "+", ".")), nil
 }
 
-// ExpectedResources returns what NVIDIA's device plugin advertises for gpus
-// under strategy (empty means none):
+// expectedResources returns what NVIDIA's device plugin advertises under
+// strategy (empty means none) for the GPUs: migMode has each GPU by UUID,
+// true where its MIG mode is on; migDevices the MIG devices of those by UUID,
+// each with its compute instance's profile as NVML names it ("1g.18gb",
+// "1c.3g.71gb", "1g.18gb+me").
 //   - none: nvidia.com/gpu = every GPU (MIG is ignored);
 //   - single: nvidia.com/gpu = every MIG device + every GPU with MIG off;
 //   - mixed: nvidia.com/mig-<profile> per MIG device profile, and
 //     nvidia.com/gpu = every GPU with MIG off.
 //
 // Resources with a count of 0 are left out.
-func ExpectedResources(strategy string, gpus []GPUGeometry) (map[corev1.ResourceName]int64, error) {
+func expectedResources(strategy string, migMode map[string]bool, migDevices map[string]string) (map[corev1.ResourceName]int64, error) {
 	out := map[corev1.ResourceName]int64{}
 	switch strategy {
 	case "", profiles.StrategyNone:
-		out[ResourceGPU] = int64(len(gpus))
+		out[resourceGPU] = int64(len(migMode))
 	case profiles.StrategySingle, profiles.StrategyMixed:
-		for i, g := range gpus {
-			if !g.MigEnabled {
-				out[ResourceGPU]++
-				continue
-			}
-			for _, d := range g.Devices {
-				name, err := MIGResourceName(d)
-				if err != nil {
-					return nil, fmt.Errorf("GPU %d: %w", i, err)
-				}
-				if strategy == profiles.StrategySingle {
-					name = ResourceGPU
-				}
-				out[name]++
+		for _, on := range migMode {
+			if !on {
+				out[resourceGPU]++
 			}
 		}
+		for _, uuid := range slices.Sorted(maps.Keys(migDevices)) {
+			name, err := migResourceName(migDevices[uuid])
+			if err != nil {
+				return nil, fmt.Errorf("MIG device %s: %w", uuid, err)
+			}
+			if strategy == profiles.StrategySingle {
+				name = resourceGPU
+			}
+			out[name]++
+		}
 	default:
-		return nil, fmt.Errorf("%w %q: want %s, %s or %s", ErrUnknownStrategy, strategy, profiles.StrategyNone, profiles.StrategySingle, profiles.StrategyMixed)
+		return nil, fmt.Errorf("%w %q: want %s, %s or %s", errUnknownStrategy, strategy, profiles.StrategyNone, profiles.StrategySingle, profiles.StrategyMixed)
 	}
 	for r, n := range out {
 		if n == 0 {
@@ -95,12 +91,12 @@ func ExpectedResources(strategy string, gpus []GPUGeometry) (map[corev1.Resource
 	return out, nil
 }
 
-// AdvertisesGPU reports whether node's capacity or allocatable lists any
+// advertisesGPU reports whether node's capacity or allocatable lists any
 // nvidia.com/ resource, that is, whether a device plugin ever advertised one.
-func AdvertisesGPU(node *corev1.Node) bool {
+func advertisesGPU(node *corev1.Node) bool {
 	for _, l := range []corev1.ResourceList{node.Status.Capacity, node.Status.Allocatable} {
 		for r := range l {
-			if strings.HasPrefix(string(r), GPUResourcePrefix) {
+			if strings.HasPrefix(string(r), podresources.GPUResourcePrefix) {
 				return true
 			}
 		}
@@ -108,7 +104,7 @@ func AdvertisesGPU(node *corev1.Node) bool {
 	return false
 }
 
-// WaitAllocatable waits up to timeout until node's allocatable shows exactly
+// waitAllocatable waits up to timeout until node's allocatable shows exactly
 // want: each resource of want with its count, and every other GPU resource
 // (nvidia.com/gpu, nvidia.com/mig-*) at 0 or absent. A MIG resource the
 // device plugin no longer advertises stays in the node's capacity for a while
@@ -117,8 +113,8 @@ func AdvertisesGPU(node *corev1.Node) bool {
 // but its allocatable is 0 at once; a leftover above 0 means the plugin still
 // advertises the old geometry. It returns (true, nil) at once when the node
 // advertises no nvidia.com/ resource at all (no device plugin: nothing to
-// wait for; AdvertisesGPU tells the two apart). When time runs out it returns
-// false and an error wrapping ErrResourcesTimeout that names what is
+// wait for; advertisesGPU tells the two apart). When time runs out it returns
+// false and an error wrapping errResourcesTimeout that names what is
 // missing; other errors (ctx cancelled, node unreadable throughout) come
 // with false too. A timeout <= 0 checks once.
 //
@@ -128,20 +124,20 @@ func AdvertisesGPU(node *corev1.Node) bool {
 // server ends (an outage, its timeout, a resourceVersion too old) is
 // followed by a list and a new watch, after a jittered backoff where the
 // server did not answer.
-func WaitAllocatable(ctx context.Context, client kclient.Interface, node string,
+func waitAllocatable(ctx context.Context, client kclient.Interface, node string,
 	want map[corev1.ResourceName]int64, timeout time.Duration) (bool, error) {
-	return WaitAdvertised(ctx, client, node, want, NoSharing, timeout)
+	return waitAdvertised(ctx, client, node, want, noSharing, timeout)
 }
 
-// WaitAdvertised is WaitAllocatable for a device plugin that shares its
-// devices as sharing says (ReadSharing): want (devices per resource) is
+// waitAdvertised is waitAllocatable for a device plugin that shares its
+// devices as sharing says (readNodeSharing): want (devices per resource) is
 // expected as sharing.Advertised(want), exactly. A nil sharing (the
 // plugin's config is not known) accepts, per resource of want, the forms
-// the plugin documents (MatchShared).
-func WaitAdvertised(ctx context.Context, client kclient.Interface, node string,
-	want map[corev1.ResourceName]int64, sharing *Sharing, timeout time.Duration) (bool, error) {
+// the plugin documents (matchShared).
+func waitAdvertised(ctx context.Context, client kclient.Interface, node string,
+	want map[corev1.ResourceName]int64, sharing *sharingConfig, timeout time.Duration) (bool, error) {
 	if node == "" {
-		return false, fmt.Errorf("wait for allocatable: %w", ErrNoNode)
+		return false, fmt.Errorf("wait for allocatable: %w", errNoNode)
 	}
 	w := &allocatableWait{want: want, sharing: sharing, first: true}
 	nodes := client.CoreV1().Nodes()
@@ -161,7 +157,7 @@ func WaitAdvertised(ctx context.Context, client kclient.Interface, node string,
 		if w.done(&l.Items[0]) {
 			return true, nil
 		}
-		return false, fmt.Errorf("%w on node %s within %s: %s", ErrResourcesTimeout, node, timeout, strings.Join(w.missing, ", "))
+		return false, fmt.Errorf("%w on node %s within %s: %s", errResourcesTimeout, node, timeout, strings.Join(w.missing, ", "))
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -183,9 +179,9 @@ func WaitAdvertised(ctx context.Context, client kclient.Interface, node string,
 		}
 		if wctx.Err() != nil {
 			if w.lastErr != nil && w.missing == nil {
-				return false, fmt.Errorf("%w on node %s within %s: %w", ErrResourcesTimeout, node, timeout, w.lastErr)
+				return false, fmt.Errorf("%w on node %s within %s: %w", errResourcesTimeout, node, timeout, w.lastErr)
 			}
-			return false, fmt.Errorf("%w on node %s within %s: %s", ErrResourcesTimeout, node, timeout, strings.Join(w.missing, ", "))
+			return false, fmt.Errorf("%w on node %s within %s: %s", errResourcesTimeout, node, timeout, strings.Join(w.missing, ", "))
 		}
 		if err == nil {
 			retries = backoff.API() // the watch ended normally: list again at once
@@ -198,11 +194,11 @@ func WaitAdvertised(ctx context.Context, client kclient.Interface, node string,
 	}
 }
 
-// allocatableWait is the state of one WaitAllocatable.
+// allocatableWait is the state of one waitAllocatable.
 type allocatableWait struct {
 	want    map[corev1.ResourceName]int64
-	sharing *Sharing // nil: not known
-	first   bool     // no read of the Node yet
+	sharing *sharingConfig // nil: not known
+	first   bool           // no read of the Node yet
 	ok      bool
 	missing []string
 	lastErr error
@@ -210,12 +206,12 @@ type allocatableWait struct {
 
 // done checks one read of the Node.
 func (w *allocatableWait) done(n *corev1.Node) bool {
-	if w.first && !AdvertisesGPU(n) {
+	if w.first && !advertisesGPU(n) {
 		w.ok = true
 		return true
 	}
 	w.first, w.lastErr = false, nil
-	w.missing = MatchShared(n.Status.Allocatable, w.want, w.sharing)
+	w.missing = matchShared(n.Status.Allocatable, w.want, w.sharing)
 	w.ok = len(w.missing) == 0
 	return w.ok
 }
@@ -262,7 +258,7 @@ func (w *allocatableWait) listAndWatch(ctx context.Context, list func(context.Co
 }
 
 // missingResources lists how have differs from exactly want (see
-// WaitAllocatable), one "resource: have N, want M" each, sorted.
+// waitAllocatable), one "resource: have N, want M" each, sorted.
 func missingResources(have corev1.ResourceList, want map[corev1.ResourceName]int64) []string {
 	var out []string
 	for r, n := range want {
@@ -287,11 +283,11 @@ func missingResources(have corev1.ResourceList, want map[corev1.ResourceName]int
 // or MIG devices, shared ("nvidia.com/gpu.shared") or not (not another
 // vendor's).
 func isGPUResource(r corev1.ResourceName) bool {
-	r = corev1.ResourceName(strings.TrimSuffix(string(r), SharedSuffix))
-	return r == ResourceGPU || strings.HasPrefix(string(r), ResourceMIGPrefix)
+	r = corev1.ResourceName(strings.TrimSuffix(string(r), sharedSuffix))
+	return r == resourceGPU || strings.HasPrefix(string(r), resourceMIGPrefix)
 }
 
-// MatchShared lists how have differs from what the device plugin
+// matchShared lists how have differs from what the device plugin
 // advertises for want (devices per resource) under sharing, sorted; empty
 // is a match. A known sharing (non-nil) is exact: sharing.Advertised(want),
 // every other GPU resource at 0 or absent. A nil sharing accepts, for each
@@ -304,14 +300,14 @@ func isGPUResource(r corev1.ResourceName) bool {
 //
 // It stays exact about which resources exist: any other GPU resource,
 // shared or not, must be 0 or absent.
-func MatchShared(have corev1.ResourceList, want map[corev1.ResourceName]int64, sharing *Sharing) []string {
+func matchShared(have corev1.ResourceList, want map[corev1.ResourceName]int64, sharing *sharingConfig) []string {
 	if sharing != nil {
 		return missingResources(have, sharing.Advertised(want))
 	}
 	var out []string
 	expected := map[corev1.ResourceName]bool{}
 	for r, n := range want {
-		shared := r + SharedSuffix
+		shared := r + sharedSuffix
 		expected[r], expected[shared] = true, true
 		plain, renamed := have[r], have[shared]
 		p, s := plain.Value(), renamed.Value()

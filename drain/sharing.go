@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/kclient"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +23,7 @@ import (
 // daemonset-device-plugin.yml) both run it as a container of the plugin's
 // pod with these variables and the ConfigMap mounted at CONFIG_FILE_SRCDIR.
 const (
-	DevicePluginConfigLabel = "nvidia.com/device-plugin.config"
+	devicePluginConfigLabel = "nvidia.com/device-plugin.config"
 	envNodeLabel            = "NODE_LABEL"
 	envConfigSrcDir         = "CONFIG_FILE_SRCDIR"
 	envDefaultConfig        = "DEFAULT_CONFIG"
@@ -37,43 +38,43 @@ const (
 	fallbackSingle = "single"
 	fallbackEmpty  = "empty"
 	namedFallback  = "default"
-	// SharedSuffix: renameByDefault advertises a shared resource as its
+	// sharedSuffix: renameByDefault advertises a shared resource as its
 	// name plus this (api/config/v1 DefaultSharedResourceNameSuffix).
-	SharedSuffix = ".shared"
+	sharedSuffix = ".shared"
 )
 
-// ErrSharingUnknown: the device plugin's sharing config could not be
+// errSharingUnknown: the device plugin's sharing config could not be
 // known; the allocatable rule then accepts the plugin's documented forms.
-var ErrSharingUnknown = errors.New("the device plugin's sharing config is not known")
+var errSharingUnknown = errors.New("the device plugin's sharing config is not known")
 
-// ErrNoPluginPod: no device plugin pod runs on the node (now).
-var ErrNoPluginPod = errors.New("no device plugin pod on the node")
+// errNoPluginPod: no device plugin pod runs on the node (now).
+var errNoPluginPod = errors.New("no device plugin pod on the node")
 
-// Replicated is how the device plugin advertises one shared resource:
+// replicated is how the device plugin advertises one shared resource:
 // Replicas devices per device, under the name As.
-type Replicated struct {
+type replicated struct {
 	Replicas int64
 	As       corev1.ResourceName
 }
 
-// Sharing is what the device plugin's sharing config does to the resources
+// sharingConfig is what the device plugin's sharing config does to the resources
 // it advertises, keyed by the resource's name before sharing. A nil
-// *Sharing means the config is not known.
-type Sharing struct {
-	Resources map[corev1.ResourceName]Replicated
+// *sharingConfig means the config is not known.
+type sharingConfig struct {
+	Resources map[corev1.ResourceName]replicated
 	// Source says where it was read, for messages.
 	Source string
 }
 
-// NoSharing: a plugin known to run without a sharing config.
-var NoSharing = &Sharing{Source: "no sharing config"}
+// noSharing: a plugin known to run without a sharing config.
+var noSharing = &sharingConfig{Source: "no sharing config"}
 
 // Advertised is what the plugin advertises for want (resource → devices)
 // under s: each shared resource Replicas times its devices, under its
 // shared name (k8s-device-plugin internal/rm/device_map.go
 // updateDeviceMapWithReplicas: Replicas annotated devices per device; a
 // resource the config does not name passes unchanged).
-func (s *Sharing) Advertised(want map[corev1.ResourceName]int64) map[corev1.ResourceName]int64 {
+func (s *sharingConfig) Advertised(want map[corev1.ResourceName]int64) map[corev1.ResourceName]int64 {
 	out := make(map[corev1.ResourceName]int64, len(want))
 	for r, n := range want {
 		rep, shared := s.Resources[r]
@@ -105,14 +106,14 @@ type replicatedResources struct {
 	} `json:"resources"`
 }
 
-// ParseSharing reads a device plugin config file (YAML or JSON) as the
+// parseSharing reads a device plugin config file (YAML or JSON) as the
 // plugin does (api/config/v1 parseConfigFrom, then
 // DisableResourceNamingInConfig): the MPS resources when sharing.mps is
 // set, else the time-slicing ones (Sharing.ReplicatedResources); a name
 // without a "/" gets "nvidia.com/" (NewResourceName); replicas must be at
 // least 2 (ReplicatedResource.UnmarshalJSON); "rename" is ignored and
 // renameByDefault renames every listed resource to "<name>.shared".
-func ParseSharing(data []byte) (map[corev1.ResourceName]Replicated, error) {
+func parseSharing(data []byte) (map[corev1.ResourceName]replicated, error) {
 	var c pluginConfig
 	if err := yaml.Unmarshal(data, &c); err != nil {
 		return nil, fmt.Errorf("device plugin config: %w", err)
@@ -121,7 +122,7 @@ func ParseSharing(data []byte) (map[corev1.ResourceName]Replicated, error) {
 	if c.Sharing.MPS != nil {
 		rr = c.Sharing.MPS
 	}
-	out := map[corev1.ResourceName]Replicated{}
+	out := map[corev1.ResourceName]replicated{}
 	if rr == nil {
 		return out, nil
 	}
@@ -137,13 +138,13 @@ func ParseSharing(data []byte) (map[corev1.ResourceName]Replicated, error) {
 		}
 		name := r.Name
 		if !strings.Contains(name, "/") {
-			name = GPUResourcePrefix + name
+			name = podresources.GPUResourcePrefix + name
 		}
 		as := corev1.ResourceName(name)
 		if rr.RenameByDefault {
-			as += SharedSuffix
+			as += sharedSuffix
 		}
-		out[corev1.ResourceName(name)] = Replicated{Replicas: *r.Replicas, As: as}
+		out[corev1.ResourceName(name)] = replicated{Replicas: *r.Replicas, As: as}
 	}
 	return out, nil
 }
@@ -157,60 +158,60 @@ type configManager struct {
 	ownConfigFile, hasManager bool
 }
 
-// ReadSharing finds the device plugin's sharing config for node as the
+// readNodeSharing finds the device plugin's sharing config for node as the
 // plugin's config-manager picks it: the ConfigMap mounted at its
 // CONFIG_FILE_SRCDIR, the key the node's nvidia.com/device-plugin.config
 // label (its NODE_LABEL) names, else DEFAULT_CONFIG, else its fallback
 // strategies (updateConfigName). A plugin pod with neither a config-manager
-// nor a config file of its own shares nothing (NoSharing). Where the config
+// nor a config file of its own shares nothing (noSharing). Where the config
 // cannot be known (no plugin pod, a config file on the host, a ConfigMap
 // the agent may not read, a label naming a missing key: the config-manager
 // then keeps the previous config), it returns nil and an error wrapping
-// ErrSharingUnknown.
-func ReadSharing(ctx context.Context, client kclient.Interface, node string) (*Sharing, error) {
+// errSharingUnknown.
+func readNodeSharing(ctx context.Context, client kclient.Interface, node string) (*sharingConfig, error) {
 	if node == "" {
-		return nil, fmt.Errorf("read the device plugin's config: %w", ErrNoNode)
+		return nil, fmt.Errorf("read the device plugin's config: %w", errNoNode)
 	}
 	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("%w: read node %s: %w", ErrSharingUnknown, node, err)
+		return nil, fmt.Errorf("%w: read node %s: %w", errSharingUnknown, node, err)
 	}
-	return ReadSharingOf(ctx, client, n)
+	return readSharingOf(ctx, client, n)
 }
 
-// ReadSharingOf is ReadSharing with the Node already read (the agent's
+// readSharingOf is readNodeSharing with the Node already read (the agent's
 // watch of its Node holds the config label).
-func ReadSharingOf(ctx context.Context, client kclient.Interface, n *corev1.Node) (*Sharing, error) {
+func readSharingOf(ctx context.Context, client kclient.Interface, n *corev1.Node) (*sharingConfig, error) {
 	node := n.Name
 	pods, err := NodePods(ctx, client, node)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSharingUnknown, err)
+		return nil, fmt.Errorf("%w: %w", errSharingUnknown, err)
 	}
 	cm, found := pluginConfigManager(pods)
 	switch {
 	case !found:
-		return nil, fmt.Errorf("%w: %w %s", ErrSharingUnknown, ErrNoPluginPod, node)
+		return nil, fmt.Errorf("%w: %w %s", errSharingUnknown, errNoPluginPod, node)
 	case !cm.hasManager && !cm.ownConfigFile:
-		return NoSharing, nil
+		return noSharing, nil
 	case !cm.hasManager || cm.configMap == "":
-		return nil, fmt.Errorf("%w: the device plugin reads a config file the agent cannot see", ErrSharingUnknown)
+		return nil, fmt.Errorf("%w: the device plugin reads a config file the agent cannot see", errSharingUnknown)
 	}
 	m, err := client.CoreV1().ConfigMaps(cm.namespace).Get(ctx, cm.configMap, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("%w: read ConfigMap %s/%s: %w", ErrSharingUnknown, cm.namespace, cm.configMap, err)
+		return nil, fmt.Errorf("%w: read ConfigMap %s/%s: %w", errSharingUnknown, cm.namespace, cm.configMap, err)
 	}
 	key, err := cm.pick(n.Labels, m)
 	if err != nil {
-		return nil, fmt.Errorf("%w: ConfigMap %s/%s: %w", ErrSharingUnknown, cm.namespace, cm.configMap, err)
+		return nil, fmt.Errorf("%w: ConfigMap %s/%s: %w", errSharingUnknown, cm.namespace, cm.configMap, err)
 	}
 	if key == "" {
-		return &Sharing{Source: fmt.Sprintf("ConfigMap %s/%s: empty config", cm.namespace, cm.configMap)}, nil
+		return &sharingConfig{Source: fmt.Sprintf("ConfigMap %s/%s: empty config", cm.namespace, cm.configMap)}, nil
 	}
-	res, err := ParseSharing([]byte(configData(m, key)))
+	res, err := parseSharing([]byte(configData(m, key)))
 	if err != nil {
-		return nil, fmt.Errorf("%w: ConfigMap %s/%s key %q: %w", ErrSharingUnknown, cm.namespace, cm.configMap, key, err)
+		return nil, fmt.Errorf("%w: ConfigMap %s/%s key %q: %w", errSharingUnknown, cm.namespace, cm.configMap, key, err)
 	}
-	return &Sharing{Resources: res, Source: fmt.Sprintf("ConfigMap %s/%s key %q", cm.namespace, cm.configMap, key)}, nil
+	return &sharingConfig{Resources: res, Source: fmt.Sprintf("ConfigMap %s/%s key %q", cm.namespace, cm.configMap, key)}, nil
 }
 
 func configData(m *corev1.ConfigMap, key string) string {
@@ -288,7 +289,7 @@ func isPluginItself(p *corev1.Pod) bool {
 }
 
 func readConfigManager(p *corev1.Pod) configManager {
-	cm := configManager{namespace: p.Namespace, nodeLabel: DevicePluginConfigLabel}
+	cm := configManager{namespace: p.Namespace, nodeLabel: devicePluginConfigLabel}
 	containers := append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...)
 	for _, c := range containers {
 		env := map[string]string{}

@@ -34,11 +34,11 @@ sharing:
 `
 
 func TestParseSharing(t *testing.T) {
-	got, err := ParseSharing([]byte(timeSlicing4))
+	got, err := parseSharing([]byte(timeSlicing4))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[corev1.ResourceName]Replicated{
+	want := map[corev1.ResourceName]replicated{
 		"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb"},
 		"nvidia.com/gpu":         {Replicas: 2, As: "nvidia.com/gpu"},
 	}
@@ -47,16 +47,16 @@ func TestParseSharing(t *testing.T) {
 	}
 	// renameByDefault, and "rename" ignored as the plugin does; MPS wins
 	// over time-slicing when set.
-	got, err = ParseSharing([]byte(`{"version":"v1","sharing":{"timeSlicing":{"resources":[{"name":"nvidia.com/gpu","replicas":9}]},
+	got, err = parseSharing([]byte(`{"version":"v1","sharing":{"timeSlicing":{"resources":[{"name":"nvidia.com/gpu","replicas":9}]},
 "mps":{"renameByDefault":true,"resources":[{"name":"nvidia.com/gpu","replicas":3,"rename":"other"}]}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Replicated{Replicas: 3, As: "nvidia.com/gpu.shared"}); got["nvidia.com/gpu"] != want || len(got) != 1 {
+	if want := (replicated{Replicas: 3, As: "nvidia.com/gpu.shared"}); got["nvidia.com/gpu"] != want || len(got) != 1 {
 		t.Errorf("ParseSharing(mps, renameByDefault) = %v", got)
 	}
 	// No sharing section: nothing shared.
-	if got, err := ParseSharing([]byte("version: v1\nflags:\n  migStrategy: mixed\n")); err != nil || len(got) != 0 {
+	if got, err := parseSharing([]byte("version: v1\nflags:\n  migStrategy: mixed\n")); err != nil || len(got) != 0 {
 		t.Errorf("ParseSharing(no sharing) = %v, %v", got, err)
 	}
 	for name, bad := range map[string]string{
@@ -66,7 +66,7 @@ func TestParseSharing(t *testing.T) {
 		"no name":      "sharing:\n  timeSlicing:\n    resources:\n    - replicas: 2\n",
 		"not yaml":     "sharing: [",
 	} {
-		if _, err := ParseSharing([]byte(bad)); err == nil {
+		if _, err := parseSharing([]byte(bad)); err == nil {
 			t.Errorf("ParseSharing(%s) accepted it", name)
 		}
 	}
@@ -74,11 +74,11 @@ func TestParseSharing(t *testing.T) {
 
 func TestMatchSharedKnown(t *testing.T) {
 	want := map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 7}
-	replicas := &Sharing{Resources: map[corev1.ResourceName]Replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb"}}}
-	renamed := &Sharing{Resources: map[corev1.ResourceName]Replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb.shared"}}}
+	replicas := &sharingConfig{Resources: map[corev1.ResourceName]replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb"}}}
+	renamed := &sharingConfig{Resources: map[corev1.ResourceName]replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb.shared"}}}
 	for _, tc := range []struct {
 		name    string
-		sharing *Sharing
+		sharing *sharingConfig
 		have    map[string]int64
 		miss    string // "" is a match
 	}{
@@ -87,10 +87,10 @@ func TestMatchSharedKnown(t *testing.T) {
 		{"replicas, another multiple", replicas, map[string]int64{"nvidia.com/mig-1g.18gb": 14}, "have 14, want 28"},
 		{"renamed", renamed, map[string]int64{"nvidia.com/mig-1g.18gb.shared": 28, "nvidia.com/mig-1g.18gb": 0}, ""},
 		{"renamed, old name left", renamed, map[string]int64{"nvidia.com/mig-1g.18gb.shared": 28, "nvidia.com/mig-1g.18gb": 7}, "nvidia.com/mig-1g.18gb: have 7, want 0"},
-		{"none, plain", NoSharing, map[string]int64{"nvidia.com/mig-1g.18gb": 7}, ""},
-		{"none, shared leftover", NoSharing, map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/gpu.shared": 2}, "nvidia.com/gpu.shared: have 2, want 0"},
+		{"none, plain", noSharing, map[string]int64{"nvidia.com/mig-1g.18gb": 7}, ""},
+		{"none, shared leftover", noSharing, map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/gpu.shared": 2}, "nvidia.com/gpu.shared: have 2, want 0"},
 	} {
-		got := strings.Join(MatchShared(list(tc.have), want, tc.sharing), "; ")
+		got := strings.Join(matchShared(list(tc.have), want, tc.sharing), "; ")
 		if (tc.miss == "") != (got == "") || !strings.Contains(got, tc.miss) {
 			t.Errorf("%s: MatchShared = %q, want %q", tc.name, got, tc.miss)
 		}
@@ -115,7 +115,7 @@ func TestMatchSharedDocumentedForms(t *testing.T) {
 		{"a shared resource too many", map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/mig-2g.35gb": 2, "nvidia.com/gpu.shared": 4}, "nvidia.com/gpu.shared: have 4, want 0"},
 		{"another vendor", map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/mig-2g.35gb": 2, "example.com/fpga": 3}, ""},
 	} {
-		got := strings.Join(MatchShared(list(tc.have), want, nil), "; ")
+		got := strings.Join(matchShared(list(tc.have), want, nil), "; ")
 		if (tc.miss == "") != (got == "") || !strings.Contains(got, tc.miss) {
 			t.Errorf("%s: MatchShared = %q, want %q", tc.name, got, tc.miss)
 		}
@@ -149,7 +149,7 @@ func TestReadSharing(t *testing.T) {
 	node := func(label string) *corev1.Node {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
 		if label != "" {
-			n.Labels = map[string]string{DevicePluginConfigLabel: label}
+			n.Labels = map[string]string{devicePluginConfigLabel: label}
 		}
 		return n
 	}
@@ -167,9 +167,9 @@ func TestReadSharing(t *testing.T) {
 		{name: "no fallback", fbs: "named,single"},
 	} {
 		c := fake.NewClientset(node(tc.label), cm, pluginPod("n1", "plugin-config", tc.def, tc.fbs))
-		s, err := ReadSharing(ctx, clientset.Wrap(c), "n1")
+		s, err := readNodeSharing(ctx, clientset.Wrap(c), "n1")
 		if tc.source == "" {
-			if s != nil || !errors.Is(err, ErrSharingUnknown) {
+			if s != nil || !errors.Is(err, errSharingUnknown) {
 				t.Errorf("%s: ReadSharing = %v, %v, want unknown", tc.name, s, err)
 			}
 			continue
@@ -182,37 +182,37 @@ func TestReadSharing(t *testing.T) {
 	bare := pluginPod("n1", "x", "", "")
 	bare.Spec.Containers = bare.Spec.Containers[:1]
 	bare.Spec.Containers[0].Env = nil
-	if s, err := ReadSharing(ctx, clientset.Wrap(fake.NewClientset(node(""), bare)), "n1"); s != NoSharing || err != nil {
+	if s, err := readNodeSharing(ctx, clientset.Wrap(fake.NewClientset(node(""), bare)), "n1"); s != noSharing || err != nil {
 		t.Errorf("ReadSharing(no config) = %v, %v, want NoSharing", s, err)
 	}
 	// Its own config file (on the host): unknown.
 	bare.Spec.Containers[0].Args = []string{"--config-file=/etc/plugin.yaml"}
-	if s, err := ReadSharing(ctx, clientset.Wrap(fake.NewClientset(node(""), bare)), "n1"); s != nil || !errors.Is(err, ErrSharingUnknown) {
+	if s, err := readNodeSharing(ctx, clientset.Wrap(fake.NewClientset(node(""), bare)), "n1"); s != nil || !errors.Is(err, errSharingUnknown) {
 		t.Errorf("ReadSharing(host file) = %v, %v", s, err)
 	}
 	// No plugin pod; a ConfigMap it may not read (absent here): unknown.
-	if _, err := ReadSharing(ctx, clientset.Wrap(fake.NewClientset(node(""))), "n1"); !errors.Is(err, ErrNoPluginPod) {
+	if _, err := readNodeSharing(ctx, clientset.Wrap(fake.NewClientset(node(""))), "n1"); !errors.Is(err, errNoPluginPod) {
 		t.Errorf("ReadSharing(no pod) err = %v", err)
 	}
-	if _, err := ReadSharing(ctx, clientset.Wrap(fake.NewClientset(node("ts4"), pluginPod("n1", "absent", "", ""))), "n1"); !errors.Is(err, ErrSharingUnknown) {
+	if _, err := readNodeSharing(ctx, clientset.Wrap(fake.NewClientset(node("ts4"), pluginPod("n1", "absent", "", ""))), "n1"); !errors.Is(err, errSharingUnknown) {
 		t.Errorf("ReadSharing(no ConfigMap) err = %v", err)
 	}
 }
 
-// WaitAdvertised converges on a replicated count the plain wait refuses.
+// waitAdvertised converges on a replicated count the plain wait refuses.
 func TestWaitAdvertisedShared(t *testing.T) {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{
 		Allocatable: list(map[string]int64{"nvidia.com/mig-1g.18gb.shared": 28})}}
 	c := fake.NewClientset(n)
 	want := map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 7}
-	if ok, err := WaitAllocatable(context.Background(), clientset.Wrap(c), "n1", want, 0); ok || !errors.Is(err, ErrResourcesTimeout) {
+	if ok, err := waitAllocatable(context.Background(), clientset.Wrap(c), "n1", want, 0); ok || !errors.Is(err, errResourcesTimeout) {
 		t.Errorf("WaitAllocatable = %v, %v, want a timeout", ok, err)
 	}
-	if ok, err := WaitAdvertised(context.Background(), clientset.Wrap(c), "n1", want, nil, 0); !ok || err != nil {
+	if ok, err := waitAdvertised(context.Background(), clientset.Wrap(c), "n1", want, nil, 0); !ok || err != nil {
 		t.Errorf("WaitAdvertised(documented forms) = %v, %v", ok, err)
 	}
-	renamed := &Sharing{Resources: map[corev1.ResourceName]Replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb.shared"}}}
-	if ok, err := WaitAdvertised(context.Background(), clientset.Wrap(c), "n1", want, renamed, time.Second); !ok || err != nil {
+	renamed := &sharingConfig{Resources: map[corev1.ResourceName]replicated{"nvidia.com/mig-1g.18gb": {Replicas: 4, As: "nvidia.com/mig-1g.18gb.shared"}}}
+	if ok, err := waitAdvertised(context.Background(), clientset.Wrap(c), "n1", want, renamed, time.Second); !ok || err != nil {
 		t.Errorf("WaitAdvertised(renamed) = %v, %v", ok, err)
 	}
 }

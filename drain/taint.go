@@ -19,13 +19,13 @@ import (
 // migagent.io/reconfiguring=true:NoSchedule.
 const (
 	TaintKey    = "migagent.io/reconfiguring"
-	TaintValue  = "true"
+	taintValue  = "true"
 	TaintEffect = corev1.TaintEffectNoSchedule
 )
 
 // Taint returns the reconfiguring taint.
 func Taint() corev1.Taint {
-	return corev1.Taint{Key: TaintKey, Value: TaintValue, Effect: TaintEffect}
+	return corev1.Taint{Key: TaintKey, Value: taintValue, Effect: TaintEffect}
 }
 
 // AddTaint adds the reconfiguring taint to node. When the node already has a
@@ -34,7 +34,7 @@ func Taint() corev1.Taint {
 // added before acting on it.
 func AddTaint(ctx context.Context, client kclient.Interface, node string) (added bool, err error) {
 	if node == "" {
-		return false, fmt.Errorf("add taint: %w", ErrNoNode)
+		return false, fmt.Errorf("add taint: %w", errNoNode)
 	}
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		added = false
@@ -58,13 +58,13 @@ func AddTaint(ctx context.Context, client kclient.Interface, node string) (added
 	return added, nil
 }
 
-// RemoveTaint removes the reconfiguring taint (exactly key, value and
+// removeTaint removes the reconfiguring taint (exactly key, value and
 // effect) from node; call it only when AddTaint reported added. It reports
 // whether a taint was removed; a missing taint is no error, so it is safe to
 // repeat.
-func RemoveTaint(ctx context.Context, client kclient.Interface, node string) (removed bool, err error) {
+func removeTaint(ctx context.Context, client kclient.Interface, node string) (removed bool, err error) {
 	if node == "" {
-		return false, fmt.Errorf("remove taint: %w", ErrNoNode)
+		return false, fmt.Errorf("remove taint: %w", errNoNode)
 	}
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		removed = false
@@ -103,11 +103,11 @@ func AddTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.
 	return patchTaints(ctx, client, cached, taints)
 }
 
-// RemoveTaintFrom removes the taint with one request, from cached, as
+// removeTaintFrom removes the taint with one request, from cached, as
 // AddTaintFrom adds it; done is false, and nothing was written, when cached
 // does not show the taint or the Node changed since it was cached: the
-// caller then uses RemoveTaint.
-func RemoveTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (removed, done bool, err error) {
+// caller then uses removeTaint.
+func removeTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (removed, done bool, err error) {
 	kept, ours := withoutTaint(cached.Spec.Taints)
 	if !ours {
 		return false, false, nil

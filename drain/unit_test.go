@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/profiles"
 )
@@ -31,46 +33,46 @@ func TestNormalizeDeviceID(t *testing.T) {
 		"3":              "3",
 		"MIG-aa::1::bad": "MIG-aa",
 	} {
-		if got := NormalizeDeviceID(in); got != want {
+		if got := podresources.NormalizeDeviceID(in); got != want {
 			t.Errorf("NormalizeDeviceID(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
 
 func TestHolders(t *testing.T) {
-	pods := []PodDevices{
-		{Namespace: "a", Name: "whole", Containers: []ContainerDevices{
+	pods := []podresources.Pod{
+		{Namespace: "a", Name: "whole", Containers: []podresources.Container{
 			{Name: "c", Devices: map[string][]string{"nvidia.com/gpu": {"GPU-1"}}},
 		}},
-		{Namespace: "a", Name: "shared", Containers: []ContainerDevices{
+		{Namespace: "a", Name: "shared", Containers: []podresources.Container{
 			{Name: "c", Devices: map[string][]string{"nvidia.com/gpu.shared": {"GPU-2::3"}}},
 		}},
-		{Namespace: "b", Name: "mig", Containers: []ContainerDevices{
+		{Namespace: "b", Name: "mig", Containers: []podresources.Container{
 			{Name: "init", Devices: map[string][]string{"nvidia.com/mig-1g.18gb": {"MIG-a"}}},
 			{Name: "c", Devices: map[string][]string{"nvidia.com/mig-3g.71gb": {"MIG-b"}}},
 		}},
-		{Namespace: "b", Name: "other-vendor", Containers: []ContainerDevices{
+		{Namespace: "b", Name: "other-vendor", Containers: []podresources.Container{
 			{Name: "c", Devices: map[string][]string{"example.com/gpu": {"GPU-1"}}},
 		}},
 		{Namespace: "b", Name: "cpu-only"},
 		// Claims on the NVIDIA DRA driver, as PodResources dynamic_resources
 		// names them (device names of dra-driver-nvidia-gpu deviceinfo.go,
 		// mig.go ToCanonicalName).
-		{Namespace: "c", Name: "claim-mig", Containers: []ContainerDevices{
+		{Namespace: "c", Name: "claim-mig", Containers: []podresources.Container{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}},
 		}},
-		{Namespace: "c", Name: "claim-gpu", Containers: []ContainerDevices{
+		{Namespace: "c", Name: "claim-gpu", Containers: []podresources.Container{
 			{Name: "a", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}}},
 			{Name: "b", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}}}, // one claim, two containers
 		}},
-		{Namespace: "c", Name: "claim-unknown", Containers: []ContainerDevices{
+		{Namespace: "c", Name: "claim-unknown", Containers: []podresources.Container{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-1"}}},
 		}},
-		{Namespace: "c", Name: "claim-other-driver", Containers: []ContainerDevices{
+		{Namespace: "c", Name: "claim-other-driver", Containers: []podresources.Container{
 			{Name: "c", Claims: []dra.ClaimDevice{{Driver: "example.com/gpu", Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}}},
 		}},
 	}
-	idx := DRAIndex{UUIDs: map[dra.ClaimDevice]string{
+	idx := draIndex{UUIDs: map[dra.ClaimDevice]string{
 		{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-0-mig-1g18gb-19-0"}: "MIG-c",
 		{Driver: dra.NVIDIADRADriver, Pool: "n1", Device: "gpu-1"}:                 "GPU-1",
 	}}
@@ -83,23 +85,23 @@ func TestHolders(t *testing.T) {
 	}
 	tests := []struct {
 		name   string
-		change Change
+		change deviceChange
 		want   map[string][]string
 	}{
-		{"nothing", Change{}, with(map[string][]string{})},
-		{"one whole GPU", Change{GPUs: []string{"GPU-1"}}, with(map[string][]string{"a/whole": {"GPU-1"}, "c/claim-gpu": {"GPU-1"}})},
-		{"shared replica", Change{GPUs: []string{"GPU-2"}}, with(map[string][]string{"a/shared": {"GPU-2"}})},
-		{"MIG device of an init container", Change{MIGDevices: []string{"MIG-a"}}, with(map[string][]string{"b/mig": {"MIG-a"}})},
-		{"MIG device kept", Change{MIGDevices: []string{"MIG-zzz"}}, with(map[string][]string{})},
-		{"claimed MIG device taken", Change{MIGDevices: []string{"MIG-c"}}, with(map[string][]string{"c/claim-mig": {"MIG-c"}})},
+		{"nothing", deviceChange{}, with(map[string][]string{})},
+		{"one whole GPU", deviceChange{GPUs: []string{"GPU-1"}}, with(map[string][]string{"a/whole": {"GPU-1"}, "c/claim-gpu": {"GPU-1"}})},
+		{"shared replica", deviceChange{GPUs: []string{"GPU-2"}}, with(map[string][]string{"a/shared": {"GPU-2"}})},
+		{"MIG device of an init container", deviceChange{MIGDevices: []string{"MIG-a"}}, with(map[string][]string{"b/mig": {"MIG-a"}})},
+		{"MIG device kept", deviceChange{MIGDevices: []string{"MIG-zzz"}}, with(map[string][]string{})},
+		{"claimed MIG device taken", deviceChange{MIGDevices: []string{"MIG-c"}}, with(map[string][]string{"c/claim-mig": {"MIG-c"}})},
 		// The GPU of a claimed MIG device changes, the MIG device stays.
-		{"claimed MIG device kept on a changing GPU", Change{GPUs: []string{"GPU-0"}}, with(map[string][]string{})},
-		{"both", Change{GPUs: []string{"GPU-1", "GPU-9"}, MIGDevices: []string{"MIG-b", "MIG-a"}},
+		{"claimed MIG device kept on a changing GPU", deviceChange{GPUs: []string{"GPU-0"}}, with(map[string][]string{})},
+		{"both", deviceChange{GPUs: []string{"GPU-1", "GPU-9"}, MIGDevices: []string{"MIG-b", "MIG-a"}},
 			with(map[string][]string{"a/whole": {"GPU-1"}, "b/mig": {"MIG-a", "MIG-b"}, "c/claim-gpu": {"GPU-1"}})},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Holders(pods, tc.change, idx)
+			got := deviceHolders(pods, tc.change, idx)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("Holders = %v, want %v", got, tc.want)
 			}
@@ -124,43 +126,64 @@ func TestRequestsGPU(t *testing.T) {
 		{"other vendor", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: rl("amd.com/gpu")}}}}, false},
 	}
 	for _, tc := range tests {
-		if got := RequestsGPU(&corev1.Pod{Spec: tc.spec}); got != tc.want {
+		if got := requestsGPU(&corev1.Pod{Spec: tc.spec}); got != tc.want {
 			t.Errorf("%s: RequestsGPU = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
 
+// testGPU is one GPU in TestExpectedResources: its MIG mode, and the
+// profiles of its MIG devices.
+type testGPU struct {
+	migOn    bool
+	profiles []string
+}
+
+// exposedBy is gs as WaitResources takes them, the GPUs and MIG devices
+// named by their position.
+func exposedBy(gs []testGPU) (map[string]bool, map[string]string) {
+	migMode, migDevices := map[string]bool{}, map[string]string{}
+	for i, g := range gs {
+		migMode[fmt.Sprintf("GPU-%d", i)] = g.migOn
+		for j, p := range g.profiles {
+			migDevices[fmt.Sprintf("MIG-%d-%d", i, j)] = p
+		}
+	}
+	return migMode, migDevices
+}
+
 func TestExpectedResources(t *testing.T) {
-	mig := func(devs ...string) GPUGeometry { return GPUGeometry{MigEnabled: true, Devices: devs} }
-	whole := GPUGeometry{}
+	mig := func(devs ...string) testGPU { return testGPU{migOn: true, profiles: devs} }
+	whole := testGPU{}
 	tests := []struct {
 		name     string
 		strategy string
-		gpus     []GPUGeometry
+		gpus     []testGPU
 		want     map[corev1.ResourceName]int64
 		err      error
 	}{
 		{"mixed, all balanced", profiles.StrategyMixed,
-			[]GPUGeometry{mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"), mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb")},
+			[]testGPU{mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"), mig("1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb")},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 4, "nvidia.com/mig-2g.35gb": 2, "nvidia.com/mig-3g.71gb": 2}, nil},
-		{"mixed with a whole GPU", profiles.StrategyMixed, []GPUGeometry{mig("7g.141gb"), whole, whole},
+		{"mixed with a whole GPU", profiles.StrategyMixed, []testGPU{mig("7g.141gb"), whole, whole},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-7g.141gb": 1, "nvidia.com/gpu": 2}, nil},
-		{"mixed, +me and compute instance", profiles.StrategyMixed, []GPUGeometry{mig("1g.18gb+me", "1c.3g.71gb", "1c.3g.71gb")},
+		{"mixed, +me and compute instance", profiles.StrategyMixed, []testGPU{mig("1g.18gb+me", "1c.3g.71gb", "1c.3g.71gb")},
 			map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb.me": 1, "nvidia.com/mig-1c.3g.71gb": 2}, nil},
-		{"mixed, MIG on without devices", profiles.StrategyMixed, []GPUGeometry{mig()}, map[corev1.ResourceName]int64{}, nil},
-		{"single", profiles.StrategySingle, []GPUGeometry{mig("1g.18gb", "1g.18gb", "1g.18gb"), mig("1g.18gb"), whole},
+		{"mixed, MIG on without devices", profiles.StrategyMixed, []testGPU{mig()}, map[corev1.ResourceName]int64{}, nil},
+		{"single", profiles.StrategySingle, []testGPU{mig("1g.18gb", "1g.18gb", "1g.18gb"), mig("1g.18gb"), whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 5}, nil},
-		{"none counts GPUs", profiles.StrategyNone, []GPUGeometry{mig("1g.18gb", "1g.18gb"), whole},
+		{"none counts GPUs", profiles.StrategyNone, []testGPU{mig("1g.18gb", "1g.18gb"), whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 2}, nil},
-		{"empty strategy is none", "", []GPUGeometry{whole},
+		{"empty strategy is none", "", []testGPU{whole},
 			map[corev1.ResourceName]int64{"nvidia.com/gpu": 1}, nil},
 		{"no GPUs", profiles.StrategyMixed, nil, map[corev1.ResourceName]int64{}, nil},
-		{"unknown strategy", "Mixed", []GPUGeometry{whole}, nil, ErrUnknownStrategy},
-		{"bad profile", profiles.StrategyMixed, []GPUGeometry{mig("1g.18")}, nil, profiles.ErrBadName},
+		{"unknown strategy", "Mixed", []testGPU{whole}, nil, errUnknownStrategy},
+		{"bad profile", profiles.StrategyMixed, []testGPU{mig("1g.18")}, nil, profiles.ErrBadName},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ExpectedResources(tc.strategy, tc.gpus)
+			migMode, migDevices := exposedBy(tc.gpus)
+			got, err := expectedResources(tc.strategy, migMode, migDevices)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) {
 					t.Fatalf("err = %v, want %v", err, tc.err)
@@ -178,7 +201,7 @@ func TestExpectedResources(t *testing.T) {
 }
 
 func TestSavedJSONAndPaused(t *testing.T) {
-	s := Saved{
+	s := savedLabels{
 		"nvidia.com/gpu.deploy.device-plugin": ptr.To("true"),
 		"nvidia.com/gpu.deploy.dcgm":          ptr.To("false"),
 		"nvidia.com/gpu.deploy.nvsm":          nil,
@@ -191,7 +214,7 @@ func TestSavedJSONAndPaused(t *testing.T) {
 	if !strings.Contains(string(b), `"nvidia.com/gpu.deploy.nvsm":null`) {
 		t.Errorf("absent label not kept as null: %s", b)
 	}
-	var back Saved
+	var back savedLabels
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
@@ -219,14 +242,14 @@ func TestRefuse(t *testing.T) {
 	tests := []struct {
 		name    string
 		pods    []corev1.Pod
-		opts    EvictOptions
+		opts    evictOptions
 		wantErr []string // substrings; none means no error
 	}{
-		{"managed", []corev1.Pod{pod("a", false, &owned)}, EvictOptions{RefuseUnmanaged: true}, nil},
-		{"unmanaged evicted by default", []corev1.Pod{pod("a", false, nil)}, EvictOptions{}, nil},
-		{"unmanaged refused", []corev1.Pod{pod("a", false, &owned), pod("b", false, nil)}, EvictOptions{RefuseUnmanaged: true},
+		{"managed", []corev1.Pod{pod("a", false, &owned)}, evictOptions{RefuseUnmanaged: true}, nil},
+		{"unmanaged evicted by default", []corev1.Pod{pod("a", false, nil)}, evictOptions{}, nil},
+		{"unmanaged refused", []corev1.Pod{pod("a", false, &owned), pod("b", false, nil)}, evictOptions{RefuseUnmanaged: true},
 			[]string{"no controller", "ns/b"}},
-		{"static pod", []corev1.Pod{pod("s", true, nil)}, EvictOptions{}, []string{"static pods", "ns/s"}},
+		{"static pod", []corev1.Pod{pod("s", true, nil)}, evictOptions{}, []string{"static pods", "ns/s"}},
 	}
 	for _, tc := range tests {
 		err := refuse(tc.pods, tc.opts)
@@ -236,7 +259,7 @@ func TestRefuse(t *testing.T) {
 			}
 			continue
 		}
-		if !errors.Is(err, ErrNotEvictable) {
+		if !errors.Is(err, errNotEvictable) {
 			t.Errorf("%s: err = %v, want ErrNotEvictable", tc.name, err)
 			continue
 		}
@@ -254,11 +277,11 @@ func TestRefuse(t *testing.T) {
 func TestWaitAllocatableWatches(t *testing.T) {
 	mig := corev1.ResourceName("nvidia.com/mig-1g.18gb")
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{
-		Allocatable: corev1.ResourceList{ResourceGPU: resource.MustParse("1"), mig: resource.MustParse("0")}}}
+		Allocatable: corev1.ResourceList{resourceGPU: resource.MustParse("1"), mig: resource.MustParse("0")}}}
 	c := fake.NewClientset(n)
 	done := make(chan error, 1)
 	go func() {
-		ok, err := WaitAllocatable(context.Background(), clientset.Wrap(c), "n1", map[corev1.ResourceName]int64{mig: 7}, 30*time.Second)
+		ok, err := waitAllocatable(context.Background(), clientset.Wrap(c), "n1", map[corev1.ResourceName]int64{mig: 7}, 30*time.Second)
 		if err == nil && !ok {
 			err = errors.New("not ok")
 		}
@@ -281,7 +304,7 @@ func TestWaitAllocatableWatches(t *testing.T) {
 		t.Fatalf("requests while nothing changed: %v, want [list watch]", got)
 	}
 	n = n.DeepCopy()
-	n.Status.Allocatable = corev1.ResourceList{ResourceGPU: resource.MustParse("0"), mig: resource.MustParse("7")}
+	n.Status.Allocatable = corev1.ResourceList{resourceGPU: resource.MustParse("0"), mig: resource.MustParse("7")}
 	if _, err := c.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -162,6 +162,27 @@ func (n *Inventory) MIGDevices() map[string]MIGDevice {
 	return out
 }
 
+// Exposed is what the GPUs expose, as reconcile's Disruptor.WaitResources
+// takes it: each GPU's MIG mode by UUID (true: on), and the MIG devices
+// (one per compute instance) of the GPUs whose MIG mode is on, by UUID with
+// the compute instance's profile.
+func (n *Inventory) Exposed() (migMode map[string]bool, migDevices map[string]string) {
+	migMode, migDevices = map[string]bool{}, map[string]string{}
+	for i, dev := range n.Devices {
+		on := dev.MigCapable && dev.MigMode.Current
+		migMode[dev.UUID] = on
+		if !on {
+			continue
+		}
+		for _, gi := range n.Instances[i] {
+			for _, ci := range gi.ComputeInstances {
+				migDevices[ci.UUID] = ci.Profile
+			}
+		}
+	}
+	return migMode, migDevices
+}
+
 // MIGDevice locates one MIG device.
 type MIGDevice struct {
 	GPU     int

@@ -122,7 +122,7 @@ func draMIGDevices(ctx context.Context, c kclient.Interface, node *corev1.Node) 
 // draCreatesMIG names the NVIDIA DRA driver when it creates and destroys MIG
 // devices on node itself (DynamicMIG: its slices carry shared counters, or
 // devices that consume them), or "". Pre-created MIG devices the driver only
-// announces are not a conflict: the agent serves them (see Disruptor). Every
+// announces are not a conflict: the agent serves them (see drain.Disruptor). Every
 // served version of resource.k8s.io is read (v1, else v1beta2, else
 // v1beta1); no DRA API, or no right to list ResourceSlices, leaves this
 // unknown.

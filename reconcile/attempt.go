@@ -46,8 +46,8 @@ func invalid(format string, a ...any) *StepError {
 	return &StepError{Reason: fmt.Sprintf(format, a...), Event: record.ReasonInvalid}
 }
 
-// failed: what may pass (an NVML error, an API server away); retried.
-func failed(what string, err error) *StepError {
+// retryable: what may pass (an NVML error, an API server away); retried.
+func retryable(what string, err error) *StepError {
 	return &StepError{Reason: what + ": " + err.Error(), Retryable: true, Event: record.ReasonFailed, Err: err}
 }
 
@@ -105,15 +105,15 @@ func (d *Daemon) look(n *gpus.Inventory, config string) (*view, *StepError) {
 
 // attempt is one run of the checklist for the change in progress.
 type attempt struct {
-	d       *Daemon
-	ctx     context.Context
-	look    context.Context // ctx for the checks before the change: they share their reads (readonce)
-	node    *Node           // nil standalone
-	ch      *journal.Change
-	v       *view         // nil until the plan step (or handed in by the pass)
-	applied *gpus.Applied // what the apply step did
-	slot    Slot          // the rollout slot taken (nil: none)
-	touched bool          // the apply step began: the GPUs may have changed
+	d        *Daemon
+	ctx      context.Context
+	checkCtx context.Context // ctx for the checks before the change: they share their reads (readonce)
+	node     *Node           // nil standalone
+	ch       *journal.Change
+	v        *view         // nil until the plan step (or handed in by the pass)
+	applied  *gpus.Applied // what the apply step did
+	slot     Slot          // the rollout slot taken (nil: none)
+	touched  bool          // the apply step began: the GPUs may have changed
 	// plugins brings the device plugin list started beside the drain
 	// (nil: none started).
 	plugins chan pluginList
@@ -121,7 +121,7 @@ type attempt struct {
 	announced bool
 }
 
-// pluginList is what listing the device plugin pods returned.
+// pluginList is what listing the device plugins returned.
 type pluginList struct {
 	pods []string
 	err  error
@@ -142,7 +142,7 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	if v != nil && v.config != req.Config {
 		v = nil
 	}
-	a := &attempt{d: d, ctx: ctx, look: readonce.With(ctx), node: node, ch: ch, v: v}
+	a := &attempt{d: d, ctx: ctx, checkCtx: readonce.With(ctx), node: node, ch: ch, v: v}
 	defer func() {
 		// The slot is held until the outcome is recorded (a failure
 		// restores the node first).
@@ -165,10 +165,10 @@ func (a *attempt) run() error {
 		{"awaitReboot", a.awaitReboot},             // a change waiting for its reboot waits on
 		{"begin", a.begin},                         // nothing to do, or the intent journaled and announced
 		{"takeSlot", a.takeSlot},                   // a rollout slot (--max-concurrent)
-		{"drain", a.drain},                         // taint, pause operands, evict the affected pods
+		{"drain", a.drain},                         // new clients kept off, operands paused, the clients of what changes evicted
 		{"checkProcesses", a.checkProcesses},       // nothing else uses what the change takes away
 		{"stopHostClients", a.stopHostClients},     // host GPU clients stopped for a mode change
-		{"noteDevicePlugins", a.noteDevicePlugins}, // the device plugin pods that read the old geometry
+		{"noteDevicePlugins", a.noteDevicePlugins}, // the device plugins that read the old geometry
 		{"apply", a.apply},                         // NVML, step by step
 		{"refreshCDI", a.refreshCDI},               // device nodes and CDI specs where CDI is in use
 		{"finish", a.finish},                       // restore, refresh the device plugin, record success
@@ -201,7 +201,7 @@ func (d *Daemon) conclude(a *attempt, err error) outcome {
 		// Shutting down (SIGTERM, perhaps the machine going down for the
 		// reboot this change asked for) or a newer desired config is no
 		// failure: the journal keeps the change; the next pass (or start)
-		// resumes it, or undoes its pause and taint for the newer one.
+		// resumes it, or undoes its disruption for the newer one.
 		// A newer label is logged by the pass.
 		if !errors.Is(context.Cause(a.ctx), errSuperseded) {
 			d.Log.Info("interrupted mid-change; the journal keeps it", "config", a.ch.Config, "phase", a.ch.Phase, "interrupted", se.Reason)
@@ -236,7 +236,7 @@ func (a *attempt) plan() error {
 	if a.v == nil {
 		var err error
 		if n, err = a.d.discover(); err != nil {
-			return failed("reading the GPUs through NVML", err)
+			return retryable("reading the GPUs through NVML", err)
 		}
 	}
 	if a.d.fileErr != nil {
@@ -291,9 +291,9 @@ func (a *attempt) checkNode() error {
 	}
 	var other string
 	// An API server away for a moment is no reason to fail.
-	err := d.retryAPI(a.ctx, func() (err error) { other, err = d.Others.Check(a.look); return err })
+	err := d.retryAPI(a.ctx, func() (err error) { other, err = d.Others.Check(a.checkCtx); return err })
 	if err != nil {
-		return failed("checking for another MIG manager", err)
+		return retryable("checking for another MIG manager", err)
 	}
 	if other != "" {
 		if !d.S.AllowOtherMigManager {
@@ -313,9 +313,9 @@ func (a *attempt) checkPath() error {
 		return nil
 	}
 	var path, conflict string
-	err := d.retryAPI(a.ctx, func() (err error) { path, conflict, err = d.Disrupt.ServedBy(a.look); return err })
+	err := d.retryAPI(a.ctx, func() (err error) { path, conflict, err = d.Disrupt.ServedBy(a.checkCtx); return err })
 	if err != nil {
-		return failed("finding the allocation path of the node", err)
+		return retryable("finding the allocation path of the node", err)
 	}
 	if conflict != "" {
 		return &StepError{Reason: "the node's GPUs are served by both the device plugin and the NVIDIA DRA driver, which NVIDIA does not support: " +
@@ -346,7 +346,7 @@ func (a *attempt) begin() error {
 		ch.GPUsChanged, ch.GPUsUntouched = gpus.Indices(plan)
 	}
 	if !gpus.PlanChanges(plan) && ch.Phase == journal.PhasePending {
-		// Already applied: success without touching a GPU or a pod.
+		// Already applied: success without touching a GPU or a client.
 		ch.GPUsChanged, ch.GPUsUntouched = []int{}, gpus.AllIndices(plan)
 		if len(a.v.named) > 0 {
 			return d.partial(ch, plan, a.v.named)
@@ -361,8 +361,8 @@ func (a *attempt) begin() error {
 	// The change goes ahead unless the preflight refuses it: the device
 	// plugin list (noteDevicePlugins) starts now, beside the writes.
 	a.listPluginsAhead()
-	// Nothing is disrupted that cannot be recorded: the rights to write the
-	// state, the record, the taint and Events are proven first.
+	// Nothing is disrupted that cannot be recorded: the rights to write
+	// what the change records and disrupts are proven first (preflight).
 	if err := d.preflight(a.ctx, a.node); err != nil {
 		return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonPreflight}
 	}
@@ -393,7 +393,7 @@ func (a *attempt) takeSlot() error {
 			if a.ctx.Err() != nil {
 				return endPass(outParked)
 			}
-			return failed("taking a rollout slot", err)
+			return retryable("taking a rollout slot", err)
 		}
 		a.slot = slot
 	}
@@ -409,7 +409,7 @@ func (a *attempt) drain() error {
 	if a.d.Disrupt == nil || (a.ch.Phase != journal.PhasePending && a.ch.Phase != journal.PhaseDraining) {
 		return nil
 	}
-	return a.d.drain(a.ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
+	return a.d.vacate(a.ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
 }
 
 // confirm says whether the next disruptive step (what) may run: the
@@ -442,7 +442,7 @@ func (a *attempt) confirm(what string) error {
 func (a *attempt) checkProcesses() error {
 	strays, err := gpus.Blockers(a.d.GPU, a.v.n, a.v.plan)
 	if err != nil {
-		return failed("listing GPU processes", err)
+		return retryable("listing GPU processes", err)
 	}
 	if strays, err = a.stopClientsForStrays(strays); err != nil {
 		return err
@@ -464,7 +464,7 @@ func (a *attempt) stopHostClients() error {
 	ch.StoppedUnits = stopped
 	d.saveJournal()
 	if err != nil {
-		return failed("stopping host GPU clients", err)
+		return retryable("stopping host GPU clients", err)
 	}
 	return nil
 }
@@ -482,7 +482,7 @@ func (a *attempt) noteDevicePlugins() error {
 		l = a.listPlugins()
 	}
 	if l.err != nil {
-		return failed("listing the device plugin pods", l.err)
+		return retryable("listing the device plugin pods", l.err)
 	}
 	a.ch.StalePlugins, a.ch.PluginsNoted = l.pods, true
 	return nil
@@ -501,8 +501,8 @@ func (a *attempt) wantsPluginList() bool {
 // holds until its watch cache has caught up with etcd (a progress
 // notification it asks etcd for), 65 to 80 ms in the bench (docs/bench.md)
 // when a write came just before. The list is still taken before the GPUs
-// change; a device plugin pod the drain removes (a paused operand) is gone
-// by the restart, which skips it.
+// change; a device plugin the drain removes (a paused operand) is gone by
+// the restart, which skips it.
 func (a *attempt) listPluginsAhead() {
 	if a.plugins != nil || !a.wantsPluginList() {
 		return
@@ -513,7 +513,7 @@ func (a *attempt) listPluginsAhead() {
 }
 
 func (a *attempt) listPlugins() (l pluginList) {
-	l.err = a.d.retryAPI(a.ctx, func() (err error) { l.pods, err = a.d.Disrupt.DevicePlugins(a.look); return err })
+	l.err = a.d.retryAPI(a.ctx, func() (err error) { l.pods, err = a.d.Disrupt.DevicePlugins(a.checkCtx); return err })
 	return l
 }
 
@@ -571,19 +571,21 @@ func (a *attempt) apply() error {
 	case errors.As(err, &end):
 		return end
 	case err != nil:
-		return failed("applying", gpus.HolderAdvice(err))
+		return retryable("applying", gpus.HolderAdvice(err))
 	}
 	a.applied = applied
 	return nil
 }
 
 func (a *attempt) finish() error {
-	return a.d.finish(a.ctx, a.node, a.ch, a.v.plan, a.applied, a.v.named)
+	return a.d.afterApply(a.ctx, a.node, a.ch, a.v.plan, a.applied, a.v.named)
 }
 
-// drain taints the node, pauses operands and evicts the affected pods.
-// confirm is asked before each disruptive step (see attempt.confirm).
-func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, plan *geometry.Plan, confirm func(what string) error) error {
+// vacate clears the GPUs the change takes of their clients: new clients
+// are kept off (Disruptor.Taint), the GPU Operator's operands paused, and
+// the clients holding what the change takes away evicted. confirm is asked
+// before each disruptive step (see attempt.confirm).
+func (d *Daemon) vacate(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, plan *geometry.Plan, confirm func(what string) error) error {
 	d.advance(ch, journal.PhaseDraining)
 	if err := d.mustJournal(); err != nil {
 		return &StepError{Reason: err.Error(), Retryable: true, Event: record.ReasonJournal, Always: true}
@@ -594,7 +596,7 @@ func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *g
 	if d.S.Taint && !ch.TaintAdded {
 		err := d.retryAPI(ctx, func() error { _, err := d.Disrupt.Taint(ctx); return err })
 		if err != nil {
-			return failed("tainting the node", err)
+			return retryable("tainting the node", err)
 		}
 		// The taint key is the agent's own: one already there was left by an
 		// attempt that could not lift it (a crash between tainting and the
@@ -606,30 +608,30 @@ func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *g
 		if len(ch.Operands) == 0 {
 			saved, err := d.Disrupt.ReadOperands(ctx)
 			if err != nil {
-				return failed("reading GPU Operator operand labels", err)
+				return retryable("reading GPU Operator operand labels", err)
 			}
 			ch.Operands = saved
 			d.saveJournal() // before pausing: a crash restores from here
 		}
 		if err := d.Disrupt.PauseOperands(ctx, ch.Operands); err != nil {
-			return failed("pausing GPU Operator operands", err)
+			return retryable("pausing GPU Operator operands", err)
 		}
 	}
-	gpus, migs := gpus.Takes(n, plan)
-	if slices.Contains(migs, "") {
+	gpuUUIDs, migUUIDs := gpus.Takes(n, plan)
+	if slices.Contains(migUUIDs, "") {
 		// NVML could not read a MIG device's UUID (the backend leaves it
-		// empty): the pods using that device cannot be found.
+		// empty): the clients using that device cannot be found.
 		return &StepError{Reason: "a MIG device the change takes away has no UUID NVML could read: cannot tell which pods use it; not changing it",
 			Retryable: true, Event: record.ReasonFailed}
 	}
 	var pods []string
 	var how string
-	err := d.retryAPI(ctx, func() (err error) { pods, how, err = d.Disrupt.Affected(ctx, gpus, migs); return err })
+	err := d.retryAPI(ctx, func() (err error) { pods, how, err = d.Disrupt.Affected(ctx, gpuUUIDs, migUUIDs); return err })
 	if err != nil {
-		return failed("finding the pods that use the changing GPUs", err)
+		return retryable("finding the pods that use the changing GPUs", err)
 	}
 	ch.AffectedBy = how
-	if how != "" && how != record.AffectedByNothing { // standalone: no Kubernetes, no PodResources
+	if how != "" && how != record.AffectedByNothing { // "": nothing could tell who holds the devices (standalone)
 		d.Metrics.SetCollectorError("pod-resources", strings.HasPrefix(how, record.AffectedByAllGPUPodsPrefix))
 	}
 	if len(pods) > 0 {
@@ -644,7 +646,7 @@ func (d *Daemon) drain(ctx context.Context, node *Node, ch *journal.Change, n *g
 		d.Metrics.AddEvictedPods(len(evicted))
 		d.saveJournal()
 		if err != nil {
-			return failed("evicting pods", err)
+			return retryable("evicting pods", err)
 		}
 	}
 	return nil
@@ -659,13 +661,14 @@ func appendNew(s []string, more ...string) []string {
 	return s
 }
 
-// finish restores, refreshes the device plugin, waits for resources, and
-// records success: it ends the pass.
-func (d *Daemon) finish(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, applied *gpus.Applied, named []nvmlx.UnusableGPU) error {
+// afterApply restores what the disruption paused, refreshes the device
+// plugin, waits for the new devices to be advertised, and records success:
+// it ends the pass.
+func (d *Daemon) afterApply(ctx context.Context, node *Node, ch *journal.Change, plan *geometry.Plan, applied *gpus.Applied, named []nvmlx.UnusableGPU) error {
 	d.advance(ch, journal.PhaseRestoring)
 	d.saveJournal()
-	// Stale plugin pods go while the taint is on: the DaemonSet controller
-	// places their successors on the Node update that lifts it.
+	// The stale device plugins are restarted before the disruption is
+	// lifted: their successors start as the node takes clients again.
 	failed := d.restartPlugins(ctx, node, ch)
 	d.restore(ctx, ch)
 	var converged *bool
@@ -690,9 +693,9 @@ func (d *Daemon) finish(ctx context.Context, node *Node, ch *journal.Change, pla
 }
 
 // refresh makes the device plugin see the new MIG devices (it reads them
-// only when it starts: its pods that read the old geometry are restarted)
-// and waits up to --resource-wait-timeout until the Node's allocatable shows
-// exactly the new geometry's resources. It returns whether they converged
+// only when it starts: those that read the old geometry are restarted)
+// and waits up to --resource-wait-timeout until the node advertises exactly
+// the new geometry (Disruptor.WaitResources). It returns whether they converged
 // (nil: not awaited) or, when they did not, the failure reason: the change
 // stays journaled, and its retry restarts the device plugin again.
 func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory) (converged *bool, failed string) {
@@ -713,7 +716,8 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 		what = "the DRA driver to announce the new MIG devices"
 	}
 	_ = d.notify().Status("waiting for %s", what)
-	waited, ok, err := d.Disrupt.WaitResources(ctx, node.Strategy, n, d.S.ResourceWaitTimeout)
+	migMode, migDevices := n.Exposed()
+	waited, ok, err := d.Disrupt.WaitResources(ctx, node.Strategy, migMode, migDevices, d.S.ResourceWaitTimeout)
 	if !waited {
 		d.Log.Warn("computing the expected resources failed; not waiting for them", "err", err)
 		return nil, ""
@@ -739,7 +743,7 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 		"(is the device plugin running on this node?): %v", ch.Config, d.S.ResourceWaitTimeout, err)
 }
 
-// restartPlugins evicts the change's stale device plugin pods
+// restartPlugins restarts the change's stale device plugins
 // (ch.StalePlugins), once: it returns the failure reason, or "".
 func (d *Daemon) restartPlugins(ctx context.Context, node *Node, ch *journal.Change) (failed string) {
 	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 || !d.S.RestartDevicePlugin || len(ch.StalePlugins) == 0 {
@@ -761,7 +765,7 @@ func (d *Daemon) restartPlugins(ctx context.Context, node *Node, ch *journal.Cha
 }
 
 // preflight proves the rights to record the change before anything is
-// disrupted (Kubernetes only).
+// disrupted (with a cluster only).
 func (d *Daemon) preflight(ctx context.Context, node *Node) error {
 	if node == nil {
 		return nil

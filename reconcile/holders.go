@@ -21,14 +21,14 @@ func (a *attempt) stopClientsForStrays(strays []string) ([]string, error) {
 	ch.StoppedUnits = stopped
 	d.saveJournal()
 	if err != nil {
-		return nil, failed("stopping host GPU clients", err)
+		return nil, retryable("stopping host GPU clients", err)
 	}
 	if len(stopped) == 0 {
 		return strays, nil
 	}
 	left, err := gpus.Blockers(d.GPU, a.v.n, a.v.plan)
 	if err != nil {
-		return nil, failed("listing GPU processes", err)
+		return nil, retryable("listing GPU processes", err)
 	}
 	return left, nil
 }

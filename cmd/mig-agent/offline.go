@@ -14,10 +14,10 @@ import (
 	"github.com/spf13/viper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
@@ -270,7 +270,7 @@ func planCmd() *cobra.Command {
 	c.Flags().String("strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+record.LabelStrategy)
 	c.Flags().String("node-name", "", "also list the pods each GPU's change would evict on this Node")
 	c.Flags().String("kubeconfig", "", "kubeconfig for --node-name (default $KUBECONFIG, else in-cluster)")
-	c.Flags().String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket for --node-name")
+	c.Flags().String("pod-resources-socket", podResourcesSocket, "kubelet PodResources API socket for --node-name")
 	return c
 }
 
@@ -288,7 +288,7 @@ func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, s
 	if err != nil {
 		return err
 	}
-	d := &kube.Disruptor{Client: client, Log: log, Node: node, S: &settings.Settings{PodResourcesSocket: socket}}
+	d := &drain.Disruptor{Client: client, Log: log, Node: node, Settings: &settings.Settings{PodResourcesSocket: socket}}
 	how, err := gpus.PreviewEvictions(ctx, d, n, plan)
 	if err != nil {
 		return fmt.Errorf("listing the pods the change would evict: %w", err)

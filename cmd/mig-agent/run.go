@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/cdi"
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/journal"
@@ -63,6 +64,10 @@ func kubeConfig(path string) (*rest.Config, error) {
 	}
 	return clientcmd.BuildConfigFromFlags("", path)
 }
+
+// drain.Disruptor is the daemon's reconcile.Disruptor (drain does not
+// import the core, which links NVML).
+var _ reconcile.Disruptor = (*drain.Disruptor)(nil)
 
 func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err error) {
 	file, err := loadFile(s.ConfigFile)
@@ -190,7 +195,7 @@ func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err
 		cluster := &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
 			Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
 		d.Cluster = cluster
-		d.Disrupt = &kube.Disruptor{Client: client, Log: log, Node: s.NodeName, S: s, OperandWait: 5 * time.Minute,
+		d.Disrupt = &drain.Disruptor{Client: client, Log: log, Node: s.NodeName, Settings: s, OperandWait: 5 * time.Minute,
 			ReadNode: cluster.CachedNode}
 		// The GPU Operator's ClusterPolicy is a custom resource: read it
 		// as JSON into unstructured objects (no operator types in the agent).

@@ -40,6 +40,9 @@ var globalSettings = []setting{
 	{"log-format", "", "text", "text or json", func(s *settings.Settings) any { return &s.LogFormat }},
 }
 
+// podResourcesSocket is where the kubelet serves its PodResources API.
+const podResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
 // runSettings are the daemon's flags (`mig-agent run`).
 var runSettings = []setting{
 	{"standalone", "", false, "no Kubernetes: apply -c NAME from -f FILE and hold it", func(s *settings.Settings) any { return &s.Standalone }},
@@ -61,7 +64,7 @@ var runSettings = []setting{
 	{"gpu-client-selector", "", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects", func(s *settings.Settings) any { return &s.GPUClientSelector }},
 	{"taint", "", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change", func(s *settings.Settings) any { return &s.Taint }},
 	{"evict-unmanaged-pods", "", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)", func(s *settings.Settings) any { return &s.EvictUnmanagedPods }},
-	{"pod-resources-socket", "", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet PodResources API socket", func(s *settings.Settings) any { return &s.PodResourcesSocket }},
+	{"pod-resources-socket", "", podResourcesSocket, "kubelet PodResources API socket", func(s *settings.Settings) any { return &s.PodResourcesSocket }},
 	{"reboot-method", "", "logind", "logind, systemctl, none or sim", func(s *settings.Settings) any { return &s.RebootMethod }},
 	{"dbus-address", "", "", "D-Bus address for logind and systemd (default the system bus)", func(s *settings.Settings) any { return &s.DBusAddress }},
 	// A count or a percentage: parsed by loadSettings itself (field nil).

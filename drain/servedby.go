@@ -1,4 +1,4 @@
-package kube
+package drain
 
 import (
 	"context"
@@ -14,8 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/dra"
-	"github.com/migagent/mig-agent/drain"
-	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -28,27 +27,27 @@ import (
 // (DevicePlugins lists it) and the change succeeds only when the slices
 // announce exactly the new devices.
 
-// DRAPollInterval is how often WaitResources reads the node's ResourceSlices
+// draPollInterval is how often WaitResources reads the node's ResourceSlices
 // on the DRA path.
-const DRAPollInterval = time.Second
+const draPollInterval = time.Second
 
 // ServedBy implements reconcile.Disruptor: the DRA path when the NVIDIA DRA
 // driver announces GPUs or MIG devices of the node, the device plugin's when
 // the Node's allocatable has an nvidia.com/ resource; both at once is a
 // conflict. No DRA API, or no right to read it, counts as no DRA.
-func (k *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err error) {
-	read := k.ReadNode
+func (d *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err error) {
+	read := d.ReadNode
 	if read == nil {
 		read = func(ctx context.Context) (*corev1.Node, error) {
-			return k.Client.CoreV1().Nodes().Get(ctx, k.Node, metav1.GetOptions{})
+			return d.Client.CoreV1().Nodes().Get(ctx, d.Node, metav1.GetOptions{})
 		}
 	}
 	node, err := read(ctx)
 	if err != nil {
-		return "", "", fmt.Errorf("reading node %s: %w", k.Node, err)
+		return "", "", fmt.Errorf("reading node %s: %w", d.Node, err)
 	}
 	dp := devicePluginResources(node)
-	sl, err := dra.NodeSlices(ctx, k.Client, k.Node)
+	sl, err := dra.NodeSlices(ctx, d.Client, d.Node)
 	switch {
 	case errors.Is(err, dra.ErrNoDRA) || apierrors.IsForbidden(err):
 		sl = nil
@@ -61,13 +60,13 @@ func (k *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err er
 		return "", fmt.Sprintf("the Node's allocatable has %s, and the NVIDIA DRA driver announces %d devices in the node's ResourceSlices",
 			strings.Join(dp, ", "), len(dra.AnnouncedUUIDs(sl))), nil
 	case viaDRA:
-		k.path = record.ServedByDRA
+		d.path = record.ServedByDRA
 	case len(dp) > 0:
-		k.path = record.ServedByDevicePlugin
+		d.path = record.ServedByDevicePlugin
 	default:
-		k.path = ""
+		d.path = ""
 	}
-	return k.path, "", nil
+	return d.path, "", nil
 }
 
 // devicePluginResources lists the nvidia.com/ resources the Node's
@@ -76,7 +75,7 @@ func (k *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err er
 func devicePluginResources(node *corev1.Node) []string {
 	var out []string
 	for name, q := range node.Status.Allocatable {
-		if strings.HasPrefix(string(name), drain.GPUResourcePrefix) && !q.IsZero() {
+		if strings.HasPrefix(string(name), podresources.GPUResourcePrefix) && !q.IsZero() {
 			out = append(out, string(name))
 		}
 	}
@@ -84,24 +83,21 @@ func devicePluginResources(node *corev1.Node) []string {
 	return out
 }
 
-// ExpectedDRAUUIDs is what the NVIDIA DRA driver announces for the GPUs as
-// n holds them, without DynamicMIG: each MIG device (one per compute
-// instance: the driver walks the MIG device handles) of a GPU whose MIG
-// mode is on, the whole GPU of every other GPU (nvlib.go
-// enumerateAllPossibleDevices: "if !gpuInfo.migEnabled" only the full GPU,
-// else only the existing MIG devices). Sorted.
-func ExpectedDRAUUIDs(n *gpus.Inventory) []string {
+// announced is what the NVIDIA DRA driver announces for the GPUs without
+// DynamicMIG, sorted: each MIG device (one per compute instance: the driver
+// walks the MIG device handles) of a GPU whose MIG mode is on, the whole
+// GPU of every other GPU (nvlib.go enumerateAllPossibleDevices: "if
+// !gpuInfo.migEnabled" only the full GPU, else only the existing MIG
+// devices). migMode and migDevices are as WaitResources takes them.
+func announced(migMode map[string]bool, migDevices map[string]string) []string {
 	var out []string
-	for i, dev := range n.Devices {
-		if !(dev.MigCapable && dev.MigMode.Current) {
-			out = append(out, dev.UUID)
-			continue
+	for uuid, on := range migMode {
+		if !on {
+			out = append(out, uuid)
 		}
-		for _, gi := range n.Instances[i] {
-			for _, ci := range gi.ComputeInstances {
-				out = append(out, ci.UUID)
-			}
-		}
+	}
+	for uuid := range migDevices {
+		out = append(out, uuid)
 	}
 	sort.Strings(out)
 	return out
@@ -110,12 +106,12 @@ func ExpectedDRAUUIDs(n *gpus.Inventory) []string {
 // waitSlices waits until the node's gpu.nvidia.com ResourceSlices announce
 // exactly want (by UUID); ok is false on timeout, with err saying what was
 // announced last.
-func (k *Disruptor) waitSlices(ctx context.Context, want []string, timeout time.Duration) (ok bool, err error) {
+func (d *Disruptor) waitSlices(ctx context.Context, want []string, timeout time.Duration) (ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last string
 	for {
-		sl, err := dra.NodeSlices(ctx, k.Client, k.Node)
+		sl, err := dra.NodeSlices(ctx, d.Client, d.Node)
 		if err == nil {
 			got := dra.AnnouncedUUIDs(sl)
 			if slices.Equal(got, want) {
@@ -131,7 +127,7 @@ func (k *Disruptor) waitSlices(ctx context.Context, want []string, timeout time.
 				last = ctx.Err().Error()
 			}
 			return false, errors.New(last)
-		case <-time.After(DRAPollInterval):
+		case <-time.After(draPollInterval):
 		}
 	}
 }

@@ -1,4 +1,8 @@
-package drain
+// Package podresources reads the kubelet PodResources API: which pod holds
+// which device, under a device plugin's resource or through a DRA claim. It
+// makes its one unary gRPC call itself (grpcwire.go) and decodes the
+// messages field by field (wire.go), without linking grpc-go.
+package podresources
 
 import (
 	"context"
@@ -13,29 +17,27 @@ import (
 )
 
 const (
-	// DefaultPodResourcesSocket is where the kubelet serves PodResources.
-	DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
-	// PodResourcesTimeout bounds one List call when ctx has no earlier deadline.
-	PodResourcesTimeout = 10 * time.Second
+	// podResourcesTimeout bounds one List call when ctx has no earlier deadline.
+	podResourcesTimeout = 10 * time.Second
 	// podResourcesMaxMsg is the kubelet's own client limit (16 MiB).
 	podResourcesMaxMsg = 16 << 20
 	// GPUResourcePrefix starts every resource NVIDIA's device plugin advertises.
 	GPUResourcePrefix = "nvidia.com/"
 )
 
-// ErrPodResources is wrapped by every ListPodResources error.
-var ErrPodResources = errors.New("cannot read the kubelet PodResources API")
+// ErrUnreadable is wrapped by every List error.
+var ErrUnreadable = errors.New("cannot read the kubelet PodResources API")
 
-// PodDevices is one pod's devices as the kubelet PodResources API reports them.
-type PodDevices struct {
+// Pod is one pod's devices as the kubelet PodResources API reports them.
+type Pod struct {
 	Namespace  string
 	Name       string
-	Containers []ContainerDevices
+	Containers []Container
 }
 
-// ContainerDevices is one container's devices: resource name → device ids
+// Container is one container's devices: resource name → device ids
 // (device plugins), and the DRA devices its claims gave it.
-type ContainerDevices struct {
+type Container struct {
 	Name    string
 	Devices map[string][]string
 	// Dynamic is what DRA allocated to the container, one entry per claim
@@ -66,11 +68,11 @@ type ClaimResource struct {
 }
 
 // Key is "namespace/name".
-func (p PodDevices) Key() string { return p.Namespace + "/" + p.Name }
+func (p Pod) Key() string { return p.Namespace + "/" + p.Name }
 
 // GPUDeviceIDs returns the ids of the devices the pod holds under nvidia.com/
 // resources, normalized (see NormalizeDeviceID), sorted and without repeats.
-func (p PodDevices) GPUDeviceIDs() []string {
+func (p Pod) GPUDeviceIDs() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, c := range p.Containers {
@@ -101,27 +103,27 @@ func NormalizeDeviceID(id string) string {
 	return id
 }
 
-// ListPodResources lists every pod's devices over the kubelet PodResources
+// List lists every pod's devices over the kubelet PodResources
 // v1 API at socket (a unix socket path): one unary gRPC call,
 // /v1.PodResourcesLister/List, made over HTTP/2 without TLS (grpcwire.go).
-// Each call dials afresh and is bounded by PodResourcesTimeout.
-func ListPodResources(ctx context.Context, socket string) ([]PodDevices, error) {
+// Each call dials afresh and is bounded by podResourcesTimeout.
+func List(ctx context.Context, socket string) ([]Pod, error) {
 	if socket == "" {
-		return nil, fmt.Errorf("%w: no socket configured", ErrPodResources)
+		return nil, fmt.Errorf("%w: no socket configured", ErrUnreadable)
 	}
 	abs, err := filepath.Abs(socket)
 	if err != nil {
-		return nil, fmt.Errorf("%w: socket %s: %w", ErrPodResources, socket, err)
+		return nil, fmt.Errorf("%w: socket %s: %w", ErrUnreadable, socket, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, PodResourcesTimeout)
+	ctx, cancel := context.WithTimeout(ctx, podResourcesTimeout)
 	defer cancel()
 	msg, err := unaryCall(ctx, abs, podResourcesListMethod, nil, podResourcesMaxMsg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: List at %s: %w", ErrPodResources, abs, err)
+		return nil, fmt.Errorf("%w: List at %s: %w", ErrUnreadable, abs, err)
 	}
 	out, err := decodeListPodResources(msg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: List at %s: %w", ErrPodResources, abs, err)
+		return nil, fmt.Errorf("%w: List at %s: %w", ErrUnreadable, abs, err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
 	return out, nil
@@ -143,7 +145,7 @@ func claimDevicesOf(drs []DynamicResource) []dra.ClaimDevice {
 
 // NVIDIAClaimDevices returns the devices the pod holds through claims on
 // the NVIDIA DRA driver, without repeats, in order.
-func (p PodDevices) NVIDIAClaimDevices() []dra.ClaimDevice {
+func (p Pod) NVIDIAClaimDevices() []dra.ClaimDevice {
 	seen := map[dra.ClaimDevice]bool{}
 	var out []dra.ClaimDevice
 	for _, c := range p.Containers {

@@ -1,4 +1,4 @@
-package drain
+package podresources
 
 import (
 	"context"
@@ -53,7 +53,7 @@ func TestDecodeListPodResources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []PodDevices{{Namespace: "ml", Name: "train", Containers: []ContainerDevices{{
+	want := []Pod{{Namespace: "ml", Name: "train", Containers: []Container{{
 		Name:    "main",
 		Devices: map[string][]string{"nvidia.com/mig-1g.18gb": {"MIG-a", "MIG-b", "MIG-c"}},
 		Dynamic: []DynamicResource{{ClaimName: "gpu", ClaimNamespace: "ml", Claims: []ClaimResource{{
@@ -107,7 +107,7 @@ func serve(t *testing.T, l *lister) string {
 
 func TestListPodResourcesOverGRPCServer(t *testing.T) {
 	socket := serve(t, &lister{resp: listResponse()})
-	got, err := ListPodResources(context.Background(), socket)
+	got, err := List(context.Background(), socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +121,8 @@ func TestListPodResourcesOverGRPCServer(t *testing.T) {
 
 func TestListPodResourcesStatusError(t *testing.T) {
 	socket := serve(t, &lister{err: status.Error(codes.PermissionDenied, "not allowed: 100%")})
-	_, err := ListPodResources(context.Background(), socket)
-	if !errors.Is(err, ErrPodResources) || !errors.Is(err, errGRPCStatus) {
+	_, err := List(context.Background(), socket)
+	if !errors.Is(err, ErrUnreadable) || !errors.Is(err, errGRPCStatus) {
 		t.Fatalf("err %v, want ErrPodResources and a gRPC status", err)
 	}
 	if !strings.Contains(err.Error(), "PermissionDenied") || !strings.Contains(err.Error(), "not allowed: 100%") {
@@ -131,8 +131,8 @@ func TestListPodResourcesStatusError(t *testing.T) {
 }
 
 func TestListPodResourcesNoServer(t *testing.T) {
-	_, err := ListPodResources(context.Background(), filepath.Join(t.TempDir(), "none.sock"))
-	if !errors.Is(err, ErrPodResources) {
+	_, err := List(context.Background(), filepath.Join(t.TempDir(), "none.sock"))
+	if !errors.Is(err, ErrUnreadable) {
 		t.Fatalf("err %v, want ErrPodResources", err)
 	}
 }

@@ -1,4 +1,4 @@
-package drain
+package podresources
 
 import (
 	"fmt"
@@ -41,8 +41,8 @@ const (
 )
 
 // decodeListPodResources decodes a ListPodResourcesResponse.
-func decodeListPodResources(b []byte) ([]PodDevices, error) {
-	var out []PodDevices
+func decodeListPodResources(b []byte) ([]Pod, error) {
+	var out []Pod
 	err := eachField(b, func(num protowire.Number, v []byte) error {
 		if num != fieldListPodResources {
 			return nil
@@ -57,8 +57,8 @@ func decodeListPodResources(b []byte) ([]PodDevices, error) {
 	return out, nil
 }
 
-func decodePodResources(b []byte) (PodDevices, error) {
-	var p PodDevices
+func decodePodResources(b []byte) (Pod, error) {
+	var p Pod
 	err := eachField(b, func(num protowire.Number, v []byte) error {
 		switch num {
 		case fieldPodName:
@@ -75,8 +75,8 @@ func decodePodResources(b []byte) (PodDevices, error) {
 	return p, err
 }
 
-func decodeContainer(b []byte) (ContainerDevices, error) {
-	c := ContainerDevices{Devices: map[string][]string{}}
+func decodeContainer(b []byte) (Container, error) {
+	c := Container{Devices: map[string][]string{}}
 	err := eachField(b, func(num protowire.Number, v []byte) error {
 		switch num {
 		case fieldContainerName:

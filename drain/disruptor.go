@@ -1,0 +1,183 @@
+package drain
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/settings"
+)
+
+// Disruptor is the agent's reconcile.Disruptor: which pods a change evicts
+// and their eviction (affected.go, evict.go), the reconfiguring taint, the
+// GPU Operator's operands, the device plugin's restart and the wait for the
+// node to advertise the new devices (servedby.go on the DRA path).
+type Disruptor struct {
+	Client kclient.Interface
+	Log    *slog.Logger
+	Node   string
+	// Settings are the daemon's: the PodResources socket, the
+	// --gpu-client-selector, the drain timeout and eviction retry delay,
+	// whether pods with no controller may be evicted.
+	Settings *settings.Settings
+	// OperandWait bounds the wait for paused operand pods to leave.
+	OperandWait time.Duration
+	// ReadNode reads the Node (nil: a GET); the agent passes the watch's
+	// cache (Cluster.CachedNode), which already holds its allocatable.
+	ReadNode func(ctx context.Context) (*corev1.Node, error)
+
+	// path is what ServedBy found last (record.ServedBy*).
+	path string
+	// restarted: restartDevicePlugins restarted a pod since the last
+	// WaitResources, so a new plugin pod is on its way (readSharing waits
+	// briefly for it).
+	restarted bool
+}
+
+// cachedNode is the Node as the agent's watch holds it (nil without one):
+// the taint, the operand labels and the device plugin's config label are
+// read from it instead of a GET each.
+func (d *Disruptor) cachedNode(ctx context.Context) *corev1.Node {
+	if d.ReadNode == nil {
+		return nil
+	}
+	n, err := d.ReadNode(ctx)
+	if err != nil || n == nil || n.Name != d.Node {
+		return nil
+	}
+	return n
+}
+
+// Taint implements reconcile.Disruptor: one patch from the watched Node, or,
+// when that Node is stale or already shows a taint, a read and an update.
+func (d *Disruptor) Taint(ctx context.Context) (bool, error) {
+	if n := d.cachedNode(ctx); n != nil {
+		if added, done, err := AddTaintFrom(ctx, d.Client, n); done {
+			return added, err
+		}
+	}
+	return AddTaint(ctx, d.Client, d.Node)
+}
+
+// Untaint implements reconcile.Disruptor, as Taint.
+func (d *Disruptor) Untaint(ctx context.Context) error {
+	if n := d.cachedNode(ctx); n != nil {
+		if _, done, err := removeTaintFrom(ctx, d.Client, n); done {
+			return err
+		}
+	}
+	_, err := removeTaint(ctx, d.Client, d.Node)
+	return err
+}
+
+// readOperands implements reconcile.Disruptor, from the watched Node.
+func (d *Disruptor) ReadOperands(ctx context.Context) (json.RawMessage, error) {
+	var saved savedLabels
+	if n := d.cachedNode(ctx); n != nil {
+		saved = operandsOf(n)
+	} else {
+		var err error
+		if saved, err = readOperands(ctx, d.Client, d.Node); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(saved)
+}
+
+// pauseOperands implements reconcile.Disruptor.
+func (d *Disruptor) PauseOperands(ctx context.Context, raw json.RawMessage) error {
+	var saved savedLabels
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return fmt.Errorf("operand labels: %w", err)
+	}
+	return pauseOperands(ctx, d.Client, d.Log, d.Node, saved, d.OperandWait)
+}
+
+// restoreOperands implements reconcile.Disruptor.
+func (d *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) error {
+	var saved savedLabels
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return fmt.Errorf("journaled operand labels: %w", err)
+	}
+	return restoreOperands(ctx, d.Client, d.Log, d.Node, saved)
+}
+
+// DevicePlugins implements reconcile.Disruptor.
+func (d *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
+	return listDevicePlugins(ctx, d.Client, d.Node)
+}
+
+// restartDevicePlugins implements reconcile.Disruptor.
+func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]string, error) {
+	restarted, err := restartDevicePlugins(ctx, d.Client, d.Log, pods)
+	if len(restarted) > 0 {
+		d.restarted = true
+	}
+	return restarted, err
+}
+
+// WaitResources implements reconcile.Disruptor. On the DRA path (as
+// ServedBy found it) the node's gpu.nvidia.com ResourceSlices must announce
+// exactly the GPUs with MIG off and the MIG devices (announced); otherwise
+// the Node's allocatable must show exactly what the device plugin
+// advertises for them under strategy (expectedResources).
+func (d *Disruptor) WaitResources(ctx context.Context, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
+	if d.path == record.ServedByDRA {
+		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), timeout)
+		return true, ok, err
+	}
+	want, err := expectedResources(strategy, migMode, migDevices)
+	if err != nil {
+		return false, false, err
+	}
+	sharing := d.readSharing(ctx, d.restarted)
+	d.restarted = false
+	ok, err = waitAdvertised(ctx, d.Client, d.Node, want, sharing, timeout)
+	return true, ok, err
+}
+
+// Reading the device plugin's sharing config while its pods are restarted:
+// a few tries, this far apart, for a pod to read it from.
+const (
+	sharingReadTries = 5
+	sharingReadDelay = time.Second
+)
+
+// readSharing reads the device plugin's sharing config (readNodeSharing); nil
+// where it cannot be known, so that the plugin's documented forms are
+// accepted. When this change restarted plugin pods (restarted), no plugin
+// pod at all is retried briefly: the restart removed the old pod, and its
+// DaemonSet has not made the new one yet. A node that had no plugin pod
+// before the change has none to wait for.
+func (d *Disruptor) readSharing(ctx context.Context, restarted bool) *sharingConfig {
+	var err error
+	for try := 0; try < sharingReadTries; try++ {
+		var s *sharingConfig
+		if n := d.cachedNode(ctx); n != nil {
+			s, err = readSharingOf(ctx, d.Client, n)
+		} else {
+			s, err = readNodeSharing(ctx, d.Client, d.Node)
+		}
+		if err == nil {
+			d.Log.Debug("device plugin sharing config", "source", s.Source)
+			return s
+		}
+		if !restarted || !errors.Is(err, errNoPluginPod) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(sharingReadDelay):
+		}
+	}
+	d.Log.Info("the device plugin's sharing config is not known; accepting its documented sharing forms", "err", err)
+	return nil
+}
