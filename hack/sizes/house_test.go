@@ -1,0 +1,97 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// root is the repository, two levels up from hack/sizes.
+const root = "../.."
+
+// TestReadmePathsExist keeps the README's path of a label change and its
+// three answers (which pods go, where the reboot is decided, where a record
+// is written) pointing at files that exist.
+func TestReadmePathsExist(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(src)
+	start := strings.Index(text, "The path of one label change")
+	if start < 0 {
+		t.Fatal("README.md has no paragraph on the path of one label change")
+	}
+	end := strings.Index(text[start:], "\n\n")
+	if end < 0 {
+		end = len(text) - start
+	}
+	para := text[start : start+end]
+	files := regexp.MustCompile("`([a-z0-9_/]+\\.go)`").FindAllStringSubmatch(para, -1)
+	if len(files) < 8 {
+		t.Fatalf("the paragraph names %d files, want the whole path and the three answers", len(files))
+	}
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(root, f[1])); err != nil {
+			t.Errorf("README.md names %s: %v", f[1], err)
+		}
+	}
+	for _, q := range []string{"which pods a change affects", "where the reboot is decided", "where\na record is written"} {
+		if !strings.Contains(strings.Join(strings.Fields(para), " "), strings.Join(strings.Fields(q), " ")) {
+			t.Errorf("the paragraph no longer answers %q", q)
+		}
+	}
+}
+
+// TestSizeLimits holds the house to its limits: no package over 2,500
+// non-test lines, no product function over 100.
+func TestSizeLimits(t *testing.T) {
+	pkgs, funcs, err := measure(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d, n := range pkgs {
+		if n > 2500 {
+			t.Errorf("package %s has %d non-test lines, over 2,500", d, n)
+		}
+	}
+	for _, f := range funcs {
+		if f.lines > 100 {
+			t.Errorf("%s (%s) has %d lines, over 100", f.name, f.pos, f.lines)
+		}
+	}
+}
+
+// TestLayering keeps the rooms' imports as docs say: record links only the
+// standard library, the core no Prometheus, drain no NVML.
+func TestLayering(t *testing.T) {
+	deps := func(pkg string) []string {
+		cmd := exec.Command("go", "list", "-deps", pkg)
+		cmd.Dir = root
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		return strings.Fields(string(out))
+	}
+	for _, p := range deps("./record") {
+		first, _, _ := strings.Cut(p, "/")
+		if strings.Contains(first, ".") && p != "github.com/migagent/mig-agent/record" {
+			t.Errorf("record links %s; it must link only the standard library", p)
+		}
+	}
+	for _, c := range []struct{ pkg, banned string }{
+		{"./reconcile", "prometheus"},
+		{"./drain", "go-nvml"},
+		{"./drain", "client_golang"},
+	} {
+		for _, p := range deps(c.pkg) {
+			if strings.Contains(p, c.banned) {
+				t.Errorf("%s links %s", c.pkg, p)
+			}
+		}
+	}
+}
