@@ -216,12 +216,10 @@ func (k *Cluster) SetState(ctx context.Context, state string) error {
 	return k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: state}}})
 }
 
-// Record writes a change record as the last change and at the head of the
-// history (bounded to record.HistoryMaxRecords and record.HistoryMaxBytes), together with
-// the state label, in one patch.
-// Once written, the record is logged whole (the agent's own trail of every
-// record), and each record that the history bound dropped leaves a log line
-// and an Event (retire.go): a record leaves the Node, never the trail.
+// recordOn writes a change record on node (RecordRetiring) and, once
+// written, logs it whole (the agent's own trail of every record); each
+// record that the history bound dropped leaves a log line and an Event
+// (retire.go): a record leaves the Node, never the trail.
 func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) error {
 	dropped, err := k.RecordRetiring(ctx, node, rec, state)
 	if err != nil {
@@ -236,8 +234,11 @@ func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.Ch
 	return nil
 }
 
-// RecordRetiring is Record, returning the records that the history bound
-// dropped from the history (oldest last) when the write succeeded.
+// RecordRetiring writes a change record as the last change and at the head
+// of the history (bounded to record.HistoryMaxRecords and
+// record.HistoryMaxBytes), together with the state label, in one patch. It
+// returns the records that the history bound dropped from the history
+// (oldest last) when the write succeeded.
 func (k *Cluster) RecordRetiring(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) ([]json.RawMessage, error) {
 	last, err := json.Marshal(rec)
 	if err != nil {
