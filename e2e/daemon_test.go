@@ -297,19 +297,19 @@ func checkRecord(t testing.TB, m map[string]any, notBefore time.Time) {
 			t.Errorf("%s = %v, want an array", k, m[k])
 		}
 	}
-	gpus := map[float64]bool{}
+	listed := map[float64]bool{}
 	for _, k := range []string{"gpusChanged", "gpusUntouched"} {
 		list, _ := m[k].([]any)
 		for _, x := range list {
 			i, _ := x.(float64)
-			if gpus[i] {
+			if listed[i] {
 				t.Errorf("GPU %v listed twice in gpusChanged/gpusUntouched", x)
 			}
-			gpus[i] = true
+			listed[i] = true
 		}
 	}
-	if len(gpus) != 8 {
-		t.Errorf("gpusChanged and gpusUntouched cover %d GPUs, want 8: %v %v", len(gpus), m["gpusChanged"], m["gpusUntouched"])
+	if len(listed) != 8 {
+		t.Errorf("gpusChanged and gpusUntouched cover %d GPUs, want 8: %v %v", len(listed), m["gpusChanged"], m["gpusUntouched"])
 	}
 }
 

@@ -61,6 +61,9 @@ type giPack struct {
 	used  int
 }
 
+// fits tells whether compute instance c can still be created in g: the
+// same GPU instance profile, room in its compute slices, and fewer than
+// c's per-GPU-instance maximum there already.
 func (g *giPack) fits(c *ciReq) bool {
 	if g.prof != c.prof || g.used+c.slices > g.prof.Slices {
 		return false
@@ -190,7 +193,7 @@ func ciRequests(cat *profiles.Catalogue, devices []DeviceCount) ([]*ciReq, error
 	return out, nil
 }
 
-// Pack gives the GPU instances a request asks for on a GPU with catalogue
+// pack gives the GPU instances a request asks for on a GPU with catalogue
 // cat, each with the compute instances it holds, as nvidia-mig-parted's
 // apply walk forms them (see the comment at the top of this file); Fit
 // places them.
@@ -298,6 +301,9 @@ func compareCI(a, b string) int {
 	return strings.Compare(a, b)
 }
 
+// signature identifies the GPU instances of a walk whatever their order:
+// an ordering that forms the same ones as one tried already is not checked
+// again.
 func signature(gs []*group) string {
 	parts := make([]string, len(gs))
 	for i, g := range gs {

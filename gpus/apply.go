@@ -81,131 +81,190 @@ func ApplyPlan(g nvmlx.GPU, node *Inventory, plan *geometry.Plan, o ApplyOptions
 		if !ok {
 			return res, fmt.Errorf("GPU %d is in the plan but not on the node", gp.Index)
 		}
-		pe := &partialError{GPU: gp.Index, ToDestroy: len(gp.Destroy) + len(gp.DestroyCompute), ToCreate: len(gp.Create) + len(gp.CreateCompute)}
-		fail := func(what string, err error) (ApplyResult, error) {
-			pe.Step, pe.Err = what, err
-			return res, pe
-		}
-		// Compute instances that go from GPU instances that stay.
-		for _, d := range doomedCompute(insts, gp) {
-			what := fmt.Sprintf("destroying compute instance %s in %s@%d", d.CI.Profile, d.GI.Profile, d.GI.Placement.Start)
-			if err := step(gp.Index, what); err != nil {
-				return res, err
-			}
-			if err := g.DestroyComputeInstance(gp.Index, d.GI.ID, d.CI.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
-				return fail(what, err)
-			}
-			pe.Destroyed++
-		}
-		for _, in := range gp.Destroy {
-			gi, ok := findGI(insts, in.ProfileID, in.Start)
-			if !ok {
-				continue // already gone: a resumed apply
-			}
-			what := fmt.Sprintf("destroying %s@%d", in.Profile, in.Start)
-			if err := step(gp.Index, what); err != nil {
-				return res, err
-			}
-			for _, ci := range gi.ComputeInstances {
-				if err := g.DestroyComputeInstance(gp.Index, gi.ID, ci.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
-					return fail(what, err)
-				}
-			}
-			if err := g.DestroyGPUInstance(gp.Index, gi.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
-				return fail(what, err)
-			}
-			pe.Destroyed++
-		}
-		enabled := gp.MigEnabled
-		mode := nvmlx.MigMode{Current: dev.MigMode.Current, Pending: dev.MigMode.Pending}
-		if gp.ModeChange != geometry.ModeNone {
-			what := "enabling MIG mode"
-			if !enabled {
-				what = "disabling MIG mode"
-			}
-			if err := step(gp.Index, what); err != nil {
-				return res, err
-			}
-			m, err := g.SetMigMode(gp.Index, enabled)
-			if err != nil && !errors.Is(err, nvmlx.ErrResetRequired) {
-				return fail(what, err)
-			}
-			mode = m
-		}
-		if mode.Current != enabled {
-			if mode.Pending != enabled {
-				return fail("changing MIG mode", fmt.Errorf("MIG mode reads back current=%v pending=%v after asking for %v", mode.Current, mode.Pending, enabled))
-			}
-			canReset, why := g.CanReset(gp.Index)
-			if canReset && !o.NoReset {
-				if err := step(gp.Index, "resetting the GPU"); err != nil {
-					return res, err
-				}
-				if err := g.ResetGPU(gp.Index); errors.Is(err, nvmlx.ErrNVMLNotBack) {
-					// The reset may have worked: nothing to judge (and no
-					// reboot to ask for) until NVML answers again.
-					return fail("resetting the GPU", err)
-				} else if err != nil {
-					why = err.Error()
-				} else {
-					res.Reset = append(res.Reset, gp.Index)
-					mode, err = readMode(g, gp.Index)
-					if err != nil {
-						return fail("reading MIG mode after reset", err)
-					}
-				}
-			} else if o.NoReset {
-				why = "GPU reset disabled"
-			}
-			if mode.Current != enabled {
-				if why == "" {
-					why = "MIG mode still pending after the GPU reset"
-				}
-				if res.NoReset == nil {
-					res.NoReset = map[int]string{}
-				}
-				res.NoReset[gp.Index] = why
-				res.RebootGPUs = append(res.RebootGPUs, gp.Index)
-				continue
-			}
-		}
-		if !enabled {
-			continue
-		}
-		for _, in := range gp.Create {
-			what := fmt.Sprintf("creating %s@%d", in.Name(), in.Start)
-			if err := step(gp.Index, what); err != nil {
-				return res, err
-			}
-			if err := createInstance(g, gp.Index, &dev.Catalogue, in); err != nil {
-				return fail(what, err)
-			}
-			pe.Created++
-		}
-		// Compute instances that come into GPU instances that stay.
-		for _, c := range gp.CreateCompute {
-			what := fmt.Sprintf("creating compute instance %s in %s@%d", c.Compute, c.Profile, c.Start)
-			if err := step(gp.Index, what); err != nil {
-				return res, err
-			}
-			gi, ok := findGI(insts, c.ProfileID, c.Start)
-			if !ok {
-				return fail(what, fmt.Errorf("GPU instance %s@%d is gone", c.Profile, c.Start))
-			}
-			cp, err := computeProfile(&dev.Catalogue, c.ProfileID, c.Compute, gp.Index)
-			if err != nil {
-				return fail(what, err)
-			}
-			if _, err := g.CreateComputeInstance(gp.Index, gi.ID, cp.Index); err != nil {
-				return fail(what, err)
-			}
-			pe.Created++
+		a := &gpuApply{g: g, step: step, noReset: o.NoReset, res: &res, gp: gp, dev: dev, insts: insts,
+			pe: &partialError{GPU: gp.Index, ToDestroy: len(gp.Destroy) + len(gp.DestroyCompute), ToCreate: len(gp.Create) + len(gp.CreateCompute)}}
+		if err := a.run(); err != nil {
+			return res, err
 		}
 	}
 	if len(res.RebootGPUs) > 0 {
 		return res, fmt.Errorf("GPUs %v (no reset: %s): %w", res.RebootGPUs, NoResetReason(res.RebootGPUs, res.NoReset), ErrRebootRequired)
 	}
 	return res, nil
+}
+
+// gpuApply is ApplyPlan on one GPU: its plan, what discovery found on it,
+// and how far it got (pe, the error of a GPU left partly changed). An error
+// of step stops the apply as it is; an NVML failure returns pe.
+type gpuApply struct {
+	g       nvmlx.GPU
+	step    func(gpu int, what string) error
+	noReset bool
+	res     *ApplyResult
+	gp      geometry.GPUPlan
+	dev     *nvmlx.Device
+	insts   []nvmlx.GPUInstance
+	pe      *partialError
+}
+
+// run destroys, changes the MIG mode and, where MIG is on and no reboot is
+// pending, creates.
+func (a *gpuApply) run() error {
+	if err := a.destroy(); err != nil {
+		return err
+	}
+	pending, err := a.setMode()
+	if err != nil || pending || !a.gp.MigEnabled {
+		return err
+	}
+	return a.create()
+}
+
+// fail records the step that failed in the partial error.
+func (a *gpuApply) fail(what string, err error) error {
+	a.pe.Step, a.pe.Err = what, err
+	return a.pe
+}
+
+// destroy destroys the compute instances that go from GPU instances that
+// stay, then the GPU instances that go with their compute instances.
+func (a *gpuApply) destroy() error {
+	g, gpu := a.g, a.gp.Index
+	for _, d := range doomedCompute(a.insts, a.gp) {
+		what := fmt.Sprintf("destroying compute instance %s in %s@%d", d.CI.Profile, d.GI.Profile, d.GI.Placement.Start)
+		if err := a.step(gpu, what); err != nil {
+			return err
+		}
+		if err := g.DestroyComputeInstance(gpu, d.GI.ID, d.CI.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
+			return a.fail(what, err)
+		}
+		a.pe.Destroyed++
+	}
+	for _, in := range a.gp.Destroy {
+		gi, ok := findGI(a.insts, in.ProfileID, in.Start)
+		if !ok {
+			continue // already gone: a resumed apply
+		}
+		what := fmt.Sprintf("destroying %s@%d", in.Profile, in.Start)
+		if err := a.step(gpu, what); err != nil {
+			return err
+		}
+		for _, ci := range gi.ComputeInstances {
+			if err := g.DestroyComputeInstance(gpu, gi.ID, ci.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
+				return a.fail(what, err)
+			}
+		}
+		if err := g.DestroyGPUInstance(gpu, gi.ID); err != nil && !errors.Is(err, nvmlx.ErrNotFound) {
+			return a.fail(what, err)
+		}
+		a.pe.Destroyed++
+	}
+	return nil
+}
+
+// setMode changes the MIG mode where the plan does and, where the change
+// is pending, resets the GPU if it may. pending: the change still waits
+// for a reboot (recorded in the result).
+func (a *gpuApply) setMode() (pending bool, err error) {
+	enabled := a.gp.MigEnabled
+	mode := nvmlx.MigMode{Current: a.dev.MigMode.Current, Pending: a.dev.MigMode.Pending}
+	if a.gp.ModeChange != geometry.ModeNone {
+		what := "enabling MIG mode"
+		if !enabled {
+			what = "disabling MIG mode"
+		}
+		if err := a.step(a.gp.Index, what); err != nil {
+			return false, err
+		}
+		m, err := a.g.SetMigMode(a.gp.Index, enabled)
+		if err != nil && !errors.Is(err, nvmlx.ErrResetRequired) {
+			return false, a.fail(what, err)
+		}
+		mode = m
+	}
+	if mode.Current == enabled {
+		return false, nil
+	}
+	if mode.Pending != enabled {
+		return false, a.fail("changing MIG mode", fmt.Errorf("MIG mode reads back current=%v pending=%v after asking for %v", mode.Current, mode.Pending, enabled))
+	}
+	mode, why, err := a.reset(mode)
+	if err != nil || mode.Current == enabled {
+		return false, err
+	}
+	if why == "" {
+		why = "MIG mode still pending after the GPU reset"
+	}
+	if a.res.NoReset == nil {
+		a.res.NoReset = map[int]string{}
+	}
+	a.res.NoReset[a.gp.Index] = why
+	a.res.RebootGPUs = append(a.res.RebootGPUs, a.gp.Index)
+	return true, nil
+}
+
+// reset resets the GPU for its pending mode change where it can and may,
+// and returns the mode after it and why the mode may still be pending (no
+// reset, or the reset's error).
+func (a *gpuApply) reset(mode nvmlx.MigMode) (nvmlx.MigMode, string, error) {
+	canReset, why := a.g.CanReset(a.gp.Index)
+	if a.noReset {
+		return mode, "GPU reset disabled", nil
+	}
+	if !canReset {
+		return mode, why, nil
+	}
+	if err := a.step(a.gp.Index, "resetting the GPU"); err != nil {
+		return mode, "", err
+	}
+	if err := a.g.ResetGPU(a.gp.Index); errors.Is(err, nvmlx.ErrNVMLNotBack) {
+		// The reset may have worked: nothing to judge (and no reboot to
+		// ask for) until NVML answers again.
+		return mode, "", a.fail("resetting the GPU", err)
+	} else if err != nil {
+		return mode, err.Error(), nil
+	}
+	a.res.Reset = append(a.res.Reset, a.gp.Index)
+	mode, err := readMode(a.g, a.gp.Index)
+	if err != nil {
+		return mode, "", a.fail("reading MIG mode after reset", err)
+	}
+	return mode, why, nil
+}
+
+// create creates the GPU instances that come at their planned placements,
+// then the compute instances that come into GPU instances that stay.
+func (a *gpuApply) create() error {
+	gpu := a.gp.Index
+	for _, in := range a.gp.Create {
+		what := fmt.Sprintf("creating %s@%d", in.Name(), in.Start)
+		if err := a.step(gpu, what); err != nil {
+			return err
+		}
+		if err := createInstance(a.g, gpu, &a.dev.Catalogue, in); err != nil {
+			return a.fail(what, err)
+		}
+		a.pe.Created++
+	}
+	for _, c := range a.gp.CreateCompute {
+		what := fmt.Sprintf("creating compute instance %s in %s@%d", c.Compute, c.Profile, c.Start)
+		if err := a.step(gpu, what); err != nil {
+			return err
+		}
+		gi, ok := findGI(a.insts, c.ProfileID, c.Start)
+		if !ok {
+			return a.fail(what, fmt.Errorf("GPU instance %s@%d is gone", c.Profile, c.Start))
+		}
+		cp, err := computeProfile(&a.dev.Catalogue, c.ProfileID, c.Compute, gpu)
+		if err != nil {
+			return a.fail(what, err)
+		}
+		if _, err := a.g.CreateComputeInstance(gpu, gi.ID, cp.Index); err != nil {
+			return a.fail(what, err)
+		}
+		a.pe.Created++
+	}
+	return nil
 }
 
 // doomed is a compute instance a plan destroys inside a GPU instance it keeps.
@@ -311,6 +370,7 @@ func createInstance(g nvmlx.GPU, gpu int, cat *profiles.Catalogue, in geometry.I
 	return nil
 }
 
+// readMode reads the MIG mode of GPU gpu afresh.
 func readMode(g nvmlx.GPU, gpu int) (nvmlx.MigMode, error) {
 	devs, _, err := nvmlx.SplitUnusable(g.Devices())
 	if err != nil {

@@ -17,12 +17,12 @@ type ConfigFile struct {
 	Spec   *geometry.Spec
 }
 
-// LoadConfigFile reads and strictly parses a config file. An empty path
-// gives nil: only generated configs are known then.
 // ConfigSourceGenerated is a record's configSource for a config generated
 // from discovery (not from the config file).
 const ConfigSourceGenerated = "generated"
 
+// LoadConfigFile reads and strictly parses a config file. An empty path
+// gives nil: only generated configs are known then.
 func LoadConfigFile(path string) (*ConfigFile, error) {
 	if path == "" {
 		return nil, nil
@@ -69,6 +69,7 @@ func Lookup(file *ConfigFile, name string, gpus []geometry.GPU) (*geometry.Spec,
 	return nil, "", fmt.Errorf("%w: %q is not in %s (known: %s)", geometry.ErrUnknownConfig, name, where, strings.Join(known, ", "))
 }
 
+// dedupe drops adjacent duplicates from sorted s, in place.
 func dedupe(s []string) []string {
 	out := s[:0]
 	for i, x := range s {

@@ -19,6 +19,7 @@ type PodFinder interface {
 	Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) (pods []string, how string, err error)
 }
 
+// PlanChanges tells whether the plan changes any GPU.
 func PlanChanges(p *geometry.Plan) bool {
 	for _, g := range p.GPUs {
 		if g.Action == geometry.ActionChange {
@@ -28,6 +29,7 @@ func PlanChanges(p *geometry.Plan) bool {
 	return false
 }
 
+// Indices lists the GPUs the plan changes and those it leaves untouched.
 func Indices(p *geometry.Plan) (changed, untouched []int) {
 	changed, untouched = []int{}, []int{}
 	for _, g := range p.GPUs {
@@ -40,7 +42,7 @@ func Indices(p *geometry.Plan) (changed, untouched []int) {
 	return changed, untouched
 }
 
-// targets lists what the plan takes away: whole GPUs that change (by GPU
+// Takes lists what the plan takes away: whole GPUs that change (by GPU
 // UUID), MIG devices whose GPU instance is destroyed and MIG devices (compute
 // instances) destroyed inside a GPU instance that stays.
 func Takes(n *Inventory, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
@@ -51,7 +53,7 @@ func Takes(n *Inventory, p *geometry.Plan) (gpuUUIDs, migUUIDs []string) {
 	return gpuUUIDs, migUUIDs
 }
 
-// targetsOf is targets for one GPU's plan.
+// takenBy is Takes for one GPU's plan.
 func takenBy(n *Inventory, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 	if gp.Action != geometry.ActionChange {
 		return nil, nil
@@ -80,11 +82,11 @@ func takenBy(n *Inventory, gp geometry.GPUPlan) (gpuUUIDs, migUUIDs []string) {
 func PreviewEvictions(ctx context.Context, d PodFinder, n *Inventory, p *geometry.Plan) (string, error) {
 	how := ""
 	for i, gp := range p.GPUs {
-		gpus, migs := takenBy(n, gp)
-		if len(gpus) == 0 {
+		gpuUUIDs, migUUIDs := takenBy(n, gp)
+		if len(gpuUUIDs) == 0 {
 			continue
 		}
-		pods, h, err := d.Affected(ctx, gpus, migs)
+		pods, h, err := d.Affected(ctx, gpuUUIDs, migUUIDs)
 		if err != nil {
 			return "", fmt.Errorf("GPU %d: %w", gp.Index, err)
 		}
@@ -124,10 +126,12 @@ func Blockers(g nvmlx.GPU, n *Inventory, p *geometry.Plan) ([]string, error) {
 	return out, nil
 }
 
+// ModeChanges tells whether the plan changes the MIG mode of any GPU.
 func ModeChanges(p *geometry.Plan) bool {
 	return slices.ContainsFunc(p.GPUs, func(g geometry.GPUPlan) bool { return g.ModeChange != geometry.ModeNone })
 }
 
+// AllIndices lists every GPU of the plan.
 func AllIndices(p *geometry.Plan) []int {
 	out := []int{}
 	for _, g := range p.GPUs {
@@ -136,7 +140,7 @@ func AllIndices(p *geometry.Plan) []int {
 	return out
 }
 
-// modeChangeGPUs lists the GPUs whose MIG mode the plan changes.
+// ModeChangeGPUs lists the GPUs whose MIG mode the plan changes.
 func ModeChangeGPUs(p *geometry.Plan) []int {
 	var out []int
 	for _, g := range p.GPUs {

@@ -26,8 +26,6 @@ const (
 	Index1SliceAllME = 15
 	Index2SliceAllME = 16
 	Index3SliceGfx   = 17
-	// IndexCount is NVML's GPU_INSTANCE_PROFILE_COUNT in go-nvml v0.13.4-1.
-	IndexCount = 18
 )
 
 // Architecture names as mig-agent reports them.

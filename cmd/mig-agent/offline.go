@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/viper"
 	"sigs.k8s.io/yaml"
 
-	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
@@ -124,20 +123,9 @@ func commandValues(cmd *cobra.Command) (values, error) {
 func (x values) str(k string) string { return x.v.GetString(k) }
 
 func (x values) boolean(k string) (bool, error) {
-	switch raw := x.v.Get(k).(type) {
-	case bool:
-		return raw, nil
-	case nil:
-		return false, nil
-	default:
-		switch strings.ToLower(fmt.Sprint(raw)) {
-		case "true", "1", "yes":
-			return true, nil
-		case "false", "0", "no", "":
-			return false, nil
-		}
-		return false, badInput(fmt.Errorf("%w: %s: %q is not a boolean", settings.ErrBadSettings, k, fmt.Sprint(raw)))
-	}
+	r := &reader{v: x.v}
+	b := r.boolean(k)
+	return b, r.err()
 }
 
 // selectedConfig is -c, or the file's only config when -c is not given
@@ -158,6 +146,51 @@ func loadFile(path string) (*gpus.ConfigFile, error) {
 		return nil, badInput(err)
 	}
 	return f, nil
+}
+
+// pickConfig loads the config file -f names and picks the config -c names
+// (selectedConfig): the first half of the offline commands' opening.
+func pickConfig(vals values) (*gpus.ConfigFile, string, error) {
+	f, err := loadFile(vals.str("config-file"))
+	if err != nil {
+		return nil, "", err
+	}
+	name, err := selectedConfig(f, vals.str("selected-config"))
+	if err != nil {
+		return nil, "", err
+	}
+	return f, name, nil
+}
+
+// nodePlan is what an offline command works on: the settings, the GPUs
+// and what discovery found on them, and the plan of config name of file.
+type nodePlan struct {
+	s    *settings.Settings
+	log  *slog.Logger
+	g    nvmlx.GPU
+	node *gpus.Inventory
+	file *gpus.ConfigFile
+	name string
+	plan *geometry.Plan
+}
+
+// withPlan opens and discovers the GPUs (withNode) and plans config name
+// of f on them: the second half of the offline commands' opening.
+func withPlan(cmd *cobra.Command, f *gpus.ConfigFile, name string, fn func(p *nodePlan) error) error {
+	return withNode(cmd, func(s *settings.Settings, log *slog.Logger, g nvmlx.GPU, n *gpus.Inventory) error {
+		plan, _, err := buildPlan(f, name, n)
+		if err != nil {
+			return err
+		}
+		return fn(&nodePlan{s: s, log: log, g: g, node: n, file: f, name: name, plan: plan})
+	})
+}
+
+// warnConfig logs the plan's config warnings.
+func (p *nodePlan) warnConfig() {
+	for _, w := range p.plan.Warnings {
+		p.log.Warn("config warning", "config", p.name, "warning", w)
+	}
 }
 
 func validateCmd() *cobra.Command {
@@ -183,20 +216,16 @@ func validateCmd() *cobra.Command {
 				fmt.Fprintf(out, "%s: valid, %d configs: %s\n", file, len(f.Spec.Names), strings.Join(f.Spec.Names, ", "))
 				return nil
 			}
-			return withNode(cmd, func(_ *settings.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
-				plan, _, err := buildPlan(f, name, n)
-				if err != nil {
-					return err
-				}
-				for _, w := range plan.Warnings {
-					log.Warn("config warning", "config", name, "warning", w)
+			return withPlan(cmd, f, name, func(p *nodePlan) error {
+				for _, w := range p.plan.Warnings {
+					p.log.Warn("config warning", "config", name, "warning", w)
 					fmt.Fprintln(out, "warning:", w)
 				}
-				var gpus []string
-				for _, g := range plan.GPUs {
-					gpus = append(gpus, fmt.Sprint(g.Index))
+				var indices []string
+				for _, g := range p.plan.GPUs {
+					indices = append(indices, fmt.Sprint(g.Index))
 				}
-				fmt.Fprintf(out, "%s: config %q fits this node (GPUs %s)\n", file, name, strings.Join(gpus, ","))
+				fmt.Fprintf(out, "%s: config %q fits this node (GPUs %s)\n", file, name, strings.Join(indices, ","))
 				return nil
 			})
 		},
@@ -229,54 +258,63 @@ func planCmd() *cobra.Command {
 				return err
 			}
 			format, strategy := vals.str("output"), vals.str("strategy")
-			kubeconfig, nodeName, socket := vals.str("kubeconfig"), vals.str("node-name"), vals.str("pod-resources-socket")
 			if format != "text" && format != "json" {
 				return badInput(errors.New("-o must be text or json"))
 			}
-			f, err := loadFile(vals.str("config-file"))
+			f, name, err := pickConfig(vals)
 			if err != nil {
 				return err
 			}
-			name, err := selectedConfig(f, vals.str("selected-config"))
-			if err != nil {
-				return err
-			}
-			return withNode(cmd, func(_ *settings.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
-				plan, _, err := buildPlan(f, name, n)
-				if err != nil {
+			return withPlan(cmd, f, name, func(p *nodePlan) error {
+				if err := checkStrategy(f, name, p.node, strategy); err != nil {
 					return err
 				}
-				if err := checkStrategy(f, name, n, strategy); err != nil {
-					return err
-				}
-				plan.Strategy = strategy
-				for _, w := range plan.Warnings {
-					log.Warn("config warning", "config", name, "warning", w)
-				}
-				if nodeName != "" {
-					if err := previewEvictions(cmd.Context(), log, kubeconfig, nodeName, socket, n, plan); err != nil {
+				p.plan.Strategy = strategy
+				p.warnConfig()
+				if p.s.NodeName != "" {
+					if err := previewEvictions(cmd.Context(), p); err != nil {
 						return err
 					}
 				}
 				if format == "json" {
-					return output(cmd.OutOrStdout(), "json", plan)
+					return output(cmd.OutOrStdout(), "json", p.plan)
 				}
-				return writePlanText(cmd.OutOrStdout(), plan)
+				return writePlanText(cmd.OutOrStdout(), p.plan)
 			})
 		},
 	}
 	configFlags(c)
 	c.Flags().StringP("output", "o", "text", "text or json")
 	c.Flags().String("strategy", "", "check the config against this MIG strategy (none, single, mixed), as the daemon does with the node label "+record.LabelStrategy)
-	c.Flags().String("node-name", "", "also list the pods each GPU's change would evict on this Node")
-	c.Flags().String("kubeconfig", "", "kubeconfig for --node-name (default $KUBECONFIG, else in-cluster)")
-	c.Flags().String("pod-resources-socket", podResourcesSocket, "kubelet PodResources API socket for --node-name")
+	addFlags(c.Flags(), previewSettings())
 	return c
 }
 
+// previewSettings are plan's flags for --node-name: the daemon's own
+// settings (runSettings) that decide which pods a change evicts, so that
+// loadSettings reads them for plan as it does for run.
+func previewSettings() []setting {
+	usage := map[string]string{
+		"node-name":            "also list the pods each GPU's change would evict on this Node",
+		"kubeconfig":           "kubeconfig for --node-name (default $KUBECONFIG, else in-cluster)",
+		"pod-resources-socket": "kubelet PodResources API socket for --node-name",
+		"gpu-client-selector":  "label selector of pods on the node that use the GPUs without requesting a GPU resource, listed with the pods a change evicts (as run --gpu-client-selector)",
+	}
+	var out []setting
+	for _, st := range runSettings {
+		if u, ok := usage[st.name]; ok {
+			st.usage = u
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
 // previewEvictions fills the plan with the pods each GPU's change would
-// evict, found as the daemon finds them.
-func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, socket string, n *gpus.Inventory, plan *geometry.Plan) error {
+// evict on Node p.s.NodeName, found by the daemon's Disruptor
+// (newDisruptor) from the same settings.
+func previewEvictions(ctx context.Context, p *nodePlan) error {
+	kubeconfig := p.s.Kubeconfig
 	if kubeconfig == "" {
 		kubeconfig = os.Getenv("KUBECONFIG")
 	}
@@ -288,13 +326,12 @@ func previewEvictions(ctx context.Context, log *slog.Logger, kubeconfig, node, s
 	if err != nil {
 		return err
 	}
-	d := &drain.Disruptor{Client: client, Log: log, Node: node, Settings: &settings.Settings{PodResourcesSocket: socket}}
-	how, err := gpus.PreviewEvictions(ctx, d, n, plan)
+	how, err := gpus.PreviewEvictions(ctx, newDisruptor(client, p.log, p.s, nil), p.node, p.plan)
 	if err != nil {
 		return fmt.Errorf("listing the pods the change would evict: %w", err)
 	}
 	if how != "" {
-		log.Info("pods found", "how", how)
+		p.log.Info("pods found", "how", how)
 	}
 	return nil
 }
@@ -337,11 +374,7 @@ func applyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			f, err := loadFile(vals.str("config-file"))
-			if err != nil {
-				return err
-			}
-			name, err := selectedConfig(f, vals.str("selected-config"))
+			f, name, err := pickConfig(vals)
 			if err != nil {
 				return err
 			}
@@ -349,31 +382,9 @@ func applyCmd() *cobra.Command {
 			if err != nil {
 				return badInput(err)
 			}
-			return withNode(cmd, func(s *settings.Settings, log *slog.Logger, g nvmlx.GPU, n *gpus.Inventory) error {
-				plan, _, err := buildPlan(f, name, n)
-				if err != nil {
-					return err
-				}
-				out := cmd.OutOrStdout()
-				o := gpus.ApplyOptions{NoReset: skipReset, Step: func(gpu int, what string) error {
-					log.Info("applying", "gpu", gpu, "step", what)
-					return nil
-				}}
-				env := gpus.HookEnv{ConfigFile: vals.str("config-file"), SelectedConfig: name, HooksFile: vals.str("hooks-file"), SkipReset: skipReset, ModeOnly: modeOnly}
-				a := gpus.NewPlanApplier(g, f, name, o, n, plan)
-				if err := gpus.ApplyWithHooks(cmd.Context(), log, hooks, env, modeOnly, a); err != nil {
-					return err
-				}
-				res := a.Result
-				fmt.Fprintf(out, "applied %q: GPUs changed %v, untouched %v\n", name, res.Changed, res.Untouched)
-				// GPUs NVML cannot open were left alone: a config that
-				// names them is not applied, whatever the others hold.
-				if spec, _, err := gpus.Lookup(f, name, n.GPUs); err == nil {
-					if named := gpus.UnusableNamed(spec, name, n.Unusable); len(named) > 0 {
-						return gpus.UnusableError(name, named)
-					}
-				}
-				return nil
+			env := gpus.HookEnv{ConfigFile: vals.str("config-file"), SelectedConfig: name, HooksFile: vals.str("hooks-file"), SkipReset: skipReset, ModeOnly: modeOnly}
+			return withPlan(cmd, f, name, func(p *nodePlan) error {
+				return applyPlan(cmd, p, hooks, env)
 			})
 		},
 	}
@@ -382,6 +393,28 @@ func applyCmd() *cobra.Command {
 	c.Flags().BoolP("skip-reset", "s", false, "never reset a GPU: a MIG mode change that needs a reset then needs a reboot (exit 3)")
 	c.Flags().BoolP("mode-only", "m", false, "apply only the MIG mode of the config, no MIG devices")
 	return c
+}
+
+// applyPlan applies the plan between the hooks and prints what changed.
+func applyPlan(cmd *cobra.Command, p *nodePlan, hooks gpus.Hooks, env gpus.HookEnv) error {
+	o := gpus.ApplyOptions{NoReset: env.SkipReset, Step: func(gpu int, what string) error {
+		p.log.Info("applying", "gpu", gpu, "step", what)
+		return nil
+	}}
+	a := gpus.NewPlanApplier(p.g, p.file, p.name, o, p.node, p.plan)
+	if err := gpus.ApplyWithHooks(cmd.Context(), p.log, hooks, env, env.ModeOnly, a); err != nil {
+		return err
+	}
+	res := a.Result
+	fmt.Fprintf(cmd.OutOrStdout(), "applied %q: GPUs changed %v, untouched %v\n", p.name, res.Changed, res.Untouched)
+	// GPUs NVML cannot open were left alone: a config that names them is
+	// not applied, whatever the others hold.
+	if spec, _, err := gpus.Lookup(p.file, p.name, p.node.GPUs); err == nil {
+		if named := gpus.UnusableNamed(spec, p.name, p.node.Unusable); len(named) > 0 {
+			return gpus.UnusableError(p.name, named)
+		}
+	}
+	return nil
 }
 
 // errNotApplied is assert's failure (exit 1).
@@ -401,24 +434,16 @@ func assertCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			f, err := loadFile(vals.str("config-file"))
+			f, name, err := pickConfig(vals)
 			if err != nil {
 				return err
 			}
-			name, err := selectedConfig(f, vals.str("selected-config"))
-			if err != nil {
-				return err
-			}
-			return withNode(cmd, func(_ *settings.Settings, log *slog.Logger, _ nvmlx.GPU, n *gpus.Inventory) error {
-				plan, _, err := buildPlan(f, name, n)
-				if err != nil {
-					return err
-				}
+			return withPlan(cmd, f, name, func(p *nodePlan) error {
 				var differ []string
-				for _, g := range plan.GPUs {
+				for _, g := range p.plan.GPUs {
 					if g.ModeChange != geometry.ModeNone || !modeOnly && g.Action != geometry.ActionUntouched {
 						differ = append(differ, fmt.Sprint(g.Index))
-						log.Debug("GPU does not hold the config", "gpu", g.Index, "modeChange", g.ModeChange,
+						p.log.Debug("GPU does not hold the config", "gpu", g.Index, "modeChange", g.ModeChange,
 							"destroy", len(g.Destroy), "create", len(g.Create), "destroyCompute", len(g.DestroyCompute), "createCompute", len(g.CreateCompute))
 					}
 				}

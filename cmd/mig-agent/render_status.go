@@ -10,6 +10,7 @@ import (
 	"unicode"
 
 	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 // writeStatusText writes the status for a person (mig-agent status): the
@@ -18,11 +19,24 @@ import (
 // characters replaced.
 func writeStatusText(w io.Writer, s *kube.Status) error {
 	ew := &errWriter{w: w}
-	p := func(format string, args ...any) { fmt.Fprintf(ew, format, args...) }
+	writeSummary(ew, s)
+	writeGeometry(ew, s)
+	writeLastChange(ew, s.LastChange)
+	writeHistory(ew, s.History)
+	if len(s.Notes) > 0 {
+		fmt.Fprintf(ew, "\nNotes:\n")
+		for _, n := range s.Notes {
+			fmt.Fprintf(ew, "  - %s\n", clean(n))
+		}
+	}
+	return ew.err
+}
 
-	p("Node:      %s\n", clean(s.Node))
-	p("Desired:   %s\n", orDash(s.Desired))
-	p("State:     %s\n", orDash(s.State))
+// writeSummary writes the node, its configs and state, and who asked.
+func writeSummary(w io.Writer, s *kube.Status) {
+	fmt.Fprintf(w, "Node:      %s\n", clean(s.Node))
+	fmt.Fprintf(w, "Desired:   %s\n", orDash(s.Desired))
+	fmt.Fprintf(w, "State:     %s\n", orDash(s.State))
 	if a := s.Applied; a != nil {
 		extra := []string{"at " + formatTime(a.At)}
 		if a.Hash != "" {
@@ -31,12 +45,12 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 		if a.Source != "" {
 			extra = append(extra, "from "+shortDigests(clean(a.Source)))
 		}
-		p("Applied:   %s (%s)\n", clean(a.Config), strings.Join(extra, ", "))
+		fmt.Fprintf(w, "Applied:   %s (%s)\n", clean(a.Config), strings.Join(extra, ", "))
 	} else {
-		p("Applied:   - (no successful change recorded)\n")
+		fmt.Fprintf(w, "Applied:   - (no successful change recorded)\n")
 	}
 	if s.Strategy != "" {
-		p("Strategy:  %s\n", clean(s.Strategy))
+		fmt.Fprintf(w, "Strategy:  %s\n", clean(s.Strategy))
 	}
 	if r := s.Requester; r != nil {
 		how := map[string]string{
@@ -46,7 +60,6 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 		if how == "" {
 			how = "neither the requester stamp nor managedFields name who set the label, or the stamp does not parse"
 		}
-
 		at := ""
 		if r.At != nil {
 			at = " at " + formatTime(*r.At)
@@ -55,92 +68,93 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 		if r.Source != "" {
 			src = " [" + clean(r.Source) + "]"
 		}
-		p("Requested: %s%s (%s)%s\n", requester(r.By, r.Via, ""), at, how, src)
+		fmt.Fprintf(w, "Requested: %s%s (%s)%s\n", requester(r.By, r.Via, ""), at, how, src)
 	}
+}
 
-	p("\nGPU geometry")
+// writeGeometry writes the per-GPU geometry table.
+func writeGeometry(w io.Writer, s *kube.Status) {
+	fmt.Fprintf(w, "\nGPU geometry")
 	if s.GeometryAt != nil {
-		p(" (after the change finished %s)", formatTime(*s.GeometryAt))
+		fmt.Fprintf(w, " (after the change finished %s)", formatTime(*s.GeometryAt))
 	}
-	p(":\n")
+	fmt.Fprintf(w, ":\n")
 	if len(s.GPUs) == 0 {
-		p("  none recorded\n")
-	} else {
-		tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "  GPU\tPROFILES\tINSTANCES (profile@start)\n")
-		for _, g := range s.GPUs {
-			fmt.Fprintf(tw, "  %d\t%s\t%s\n", g.Index, profileSummary(g), orDash(strings.Join(g.Instances, " ")))
-		}
-		_ = tw.Flush()
+		fmt.Fprintf(w, "  none recorded\n")
+		return
 	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "  GPU\tPROFILES\tINSTANCES (profile@start)\n")
+	for _, g := range s.GPUs {
+		fmt.Fprintf(tw, "  %d\t%s\t%s\n", g.Index, profileSummary(g), orDash(strings.Join(g.Instances, " ")))
+	}
+	_ = tw.Flush()
+}
 
-	p("\nLast change:\n")
-	if r := s.LastChange; r == nil {
-		p("  none recorded\n")
-	} else {
-		tw := tabwriter.NewWriter(ew, 0, 0, 1, ' ', 0)
-		row := func(k, v string) { fmt.Fprintf(tw, "  %s:\t%s\n", k, v) }
-		cfg := clean(r.Config)
-		if r.PreviousConfig != "" {
-			cfg += " (previous " + clean(r.PreviousConfig) + ")"
-		}
-		row("Config", cfg)
-		row("Result", clean(r.Result))
-		if r.Reason != "" {
-			row("Reason", clean(r.Reason))
-		}
-		row("Started", formatTime(r.StartedAt))
-		fin := formatTime(r.FinishedAt)
-		if !r.StartedAt.IsZero() && !r.FinishedAt.IsZero() {
-			fin += " (took " + formatDuration(r.FinishedAt.Sub(r.StartedAt)) + ")"
-		}
-		row("Finished", fin)
-		row("GPUs changed", formatInts(r.GPUsChanged))
-		row("GPUs untouched", formatInts(r.GPUsUntouched))
-		row("Evicted pods", orDash(strings.Join(r.EvictedPods, ", ")))
-		if r.AffectedBy != "" {
-			row("Pods found by", clean(r.AffectedBy))
-		}
-		if r.ServedBy != "" {
-			row("Served by", clean(r.ServedBy))
-		}
-		row("Reboot", yesNo(r.Reboot))
-		if r.ResourcesConverged != nil {
-			row("Resources advertised", yesNo(*r.ResourcesConverged))
-		}
-		req := requester(r.RequestedBy, r.RequestedVia, r.RequestedBySource)
-		if r.RequestedAt != nil {
-			req += " at " + formatTime(*r.RequestedAt)
-		}
-		row("Requested by", req)
-		row("Config source", orDash(r.ConfigSource))
-		row("Config hash", orDash(r.ConfigHash))
-		row("Agent version", orDash(r.AgentVersion))
-		row("Driver version", orDash(r.DriverVersion))
-		_ = tw.Flush()
+// writeLastChange writes the last change record in full.
+func writeLastChange(w io.Writer, r *record.ChangeRecord) {
+	fmt.Fprintf(w, "\nLast change:\n")
+	if r == nil {
+		fmt.Fprintf(w, "  none recorded\n")
+		return
 	}
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "  %s:\t%s\n", k, v) }
+	cfg := clean(r.Config)
+	if r.PreviousConfig != "" {
+		cfg += " (previous " + clean(r.PreviousConfig) + ")"
+	}
+	row("Config", cfg)
+	row("Result", clean(r.Result))
+	if r.Reason != "" {
+		row("Reason", clean(r.Reason))
+	}
+	row("Started", formatTime(r.StartedAt))
+	fin := formatTime(r.FinishedAt)
+	if !r.StartedAt.IsZero() && !r.FinishedAt.IsZero() {
+		fin += " (took " + formatDuration(r.FinishedAt.Sub(r.StartedAt)) + ")"
+	}
+	row("Finished", fin)
+	row("GPUs changed", formatInts(r.GPUsChanged))
+	row("GPUs untouched", formatInts(r.GPUsUntouched))
+	row("Evicted pods", orDash(strings.Join(r.EvictedPods, ", ")))
+	if r.AffectedBy != "" {
+		row("Pods found by", clean(r.AffectedBy))
+	}
+	if r.ServedBy != "" {
+		row("Served by", clean(r.ServedBy))
+	}
+	row("Reboot", yesNo(r.Reboot))
+	if r.ResourcesConverged != nil {
+		row("Resources advertised", yesNo(*r.ResourcesConverged))
+	}
+	req := requester(r.RequestedBy, r.RequestedVia, r.RequestedBySource)
+	if r.RequestedAt != nil {
+		req += " at " + formatTime(*r.RequestedAt)
+	}
+	row("Requested by", req)
+	row("Config source", orDash(r.ConfigSource))
+	row("Config hash", orDash(r.ConfigHash))
+	row("Agent version", orDash(r.AgentVersion))
+	row("Driver version", orDash(r.DriverVersion))
+	_ = tw.Flush()
+}
 
-	p("\nHistory (newest first):\n")
-	if len(s.History) == 0 {
-		p("  none recorded\n")
-	} else {
-		tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "  FINISHED\tCONFIG\tRESULT\tGPUS CHANGED\tEVICTED PODS\tREQUESTED BY\tREASON\n")
-		for _, r := range s.History {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(r.FinishedAt), orDash(r.Config),
-				orDash(r.Result), formatInts(r.GPUsChanged), podList(r.EvictedPods, 2),
-				requester(r.RequestedBy, r.RequestedVia, r.RequestedBySource), orDash(r.Reason))
-		}
-		_ = tw.Flush()
+// writeHistory writes the history as a table, newest first.
+func writeHistory(w io.Writer, history []record.ChangeRecord) {
+	fmt.Fprintf(w, "\nHistory (newest first):\n")
+	if len(history) == 0 {
+		fmt.Fprintf(w, "  none recorded\n")
+		return
 	}
-
-	if len(s.Notes) > 0 {
-		p("\nNotes:\n")
-		for _, n := range s.Notes {
-			p("  - %s\n", clean(n))
-		}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "  FINISHED\tCONFIG\tRESULT\tGPUS CHANGED\tEVICTED PODS\tREQUESTED BY\tREASON\n")
+	for _, r := range history {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(r.FinishedAt), orDash(r.Config),
+			orDash(r.Result), formatInts(r.GPUsChanged), podList(r.EvictedPods, 2),
+			requester(r.RequestedBy, r.RequestedVia, r.RequestedBySource), orDash(r.Reason))
 	}
-	return ew.err
+	_ = tw.Flush()
 }
 
 // errWriter keeps the first write error and drops later writes.
@@ -191,10 +205,9 @@ func shortDigests(s string) string {
 	}
 }
 
-// requester is "by via manager", or by alone where the field manager is
-// unknown or the same name.
-// requester names who asked, and where the name comes from (source, the
-// record's requestedBySource, when given).
+// requester names who asked: "by via manager", or by alone where the
+// field manager is unknown or the same name, and where the name comes from
+// (source, the record's requestedBySource, when given).
 func requester(by, via, source string) string {
 	s := orDash(by)
 	if via != "" && via != by {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -69,82 +70,162 @@ func kubeConfig(path string) (*rest.Config, error) {
 // import the core, which links NVML).
 var _ reconcile.Disruptor = (*drain.Disruptor)(nil)
 
+// runDaemon wires the daemon and runs it: the settings' inputs (config
+// file, hooks, journal), the metrics server, the GPUs, the host (reboots,
+// D-Bus units, CDI) and, unless standalone, the cluster and the node Lease.
 func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err error) {
-	file, err := loadFile(s.ConfigFile)
-	if err != nil {
-		return err
-	}
-	hooks, err := gpus.LoadHooks(s.HooksFile)
-	if err != nil {
-		return badInput(err)
-	}
-	unlock, err := journal.Lock(s.StateDir)
+	in, unlock, err := openInputs(s)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	jnl, err := journal.Open(s.StateDir)
-	if errors.Is(err, journal.ErrCorrupt) {
-		return badInput(err)
-	}
+	m := metrics.New(version)
+	notifier := systemd.NewNotifier(log)
+	d := newDaemon(s, log, notifier, m, in)
+	stopMetrics, err := serveMetrics(s, log, m, d)
 	if err != nil {
 		return err
 	}
-	m := metrics.New(version)
-	notifier := systemd.NewNotifier(log)
-	d := &reconcile.Daemon{
-		S: s, Log: log, Notify: notifier, Metrics: metricsPort{m}, Journal: jnl, File: file,
-		Clock: clock.RealClock{}, Version: version, BootID: bootID,
-		Cluster: &standalone.Standalone{Config: s.SelectedConfig, Log: log},
-	}
-	if s.Standalone {
-		// The hooks run around standalone changes only, as around
-		// nvidia-mig-parted apply; the hooks file is checked either way.
-		d.Hooks = hooks
-	}
-	var srv *http.Server
-	if s.MetricsAddress != "" {
-		// Listening before anything else: a taken port fails the start
-		// rather than leaving an agent that no probe can see.
-		l, err := net.Listen("tcp", s.MetricsAddress)
-		if err != nil {
-			return fmt.Errorf("metrics address: %w", err)
-		}
-		srv = metrics.NewServer(s.MetricsAddress, m, d.Ready, d.Live)
-		go func() {
-			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server failed", "address", s.MetricsAddress, "err", err)
-			}
-		}()
-		defer srv.Close()
-	}
+	defer stopMetrics()
 	go logHangups(ctx, log)
 	go notifier.RunWatchdog(ctx, func() bool { return true })
 
-	// NVML is opened per pass (the daemon retries with backoff and is not
-	// ready meanwhile); only a bad backend setting fails here.
-	g, err := openBackend(s, log, true)
-	for err != nil {
-		var in inputError
-		if errors.As(err, &in) {
-			return err
-		}
-		m.SetNVMLUp(false)
-		log.Error("NVML unavailable; retrying in 30s", "err", err)
-		_ = notifier.Status("NVML unavailable: %v", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(30 * time.Second):
-		}
-		g, err = openBackend(s, log, true)
+	g, err := waitForNVML(ctx, s, log, m, notifier)
+	if err != nil || g == nil {
+		return err
 	}
 	defer g.Close()
 	d.GPU = g
 	if sim, ok := g.(*nvmlx.Sim); ok {
 		d.BootID = func() string { return fmt.Sprintf("sim-boot-%d", sim.BootCount()) }
 	}
+	closeBus := wireHost(d, s, log)
+	defer closeBus()
 
+	if !s.Standalone {
+		// No := here: the deferred release below sets the named err.
+		var client kclient.Interface
+		var release func() error
+		if client, err = wireCluster(d, s, log); err != nil {
+			return err
+		}
+		ctx, release, err = holdNodeLease(ctx, d, client, s, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if lerr := release(); lerr != nil && err == nil {
+				err = lerr
+			}
+		}()
+	}
+	err = d.Run(ctx)
+	_ = notifier.Stopping()
+	if errors.Is(err, reconcile.ErrExitAfterReboot) {
+		log.Info("simulated reboot done; exiting as if the machine went down")
+		return nil
+	}
+	return err
+}
+
+// inputs are what the daemon reads from the settings' files.
+type inputs struct {
+	file  *gpus.ConfigFile
+	hooks gpus.Hooks
+	jnl   *journal.Journal
+}
+
+// openInputs reads the config file and the hooks file and opens the
+// journal, locked until unlock.
+func openInputs(s *settings.Settings) (_ inputs, unlock func(), err error) {
+	file, err := loadFile(s.ConfigFile)
+	if err != nil {
+		return inputs{}, nil, err
+	}
+	hooks, err := gpus.LoadHooks(s.HooksFile)
+	if err != nil {
+		return inputs{}, nil, badInput(err)
+	}
+	unlock, err = journal.Lock(s.StateDir)
+	if err != nil {
+		return inputs{}, nil, err
+	}
+	jnl, err := journal.Open(s.StateDir)
+	if err != nil {
+		unlock()
+		if errors.Is(err, journal.ErrCorrupt) {
+			return inputs{}, nil, badInput(err)
+		}
+		return inputs{}, nil, err
+	}
+	return inputs{file: file, hooks: hooks, jnl: jnl}, unlock, nil
+}
+
+// newDaemon is the daemon before its GPUs, host and cluster are wired:
+// standalone, its Cluster is the -c NAME it holds.
+func newDaemon(s *settings.Settings, log *slog.Logger, notifier *systemd.Notifier, m *metrics.Metrics, in inputs) *reconcile.Daemon {
+	d := &reconcile.Daemon{
+		S: s, Log: log, Notify: notifier, Metrics: metricsPort{m}, Journal: in.jnl, File: in.file,
+		Clock: clock.RealClock{}, Version: version, BootID: bootID,
+		Cluster: &standalone.Standalone{Config: s.SelectedConfig, Log: log},
+	}
+	if s.Standalone {
+		// The hooks run around standalone changes only, as around
+		// nvidia-mig-parted apply; the hooks file is checked either way.
+		d.Hooks = in.hooks
+	}
+	return d
+}
+
+// serveMetrics serves /metrics, /healthz and /readyz on --metrics-address
+// (nothing where it is empty) until stop.
+func serveMetrics(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, d *reconcile.Daemon) (stop func(), err error) {
+	if s.MetricsAddress == "" {
+		return func() {}, nil
+	}
+	// Listening before anything else: a taken port fails the start rather
+	// than leaving an agent that no probe can see.
+	l, err := net.Listen("tcp", s.MetricsAddress)
+	if err != nil {
+		return nil, fmt.Errorf("metrics address: %w", err)
+	}
+	srv := metrics.NewServer(s.MetricsAddress, m, d.Ready, d.Live)
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server failed", "address", s.MetricsAddress, "err", err)
+		}
+	}()
+	return func() { _ = srv.Close() }, nil
+}
+
+// waitForNVML opens the GPU backend, retrying every 30 s while NVML is
+// unavailable (the agent is not ready meanwhile); only a bad backend
+// setting fails. NVML itself is opened per pass. nil, nil: ctx ended first.
+func waitForNVML(ctx context.Context, s *settings.Settings, log *slog.Logger, m *metrics.Metrics, notifier *systemd.Notifier) (nvmlx.GPU, error) {
+	g, err := openBackend(s, log, true)
+	for err != nil {
+		var in inputError
+		if errors.As(err, &in) {
+			return nil, err
+		}
+		m.SetNVMLUp(false)
+		log.Error("NVML unavailable; retrying in 30s", "err", err)
+		_ = notifier.Status("NVML unavailable: %v", err)
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(30 * time.Second):
+		}
+		g, err = openBackend(s, log, true)
+	}
+	return g, nil
+}
+
+// wireHost gives the daemon its host side: the rebooter (and logind's
+// inhibitor lock), the host GPU clients' systemd units and the CDI refresh,
+// over the system bus where they need it. closeBus closes the bus.
+func wireHost(d *reconcile.Daemon, s *settings.Settings, log *slog.Logger) (closeBus func()) {
+	closeBus = func() {}
 	switch s.RebootMethod {
 	case settings.RebootSim:
 		d.Reboot = simRebooter{path: s.SimState, log: log}
@@ -162,7 +243,7 @@ func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err
 				d.Reboot = failingRebooter{err: err}
 			}
 		} else {
-			defer conn.Close()
+			closeBus = func() { _ = conn.Close() }
 			if s.RebootMethod == settings.RebootLogind {
 				lr := systemd.NewLogindRebooter(conn, log)
 				d.Reboot, d.Inhibit = lr, lr
@@ -176,77 +257,81 @@ func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err
 		}
 	}
 	d.CDI = newCDI(s, log, cdiUnits)
+	return closeBus
+}
 
-	var client kclient.Interface // nil standalone
-	if !s.Standalone {
-		cfg, err := kubeConfig(s.Kubeconfig)
-		if err != nil {
-			return fmt.Errorf("kubernetes client config: %w", err)
-		}
-		cfg.UserAgent = "mig-agent/" + version
-		// client-go's default client-side limit (5/s, burst 10) turns the
-		// ~20 calls of one change into seconds of waiting; the API server's
-		// priority and fairness protects it. The kubelet uses the same.
-		cfg.QPS, cfg.Burst = 50, 100
-		client, err = kclient.New(cfg)
-		if err != nil {
-			return err
-		}
-		cluster := &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
-			Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
-		d.Cluster = cluster
-		d.Disrupt = &drain.Disruptor{Client: client, Log: log, Node: s.NodeName, Settings: s, OperandWait: 5 * time.Minute,
-			ReadNode: cluster.CachedNode}
-		// The GPU Operator's ClusterPolicy is a custom resource: read it
-		// as JSON into unstructured objects (no operator types in the agent).
-		d.Others = &kube.Others{Client: client, Policies: kube.RESTClusterPolicies(client), Node: s.NodeName,
-			Read: cluster.CachedNode}
-		if s.MaxConcurrent > 0 || s.MaxConcurrentPercent > 0 {
-			slots := &lease.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent, Percent: s.MaxConcurrentPercent,
-				Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
-			d.Slots = slots
-		}
+// wireCluster gives the daemon its Kubernetes side: the Node, the
+// disruption of a change, the other MIG managers and operands, and the
+// rollout slots where --max-concurrent asks for them.
+func wireCluster(d *reconcile.Daemon, s *settings.Settings, log *slog.Logger) (kclient.Interface, error) {
+	cfg, err := kubeConfig(s.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
-	if client != nil {
-		// One agent per node across state dirs too (the lock above covers
-		// one state dir): the node Lease, renewed while the agent runs.
-		ident, ierr := lease.NodeLeaseIdentity(s.StateDir)
-		if ierr != nil {
-			return ierr
-		}
-		host, _ := os.Hostname()
-		nl := &lease.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
-			Holder: fmt.Sprintf("host %s, pid %d, state dir %s, mig-agent %s", host, os.Getpid(), s.StateDir, version),
-			Clock:  clock.RealClock{}, Log: log}
-		if terr := nl.Take(ctx); terr != nil {
-			return terr
-		}
-		d.Owner = nl // confirmed before every GPU-mutating step
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		lost := make(chan error, 1)
-		go func() {
-			kerr := nl.Keep(ctx)
-			if kerr != nil {
-				log.Error("another agent holds this node; stopping", "err", kerr)
-				cancel()
-			}
-			lost <- kerr
-		}()
-		defer func() {
+	cfg.UserAgent = "mig-agent/" + version
+	// client-go's default client-side limit (5/s, burst 10) turns the ~20
+	// calls of one change into seconds of waiting; the API server's
+	// priority and fairness protects it. The kubelet uses the same.
+	cfg.QPS, cfg.Burst = 50, 100
+	client, err := kclient.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cluster := &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
+		Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
+	d.Cluster = cluster
+	d.Disrupt = newDisruptor(client, log, s, cluster.CachedNode)
+	// The GPU Operator's ClusterPolicy is a custom resource: read it as
+	// JSON into unstructured objects (no operator types in the agent).
+	d.Others = &kube.Others{Client: client, Policies: kube.RESTClusterPolicies(client), Node: s.NodeName,
+		Read: cluster.CachedNode}
+	if s.MaxConcurrent > 0 || s.MaxConcurrentPercent > 0 {
+		d.Slots = &lease.Slots{Client: client, Namespace: s.Namespace, Holder: s.NodeName, N: s.MaxConcurrent, Percent: s.MaxConcurrentPercent,
+			Duration: s.LeaseDuration, Clock: clock.RealClock{}, Log: log}
+	}
+	return client, nil
+}
+
+// newDisruptor is the daemon's Disruptor on Node s.NodeName, built from the
+// settings: the pods a change evicts (PodResources over
+// s.PodResourcesSocket, the --gpu-client-selector pods) and how. plan
+// --node-name previews with the same one (readNode nil: a GET).
+func newDisruptor(client kclient.Interface, log *slog.Logger, s *settings.Settings,
+	readNode func(context.Context) (*corev1.Node, error)) *drain.Disruptor {
+	return &drain.Disruptor{Client: client, Log: log, Node: s.NodeName, Settings: s, OperandWait: 5 * time.Minute,
+		ReadNode: readNode}
+}
+
+// holdNodeLease takes the node Lease, one agent per node across state dirs
+// too (the journal lock covers one state dir), renewed while the agent
+// runs; the daemon confirms it before every GPU-mutating step. Losing it
+// cancels the context returned. release stops the renewal and returns the
+// error that lost it, if any.
+func holdNodeLease(ctx context.Context, d *reconcile.Daemon, client kclient.Interface, s *settings.Settings,
+	log *slog.Logger) (_ context.Context, release func() error, err error) {
+	ident, err := lease.NodeLeaseIdentity(s.StateDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	host, _ := os.Hostname()
+	nl := &lease.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
+		Holder: fmt.Sprintf("host %s, pid %d, state dir %s, mig-agent %s", host, os.Getpid(), s.StateDir, version),
+		Clock:  clock.RealClock{}, Log: log}
+	if err := nl.Take(ctx); err != nil {
+		return nil, nil, err
+	}
+	d.Owner = nl
+	ctx, cancel := context.WithCancel(ctx)
+	lost := make(chan error, 1)
+	go func() {
+		kerr := nl.Keep(ctx)
+		if kerr != nil {
+			log.Error("another agent holds this node; stopping", "err", kerr)
 			cancel()
-			if lerr := <-lost; lerr != nil && err == nil {
-				err = lerr
-			}
-		}()
-	}
-	err = d.Run(ctx)
-	_ = notifier.Stopping()
-	if errors.Is(err, reconcile.ErrExitAfterReboot) {
-		log.Info("simulated reboot done; exiting as if the machine went down")
-		return nil
-	}
-	return err
+		}
+		lost <- kerr
+	}()
+	return ctx, func() error { cancel(); return <-lost }, nil
 }
 
 // logHangups logs SIGHUP instead of dying of it (its default action): the

@@ -178,80 +178,17 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 }
 
 // loadSettings merges defaults, the settings file, MIG_AGENT_* variables and
-// flags (lowest to highest precedence) into Settings.
+// flags (lowest to highest precedence) into Settings: the fields of the
+// settings the command has flags for.
 func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 	// Offline commands read (and warn about) their own flags through
 	// commandValues; run reads them here.
-	v, err := settingsViper(cmd, cmd.Flags().Lookup("state-dir") != nil)
+	daemon := cmd.Flags().Lookup("state-dir") != nil
+	v, err := settingsViper(cmd, daemon)
 	if err != nil {
 		return nil, err
 	}
-	get := func(k string) string { return v.GetString(k) }
-	var errs []string
-	dur := func(k string) time.Duration {
-		raw := v.Get(k)
-		switch x := raw.(type) {
-		case time.Duration:
-			return x
-		case nil:
-			return 0
-		}
-		d, err := time.ParseDuration(fmt.Sprint(raw))
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s: %q is not a duration (like 90s or 5m)", k, fmt.Sprint(raw)))
-		}
-		return d
-	}
-	boolean := func(k string) bool {
-		raw := v.Get(k)
-		switch x := raw.(type) {
-		case bool:
-			return x
-		case nil:
-			return false
-		}
-		switch strings.ToLower(fmt.Sprint(raw)) {
-		case "true", "1", "yes":
-			return true
-		case "false", "0", "no", "":
-			return false
-		}
-		errs = append(errs, fmt.Sprintf("%s: %q is not a boolean", k, fmt.Sprint(raw)))
-		return false
-	}
-	integer := func(k string) int {
-		raw := v.Get(k)
-		if raw == nil {
-			return 0
-		}
-		var n int
-		if _, err := fmt.Sscan(fmt.Sprint(raw), &n); err != nil || fmt.Sprint(n) != strings.TrimSpace(fmt.Sprint(raw)) {
-			errs = append(errs, fmt.Sprintf("%s: %q is not an integer", k, fmt.Sprint(raw)))
-		}
-		return n
-	}
-	list := func(k string) []string {
-		var out []string
-		switch x := v.Get(k).(type) {
-		case []string:
-			out = x
-		case []any:
-			for _, e := range x {
-				out = append(out, fmt.Sprint(e))
-			}
-		case string:
-			if x != "" {
-				out = strings.Split(x, ",")
-			}
-		}
-		var clean []string
-		for _, s := range out {
-			if s = strings.TrimSpace(strings.Trim(s, "[]")); s != "" {
-				clean = append(clean, s)
-			}
-		}
-		return clean
-	}
+	r := &reader{v: v}
 	s := &settings.Settings{}
 	for _, st := range append(slices.Clone(globalSettings), runSettings...) {
 		if cmd.Flags().Lookup(st.name) == nil {
@@ -259,31 +196,26 @@ func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 		}
 		switch f := st.field(s).(type) {
 		case *string:
-			*f = get(st.name)
+			*f = r.str(st.name)
 		case *bool:
-			*f = boolean(st.name)
+			*f = r.boolean(st.name)
 		case *int:
-			*f = integer(st.name)
+			*f = r.integer(st.name)
 		case *time.Duration:
-			*f = dur(st.name)
+			*f = r.duration(st.name)
 		case *[]string:
-			*f = list(st.name)
+			*f = r.list(st.name)
 		}
 	}
-	if cmd.Flags().Lookup("state-dir") != nil {
+	if cmd.Flags().Lookup("gpu-client-selector") != nil {
 		if _, err := labels.Parse(s.GPUClientSelector); err != nil {
-			errs = append(errs, fmt.Sprintf("gpu-client-selector: %v", err))
+			r.errs = append(r.errs, fmt.Sprintf("gpu-client-selector: %v", err))
 		}
-		// --max-concurrent is a count or a percentage of the pool.
-		if raw := strings.TrimSpace(fmt.Sprint(v.Get("max-concurrent"))); strings.HasSuffix(raw, "%") {
-			var p int
-			if _, err := fmt.Sscan(strings.TrimSuffix(raw, "%"), &p); err != nil || fmt.Sprint(p)+"%" != raw {
-				errs = append(errs, fmt.Sprintf("max-concurrent: %q is not an integer or a percentage", raw))
-			}
-			s.MaxConcurrentPercent = p
-		} else {
-			s.MaxConcurrent = integer("max-concurrent")
-		}
+	}
+	if cmd.Flags().Lookup("max-concurrent") != nil {
+		s.MaxConcurrent, s.MaxConcurrentPercent = r.countOrPercent("max-concurrent")
+	}
+	if daemon {
 		if s.NodeName == "" {
 			s.NodeName = os.Getenv("NODE_NAME")
 		}
@@ -291,10 +223,110 @@ func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 			s.Namespace = podNamespace()
 		}
 	}
-	if len(errs) > 0 {
-		return nil, badInput(fmt.Errorf("%w: %s", settings.ErrBadSettings, strings.Join(errs, "; ")))
+	if err := r.err(); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// reader reads settings of each type from v, keeping what does not parse
+// for one error.
+type reader struct {
+	v    *viper.Viper
+	errs []string
+}
+
+// err is the bad-settings error naming every value that did not parse (nil:
+// none).
+func (r *reader) err() error {
+	if len(r.errs) == 0 {
+		return nil
+	}
+	return badInput(fmt.Errorf("%w: %s", settings.ErrBadSettings, strings.Join(r.errs, "; ")))
+}
+
+func (r *reader) str(k string) string { return r.v.GetString(k) }
+
+func (r *reader) duration(k string) time.Duration {
+	raw := r.v.Get(k)
+	switch x := raw.(type) {
+	case time.Duration:
+		return x
+	case nil:
+		return 0
+	}
+	d, err := time.ParseDuration(fmt.Sprint(raw))
+	if err != nil {
+		r.errs = append(r.errs, fmt.Sprintf("%s: %q is not a duration (like 90s or 5m)", k, fmt.Sprint(raw)))
+	}
+	return d
+}
+
+func (r *reader) boolean(k string) bool {
+	raw := r.v.Get(k)
+	switch x := raw.(type) {
+	case bool:
+		return x
+	case nil:
+		return false
+	}
+	switch strings.ToLower(fmt.Sprint(raw)) {
+	case "true", "1", "yes":
+		return true
+	case "false", "0", "no", "":
+		return false
+	}
+	r.errs = append(r.errs, fmt.Sprintf("%s: %q is not a boolean", k, fmt.Sprint(raw)))
+	return false
+}
+
+func (r *reader) integer(k string) int {
+	raw := r.v.Get(k)
+	if raw == nil {
+		return 0
+	}
+	var n int
+	if _, err := fmt.Sscan(fmt.Sprint(raw), &n); err != nil || fmt.Sprint(n) != strings.TrimSpace(fmt.Sprint(raw)) {
+		r.errs = append(r.errs, fmt.Sprintf("%s: %q is not an integer", k, fmt.Sprint(raw)))
+	}
+	return n
+}
+
+// countOrPercent reads a count ("3") or a percentage ("25%"), as
+// --max-concurrent takes.
+func (r *reader) countOrPercent(k string) (count, percent int) {
+	raw := strings.TrimSpace(fmt.Sprint(r.v.Get(k)))
+	if !strings.HasSuffix(raw, "%") {
+		return r.integer(k), 0
+	}
+	if _, err := fmt.Sscan(strings.TrimSuffix(raw, "%"), &percent); err != nil || fmt.Sprint(percent)+"%" != raw {
+		r.errs = append(r.errs, fmt.Sprintf("%s: %q is not an integer or a percentage", k, raw))
+	}
+	return 0, percent
+}
+
+// list reads a list given as a list, or as one comma-separated string.
+func (r *reader) list(k string) []string {
+	var out []string
+	switch x := r.v.Get(k).(type) {
+	case []string:
+		out = x
+	case []any:
+		for _, e := range x {
+			out = append(out, fmt.Sprint(e))
+		}
+	case string:
+		if x != "" {
+			out = strings.Split(x, ",")
+		}
+	}
+	var clean []string
+	for _, s := range out {
+		if s = strings.TrimSpace(strings.Trim(s, "[]")); s != "" {
+			clean = append(clean, s)
+		}
+	}
+	return clean
 }
 
 // podNamespace is the pod's own namespace when running in a pod, else mig-agent.
