@@ -63,6 +63,17 @@ type UnusableGPU struct {
 	Error string
 }
 
+// HeldDevice is one MIG device a container holds now, as
+// migagent_mig_device_info shows it.
+type HeldDevice struct {
+	UUID      string // the MIG device UUID ("MIG-…")
+	Profile   string // "1g.18gb"; empty when the agent could not resolve the device
+	GPU       int    // NVML index of the parent GPU; -1 when unknown
+	Namespace string
+	Pod       string
+	Container string
+}
+
 // Metrics holds every mig-agent metric on its own registry. The zero value
 // is not usable; call New. All methods are safe for concurrent use.
 type Metrics struct {
@@ -231,6 +242,19 @@ func (m *Metrics) SetUnusableGPUs(gpus []UnusableGPU) {
 	m.snap.update(func(s *snapshot) { s.unusable = list })
 }
 
+// SetHeldDevices replaces migagent_mig_device_info: one series, value 1,
+// per container and MIG device it holds now. Series of devices no longer
+// held are removed; an empty list removes every series.
+func (m *Metrics) SetHeldDevices(held []HeldDevice) {
+	list := slices.Clone(held)
+	slices.SortFunc(list, func(a, b HeldDevice) int {
+		return cmp.Or(cmp.Compare(a.UUID, b.UUID), cmp.Compare(a.Namespace, b.Namespace),
+			cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.Container, b.Container))
+	})
+	list = slices.Compact(list)
+	m.snap.update(func(s *snapshot) { s.held = list })
+}
+
 // ObserveReconfiguration counts one finished reconfiguration in
 // migagent_reconfigurations_total{result} and observes its duration in
 // migagent_reconfiguration_duration_seconds. result is success or failed;
@@ -320,10 +344,12 @@ type snapshot struct {
 	unusable         []UnusableGPU
 	lastFailure      string
 	collectorFailing map[string]bool
+	held             []HeldDevice
 
 	stateDesc, desiredDesc, appliedDesc                        *prometheus.Desc
 	gpuInfoDesc, migEnabledDesc, modePendingDesc, instanceDesc *prometheus.Desc
 	unusableDesc, lastFailureDesc, collectorFailingDesc        *prometheus.Desc
+	heldDesc                                                   *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*snapshot)(nil)
@@ -362,6 +388,9 @@ func newSnapshot() *snapshot {
 		collectorFailingDesc: prometheus.NewDesc(name("collector_failing"),
 			"1 while the last attempt to read the source failed, 0 after one succeeded.",
 			[]string{"collector"}, nil),
+		heldDesc: prometheus.NewDesc(name("mig_device_info"),
+			"Always 1; one series per MIG device (uuid, profile, parent GPU index gpu) and the container holding it now (namespace, pod, container, labelled as DCGM's exporter labels pods so the two join). Absent once the pod is gone; the history keeps it.",
+			[]string{"uuid", "profile", "gpu", "namespace", "pod", "container"}, nil),
 	}
 }
 
@@ -375,7 +404,7 @@ func (s *snapshot) update(f func(*snapshot)) {
 func (s *snapshot) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{s.stateDesc, s.desiredDesc, s.appliedDesc,
 		s.gpuInfoDesc, s.migEnabledDesc, s.modePendingDesc, s.instanceDesc,
-		s.unusableDesc, s.lastFailureDesc, s.collectorFailingDesc} {
+		s.unusableDesc, s.lastFailureDesc, s.collectorFailingDesc, s.heldDesc} {
 		ch <- d
 	}
 }
@@ -423,5 +452,12 @@ func (s *snapshot) Collect(ch chan<- prometheus.Metric) {
 	}
 	for c, failed := range s.collectorFailing {
 		gauge(s.collectorFailingDesc, b2f(failed), c)
+	}
+	for _, h := range s.held {
+		gpu := ""
+		if h.GPU >= 0 {
+			gpu = strconv.Itoa(h.GPU)
+		}
+		gauge(s.heldDesc, 1, h.UUID, h.Profile, gpu, h.Namespace, h.Pod, h.Container)
 	}
 }

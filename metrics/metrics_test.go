@@ -81,6 +81,12 @@ func TestGolden(t *testing.T) {
 	m.ObserveReconfiguration(ResultFailed, 80*time.Millisecond)
 	m.SetLastFailure(`config "all-3g.71gb" does not fit GPU 0 (NVIDIA H200): 3 × 3g.71gb need 12 memory slices, the GPU has 8`)
 	m.SetState(record.StateFailed)
+	m.SetHeldDevices([]HeldDevice{{UUID: "MIG-gone", Profile: "1g.18gb", GPU: 0, Namespace: "ml", Pod: "old", Container: "main"}})
+	m.SetHeldDevices([]HeldDevice{
+		{UUID: "MIG-bbbbbbbb-0000-0000-0000-000000000002", Profile: "3g.71gb", GPU: 0, Namespace: "ml", Pod: "trainer-0", Container: "main"},
+		{UUID: "MIG-aaaaaaaa-0000-0000-0000-000000000001", Profile: "1g.18gb", GPU: 0, Namespace: "ml", Pod: "notebook", Container: "jupyter"},
+		{UUID: "MIG-unresolved", GPU: -1, Namespace: "ml", Pod: "x", Container: "c"},
+	}) // replaces MIG-gone
 
 	got := scrape(t, m)
 	path := filepath.Join("testdata", "metrics.golden")
@@ -250,6 +256,23 @@ func TestSeriesRemoval(t *testing.T) {
 			do:     func(m *Metrics) { m.SetDesiredConfig("a"); m.SetDesiredConfig("b") },
 			metric: "migagent_desired_config_info",
 			want:   []string{`{config="b"} 1`},
+		},
+		{
+			name: "held devices: a device no longer held is removed",
+			do: func(m *Metrics) {
+				m.SetHeldDevices([]HeldDevice{{UUID: "MIG-a", Profile: "1g.18gb", GPU: 1, Namespace: "ns", Pod: "p", Container: "c"}})
+				m.SetHeldDevices([]HeldDevice{{UUID: "MIG-b", Profile: "2g.35gb", GPU: 2, Namespace: "ns", Pod: "q", Container: "c"}})
+			},
+			metric: "migagent_mig_device_info",
+			want:   []string{`{container="c",gpu="2",namespace="ns",pod="q",profile="2g.35gb",uuid="MIG-b"} 1`},
+		},
+		{
+			name: "held devices: empty removes every series",
+			do: func(m *Metrics) {
+				m.SetHeldDevices([]HeldDevice{{UUID: "MIG-a", Profile: "1g.18gb", GPU: 1, Namespace: "ns", Pod: "p", Container: "c"}})
+				m.SetHeldDevices(nil)
+			},
+			metric: "migagent_mig_device_info",
 		},
 		{
 			name:   "desired: empty removes",
