@@ -15,11 +15,13 @@ import (
 // digits and . - _ /; anything else is quoted, so a name cannot make a line
 // of its own or shift the columns.
 func WriteText(w io.Writer, h *History) error {
-	fmt.Fprintf(w, "Node %s: %d assignments", safe(h.Node), len(h.Entries))
-	if h.Dropped > 0 {
-		fmt.Fprintf(w, " (%s)", h.DroppedNote)
+	if h.Node != "" {
+		fmt.Fprintf(w, "Node %s: %d assignments", safe(h.Node), len(h.Entries))
+		if h.Dropped > 0 {
+			fmt.Fprintf(w, " (%s)", h.DroppedNote)
+		}
+		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "START\tEND\tPOD\tCONTAINER\tDEVICE\tPROFILE\tGPU\tPLACEMENT\tCONFIG")
 	for _, e := range h.Entries {

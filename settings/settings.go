@@ -75,6 +75,10 @@ type Settings struct {
 	DriverRootMount string
 	ToolkitDirs     []string
 	CDIHookPath     string
+
+	// AssignmentInterval: how often the assignment trail (package assign)
+	// reads which pod holds which MIG device (0: no trail).
+	AssignmentInterval time.Duration
 }
 
 // Reboot methods (docs/reference.md#disruption-and-reboot).
@@ -117,7 +121,7 @@ func (s *Settings) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"--drain-timeout": s.DrainTimeout, "--resource-wait-timeout": s.ResourceWaitTimeout,
 		"--drift-interval": s.DriftInterval, "--eviction-retry-delay": s.EvictionRetryDelay,
-		"--nvml-unavailable-restart": s.NVMLUnavailableRestart,
+		"--nvml-unavailable-restart": s.NVMLUnavailableRestart, "--assignment-interval": s.AssignmentInterval,
 	} {
 		if d < 0 {
 			add("%s must not be negative", name)

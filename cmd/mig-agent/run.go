@@ -118,6 +118,8 @@ func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err
 				err = lerr
 			}
 		}()
+		stopTrail := startTrail(ctx, newTrail(s, log, m, g, client, d.Cluster.(*kube.Cluster).CachedNode))
+		defer stopTrail()
 	}
 	err = d.Run(ctx)
 	_ = notifier.Stopping()

@@ -71,6 +71,7 @@ var runSettings = []setting{
 	{"max-concurrent", "", "0", "at most N nodes of the cluster disrupted at once, or P% of the nodes running the agent (rounded down, at least 1) (Lease slots; 0 = no limit)", func(*settings.Settings) any { return nil }},
 	{"lease-duration", "", 60 * time.Second, "duration of a rollout slot Lease; a crashed holder's slot expires after it", func(s *settings.Settings) any { return &s.LeaseDuration }},
 	{"drift-interval", "", time.Minute, "how often the GPUs are compared with the applied config (0 turns it off)", func(s *settings.Settings) any { return &s.DriftInterval }},
+	{"assignment-interval", "", 10 * time.Second, "how often the kubelet's PodResources (standalone: NVML's processes) are read for the assignment trail: which pod holds which MIG device, from when to when (0 turns the trail off)", func(s *settings.Settings) any { return &s.AssignmentInterval }},
 	{"reapply-on-drift", "", false, "re-apply the config when the GPUs drift from it", func(s *settings.Settings) any { return &s.ReapplyOnDrift }},
 	{"nvml-unavailable-restart", "", 5 * time.Minute, "after NVML has been unavailable this long, /healthz fails so that the container is restarted and gets the driver's library again (0: never)", func(s *settings.Settings) any { return &s.NVMLUnavailableRestart }},
 	{"retry-backoff-max", "", 5 * time.Minute, "longest wait between retries of a failed change", func(s *settings.Settings) any { return &s.RetryBackoffMax }},

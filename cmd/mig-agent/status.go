@@ -4,17 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/kube"
 )
 
 func statusCmd() *cobra.Command {
-	var nodeName, kubeconfig, format string
+	var nodeName, kubeconfig, namespace, format string
 	c := &cobra.Command{
 		Use:   "status [--node NAME]",
 		Short: "Show a node's desired and applied MIG config, state, geometry and recent changes",
@@ -29,14 +31,7 @@ func statusCmd() *cobra.Command {
 			if format != "text" && format != "json" {
 				return badInput(errors.New("-o must be text or json"))
 			}
-			if kubeconfig == "" {
-				kubeconfig = os.Getenv("KUBECONFIG")
-			}
-			cfg, err := kubeConfig(kubeconfig)
-			if err != nil {
-				return fmt.Errorf("kubernetes client config: %w", err)
-			}
-			client, err := kclient.New(cfg)
+			client, err := statusClient(kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -48,14 +43,63 @@ func statusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if format == "json" {
-				return output(cmd.OutOrStdout(), "json", st)
+			if namespace == "" {
+				namespace = podNamespace()
 			}
-			return writeStatusText(cmd.OutOrStdout(), st)
+			held := heldNow(cmd.Context(), client, namespace, nodeName, st)
+			if format == "json" {
+				return output(cmd.OutOrStdout(), "json", statusWithAssignments{Status: st, Assignments: held})
+			}
+			if err := writeStatusText(cmd.OutOrStdout(), st); err != nil {
+				return err
+			}
+			return writeHeld(cmd.OutOrStdout(), held)
 		},
 	}
 	c.Flags().StringVar(&nodeName, "node", "", "node name (default $NODE_NAME)")
 	c.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, else in-cluster)")
+	c.Flags().StringVar(&namespace, "namespace", "", "the agent's namespace, where the assignment trail's ConfigMap lives (default the pod's own, else mig-agent)")
 	c.Flags().StringVarP(&format, "output", "o", "text", "text or json")
 	return c
+}
+
+// statusWithAssignments is `status -o json`: the node's status and the
+// MIG devices held now.
+type statusWithAssignments struct {
+	*kube.Status
+	Assignments *heldDevices `json:"assignments,omitempty"`
+}
+
+// heldDevices is what `status` shows of the assignment trail: the open
+// entries, and how long the history is.
+type heldDevices struct {
+	Held    []assign.Entry `json:"held"`
+	Entries int            `json:"entries"`
+	Dropped int            `json:"dropped,omitempty"`
+}
+
+// heldNow reads the node's assignment trail; where it cannot, a note in
+// st says why and nil is returned.
+func heldNow(ctx context.Context, client kclient.Interface, namespace, node string, st *kube.Status) *heldDevices {
+	h, err := assign.ReadConfigMap(context.WithoutCancel(ctx), client, namespace, node)
+	if err != nil {
+		st.Notes = append(st.Notes, "assignment trail: "+err.Error())
+		return nil
+	}
+	out := &heldDevices{Held: []assign.Entry{}, Entries: len(h.Entries), Dropped: h.Dropped}
+	for _, e := range h.Entries {
+		if e.Open() {
+			out.Held = append(out.Held, e)
+		}
+	}
+	return out
+}
+
+// writeHeld writes the devices held now, for a person.
+func writeHeld(w io.Writer, held *heldDevices) error {
+	if held == nil {
+		return nil
+	}
+	fmt.Fprintf(w, "\nMIG devices held now (%d; the trail holds %d assignments: mig-agent assignments):\n", len(held.Held), held.Entries)
+	return assign.WriteText(w, &assign.History{Entries: held.Held})
 }

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/migagent/mig-agent/assign"
+	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/metrics"
+	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/settings"
+)
+
+// newTrail is the assignment trail of a Kubernetes node (nil where
+// --assignment-interval is 0): PodResources read every interval, devices
+// named through the agent's GPU inventory and the node's ResourceSlices,
+// the history in the ConfigMap <node>-mig-assignments, Events on the pods.
+func newTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvmlx.GPU, client kclient.Interface,
+	readNode func(context.Context) (*corev1.Node, error)) *assign.Tracker {
+	if s.AssignmentInterval <= 0 {
+		return nil
+	}
+	return &assign.Tracker{
+		Source: &assign.PodResources{Socket: s.PodResourcesSocket},
+		Resolve: &assign.Inventory{GPU: g, Log: log, Slices: func(ctx context.Context) ([]dra.Slice, error) {
+			return dra.NodeSlices(ctx, client, s.NodeName)
+		}},
+		Store:    &assign.ConfigMapStore{Client: client, Namespace: s.Namespace, Node: s.NodeName},
+		Pods:     &assign.KubePods{Client: client, Node: s.NodeName, Clock: clock.RealClock{}},
+		Records:  assign.NodeRecords(readNode),
+		Metrics:  m,
+		Clock:    clock.RealClock{},
+		Log:      log.With("component", "assignments"),
+		Interval: s.AssignmentInterval,
+	}
+}
+
+// startTrail runs t beside the daemon until ctx ends or stop is called;
+// stop waits for its poll in progress to end. A nil t does nothing.
+func startTrail(ctx context.Context, t *assign.Tracker) (stop func()) {
+	if t == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t.Run(ctx)
+	}()
+	return func() { cancel(); <-done }
+}
