@@ -127,7 +127,7 @@ func (t *Tracker) Poll(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	now := t.Clock.Now().UTC().Truncate(time.Second)
+	now := t.Clock.Now().UTC().Truncate(time.Millisecond)
 	current := t.resolve(ctx, held)
 	t.close(current, now)
 	fresh := t.open(ctx, current, now)
