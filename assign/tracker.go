@@ -123,7 +123,7 @@ func (t *Tracker) Poll(ctx context.Context) error {
 		t.hist = h
 	}
 	held, err := t.Source.Held(ctx)
-	t.Metrics.SetCollectorError("pod-resources", err != nil)
+	t.Metrics.SetCollectorError("assignments", err != nil)
 	if err != nil {
 		return err
 	}
