@@ -60,6 +60,15 @@ func TestAuditPolicies(t *testing.T) {
 	if got := variable(rec, "agentUser"); sa == nil || got != "'system:serviceaccount:gpu-system:"+sa.(string)+"'" {
 		t.Errorf("the records policy's agent is %v, want the release's ServiceAccount", got)
 	}
+	// The assignment trail's policy: the release's agent, and so its
+	// namespace (agentNamespace is read from agentUser).
+	asg := named(t, objs, "ValidatingAdmissionPolicy", "-assignments")
+	if got := variable(asg, "agentUser"); sa == nil || got != "'system:serviceaccount:gpu-system:"+sa.(string)+"'" {
+		t.Errorf("the assignments policy's agent is %v, want the release's ServiceAccount", got)
+	}
+	if b := named(t, objs, "ValidatingAdmissionPolicyBinding", "-assignments"); get(b, "spec", "policyName") != get(asg, "metadata", "name") {
+		t.Errorf("the assignments policy %v is bound as %v", get(asg, "metadata", "name"), get(b, "spec", "policyName"))
+	}
 	for _, kind := range []string{"ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"} {
 		suffix := map[string]string{"ValidatingAdmissionPolicy": "-records", "MutatingAdmissionPolicy": "-requester"}[kind]
 		p := named(t, objs, kind, suffix)
