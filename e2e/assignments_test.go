@@ -228,3 +228,63 @@ func TestAssignmentTrail(t *testing.T) {
 		t.Errorf("status (exit %d) lacks the devices held now:\n%s", code, status)
 	}
 }
+
+// Under the shipped policies, only the agent of node A (its
+// ServiceAccount, with a token bound to a pod on A) writes A's trail:
+// not for node B, not cluster-admin; outside the agent's namespace the
+// policy does not apply.
+func TestAssignmentTrailPolicy(t *testing.T) {
+	admin := kubetest.Client(t)
+	in := pkgDescribe(t, pkgPlain(t))
+	pkgApply(t, in.objs, false)
+	policy := pkgNamed(t, in.objs, "ValidatingAdmissionPolicy", "-assignments").GetName()
+	nodeA, nodeB := kubetest.NewName(t, "a"), kubetest.NewName(t, "b")
+	kubetest.CreateNode(t, nodeA, nil)
+	kubetest.CreateNode(t, nodeB, nil)
+	agentA := pkgTokenClient(t, pkgBoundToken(t, in, nodeA))
+	cm := func(node string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: node + "-mig-assignments", Namespace: in.namespace},
+			Data: map[string]string{"history.json": `{"node":"` + node + `","entries":[]}`}}
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		// Only the agent may delete it (where its RBAC lets it): the test cleans up as the agent.
+		_ = agentA.CoreV1().ConfigMaps(in.namespace).Delete(context.Background(), nodeA+"-mig-assignments", metav1.DeleteOptions{})
+	})
+	// The policy is enforced once the API server's informer has it.
+	WaitFor(t, policyTimeout, "the policy "+policy+" to refuse cluster-admin", func() bool {
+		_, err := admin.CoreV1().ConfigMaps(in.namespace).Create(ctx, cm(nodeA), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return deniedBy(err, policy, "may not")
+	})
+	if _, err := agentA.CoreV1().ConfigMaps(in.namespace).Create(ctx, cm(nodeA), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the agent of %s cannot write its own trail: %v", nodeA, err)
+	}
+	got, err := agentA.CoreV1().ConfigMaps(in.namespace).Get(ctx, nodeA+"-mig-assignments", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Data["history.json"] = `{"node":"` + nodeA + `","entries":[],"dropped":1}`
+	if _, err := agentA.CoreV1().ConfigMaps(in.namespace).Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("the agent of %s cannot update its own trail: %v", nodeA, err)
+	}
+	if _, err := agentA.CoreV1().ConfigMaps(in.namespace).Create(ctx, cm(nodeB), metav1.CreateOptions{}); !deniedBy(err, policy, "only the mig-agent of node "+nodeB) {
+		t.Errorf("the agent of %s wrote %s's trail: %v", nodeA, nodeB, err)
+	}
+	got, err = admin.CoreV1().ConfigMaps(in.namespace).Get(ctx, nodeA+"-mig-assignments", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Data["history.json"] = `{"entries":[]}`
+	if _, err := admin.CoreV1().ConfigMaps(in.namespace).Update(ctx, got, metav1.UpdateOptions{}); !deniedBy(err, policy, "may not") {
+		t.Errorf("cluster-admin rewrote the trail: %v", err)
+	}
+	if err := admin.CoreV1().ConfigMaps(in.namespace).Delete(ctx, got.Name, metav1.DeleteOptions{}); !deniedBy(err, policy, "may not") {
+		t.Errorf("cluster-admin deleted the trail: %v", err)
+	}
+	other := kubetest.NewName(t, "elsewhere")
+	kubetest.CreateNamespace(t, other)
+	if _, err := admin.CoreV1().ConfigMaps(other).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Name: nodeA + "-mig-assignments", Namespace: other}}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("outside the agent's namespace the policy refused: %v", err)
+	}
+}
