@@ -101,6 +101,10 @@ func runDaemon(ctx context.Context, s *settings.Settings, log *slog.Logger) (err
 	}
 	closeBus := wireHost(d, s, log)
 	defer closeBus()
+	if s.Standalone {
+		stopTrail := startTrail(ctx, newHostTrail(s, log, m, g))
+		defer stopTrail()
+	}
 
 	if !s.Standalone {
 		// No := here: the deferred release below sets the named err.

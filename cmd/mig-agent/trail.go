@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
@@ -32,6 +34,28 @@ func newTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvml
 		Store:    &assign.ConfigMapStore{Client: client, Namespace: s.Namespace, Node: s.NodeName},
 		Pods:     &assign.KubePods{Client: client, Node: s.NodeName, Clock: clock.RealClock{}},
 		Records:  assign.NodeRecords(readNode),
+		Metrics:  m,
+		Clock:    clock.RealClock{},
+		Log:      log.With("component", "assignments"),
+		Interval: s.AssignmentInterval,
+	}
+}
+
+// newHostTrail is the assignment trail of a host without Kubernetes (nil
+// where --assignment-interval is 0): the processes NVML reports on each MIG
+// device, the history in <state-dir>/assignments.json beside the journal.
+func newHostTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvmlx.GPU) *assign.Tracker {
+	if s.AssignmentInterval <= 0 {
+		return nil
+	}
+	node := s.NodeName
+	if node == "" {
+		node, _ = os.Hostname()
+	}
+	return &assign.Tracker{
+		Source:   &assign.Processes{GPU: g},
+		Resolve:  &assign.Inventory{GPU: g, Log: log},
+		Store:    &assign.FileStore{Path: filepath.Join(s.StateDir, assign.FileName), Node: node},
 		Metrics:  m,
 		Clock:    clock.RealClock{},
 		Log:      log.With("component", "assignments"),
