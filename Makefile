@@ -56,6 +56,7 @@ check:
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./geometry ./profiles
 	$(GO) run ./hack/bench
+	$(GO) run ./hack/assignbench
 	@echo "fleet figures (K agents on one API server, --max-concurrent N): make fleet-bench (docs/fleet.md)"
 
 # The fleet bench: FLEET_K simulated nodes (each a real mig-agent process on
