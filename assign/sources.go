@@ -99,18 +99,22 @@ func (v *Inventory) Resolve(ctx context.Context, ids []string) (map[string]Devic
 		}
 		readGPUs = readGPUs || v.unknown(id)
 	}
+	// An id no read names is not asked about again until a read names
+	// something new; one the reads could not answer (NVML or the API
+	// unavailable) is asked about at the next poll.
+	answered := true
 	if readSlices && v.Slices != nil {
-		v.readSlices(ctx)
+		answered = v.readSlices(ctx)
 		for _, id := range ids {
 			if uuid, ok := v.dra[id]; ok && v.unknown(uuid) {
 				readGPUs = true
 			}
 		}
 	}
-	read := readSlices && v.Slices != nil
 	if readGPUs {
-		read = v.readGPUs() || read
+		answered = v.readGPUs() && answered
 	}
+	read := readGPUs || readSlices && v.Slices != nil
 	out := map[string]Device{}
 	for _, id := range ids {
 		uuid := id
@@ -119,7 +123,7 @@ func (v *Inventory) Resolve(ctx context.Context, ids []string) (map[string]Devic
 		}
 		if d, ok := v.devs[uuid]; ok {
 			out[id] = d
-		} else if read {
+		} else if read && answered {
 			v.missing[id] = true
 		}
 	}
@@ -140,15 +144,18 @@ func (v *Inventory) Reads() int {
 	return v.reads
 }
 
-func (v *Inventory) readSlices(ctx context.Context) {
+// readSlices reads the node's ResourceSlices: which DRA device is which
+// UUID. False: they could not be listed.
+func (v *Inventory) readSlices(ctx context.Context) bool {
 	slices, err := v.Slices(ctx)
 	if err != nil {
 		v.Log.Debug("assignment trail: cannot list the node's ResourceSlices", "err", err)
-		return
+		return false
 	}
 	for d, uuid := range dra.DRAUUIDs(slices) {
 		v.dra[draPrefix+d.String()] = uuid
 	}
+	return true
 }
 
 // readGPUs reads the GPU inventory in one NVML session; ids it did not

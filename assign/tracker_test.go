@@ -11,6 +11,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/metrics"
@@ -334,3 +335,35 @@ func TestInventoryReadsOnlyForUnknownDevices(t *testing.T) {
 }
 
 func gpusOpts() gpus.ApplyOptions { return gpus.ApplyOptions{} }
+
+// On the DRA path a container's device is the claim's driver/pool/device:
+// the node's ResourceSlices name its UUID (listed once), the GPU inventory
+// its profile.
+func TestInventoryResolvesDRADevices(t *testing.T) {
+	s := testsupport.NewSim(t, "h200x1", nvmlsim.Options{})
+	f := testsupport.ParseSpec(t, "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3g.71gb\": 2}\n")
+	if _, err := testsupport.ApplyConfig(t, s, f, "c", gpusOpts()); err != nil {
+		t.Fatal(err)
+	}
+	insts, err := s.Instances(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := insts[1].ComputeInstances[0].UUID
+	lists := 0
+	inv := &Inventory{GPU: s, Log: testsupport.Discard(), Slices: func(context.Context) ([]dra.Slice, error) {
+		lists++
+		return []dra.Slice{{Driver: dra.NVIDIADRADriver, Pool: "node-1", Devices: []dra.SliceDevice{
+			{Name: "gpu-0-mig-9-4-4", Type: dra.DRATypeMIG, UUID: uuid}}}}, nil
+	}}
+	id := "dra:" + dra.NVIDIADRADriver + "/node-1/gpu-0-mig-9-4-4"
+	for range 3 {
+		devs, _ := inv.Resolve(context.Background(), []string{id})
+		if d := devs[id]; d.UUID != uuid || d.Profile != "3g.71gb" || d.Placement != "4+4" {
+			t.Fatalf("resolved %+v", d)
+		}
+	}
+	if lists != 1 || inv.Reads() != 1 {
+		t.Errorf("%d slice lists, %d inventory reads for one DRA device polled 3 times; want 1 and 1", lists, inv.Reads())
+	}
+}
