@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
 )
@@ -286,5 +287,49 @@ func TestAssignmentTrailPolicy(t *testing.T) {
 	if _, err := admin.CoreV1().ConfigMaps(other).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 		Name: nodeA + "-mig-assignments", Namespace: other}}, metav1.CreateOptions{}); err != nil {
 		t.Errorf("outside the agent's namespace the policy refused: %v", err)
+	}
+}
+
+// On the DRA path: a pod whose claim the kubelet prepared on a MIG device
+// of the NVIDIA DRA driver's slice gets its Event, its series and its entry,
+// the device named by UUID and profile through the slice.
+func TestAssignmentTrailDRA(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, nil)
+	kl := kubetest.StartKubelet(t, c, node)
+	ns := kubetest.NewName(t, "ns")
+	kubetest.CreateNamespace(t, ns)
+	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"--pod-resources-socket", kl.Socket(), "--assignment-interval", "500ms"}}).Fill(t)
+	if _, errOut, code := RunCLI(t, "apply", "-c", "all-1g.18gb", "--nvml", "sim:"+o.Sim, "--sim-state", o.SimState); code != 0 {
+		t.Fatalf("apply: exit %d: %s", code, errOut)
+	}
+	devs := draDevices(t, o)
+	kubetest.PublishNVIDIASlice(t, c, node, devs...)
+	a := StartAgent(t, o)
+	dev := devs[2]
+	pod := kl.CreatePod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "claimer"},
+		Spec: corev1.PodSpec{
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "mig", ResourceClaimName: ptr.To("claimer-mig")}},
+			Containers: []corev1.Container{{Name: kubetest.PodContainer, Image: "registry.k8s.io/pause:3.10",
+				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "mig"}}}}},
+		}})
+	kubetest.AllocateClaim(t, c, ns, "claimer-mig", "mig.nvidia.com", pod,
+		kubetest.AllocatedDevice{Driver: dra.NVIDIADRADriver, Pool: node, Device: dev.Name})
+	kl.PrepareClaims(t, pod)
+	want := `migagent_mig_device_info{container="main",gpu="0",namespace="` + ns + `",pod="claimer",profile="1g.18gb",uuid="` + dev.UUID + `"} 1`
+	WaitFor(t, 15*time.Second, "the claimed MIG device in the metric", func() bool {
+		return slices.Equal(trailHeld(a.Scrape(t)), []string{want})
+	})
+	WaitFor(t, 10*time.Second, "the MigDeviceAssigned Event", func() bool { return len(trailEvents(t, c, ns, "claimer")) == 1 })
+	if ev := trailEvents(t, c, ns, "claimer")[0]; !strings.Contains(ev.Message, dev.UUID) || !strings.Contains(ev.Message, "1g.18gb") {
+		t.Errorf("Event message %q", ev.Message)
+	}
+	trailStop(t, c, pod)
+	WaitFor(t, 15*time.Second, "the metric to drop the device", func() bool { return len(trailHeld(a.Scrape(t))) == 0 })
+	e := trailFind(trailAssignments(t, o), ns, "claimer")
+	if len(e) != 1 || e[0].Device.UUID != dev.UUID || e[0].End == nil || e[0].PodUID != string(pod.UID) {
+		t.Errorf("claimer's entries: %+v", e)
 	}
 }
