@@ -129,7 +129,7 @@ func (t *Tracker) Poll(ctx context.Context) error {
 	}
 	now := t.Clock.Now().UTC().Truncate(time.Millisecond)
 	current := t.resolve(ctx, held)
-	t.close(current, now)
+	t.close(ctx, current, now)
 	fresh := t.open(ctx, current, now)
 	t.started = true
 	t.showHeld()
@@ -187,14 +187,15 @@ func (t *Tracker) resolve(ctx context.Context, held []Held) map[key]assignment {
 
 // close ends the open entries no longer held. On the first poll after a
 // start, they ended while the agent was away: the end is now, when it
-// learnt so.
-func (t *Tracker) close(current map[key]assignment, now time.Time) {
+// learnt so; and an entry whose pod now has another UID (deleted and made
+// again under its name meanwhile) ended too, the new pod getting its own.
+func (t *Tracker) close(ctx context.Context, current map[key]assignment, now time.Time) {
 	for i := range t.hist.Entries {
 		e := &t.hist.Entries[i]
 		if !e.Open() {
 			continue
 		}
-		if _, ok := current[e.key()]; ok {
+		if _, ok := current[e.key()]; ok && t.samePod(ctx, e) {
 			continue
 		}
 		end := now
@@ -204,6 +205,18 @@ func (t *Tracker) close(current map[key]assignment, now time.Time) {
 		}
 		t.dirty = true
 	}
+}
+
+// samePod reports whether the pod of open entry e is still the one
+// recorded: asked on the first poll after a start only (between polls a
+// pod's name is taken as its identity), and where the UID cannot be read,
+// taken as the same.
+func (t *Tracker) samePod(ctx context.Context, e *Entry) bool {
+	if t.started || t.Pods == nil || e.PodUID == "" {
+		return true
+	}
+	uid, err := t.Pods.UID(ctx, e.Namespace, e.Pod)
+	return err != nil || uid == "" || uid == e.PodUID
 }
 
 // open adds an entry for each assignment not yet open, in a stable order,

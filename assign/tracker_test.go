@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -57,13 +58,18 @@ func (m *memStore) Save(_ context.Context, h *History) error {
 	return err
 }
 
-// fakePods counts Events.
+// fakePods counts Events; a pod's UID is "uid-NS-NAME", and its
+// generation where gen is set (the pod made again).
 type fakePods struct {
 	mu     sync.Mutex
 	events []Entry
+	gen    int
 }
 
 func (f *fakePods) UID(_ context.Context, ns, name string) (string, error) {
+	if f.gen > 0 {
+		return fmt.Sprintf("uid-%s-%s-%d", ns, name, f.gen), nil
+	}
 	return "uid-" + ns + "-" + name, nil
 }
 func (f *fakePods) Assigned(_ context.Context, e Entry) error {
@@ -185,6 +191,28 @@ func TestTrackerRestartLosesNothing(t *testing.T) {
 				t.Errorf("the pod gone while the agent was down: %+v; want ended now, gone-while-down", e)
 			}
 		}
+	}
+}
+
+// A pod deleted and made again under the same name while the agent was
+// down is another assignment: the restarted agent ends the old one and
+// opens the new one, with its own Event.
+func TestTrackerRestartSeesARecreatedPod(t *testing.T) {
+	r := newRig()
+	r.src.held = []Held{{Namespace: "ml", Pod: "worker-0", Container: "main", ID: "MIG-a"}}
+	r.poll(t, r.tracker())
+	r.clock.Step(time.Hour)
+	r.pods.gen = 2 // the StatefulSet made worker-0 again
+	tr := r.tracker()
+	r.poll(t, tr)
+	r.clock.Step(time.Minute)
+	r.poll(t, tr) // later polls do not ask again
+	h := r.history(t)
+	if len(h.Entries) != 2 || len(r.pods.events) != 2 {
+		t.Fatalf("%d entries, %d Events; want 2 and 2: %+v", len(h.Entries), len(r.pods.events), h.Entries)
+	}
+	if old, fresh := h.Entries[0], h.Entries[1]; old.EndedBy != "gone-while-down" || fresh.PodUID != "uid-ml-worker-0-2" || !fresh.Open() {
+		t.Errorf("old %+v, new %+v", old, fresh)
 	}
 }
 
