@@ -10,6 +10,8 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -82,6 +84,18 @@ func trailFind(entries []trailEntry, ns, name string) []trailEntry {
 	return out
 }
 
+// trailScrape is the agent's /metrics text, "" while it does not answer
+// (it is starting).
+func trailScrape(a *Agent) string {
+	resp, err := http.Get(a.Metrics + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
 // trailHeld returns the migagent_mig_device_info series of a scrape,
 // sorted.
 func trailHeld(metrics string) []string {
@@ -151,13 +165,13 @@ func TestAssignmentTrail(t *testing.T) {
 		`migagent_mig_device_info{container="main",gpu="0",namespace="` + ns + `",pod="trainer",profile="1g.18gb",uuid="` + dev0 + `"} 1`,
 	}
 	WaitFor(t, 10*time.Second, "the metric to show both pods' devices", func() bool {
-		return slices.Equal(trailHeld(a.Scrape(t)), wantHeld)
+		return slices.Equal(trailHeld(trailScrape(a)), wantHeld)
 	})
 
 	// One stops: the metric drops it, the history closes it.
 	trailStop(t, c, p1)
 	WaitFor(t, 15*time.Second, "the metric to show the notebook's device only", func() bool {
-		return slices.Equal(trailHeld(a.Scrape(t)), wantHeld[:1])
+		return slices.Equal(trailHeld(trailScrape(a)), wantHeld[:1])
 	})
 	entries := trailAssignments(t, o)
 	tr := trailFind(entries, ns, "trainer")
@@ -189,7 +203,7 @@ func TestAssignmentTrail(t *testing.T) {
 		return len(trailEvents(t, c, ns, "batch")) == 1
 	})
 	WaitFor(t, 10*time.Second, "the metric to show batch and the hostile name's device", func() bool {
-		held := trailHeld(a.Scrape(t))
+		held := trailHeld(trailScrape(a))
 		return len(held) == 2 && strings.Contains(held[0]+held[1], `pod="batch"`)
 	})
 	entries = trailAssignments(t, o)
@@ -320,14 +334,14 @@ func TestAssignmentTrailDRA(t *testing.T) {
 	kl.PrepareClaims(t, pod)
 	want := `migagent_mig_device_info{container="main",gpu="0",namespace="` + ns + `",pod="claimer",profile="1g.18gb",uuid="` + dev.UUID + `"} 1`
 	WaitFor(t, 15*time.Second, "the claimed MIG device in the metric", func() bool {
-		return slices.Equal(trailHeld(a.Scrape(t)), []string{want})
+		return slices.Equal(trailHeld(trailScrape(a)), []string{want})
 	})
 	WaitFor(t, 10*time.Second, "the MigDeviceAssigned Event", func() bool { return len(trailEvents(t, c, ns, "claimer")) == 1 })
 	if ev := trailEvents(t, c, ns, "claimer")[0]; !strings.Contains(ev.Message, dev.UUID) || !strings.Contains(ev.Message, "1g.18gb") {
 		t.Errorf("Event message %q", ev.Message)
 	}
 	trailStop(t, c, pod)
-	WaitFor(t, 15*time.Second, "the metric to drop the device", func() bool { return len(trailHeld(a.Scrape(t))) == 0 })
+	WaitFor(t, 15*time.Second, "the metric to drop the device", func() bool { return len(trailHeld(trailScrape(a))) == 0 })
 	e := trailFind(trailAssignments(t, o), ns, "claimer")
 	if len(e) != 1 || e[0].Device.UUID != dev.UUID || e[0].End == nil || e[0].PodUID != string(pod.UID) {
 		t.Errorf("claimer's entries: %+v", e)
