@@ -129,6 +129,7 @@ func TestGoldenHasContractMetrics(t *testing.T) {
 		{"migagent_last_success_timestamp_seconds", "gauge", nil},
 		{"migagent_geometry_drift", "gauge", nil},
 		{"migagent_build_info", "gauge", []string{"goversion", "version"}},
+		{"migagent_mig_device_info", "gauge", []string{"container", "gpu", "namespace", "pod", "profile", "uuid"}},
 	}
 	sample := regexp.MustCompile(`(?m)^(\w+)(?:\{([^}]*)\})? `)
 	labelName := regexp.MustCompile(`(\w+)="`)
