@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -126,5 +127,24 @@ func TestApplyRebootExitCode(t *testing.T) {
 	args := []string{"apply", "-c", "all-balanced", "--nvml", "sim:a100-40gbx1", "--sim-state", state, "--sim-no-reset"}
 	if got := run(context.Background(), args); got != exitReboot {
 		t.Fatalf("exit %d, want %d (reboot required)", got, exitReboot)
+	}
+}
+
+// TestVersionOutput: `mig-agent version` names the version and commit the
+// build stamped, the Go release and the platform it was built for (the
+// release checks each archive's binary by these lines).
+func TestVersionOutput(t *testing.T) {
+	defer func(v, c string) { version, commit = v, c }(version, commit)
+	version, commit = "0.9.0", "abc1234"
+	var out strings.Builder
+	root := newRoot()
+	root.SetArgs([]string{"version"})
+	root.SetOut(&out)
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	want := "mig-agent 0.9.0\ncommit: abc1234\ngo: " + runtime.Version() + "\nplatform: " + runtime.GOOS + "/" + runtime.GOARCH + "\n"
+	if out.String() != want {
+		t.Errorf("version printed\n%s\nwant\n%s", out.String(), want)
 	}
 }
