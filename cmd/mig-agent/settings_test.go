@@ -114,6 +114,8 @@ func TestExitCodes(t *testing.T) {
 		{append([]string{"plan", "-c", "no-such-config"}, sim...), exitBadInput},
 		{append([]string{"plan", "-c", "all-balanced"}, sim...), exitOK},
 		{[]string{"profiles", "--nvml", "sim:nosuchgpux1"}, exitBadInput},
+		{[]string{"profiles", "--nvml", "sim:gh200x1"}, exitOK},
+		{[]string{"profiles", "--nvml", "sim:gb200x2,gh200-144gbx1"}, exitOK},
 		{[]string{"run", "--nvml", "sim:h200x1", "--reboot-method", "teleport", "--node-name", "n"}, exitBadInput},
 	} {
 		if got := run(context.Background(), tc.args); got != tc.want {
