@@ -91,6 +91,7 @@ release:
 # glibc floor.
 RELEASE_TEST_VERSION ?= 0.9.0
 release-test:
+	cd packaging/release && $(GO) test -count=1 ./...
 	bash packaging/release/release.sh $(RELEASE_TEST_VERSION)
 	bash packaging/release/ensure-test-tools.sh
 	cd packaging/test && MIG_AGENT_DIST=$(CURDIR)/dist MIG_AGENT_RELEASE_VERSION=$(RELEASE_TEST_VERSION) \
