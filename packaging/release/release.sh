@@ -95,7 +95,7 @@ build() {
 	# -Wl,-z,lazy: zig links with -z now by default; NVML's symbols must
 	# stay unbound until go-nvml has dlopened the driver's library.
 	ZIG=$ZIG ZIGCC_TARGET=$(zig_target "$arch") ZIG_GLOBAL_CACHE_DIR=$TOOLS_DIR/zig-cache \
-		CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$ROOT/packaging/release/zigcc.sh CGO_LDFLAGS=-Wl,-z,lazy \
+		CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$CC_WRAPPER CGO_LDFLAGS=-Wl,-z,lazy \
 		go build -trimpath -ldflags "-s -w -X main.version=$VERSION -X main.commit=$COMMIT" \
 		-o "$out/mig-agent" ./cmd/mig-agent 2> >(grep -v -E 'deprecated|DEPRECATED|^ +[\^~]|note:|^\s*$|warnings? generated|_cgo_r = ' >&2) ||
 		die "go build linux/$arch failed"
@@ -137,6 +137,10 @@ main() {
 	need patchelf patchelf
 	need dpkg-deb dpkg
 	ZIG=$(ensure_zig)
+	# The wrapper from a fixed path: Go's build cache keys cgo packages by
+	# CC, so every checkout then reuses the same compiled packages.
+	CC_WRAPPER=$TOOLS_DIR/zigcc.sh
+	cmp -s packaging/release/zigcc.sh "$CC_WRAPPER" || install -m 0755 packaging/release/zigcc.sh "$CC_WRAPPER"
 	EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 	export SOURCE_DATE_EPOCH=$EPOCH
 	local t0=$SECONDS arch image_args=() sbom_args=()
