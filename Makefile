@@ -1,5 +1,5 @@
 # mig-agent — a node-local NVIDIA MIG geometry manager.
-# Targets: build test check bench demo package. All offline once modules and
+# Targets: build test check bench demo package release release-test. All offline once modules and
 # the test API server binaries are cached (~/.cache).
 
 GO        ?= go
@@ -18,7 +18,7 @@ FUZZ_GEOMETRY ?= 30000x
 FUZZ_PROFILES ?= 250000x
 STATICCHECK ?= v0.8.2
 
-.PHONY: all build test unit fuzz check bench fleet-bench demo package clean
+.PHONY: all build test unit fuzz check bench fleet-bench demo package release release-test clean
 
 all: build
 
@@ -52,6 +52,7 @@ check:
 	cd packaging/monitoring && $(GO) vet ./...
 	cd packaging/test && $(GO) vet ./...
 	cd hack/fleetplot && $(GO) vet ./...
+	cd packaging/release && $(GO) vet ./...
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./geometry ./profiles
@@ -76,6 +77,26 @@ demo: build
 
 package: build
 	bash packaging/build-packages.sh
+
+# Every artifact of a release into dist/ (docs/release.md): per linux/amd64
+# and linux/arm64 the binary archive (glibc >= 2.28), .deb, .rpm and SPDX
+# SBOM; the OCI image index of both as an OCI-layout tar; the chart .tgz;
+# SHA256SUMS. Needs VERSION=x.y.z.
+release:
+	@test -n "$(filter command line environment,$(origin VERSION))" || { echo "make release needs VERSION=x.y.z"; exit 2; }
+	bash packaging/release/release.sh $(VERSION)
+
+# Builds a release and runs each artifact (packaging/test TestRelease*):
+# the arm64 binary under qemu, each image's root file system by its own
+# entrypoint, the chart from its .tgz alone, the packages' metadata, the
+# glibc floor.
+RELEASE_TEST_VERSION ?= 0.9.0
+release-test:
+	cd packaging/release && $(GO) test -count=1 ./...
+	bash packaging/release/release.sh $(RELEASE_TEST_VERSION)
+	bash packaging/release/ensure-test-tools.sh
+	cd packaging/test && MIG_AGENT_DIST=$(CURDIR)/dist MIG_AGENT_RELEASE_VERSION=$(RELEASE_TEST_VERSION) \
+		$(GO) test -count=1 -run '^TestRelease' -v .
 
 clean:
 	rm -rf bin dist bench-results.json

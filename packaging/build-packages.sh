@@ -23,6 +23,8 @@
 #   NFPM_VERSION         default v2.45.2
 #   MIG_AGENT_TOOLS_DIR  default ${XDG_CACHE_HOME:-$HOME/.cache}/mig-agent-tools
 #   MIG_AGENT_ARCH       Go architecture name of the binary (default: read from its ELF header)
+#   MIG_AGENT_VERSION_RAW  the version to package (default: what `$MIG_AGENT_BIN version`
+#                        prints; set it for a binary of another architecture)
 set -euo pipefail
 
 NFPM_VERSION=${NFPM_VERSION:-v2.45.2}
@@ -71,9 +73,13 @@ elf_arch() {
 # (2.34 when objdump is missing: what Go 1.26 cgo builds need on glibc >= 2.34).
 glibc_needed() {
 	local v=""
-	if command -v objdump >/dev/null; then
-		v=$(objdump -T "$1" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -Vu | tail -1)
-	fi
+	# llvm-objdump reads every architecture; binutils' objdump only the host's.
+	local od
+	for od in llvm-objdump objdump; do
+		command -v $od >/dev/null || continue
+		v=$($od -T "$1" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -Vu | tail -1)
+		[[ -n $v ]] && break
+	done
 	echo "${v:-2.34}"
 }
 
@@ -121,7 +127,7 @@ main() {
 	mkdir -p "$dist"
 	dist=$(readlink -f "$dist")
 
-	raw=$("$bin" version | awk 'NR == 1 { print $2 }')
+	raw=${MIG_AGENT_VERSION_RAW:-$("$bin" version | awk 'NR == 1 { print $2 }')}
 	[[ -n $raw ]] || die "$bin version printed no version"
 	export MIG_AGENT_BIN=$bin
 	MIG_AGENT_VERSION=$(pkg_version "$raw")

@@ -193,6 +193,66 @@ var knownModels = []Model{
 			{Name: "7g.180gb", ID: 0, Index: Index7Slice, Slices: 7, MemoryMiB: 182528, MaxCount: 1, Placements: pl(8, 0)},
 		}},
 	}),
+	// Grace Hopper GH200 with 96 GB of HBM3 (nvidia-smi names it after
+	// the module's 480 GB of LPDDR5X): the GH100 of the H100 with 96 GB, so
+	// the H100's ids, placements, SMs and engines (MIG user guide,
+	// "Supported MIG Profiles", table "GH200 96GB": the H100 table's
+	// profiles, memory fractions 1/8, 2/8, 4/8, 8/8, names from mig-parted's
+	// config-default.yaml: 1g.12gb ... 7g.96gb). Total and per-profile
+	// memory are ESTIMATED (the H100 80GB's MiB scaled to 96 GB; no public
+	// -lgip seen) within the eighths the names need. Not measured.
+	withComputeProfiles(Model{
+		Key: "gh200", Name: "NVIDIA GH200 480GB", PCIDeviceID: 0x234210DE, MemoryBytes: 97871 << 20,
+		Architecture: ArchHopper, MigCapable: true,
+		Catalogue: Catalogue{MemorySlices: 8, Profiles: []Profile{
+			{Name: "1g.12gb", ID: 19, Index: Index1Slice, Slices: 1, MemoryMiB: 11904, MaxCount: 7, Multiprocessors: 16, CopyEngines: 1, Decoders: 1, JPEGs: 1, Placements: pl(1, 0, 1, 2, 3, 4, 5, 6)},
+			{Name: "1g.12gb+me", ID: 20, Index: Index1SliceRev1, Slices: 1, MemoryMiB: 11904, MaxCount: 1, Multiprocessors: 16, CopyEngines: 1, Decoders: 1, JPEGs: 1, OFAs: 1, Placements: pl(1, 0, 1, 2, 3, 4, 5, 6)},
+			{Name: "1g.24gb", ID: 15, Index: Index1SliceRev2, Slices: 1, MemoryMiB: 24064, MaxCount: 4, Multiprocessors: 26, CopyEngines: 1, Decoders: 1, JPEGs: 1, Placements: pl(2, 0, 2, 4, 6)},
+			{Name: "2g.24gb", ID: 14, Index: Index2Slice, Slices: 2, MemoryMiB: 24064, MaxCount: 3, Multiprocessors: 32, CopyEngines: 2, Decoders: 2, JPEGs: 2, Placements: pl(2, 0, 2, 4)},
+			{Name: "3g.48gb", ID: 9, Index: Index3Slice, Slices: 3, MemoryMiB: 48384, MaxCount: 2, Multiprocessors: 60, CopyEngines: 3, Decoders: 3, JPEGs: 3, Placements: pl(4, 0, 4)},
+			{Name: "4g.48gb", ID: 5, Index: Index4Slice, Slices: 4, MemoryMiB: 48384, MaxCount: 1, Multiprocessors: 64, CopyEngines: 4, Decoders: 4, JPEGs: 4, Placements: pl(4, 0)},
+			{Name: "7g.96gb", ID: 0, Index: Index7Slice, Slices: 7, MemoryMiB: 97024, MaxCount: 1, Multiprocessors: 132, CopyEngines: 8, Decoders: 7, JPEGs: 7, OFAs: 1, Placements: pl(8, 0)},
+		}},
+	}),
+	// Grace Hopper GH200 with 144 GB of HBM3e (0x234810DE): the H200's
+	// GH100 layout, ids, SMs and engines (MIG user guide, "Supported MIG
+	// Profiles", table "GH200 144GB"; names and the 1g's 17.50 GiB from
+	// mig-parted PR #139: 1g.18gb ... 7g.144gb). The other memory sizes are
+	// ESTIMATED within the eighths the names need. Not measured.
+	withComputeProfiles(Model{
+		Key: "gh200-144gb", Name: "NVIDIA GH200 144G HBM3e", PCIDeviceID: 0x234810DE, MemoryBytes: 146944 << 20,
+		Architecture: ArchHopper, MigCapable: true,
+		Catalogue: Catalogue{MemorySlices: 8, Profiles: []Profile{
+			{Name: "1g.18gb", ID: 19, Index: Index1Slice, Slices: 1, MemoryMiB: 17920, MaxCount: 7, Multiprocessors: 16, CopyEngines: 1, Decoders: 1, JPEGs: 1, Placements: pl(1, 0, 1, 2, 3, 4, 5, 6)},
+			{Name: "1g.18gb+me", ID: 20, Index: Index1SliceRev1, Slices: 1, MemoryMiB: 17920, MaxCount: 1, Multiprocessors: 16, CopyEngines: 1, Decoders: 1, JPEGs: 1, OFAs: 1, Placements: pl(1, 0, 1, 2, 3, 4, 5, 6)},
+			{Name: "1g.36gb", ID: 15, Index: Index1SliceRev2, Slices: 1, MemoryMiB: 35840, MaxCount: 4, Multiprocessors: 26, CopyEngines: 1, Decoders: 1, JPEGs: 1, Placements: pl(2, 0, 2, 4, 6)},
+			{Name: "2g.36gb", ID: 14, Index: Index2Slice, Slices: 2, MemoryMiB: 35840, MaxCount: 3, Multiprocessors: 32, CopyEngines: 2, Decoders: 2, JPEGs: 2, Placements: pl(2, 0, 2, 4)},
+			{Name: "3g.72gb", ID: 9, Index: Index3Slice, Slices: 3, MemoryMiB: 72704, MaxCount: 2, Multiprocessors: 60, CopyEngines: 3, Decoders: 3, JPEGs: 3, Placements: pl(4, 0, 4)},
+			{Name: "4g.72gb", ID: 5, Index: Index4Slice, Slices: 4, MemoryMiB: 72704, MaxCount: 1, Multiprocessors: 64, CopyEngines: 4, Decoders: 4, JPEGs: 4, Placements: pl(4, 0)},
+			{Name: "7g.144gb", ID: 0, Index: Index7Slice, Slices: 7, MemoryMiB: 145408, MaxCount: 1, Multiprocessors: 132, CopyEngines: 8, Decoders: 7, JPEGs: 7, OFAs: 1, Placements: pl(8, 0)},
+		}},
+	}),
+	// Grace Blackwell GB200's B200 GPU (0x294110DE): MIG user guide,
+	// "Supported MIG Profiles", table "GB200 186GB" (memory fractions 1/8,
+	// 2/8, 4/8, 8/8; up to 7 instances); names as current drivers report
+	// them (1g.23gb; older ones said 1g.24gb: mig-parted #227/#228), ids
+	// and max counts as the B200, 1g/2g SMs from gpu-operator PR #1303 (18,
+	// 32, 38). Memory sizes are ESTIMATED within the eighths the names need
+	// (total 189471 MiB); 3g/4g/7g engines left unset as for the B200;
+	// placements follow the Hopper layout: UNVERIFIED.
+	withComputeProfiles(Model{
+		Key: "gb200", Name: "NVIDIA GB200", PCIDeviceID: 0x294110DE, MemoryBytes: 189471 << 20,
+		Architecture: ArchBlackwell, MigCapable: true,
+		Catalogue: Catalogue{MemorySlices: 8, Profiles: []Profile{
+			{Name: "1g.23gb", ID: 19, Index: Index1Slice, Slices: 1, MemoryMiB: 21760, MaxCount: 7, Multiprocessors: 18, CopyEngines: 2, Decoders: 1, JPEGs: 1, Placements: pl(1, 0, 1, 2, 3, 4, 5, 6)},
+			{Name: "1g.23gb+me", ID: 20, Index: Index1SliceRev1, Slices: 1, MemoryMiB: 21760, MaxCount: 1, Multiprocessors: 18, CopyEngines: 2, Decoders: 1, JPEGs: 1, OFAs: 1, Placements: pl(1, 0, 1, 2, 3, 4, 5, 6)},
+			{Name: "1g.47gb", ID: 15, Index: Index1SliceRev2, Slices: 1, MemoryMiB: 46592, MaxCount: 4, Multiprocessors: 32, CopyEngines: 2, Decoders: 1, JPEGs: 1, Placements: pl(2, 0, 2, 4, 6)},
+			{Name: "2g.47gb", ID: 14, Index: Index2Slice, Slices: 2, MemoryMiB: 46592, MaxCount: 3, Multiprocessors: 38, CopyEngines: 4, Decoders: 2, JPEGs: 2, Placements: pl(2, 0, 2, 4)},
+			{Name: "3g.93gb", ID: 9, Index: Index3Slice, Slices: 3, MemoryMiB: 93696, MaxCount: 2, Placements: pl(4, 0, 4)},
+			{Name: "4g.93gb", ID: 5, Index: Index4Slice, Slices: 4, MemoryMiB: 93696, MaxCount: 1, Placements: pl(4, 0)},
+			{Name: "7g.186gb", ID: 0, Index: Index7Slice, Slices: 7, MemoryMiB: 188416, MaxCount: 1, Placements: pl(8, 0)},
+		}},
+	}),
 	// AD102 L40S: no MIG.
 	{
 		Key: "l40s", Name: "NVIDIA L40S", PCIDeviceID: 0x26B910DE, MemoryBytes: 48305799168,

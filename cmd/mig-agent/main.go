@@ -144,10 +144,11 @@ func newLogger(s *settings.Settings) *slog.Logger {
 func versionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print version, commit and Go version",
+		Short: "Print version, commit, Go version and platform",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(cmd.OutOrStdout(), "mig-agent %s\ncommit: %s\ngo: %s\n", version, commit, runtime.Version())
+			fmt.Fprintf(cmd.OutOrStdout(), "mig-agent %s\ncommit: %s\ngo: %s\nplatform: %s/%s\n",
+				version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 			return nil
 		},
 	}

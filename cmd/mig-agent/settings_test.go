@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,8 @@ func TestExitCodes(t *testing.T) {
 		{append([]string{"plan", "-c", "no-such-config"}, sim...), exitBadInput},
 		{append([]string{"plan", "-c", "all-balanced"}, sim...), exitOK},
 		{[]string{"profiles", "--nvml", "sim:nosuchgpux1"}, exitBadInput},
+		{[]string{"profiles", "--nvml", "sim:gh200x1"}, exitOK},
+		{[]string{"profiles", "--nvml", "sim:gb200x2,gh200-144gbx1"}, exitOK},
 		{[]string{"run", "--nvml", "sim:h200x1", "--reboot-method", "teleport", "--node-name", "n"}, exitBadInput},
 	} {
 		if got := run(context.Background(), tc.args); got != tc.want {
@@ -126,5 +129,24 @@ func TestApplyRebootExitCode(t *testing.T) {
 	args := []string{"apply", "-c", "all-balanced", "--nvml", "sim:a100-40gbx1", "--sim-state", state, "--sim-no-reset"}
 	if got := run(context.Background(), args); got != exitReboot {
 		t.Fatalf("exit %d, want %d (reboot required)", got, exitReboot)
+	}
+}
+
+// TestVersionOutput: `mig-agent version` names the version and commit the
+// build stamped, the Go release and the platform it was built for (the
+// release checks each archive's binary by these lines).
+func TestVersionOutput(t *testing.T) {
+	defer func(v, c string) { version, commit = v, c }(version, commit)
+	version, commit = "0.9.0", "abc1234"
+	var out strings.Builder
+	root := newRoot()
+	root.SetArgs([]string{"version"})
+	root.SetOut(&out)
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	want := "mig-agent 0.9.0\ncommit: abc1234\ngo: " + runtime.Version() + "\nplatform: " + runtime.GOOS + "/" + runtime.GOARCH + "\n"
+	if out.String() != want {
+		t.Errorf("version printed\n%s\nwant\n%s", out.String(), want)
 	}
 }

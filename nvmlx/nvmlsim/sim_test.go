@@ -110,7 +110,7 @@ func TestParseSpec(t *testing.T) {
 			t.Errorf("%q: error %v, want ErrBadSpec", spec, err)
 			continue
 		}
-		if !strings.Contains(err.Error(), "a100-40gb, a100-80gb, a30, b200, h100-80gb, h200, l40s") {
+		if !strings.Contains(err.Error(), "a100-40gb, a100-80gb, a30, b200, gb200, gh200, gh200-144gb, h100-80gb, h200, l40s") {
 			t.Errorf("%q: error does not list the models: %v", spec, err)
 		}
 	}
@@ -459,7 +459,7 @@ func TestSimAmperePendingUntilReset(t *testing.T) {
 }
 
 func TestSimHopperImmediate(t *testing.T) {
-	for _, spec := range []string{"h200x1", "h100-80gbx1", "b200x1"} {
+	for _, spec := range []string{"h200x1", "h100-80gbx1", "b200x1", "gh200x1", "gh200-144gbx1", "gb200x1"} {
 		t.Run(spec, func(t *testing.T) {
 			s := testsupport.NewSim(t, spec, nvmlsim.Options{NoReset: true})
 			if mode := must[nvmlx.MigMode](t)(s.SetMigMode(0, true)); mode != (nvmlx.MigMode{Current: true, Pending: true}) {

@@ -51,16 +51,28 @@ func TestDockerfile(t *testing.T) {
 		}
 		return out
 	}
-	if len(stages) != 2 {
-		t.Fatalf("want 2 stages (build, runtime), have %d", len(stages))
+	if len(stages) != 3 {
+		t.Fatalf("want 3 stages (build, glibc, runtime), have %d", len(stages))
 	}
-	build, runtime := stages[0], stages[1]
+	build, glibcStage, runtime := stages[0], stages[1], stages[2]
 	if got := expand(build.BaseName); got != "golang:1.26-bookworm" || build.Name != "build" {
 		t.Errorf("build stage %q FROM %s, want build FROM golang:1.26-bookworm", build.Name, got)
 	}
-	glibc := []string{"gcr.io/distroless/base-debian12", "debian:bookworm-slim"}
-	if got := expand(runtime.BaseName); !slices.Contains(glibc, got) {
-		t.Errorf("runtime FROM %s, want a glibc base (%v)", got, glibc)
+	// The runtime is scratch plus the C library the glibc stage takes from
+	// Debian's libc6 with packaging/release/rootfs.sh, the script `make
+	// release` runs too (TestReleaseImage runs what it makes).
+	if got := expand(runtime.BaseName); got != "scratch" {
+		t.Errorf("runtime FROM %s, want scratch", got)
+	}
+	var rootfs bool
+	for _, c := range glibcStage.Commands {
+		if r, ok := c.(*instructions.RunCommand); ok && strings.Contains(strings.Join(r.CmdLine, " "), "apt-get download -q libc6") &&
+			strings.Contains(strings.Join(r.CmdLine, " "), "/rootfs.sh /rootfs") {
+			rootfs = true
+		}
+	}
+	if glibcStage.Name != "glibc" || !rootfs {
+		t.Errorf("stage %q does not make /rootfs from libc6 with packaging/release/rootfs.sh", glibcStage.Name)
 	}
 
 	var makeBuild bool
@@ -117,8 +129,8 @@ func TestDockerfile(t *testing.T) {
 	if !slices.Contains(exposed, "9478") {
 		t.Errorf("EXPOSE %v, want the metrics port 9478", exposed)
 	}
-	if !slices.Contains(copied, "build:/src/bin/mig-agent") {
-		t.Errorf("the runtime stage copies %v, not the binary from the build stage", copied)
+	if !slices.Contains(copied, "build:/src/bin/mig-agent") || !slices.Contains(copied, "glibc:/rootfs/") {
+		t.Errorf("the runtime stage copies %v, not the binary from the build stage and the C library from the glibc stage", copied)
 	}
 	// No NVML or CUDA in the image: the toolkit injects the host's.
 	raw, _ := os.ReadFile(path)
