@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -63,6 +64,20 @@ func leSlot(ns, name, holder string) *coordinationv1.Lease {
 	}
 }
 
+// leWaitEnforced waits until the API server enforces both policies (its
+// policy informer has them): the token of node a is refused a Lease of
+// another name and an Event about node b (dry runs).
+func leWaitEnforced(t *testing.T, ns string, ca kubernetes.Interface, a, b string) {
+	t.Helper()
+	ctx := context.Background()
+	WaitFor(t, policyTimeout, "the policies "+lePolicyLeases+" and "+lePolicyEvents+" to be enforced", func() bool {
+		probe := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-probe-", Namespace: ns}}
+		_, err := ca.CoordinationV1().Leases(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, eerr := ca.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, leEvent(a, "Node", b, a), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return pkgDeniedByPolicy(err, lePolicyLeases) && pkgDeniedByPolicy(eerr, lePolicyEvents)
+	})
+}
+
 func leEvent(node, kind, name, host string) *corev1.Event {
 	now := metav1.NewTime(time.Now())
 	return &corev1.Event{
@@ -99,13 +114,7 @@ func TestPackagingLeaseEventPolicy(t *testing.T) {
 			return err
 		}
 	}
-	// Enforced once the API server's policy informer has both policies.
-	WaitFor(t, policyTimeout, "the policies "+lePolicyLeases+" and "+lePolicyEvents+" to be enforced", func() bool {
-		probe := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-probe-", Namespace: ns}}
-		_, err := ca.CoordinationV1().Leases(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		_, eerr := ca.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, leEvent(a, "Node", b, a), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return pkgDeniedByPolicy(err, lePolicyLeases) && pkgDeniedByPolicy(eerr, lePolicyEvents)
-	})
+	leWaitEnforced(t, ns, ca, a, b)
 	slot := lease.SlotLeaseName(900 + rand.IntN(90)) // beyond the pools of the other tests
 	t.Cleanup(func() {
 		_ = admin.CoordinationV1().Leases(ns).Delete(context.Background(), slot, metav1.DeleteOptions{})
@@ -265,4 +274,49 @@ func TestPackagingLeaseEventPolicy(t *testing.T) {
 	if _, err := plain.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, leEvent(a, "Node", a, a), metav1.CreateOptions{}); !pkgDeniedByPolicy(err, lePolicyEvents) {
 		t.Errorf("an unbound token posted an Event: %v", err)
 	}
+}
+
+// Under the shipped policies, three real agents (the DaemonSet's args and
+// settings, --max-concurrent 1, each with a token bound to a pod on its
+// node) take, queue for, hand on and release the one rollout slot, and
+// post their Events, refused nothing: all three changes succeed, one node
+// disrupted at a time.
+func TestPackagingLeaseEventPolicyAgents(t *testing.T) {
+	in := pkgDescribe(t, pkgPlain(t))
+	pkgApply(t, in.objs, false)
+	admin := kubetest.Client(t)
+	var nodes []string
+	for i := range 3 {
+		node := kubetest.NewName(t, fmt.Sprintf("n%d", i))
+		kubetest.CreateNode(t, node, map[string]string{"nvidia.com/gpu.present": "true"})
+		nodes = append(nodes, node)
+	}
+	leWaitEnforced(t, in.namespace, pkgTokenClient(t, pkgBoundToken(t, in, nodes[0])), nodes[0], nodes[1])
+	var agents []*Agent
+	for _, node := range nodes {
+		a, _ := pkgStartAgent(t, in, node, "--nvml", "sim:h200x1")
+		agents = append(agents, a)
+	}
+	for _, n := range nodes {
+		SelectConfig(t, admin, n, "all-1g.18gb")
+	}
+	var recs []record.ChangeRecord
+	for i, n := range nodes {
+		rec := WaitState(t, admin, n, record.StateSuccess, "all-1g.18gb", 3*changeTimeout)
+		recs = append(recs, rec)
+		if log := strings.ToLower(agents[i].Log()); strings.Contains(log, "forbidden") {
+			t.Errorf("agent of %s was refused something:\n%s", n, agents[i].Log())
+		}
+		if len(nodeEvents(t, admin, n, record.ReasonApplied)) == 0 {
+			t.Errorf("no %s Event on %s", record.ReasonApplied, n)
+		}
+	}
+	if m := record.MaxDisrupted(recs); m != 1 {
+		t.Errorf("%d nodes disrupted at once under --max-concurrent 1", m)
+	}
+	handedOff := 0
+	for _, a := range agents {
+		handedOff += strings.Count(a.Log(), "handed")
+	}
+	t.Logf("three changes under the shipped policies, one slot; log lines naming a hand-off: %d", handedOff)
 }
