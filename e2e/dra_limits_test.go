@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
@@ -41,6 +44,20 @@ mig-configs:
 	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--resource-wait-timeout", "60s"}}).Fill(t)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
 	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Running() && len(announced(t, c, node)) == 2 })
+	// The stand-in publishes what NVIDIA's plugin does: attributes and
+	// capacities (kubetest.NVIDIADetails).
+	list, err := c.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sl := range list.Items {
+		for _, d := range sl.Spec.Devices {
+			mem := d.Capacity["memory"].Value
+			if a := d.Attributes["architecture"]; a.StringValue == nil || *a.StringValue != "Hopper" || mem.Value() == 0 {
+				t.Errorf("device %s: attributes %v, capacity %v", d.Name, d.Attributes, d.Capacity)
+			}
+		}
+	}
 	before := flReadSim(t, o.SimState)
 	slices := announced(t, c, node)
 	StartAgent(t, o)
