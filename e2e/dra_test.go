@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/kubetest/nvidiadra"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
 )
@@ -88,7 +89,7 @@ func draDevices(t testing.TB, o *Opts) []kubetest.NVIDIADevice {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := kubetest.NVIDIADetails(lib, devs); err != nil {
+	if err := nvidiadra.Details(lib, devs); err != nil {
 		t.Fatal(err)
 	}
 	return devs

@@ -189,7 +189,7 @@ func AllocateClaim(t TB, client kubernetes.Interface, ns, name, deviceClass stri
 // NVIDIADevice is one device as the NVIDIA DRA driver announces it without
 // DynamicMIG: its canonical name ("gpu-<minor>" or
 // "gpu-<minor>-mig-<profile>-<profile id>-<placement start>") and UUID.
-// Attributes and Capacity, when set (NVIDIADetails), are published
+// Attributes and Capacity, when set (nvidiadra.Details), are published
 // besides the type, uuid, parentUUID and profile attributes.
 type NVIDIADevice struct {
 	Name, UUID, ParentUUID, Profile string

@@ -159,7 +159,7 @@ func (p *DRAPlugin) stopController() {
 // apiDevices are the devices as the driver announces them
 // (deviceinfo.go GpuInfo.Attributes / MigDeviceInfo.GetDevice: type, uuid,
 // and for MIG devices parentUUID and profile; the other attributes and the
-// capacities NVIDIADetails reads).
+// capacities nvidiadra.Details reads).
 func apiDevices(devs []NVIDIADevice) []resourcev1.Device {
 	out := make([]resourcev1.Device, 0, len(devs))
 	for _, d := range devs {

@@ -1,4 +1,4 @@
-package kubetest
+package nvidiadra
 
 import (
 	"path/filepath"
@@ -7,14 +7,15 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourcev1 "k8s.io/api/resource/v1"
 
+	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 )
 
 // The stand-in publishes what NVIDIA's plugin publishes, read through NVML
 // (the simulator here): the GPU's attributes on a whole GPU and on a MIG
 // device, a whole GPU's memory, a MIG device's profile capacities and its
-// memory slices; apiDevices keeps type, uuid, parentUUID and profile.
-func TestNVIDIADetails(t *testing.T) {
+// memory slices.
+func TestDetails(t *testing.T) {
 	lib, err := nvmlsim.NewSimNVML("h200x2", nvmlsim.Options{StatePath: filepath.Join(t.TempDir(), "state.json")})
 	if err != nil {
 		t.Fatal(err)
@@ -38,11 +39,16 @@ func TestNVIDIADetails(t *testing.T) {
 	mu, _ := mig.GetUUID()
 	lib.Shutdown()
 
-	devs := []NVIDIADevice{{Name: "gpu-0", UUID: u0}, {Name: "gpu-1-mig-3g71gb-9-4", UUID: mu, ParentUUID: u1, Profile: "3g.71gb"}}
-	if err := NVIDIADetails(lib, devs); err != nil {
+	devs := []kubetest.NVIDIADevice{{Name: "gpu-0", UUID: u0}, {Name: "gpu-1-mig-3g71gb-9-4", UUID: mu, ParentUUID: u1, Profile: "3g.71gb"}}
+	if err := Details(lib, devs); err != nil {
 		t.Fatal(err)
 	}
-	api := apiDevices(devs)
+	// As the stand-in publishes them (kubetest apiDevices adds type,
+	// uuid, parentUUID and profile).
+	api := make([]resourcev1.Device, len(devs))
+	for i, d := range devs {
+		api[i] = resourcev1.Device{Name: d.Name, Attributes: d.Attributes, Capacity: d.Capacity}
+	}
 	s := func(d resourcev1.Device, a string) string {
 		v := d.Attributes[resourcev1.QualifiedName(a)]
 		if v.StringValue != nil {
@@ -68,14 +74,14 @@ func TestNVIDIADetails(t *testing.T) {
 			}
 		}
 	}
-	if got := s(api[0], "resource.kubernetes.io/pciBusID"); got != "0000:10:00.0" || s(api[0], "type") != "gpu" || s(api[0], "uuid") != u0 {
-		t.Errorf("gpu-0: pciBusID %q, type %q", got, s(api[0], "type"))
+	if got := s(api[0], "resource.kubernetes.io/pciBusID"); got != "0000:10:00.0" {
+		t.Errorf("gpu-0: pciBusID %q", got)
 	}
 	if got := c(api[0], "memory"); got != 150754820096 {
 		t.Errorf("gpu-0 memory %d", got)
 	}
 	m := api[1]
-	if s(m, "type") != "mig" || s(m, "parentUUID") != u1 || s(m, "profile") != "3g.71gb" || s(m, "resource.kubernetes.io/pciBusID") != "0000:11:00.0" {
+	if s(m, "resource.kubernetes.io/pciBusID") != "0000:11:00.0" {
 		t.Errorf("MIG device attributes %v", m.Attributes)
 	}
 	for n, want := range map[string]int64{"multiprocessors": int64(info.MultiprocessorCount), "copyEngines": int64(info.CopyEngineCount),

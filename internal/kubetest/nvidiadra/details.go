@@ -1,4 +1,7 @@
-package kubetest
+// Package nvidiadra reads, through NVML, what NVIDIA's DRA driver publishes
+// about each device besides its name and UUID: the attributes and
+// capacities of the kubetest DRA stand-in (kubetest.StartDRAPlugin).
+package nvidiadra
 
 import (
 	"fmt"
@@ -9,9 +12,11 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/internal/kubetest"
 )
 
-// NVIDIADetails fills in devs the attributes and capacities NVIDIA's DRA
+// Details fills in devs the attributes and capacities NVIDIA's DRA
 // driver publishes for them without DynamicMIG, read through lib (the
 // simulator, or NVML) the way its kubelet plugin reads them
 // (github.com/NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin):
@@ -33,7 +38,7 @@ import (
 //     jpegEngines, ofaEngines, memory in bytes of MiB) and memorySliceN, 1
 //     for each memory slice of its placement (deviceinfo.go
 //     MigDeviceInfo.GetDevice).
-func NVIDIADetails(lib nvml.Interface, devs []NVIDIADevice) error {
+func Details(lib nvml.Interface, devs []kubetest.NVIDIADevice) error {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return fmt.Errorf("nvml Init: %v", ret)
 	}
@@ -126,7 +131,7 @@ func gpuAttributes(gpu nvml.Device, driver, cuda string) (map[resourcev1.Qualifi
 
 // migCapacity sets d's capacities from its GPU instance, found among gpu's
 // MIG devices by UUID.
-func migCapacity(gpu nvml.Device, d *NVIDIADevice) error {
+func migCapacity(gpu nvml.Device, d *kubetest.NVIDIADevice) error {
 	n, ret := gpu.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("GetMaxMigDeviceCount: %v", ret)
