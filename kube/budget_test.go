@@ -95,7 +95,7 @@ func TestRecordBudget(t *testing.T) {
 			}
 			c.ClearActions()
 			err := k.Preflight(ctx, true)
-			if !errors.Is(err, ErrAnnotationBudget) || !strings.Contains(err.Error(), user) || !strings.Contains(err.Error(), "make 1 bytes of room") {
+			if !errors.Is(err, ErrAnnotationBudget) || !strings.Contains(err.Error(), user) || !strings.Contains(err.Error(), "free at least 1 bytes") {
 				t.Fatalf("preflight: %v", err)
 			}
 			for _, a := range c.Actions() {

@@ -172,6 +172,6 @@ func recordBudget(node *corev1.Node) error {
 	return fmt.Errorf("%w: the annotations of node %s that are not the agent's records take %d bytes (largest: %s); "+
 		"with a change record, its history and what it keeps aside at their bounds they could take %d bytes, "+
 		"over Kubernetes' limit of %d bytes on all of a Node's annotations together; "+
-		"make %d bytes of room on the Node and the change is retried",
+		"free at least %d bytes of them and the change is retried",
 		ErrAnnotationBudget, node.Name, others, strings.Join(largest, ", "), need, record.AnnotationBudget, need-record.AnnotationBudget)
 }
