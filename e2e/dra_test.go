@@ -20,6 +20,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/kubetest/nvidiadra"
+	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -81,6 +83,14 @@ func draDevices(t testing.TB, o *Opts) []kubetest.NVIDIADevice {
 			devs = append(devs, kubetest.NVIDIADevice{Name: draDeviceName(g.Index, in.Profile, id, in.Start),
 				UUID: in.UUID, ParentUUID: g.UUID, Profile: in.Profile})
 		}
+	}
+	// The attributes and capacities, read through NVML as the plugin does.
+	lib, err := nvmlsim.NewSimNVML(o.Sim, nvmlsim.Options{StatePath: o.SimState})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nvidiadra.Details(lib, devs); err != nil {
+		t.Fatal(err)
 	}
 	return devs
 }

@@ -3,8 +3,10 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,7 +24,10 @@ import (
 // the Node, as drain.AddTaint makes it) and Events. Each write is sent for
 // real, with dryRun=All: the API server authenticates, authorizes and runs
 // admission (webhooks and admission policies included) as for the real
-// write, and persists nothing. A change it cannot record is not made.
+// write, and persists nothing. Before them, the Node's annotations must
+// leave room for a record at its bounds (recordBudget): a dry run of a
+// small record proves nothing of the record the change ends with. A change
+// it cannot record is not made.
 // Called by the reconcile pass; an error names the write refused.
 //
 // The writes are independent and sent at once; the Node they start from is
@@ -33,6 +38,9 @@ func (k *Cluster) Preflight(ctx context.Context, taint bool) error {
 	node, err := k.CachedNode(ctx)
 	if err != nil {
 		return fmt.Errorf("reading node %s: %w", k.Node, err)
+	}
+	if err := recordBudget(node); err != nil {
+		return err
 	}
 	checks := []func(context.Context, *corev1.Node) error{k.preflightRecord, k.preflightEvent}
 	if taint {
@@ -127,4 +135,43 @@ func (k *Cluster) preflightEvent(ctx context.Context, node *corev1.Node) error {
 		return fmt.Errorf("posting Events: %w", err)
 	}
 	return nil
+}
+
+// ErrAnnotationBudget: the Node's annotations leave no room for a change
+// record at its bounds, so the change is not made.
+var ErrAnnotationBudget = errors.New("no room for the change record in the Node's annotations")
+
+// recordBudget checks that a record at its bounds (record.RecordBudget:
+// the last change, the history and the history kept aside at their
+// bounds) lands beside the other writers' annotations of node, within
+// Kubernetes' limit on them all (record.AnnotationBudget). The other
+// annotations are named, largest first, so that whoever reads the Event
+// knows what to shrink.
+func recordBudget(node *corev1.Node) error {
+	need, others, fits := record.RecordBudget(node.Annotations)
+	if fits {
+		return nil
+	}
+	keys := make([]string, 0, len(node.Annotations))
+	for key := range node.Annotations {
+		if !slices.Contains(record.RecordAnnotations, key) {
+			keys = append(keys, key)
+		}
+	}
+	size := func(key string) int { return len(key) + len(node.Annotations[key]) }
+	slices.SortFunc(keys, func(a, b string) int {
+		if c := size(b) - size(a); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	var largest []string
+	for _, key := range keys[:min(3, len(keys))] {
+		largest = append(largest, fmt.Sprintf("%s (%d bytes)", key, size(key)))
+	}
+	return fmt.Errorf("%w: the annotations of node %s that are not the agent's records take %d bytes (largest: %s); "+
+		"with a change record, its history and what it keeps aside at their bounds they could take %d bytes, "+
+		"over Kubernetes' limit of %d bytes on all of a Node's annotations together; "+
+		"free at least %d bytes of them and the change is retried",
+		ErrAnnotationBudget, node.Name, others, strings.Join(largest, ", "), need, record.AnnotationBudget, need-record.AnnotationBudget)
 }

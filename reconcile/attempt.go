@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -305,24 +306,23 @@ func (a *attempt) checkNode() error {
 	return nil
 }
 
-// checkPath notes which allocation path serves the node, and refuses a node
-// that both the device plugin and the DRA driver serve.
+// checkPath notes which allocation path serves the node; it refuses a node
+// both paths serve, and on the DRA path what that driver cannot announce.
 func (a *attempt) checkPath() error {
-	d := a.d
-	if d.Disrupt == nil {
+	if a.d.Disrupt == nil {
 		return nil
 	}
 	var path, conflict string
-	err := d.retryAPI(a.ctx, func() (err error) { path, conflict, err = d.Disrupt.ServedBy(a.checkCtx); return err })
-	if err != nil {
+	if err := a.d.retryAPI(a.ctx, func() (err error) { path, conflict, err = a.d.Disrupt.ServedBy(a.checkCtx); return err }); err != nil {
 		return retryable("finding the allocation path of the node", err)
 	}
 	if conflict != "" {
 		return &StepError{Reason: "the node's GPUs are served by both the device plugin and the NVIDIA DRA driver, which NVIDIA does not support: " +
 			conflict + " (serve this node's GPUs through one of them)", Event: record.ReasonAllocationPathConflict}
 	}
-	if path != "" {
-		a.ch.ServedBy = path
+	a.ch.ServedBy = cmp.Or(path, a.ch.ServedBy)
+	if err := geometry.CheckDRA(a.v.plan); path == record.ServedByDRA && err != nil {
+		return invalid("config %q cannot be served on this node, whose GPUs NVIDIA's DRA driver serves: %v", a.ch.Config, err)
 	}
 	return nil
 }

@@ -328,3 +328,39 @@ const (
 	// affected.
 	AffectedByNothing = "none"
 )
+
+// AnnotationBudget is Kubernetes' bound on all the annotations of one
+// object together, keys and values counted in bytes: apimachinery's
+// TotalAnnotationSizeLimitB (256 KiB), checked by ValidateAnnotations
+// (pkg/api/validation/objectmeta.go, ValidateAnnotationsSize) on every
+// write of a Node. The agent's records share it with every other writer of
+// the Node's annotations.
+const AnnotationBudget = 256 << 10
+
+// RecordAnnotations are the annotations a record write sets (Record,
+// RecordRetiring in package kube): the last change, the history, and the
+// history kept aside when it did not parse.
+var RecordAnnotations = []string{AnnotationLastChange, AnnotationHistory, AnnotationHistoryUnparsable}
+
+// RecordBudget says whether a record at its bounds lands on a Node whose
+// annotations are these: the annotations that are not the agent's records
+// as they are, the last change at MaxRecordBytes, the history at
+// HistoryMaxBytes, and the history kept aside at HistoryMaxBytes when there
+// is one or when the history does not parse (then the next record sets it
+// aside). It returns the bytes the Node's annotations may take with such a
+// record (need, within AnnotationBudget when it fits) and those the other
+// writers' annotations take (others), as Kubernetes counts them.
+func RecordBudget(annotations map[string]string) (need, others int, fits bool) {
+	for k, v := range annotations {
+		if !slices.Contains(RecordAnnotations, k) {
+			others += len(k) + len(v)
+		}
+	}
+	need = others + len(AnnotationLastChange) + MaxRecordBytes + len(AnnotationHistory) + HistoryMaxBytes
+	if _, err := SplitHistory(annotations[AnnotationHistory]); err != nil {
+		need += len(AnnotationHistoryUnparsable) + HistoryMaxBytes // set aside, cut to HistoryMaxBytes
+	} else if aside, ok := annotations[AnnotationHistoryUnparsable]; ok {
+		need += len(AnnotationHistoryUnparsable) + len(aside) // kept as it is
+	}
+	return need, others, need <= AnnotationBudget
+}

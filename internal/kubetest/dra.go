@@ -189,7 +189,13 @@ func AllocateClaim(t TB, client kubernetes.Interface, ns, name, deviceClass stri
 // NVIDIADevice is one device as the NVIDIA DRA driver announces it without
 // DynamicMIG: its canonical name ("gpu-<minor>" or
 // "gpu-<minor>-mig-<profile>-<profile id>-<placement start>") and UUID.
-type NVIDIADevice struct{ Name, UUID, ParentUUID, Profile string }
+// Attributes and Capacity, when set (nvidiadra.Details), are published
+// besides the type, uuid, parentUUID and profile attributes.
+type NVIDIADevice struct {
+	Name, UUID, ParentUUID, Profile string
+	Attributes                      map[resourcev1.QualifiedName]resourcev1.DeviceAttribute
+	Capacity                        map[resourcev1.QualifiedName]resourcev1.DeviceCapacity
+}
 
 // PublishNVIDIASlice creates the one ResourceSlice the NVIDIA DRA driver
 // publishes for node without DynamicMIG (dra-driver-nvidia-gpu

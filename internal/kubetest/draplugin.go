@@ -2,6 +2,8 @@ package kubetest
 
 import (
 	"context"
+	"maps"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -102,8 +104,13 @@ func (p *DRAPlugin) start(ctx context.Context, pod *corev1.Pod) {
 		p.t.Logf("DRA plugin %s: enumerating the GPUs: %v", p.node, err)
 		return
 	}
+	// The real plugin lists its devices from Go maps (driver.go
+	// publishResources: range perGPUAllocatable.allocatablesMap, then each
+	// GPU's devices): their order changes from start to start.
+	devices := apiDevices(devs)
+	rand.Shuffle(len(devices), func(i, j int) { devices[i], devices[j] = devices[j], devices[i] })
 	resources := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		p.node: {Slices: []resourceslice.Slice{{Devices: apiDevices(devs)}}},
+		p.node: {Slices: []resourceslice.Slice{{Devices: devices}}},
 	}}
 	p.stopController()
 	cctx, cancel := context.WithCancel(context.Background())
@@ -151,16 +158,21 @@ func (p *DRAPlugin) stopController() {
 
 // apiDevices are the devices as the driver announces them
 // (deviceinfo.go GpuInfo.Attributes / MigDeviceInfo.GetDevice: type, uuid,
-// and for MIG devices parentUUID and profile).
+// and for MIG devices parentUUID and profile; the other attributes and the
+// capacities nvidiadra.Details reads).
 func apiDevices(devs []NVIDIADevice) []resourcev1.Device {
 	out := make([]resourcev1.Device, 0, len(devs))
 	for _, d := range devs {
 		str := func(v string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: ptr.To(v)} }
-		attrs := map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"type": str("gpu"), "uuid": str(d.UUID)}
+		attrs := maps.Clone(d.Attributes)
+		if attrs == nil {
+			attrs = map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{}
+		}
+		attrs["type"], attrs["uuid"] = str("gpu"), str(d.UUID)
 		if d.ParentUUID != "" {
 			attrs["type"], attrs["parentUUID"], attrs["profile"] = str("mig"), str(d.ParentUUID), str(d.Profile)
 		}
-		out = append(out, resourcev1.Device{Name: d.Name, Attributes: attrs})
+		out = append(out, resourcev1.Device{Name: d.Name, Attributes: attrs, Capacity: maps.Clone(d.Capacity)})
 	}
 	return out
 }

@@ -67,7 +67,7 @@ var simImplemented = []string{
 	"Device.GetVirtualizationMode", "Device.GetMigMode", "Device.SetMigMode",
 	"Device.GetGpuInstanceProfileInfo", "Device.GetGpuInstancePossiblePlacements", "Device.GetGpuInstances",
 	"Device.GetGpuInstanceById", "Device.CreateGpuInstanceWithPlacement",
-	"Device.GetMaxMigDeviceCount", "Device.GetMigDeviceHandleByIndex", "Device.IsMigDeviceHandle",
+	"Device.GetMaxMigDeviceCount", "Device.GetMigDeviceHandleByIndex", "Device.IsMigDeviceHandle", "Device.GetIndex",
 	"Device.GetGpuInstanceId", "Device.GetComputeInstanceId",
 	"Device.GetComputeRunningProcesses", "Device.GetGraphicsRunningProcesses", "Device.GetMPSComputeRunningProcesses",
 	"GpuInstance.GetInfo", "GpuInstance.GetComputeInstanceProfileInfo", "GpuInstance.GetComputeInstances",
@@ -782,6 +782,24 @@ func (d *simDevice) GetMigDeviceHandleByIndex(k int) (nvml.Device, nvml.Return) 
 
 // IsMigDeviceHandle tells MIG device handles from GPU handles.
 func (d *simDevice) IsMigDeviceHandle() (bool, nvml.Return) { return d.mig != nil, nvml.SUCCESS }
+
+// GetIndex is a GPU's NVML index (DeviceGetHandleByIndex's), or a MIG
+// device's index within its GPU (GetMigDeviceHandleByIndex's): nvml.h
+// nvmlDeviceGetIndex. INVALID_ARGUMENT for a MIG device that is gone.
+func (d *simDevice) GetIndex() (int, nvml.Return) {
+	out := d.index
+	ret := d.with(func(g *simGPU, _ *profiles.Model) nvml.Return {
+		if d.mig == nil {
+			return nvml.SUCCESS
+		}
+		out = slices.Index(migDevices(g), *d.mig)
+		if out < 0 {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		return nvml.SUCCESS
+	})
+	return out, ret
+}
 
 // GetGpuInstanceId is a MIG device's GI id; NOT_SUPPORTED on a GPU handle.
 func (d *simDevice) GetGpuInstanceId() (int, nvml.Return) {

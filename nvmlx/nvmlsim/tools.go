@@ -23,7 +23,14 @@ import (
 // plugin's start-up enumeration without DynamicMIG (cmd/gpu-kubelet-plugin/
 // nvlib.go GetPerGpuAllocatableDevices, getGpuInfo, getMigDevices,
 // walkMigDevices), "nvlib" = go-nvlib pkg/nvlib/device/device.go, which both
-// call. Every row is implemented; TestSimToolCalls makes each call added
+// call, "cdi" = the plugin's CDI spec cache warm-up at start, for every full
+// GPU it announces (device_state.go: cdi.WarmupDevSpecCache; cdi.go:
+// GetDeviceSpecsByUUIDCached), through nvidia-container-toolkit's pkg/nvcdi
+// (lib-nvml.go getDeviceSpecGeneratorsForIDs: Init, DeviceGetHandleByUUID,
+// IsMigDeviceHandle, then full-gpu-nvml.go; internal/platform-support/dgpu:
+// GetMinorNumber, GetPciInfo; Shutdown), and at prepare time for a MIG
+// device (mig-device-nvml.go). TestDRAPluginStartSequence runs the whole
+// start-up sequence. Every row is implemented; TestSimToolCalls makes each call added
 // for these tools the way its caller does (the others are TestSimRules').
 //
 //	function                                    caller  source (file: function)
@@ -56,6 +63,7 @@ import (
 //	Device.GetGpuInstanceById                   dra     nvlib.go: getMigDevices
 //	Device.GetMaxMigDeviceCount                 dra     nvlib.go: walkMigDevices
 //	Device.GetMigDeviceHandleByIndex            dra     nvlib.go: walkMigDevices (NOT_FOUND, INVALID_ARGUMENT skipped)
+//	Device.GetIndex                             cdi     full-gpu-nvml.go: newFullGPUDeviceSpecGeneratorFromNVMLDevice; mig-device-nvml.go (parent and MIG handle)
 //	Device.GetGpuInstanceId                     dra     nvlib.go: getMigDevices (MIG handle)
 //	Device.GetComputeInstanceId                 dra     nvlib.go: getMigDevices (MIG handle)
 //	GpuInstance.GetInfo                         dra     nvlib.go: getMigDevices (placement, profile id)
@@ -68,9 +76,9 @@ import (
 //	ComputeInstance.Destroy                     mp      config.go: ClearMigConfig
 //
 // Outside those paths, and not implemented unless said: the plugin's CDI
-// spec generation at prepare time (nvidia-container-toolkit nvcdi
-// mig-device-nvml.go: Device.GetIndex; GetDeviceHandleFromMigDeviceHandle,
-// implemented), its NVMLDeviceHealthCheck (EventSetCreate,
+// spec generation for a MIG device at prepare time (nvidia-container-toolkit
+// nvcdi mig-device-nvml.go: Device.GetIndex and
+// GetDeviceHandleFromMigDeviceHandle, implemented), its NVMLDeviceHealthCheck (EventSetCreate,
 // GetSupportedEventTypes; gate off by default), DynamicMIG
 // (GetVirtualizationMode and CreateGpuInstanceWithPlacement, implemented),
 // FabricManagerPartitioning (GetModuleId) and PassthroughSupport

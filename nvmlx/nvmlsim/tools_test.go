@@ -279,6 +279,48 @@ func TestSimToolCalls(t *testing.T) {
 				}
 				return result{ret, fmt.Sprintf("%s→%d", id, d.(*simDevice).index)}
 			}, result{nvml.SUCCESS, "0000:11:00.0→1"}},
+		{"GetIndex of a GPU handle by UUID is its NVML index", "cdi full-gpu-nvml.go newFullGPUDeviceSpecGeneratorFromNVMLDevice", "h200x4",
+			func(t *testing.T, l *Lib) result {
+				d, ret := l.DeviceGetHandleByUUID(l.st.GPUs[2].UUID)
+				if ret != nvml.SUCCESS {
+					return result{ret: ret}
+				}
+				i, ret := d.GetIndex()
+				return result{ret, i}
+			}, result{nvml.SUCCESS, 2}},
+		{"GetIndex of a MIG device: the index GetMigDeviceHandleByIndex takes; gone: INVALID_ARGUMENT", "cdi mig-device-nvml.go; nvml.h nvmlDeviceGetIndex", "h200x1",
+			func(t *testing.T, l *Lib) result {
+				simMigOn(t, l)
+				d := simDev(t, l, 0)
+				info := simInfo(t, d, nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+				for range 2 {
+					gi, ret := d.CreateGpuInstance(&info)
+					if ret != nvml.SUCCESS {
+						return result{ret: ret}
+					}
+					ciInfo := simCIInfo(t, gi)
+					if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
+						return result{ret: ret}
+					}
+				}
+				mig, ret := d.GetMigDeviceHandleByIndex(1)
+				if ret != nvml.SUCCESS {
+					return result{ret: ret}
+				}
+				i, ret := mig.GetIndex()
+				if ret != nvml.SUCCESS {
+					return result{ret: ret}
+				}
+				giID, _ := mig.GetGpuInstanceId()
+				ciID, _ := mig.GetComputeInstanceId()
+				gi, _ := d.GetGpuInstanceById(giID)
+				ci, _ := gi.GetComputeInstanceById(ciID)
+				if ret := ci.Destroy(); ret != nvml.SUCCESS {
+					return result{ret: ret}
+				}
+				_, gone := mig.GetIndex()
+				return result{ret, []any{i, nvmlreturn.Name(gone)}}
+			}, result{nvml.SUCCESS, []any{1, "ERROR_INVALID_ARGUMENT"}}},
 		{"GetDeviceHandleFromMigDeviceHandle gives the parent", "nvcdi mig-device-nvml.go; go-nvlib GetProfile", "h200x2",
 			func(t *testing.T, l *Lib) result {
 				simMigOn(t, l)
@@ -343,4 +385,14 @@ func TestSimToolCalls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// simCIInfo is gi's full compute instance profile info.
+func simCIInfo(t *testing.T, gi nvml.GpuInstance) nvml.ComputeInstanceProfileInfo {
+	t.Helper()
+	info, ret := gi.GetComputeInstanceProfileInfo(0, 0)
+	if ret != nvml.SUCCESS {
+		t.Fatalf("GetComputeInstanceProfileInfo: %s", nvmlreturn.Name(ret))
+	}
+	return info
 }

@@ -136,3 +136,29 @@ func notesAt(t *testing.T, version string, vals map[string]any) (string, error) 
 	}
 	return files["mig-agent/templates/NOTES.txt"], nil
 }
+
+// TestLeaseEventPolicies: the chart renders the lease and event policies
+// for its release: bound by their renamed names, matching the release's
+// ServiceAccount; the plain manifests' match the agent of mig-agent.
+func TestLeaseEventPolicies(t *testing.T) {
+	plain := readPlain(t)
+	objs := objects(t, mustRender(t, renderCase{"full", "gpu", "gpu-system", ""}, map[string]any{"fullnameOverride": "gpu-mig"}))
+	sa := get(one(t, objs, "DaemonSet"), "spec", "template", "spec", "serviceAccountName")
+	for _, suffix := range []string{"-leases", "-events"} {
+		want := map[string]string{
+			"plain": "request.userInfo.username == 'system:serviceaccount:mig-agent:mig-agent'",
+			"chart": "request.userInfo.username == 'system:serviceaccount:gpu-system:" + sa.(string) + "'",
+		}
+		for which, set := range map[string][]map[string]any{"plain": plain, "chart": objs} {
+			p := named(t, set, "ValidatingAdmissionPolicy", suffix)
+			b := named(t, set, "ValidatingAdmissionPolicyBinding", suffix)
+			if get(b, "spec", "policyName") != get(p, "metadata", "name") {
+				t.Errorf("%s %s: bound as %v", which, get(p, "metadata", "name"), get(b, "spec", "policyName"))
+			}
+			conds := asList(get(p, "spec", "matchConditions"))
+			if len(conds) != 1 || get(conds[0], "expression") != want[which] {
+				t.Errorf("%s %s matches %v, want %s", which, get(p, "metadata", "name"), conds, want[which])
+			}
+		}
+	}
+}
