@@ -49,6 +49,10 @@ type Settings struct {
 	GPUClientSelector  string
 	Taint              bool
 	EvictUnmanagedPods bool
+	// StartupTaints are taints (key[=value]:effect) the node joins with,
+	// removed by the agent once the node's geometry has converged
+	// (ParseTaint reads them).
+	StartupTaints []string
 	PodResourcesSocket string
 
 	RebootMethod  string
@@ -147,8 +151,74 @@ func (s *Settings) Validate() error {
 	if s.StateDir == "" {
 		add("--state-dir must not be empty")
 	}
+	for _, t := range s.StartupTaints {
+		if _, err := ParseTaint(t); err != nil {
+			add("--startup-taint: %v", err)
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %s", ErrBadSettings, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// Taint is a Node taint as --startup-taint names it.
+type Taint struct{ Key, Value, Effect string }
+
+// ReconfiguringTaintKey is the key of the taint the agent itself adds while
+// a change runs; it cannot be a startup taint.
+const ReconfiguringTaintKey = "migagent.io/reconfiguring"
+
+// ErrBadTaint: a --startup-taint that is not key[=value]:effect.
+var ErrBadTaint = errors.New("a taint is key[=value]:effect, effect NoSchedule, PreferNoSchedule or NoExecute")
+
+// ParseTaint reads key[=value]:effect, as kubectl taint and Karpenter's
+// NodePool startupTaints write a taint (the key a qualified name, the value
+// a label value).
+func ParseTaint(s string) (Taint, error) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return Taint{}, fmt.Errorf("%q: %w", s, ErrBadTaint)
+	}
+	effect := s[i+1:]
+	key, value, _ := strings.Cut(s[:i], "=")
+	switch {
+	case effect != "NoSchedule" && effect != "PreferNoSchedule" && effect != "NoExecute":
+		return Taint{}, fmt.Errorf("%q: effect %q: %w", s, effect, ErrBadTaint)
+	case !qualifiedName(key):
+		return Taint{}, fmt.Errorf("%q: key %q is not a qualified name (prefix/name): %w", s, key, ErrBadTaint)
+	case value != "" && !labelValue(value):
+		return Taint{}, fmt.Errorf("%q: value %q is not a label value: %w", s, value, ErrBadTaint)
+	case key == ReconfiguringTaintKey:
+		return Taint{}, fmt.Errorf("%q: %s is the agent's own taint during a change, not a startup taint", s, key)
+	}
+	return Taint{Key: key, Value: value, Effect: effect}, nil
+}
+
+// qualifiedName: an optional DNS subdomain prefix and "/", then a name of
+// at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends (as
+// Kubernetes' IsQualifiedName).
+func qualifiedName(s string) bool {
+	prefix, name, has := strings.Cut(s, "/")
+	if !has {
+		prefix, name = "", s
+	} else if prefix == "" || len(prefix) > 253 || strings.Trim(prefix, "abcdefghijklmnopqrstuvwxyz0123456789-.") != "" {
+		return false
+	}
+	return name != "" && labelValue(name)
+}
+
+// labelValue: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at
+// both ends.
+func labelValue(s string) bool {
+	if len(s) > 63 || s == "" {
+		return false
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !alnum(c) && c != '-' && c != '_' && c != '.' {
+			return false
+		}
+	}
+	return alnum(s[0]) && alnum(s[len(s)-1])
 }

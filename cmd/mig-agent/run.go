@@ -279,6 +279,14 @@ func wireCluster(d *reconcile.Daemon, s *settings.Settings, log *slog.Logger) (k
 	}
 	cluster := &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
 		Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
+	for _, st := range s.StartupTaints {
+		t, err := settings.ParseTaint(st) // validated with the settings
+		if err != nil {
+			return nil, err
+		}
+		cluster.StartupTaints = append(cluster.StartupTaints, corev1.Taint{Key: t.Key, Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
+		d.Startup = cluster
+	}
 	d.Cluster = cluster
 	d.Disrupt = newDisruptor(client, log, s, cluster.CachedNode)
 	// The GPU Operator's ClusterPolicy is a custom resource: read it as

@@ -63,6 +63,7 @@ var runSettings = []setting{
 	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *settings.Settings) any { return &s.HostGPUClients }},
 	{"gpu-client-selector", "", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects", func(s *settings.Settings) any { return &s.GPUClientSelector }},
 	{"taint", "", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change", func(s *settings.Settings) any { return &s.Taint }},
+	{"startup-taint", "", []string(nil), "a taint key[=value]:effect the node joins with (Karpenter's startupTaints), removed once the node's geometry has converged; repeatable", func(s *settings.Settings) any { return &s.StartupTaints }},
 	{"evict-unmanaged-pods", "", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)", func(s *settings.Settings) any { return &s.EvictUnmanagedPods }},
 	{"pod-resources-socket", "", podResourcesSocket, "kubelet PodResources API socket", func(s *settings.Settings) any { return &s.PodResourcesSocket }},
 	{"reboot-method", "", "logind", "logind, systemctl, none or sim", func(s *settings.Settings) any { return &s.RebootMethod }},
@@ -82,6 +83,10 @@ var runSettings = []setting{
 	{"toolkit-dir", "", []string{"/usr/local/nvidia/toolkit"}, "directories nvidia-ctk is looked for in first (then the driver root's bin directories, then PATH)", func(s *settings.Settings) any { return &s.ToolkitDirs }},
 	{"cdi-hook-path", "", "", "host path of nvidia-cdi-hook written into the management spec (default: nvidia-ctk's)", func(s *settings.Settings) any { return &s.CDIHookPath }},
 }
+
+// fileAliases are settings-file keys read as the flag they name: the
+// chart's value names where the flag is singular because it repeats.
+var fileAliases = map[string]string{"startupTaints": "startup-taint"}
 
 // addFlags declares the flags of settings on fs.
 func addFlags(fs *pflag.FlagSet, settings []setting) {
@@ -158,6 +163,15 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 		var m map[string]any
 		if err := yaml.Unmarshal(data, &m); err != nil {
 			return nil, badInput(fmt.Errorf("settings file %s: %w", file, err))
+		}
+		for alias, key := range fileAliases {
+			if val, ok := m[alias]; ok {
+				if _, both := m[key]; both {
+					return nil, badInput(fmt.Errorf("settings file %s: %s and %s name the same setting: set one", file, alias, key))
+				}
+				m[key] = val
+				delete(m, alias)
+			}
 		}
 		known := knownKeys(cmd.Root())
 		var unknown []string
