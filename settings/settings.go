@@ -52,7 +52,7 @@ type Settings struct {
 	// StartupTaints are taints (key[=value]:effect) the node joins with,
 	// removed by the agent once the node's geometry has converged
 	// (ParseTaint reads them).
-	StartupTaints []string
+	StartupTaints      []string
 	PodResourcesSocket string
 
 	RebootMethod  string
