@@ -50,7 +50,8 @@ The settings file: the chart's typed values under their flag names, and
   "metrics-address" "metrics.port" "state-dir" "hostPaths.stateDir"
   "pod-resources-socket" "hostPaths.podResources" "settings" "the chart"
   "nvml-library" "driver.root" "driver-root" "cdi.driverRoot" "driver-root-mount" "cdi.driverRoot"
-  "cdi-spec-dir" "cdi.enabled" "toolkit-dir" "cdi.toolkitDir" }}
+  "cdi-spec-dir" "cdi.enabled" "toolkit-dir" "cdi.toolkitDir"
+  "startup-taint" "startupTaints" "startupTaints" "startupTaints" }}
 {{- /* The GPU Operator's value names (ClusterPolicy spec.migManager), each
   mapped one to one; docs/install.md has the table. */}}
 {{- $mm := default dict .Values.migManager }}
@@ -91,6 +92,9 @@ The settings file: the chart's typed values under their flag names, and
 {{- end }}
 {{- if .Values.driver.root }}
 {{- $_ := set $s "nvml-library" "/driver-root" }}
+{{- end }}
+{{- with .Values.startupTaints }}
+{{- $_ := set $s "startup-taint" . }}
 {{- end }}
 {{- toYaml (merge $s (deepCopy (default dict .Values.settings))) }}
 {{- end }}
@@ -197,4 +201,29 @@ Operator's name for it, migManager.config.name (key config.yaml in both).
 {{- else if $mmc.name -}}
 {{- $mmc.name -}}
 {{- end -}}
+{{- end }}
+
+{{/*
+The agent's tolerations: .Values.tolerations, and each startup taint (the
+agent must run on the node it lifts them from).
+*/}}
+{{- define "mig-agent.tolerations" -}}
+{{- $tol := list }}
+{{- range default list .Values.tolerations }}
+{{- $tol = append $tol . }}
+{{- end }}
+{{- range $t := default list .Values.startupTaints }}
+{{- $m := regexFindAll "^([^=:]+)(=([^:]*))?:(NoSchedule|PreferNoSchedule|NoExecute)$" $t -1 }}
+{{- if not $m }}
+{{- fail (printf "startupTaints: %q is not key[=value]:effect (effect NoSchedule, PreferNoSchedule or NoExecute)" $t) }}
+{{- end }}
+{{- $key := regexReplaceAll "^([^=:]+).*$" $t "${1}" }}
+{{- $effect := regexReplaceAll "^.*:([A-Za-z]+)$" $t "${1}" }}
+{{- if contains "=" $t }}
+{{- $tol = append $tol (dict "key" $key "operator" "Equal" "value" (regexReplaceAll "^[^=]+=([^:]*):.*$" $t "${1}") "effect" $effect) }}
+{{- else }}
+{{- $tol = append $tol (dict "key" $key "operator" "Exists" "effect" $effect) }}
+{{- end }}
+{{- end }}
+{{- toYaml $tol }}
 {{- end }}
