@@ -55,9 +55,12 @@ type Settings struct {
 	StartupTaints      []string
 	PodResourcesSocket string
 
-	RebootMethod  string
-	DBusAddress   string
-	MaxConcurrent int
+	RebootMethod string
+	// RebootSentinel is the file --reboot-method kured creates: the path
+	// kured's --reboot-sentinel names, as the agent sees it.
+	RebootSentinel string
+	DBusAddress    string
+	MaxConcurrent  int
 	// MaxConcurrentPercent: --max-concurrent P%, of the agents' pool.
 	MaxConcurrentPercent int
 	LeaseDuration        time.Duration
@@ -87,6 +90,9 @@ const (
 	RebootSystemctl = "systemctl"
 	RebootNone      = "none"
 	RebootSim       = "sim"
+	// RebootKured writes kured's reboot sentinel (RebootSentinel); kured
+	// drains and reboots the node under its lock.
+	RebootKured = "kured"
 )
 
 // ErrBadSettings wraps every settings validation error.
@@ -101,12 +107,16 @@ func (s *Settings) Validate() error {
 	}
 	switch s.RebootMethod {
 	case RebootLogind, RebootSystemctl, RebootNone:
+	case RebootKured:
+		if !strings.HasPrefix(s.RebootSentinel, "/") || strings.HasSuffix(s.RebootSentinel, "/") {
+			add("--reboot-method kured needs --reboot-sentinel, the absolute path of a file, not %q", s.RebootSentinel)
+		}
 	case RebootSim:
 		if !strings.HasPrefix(s.NVML, "sim:") {
 			add("--reboot-method sim needs --nvml sim:SPEC")
 		}
 	default:
-		add("--reboot-method must be logind, systemctl, none or sim, not %q", s.RebootMethod)
+		add("--reboot-method must be logind, systemctl, kured, none or sim, not %q", s.RebootMethod)
 	}
 	switch s.LogFormat {
 	case "text", "json":

@@ -233,6 +233,10 @@ func wireHost(d *reconcile.Daemon, s *settings.Settings, log *slog.Logger) (clos
 		d.Reboot = systemd.NewSystemctlRebooter(nil)
 	case settings.RebootNone:
 		d.Reboot = noReboot{}
+	case settings.RebootKured:
+		r := &sentinelRebooter{path: s.RebootSentinel, bootID: func() string { return d.BootID() }, log: log}
+		r.clearStale()
+		d.Reboot = r
 	}
 	var cdiUnits cdi.UnitStarter // standalone: the host's nvidia-cdi-refresh.service
 	if s.RebootMethod == settings.RebootLogind || len(s.HostGPUClients) > 0 || s.Standalone && newCDI(s, log, nil) != nil {

@@ -66,7 +66,8 @@ var runSettings = []setting{
 	{"startup-taint", "", []string(nil), "a taint key[=value]:effect the node joins with (Karpenter's startupTaints), removed once the node's geometry has converged; repeatable", func(s *settings.Settings) any { return &s.StartupTaints }},
 	{"evict-unmanaged-pods", "", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)", func(s *settings.Settings) any { return &s.EvictUnmanagedPods }},
 	{"pod-resources-socket", "", podResourcesSocket, "kubelet PodResources API socket", func(s *settings.Settings) any { return &s.PodResourcesSocket }},
-	{"reboot-method", "", "logind", "logind, systemctl, none or sim", func(s *settings.Settings) any { return &s.RebootMethod }},
+	{"reboot-method", "", "logind", "logind, systemctl, kured (write kured's reboot sentinel; kured drains and reboots), none or sim", func(s *settings.Settings) any { return &s.RebootMethod }},
+	{"reboot-sentinel", "", "/var/run/reboot-required", "with --reboot-method kured: the file kured's --reboot-sentinel names, as the agent sees it", func(s *settings.Settings) any { return &s.RebootSentinel }},
 	{"dbus-address", "", "", "D-Bus address for logind and systemd (default the system bus)", func(s *settings.Settings) any { return &s.DBusAddress }},
 	// A count or a percentage: parsed by loadSettings itself (field nil).
 	{"max-concurrent", "", "0", "at most N nodes of the cluster disrupted at once, or P% of the nodes running the agent (rounded down, at least 1) (Lease slots; 0 = no limit)", func(*settings.Settings) any { return nil }},
