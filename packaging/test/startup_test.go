@@ -50,3 +50,32 @@ func TestStartupTaints(t *testing.T) {
 		}
 	}
 }
+
+// TestKuredRebootMethod: rebootMethod kured mounts the directory of
+// kured's sentinel (kured.sentinel, a host path) and points the agent at
+// the file there; no D-Bus.
+func TestKuredRebootMethod(t *testing.T) {
+	vals := map[string]any{"rebootMethod": "kured", "kured": map[string]any{"sentinel": "/run/kured/reboot-required"}}
+	objs := objects(t, mustRender(t, cases[0], vals))
+	var settings map[string]any
+	if err := yaml.Unmarshal([]byte(get(one(t, objs, "ConfigMap"), "data", "settings.yaml").(string)), &settings); err != nil {
+		t.Fatal(err)
+	}
+	if settings["reboot-method"] != "kured" || settings["reboot-sentinel"] != "/kured-sentinel/reboot-required" {
+		t.Errorf("settings %v", settings)
+	}
+	pod := get(one(t, objs, "DaemonSet"), "spec", "template", "spec")
+	vols, mounts := fmt.Sprint(get(pod, "volumes")), fmt.Sprint(get(pod, "containers", 0, "volumeMounts"))
+	if !strings.Contains(vols, "hostPath:map[path:/run/kured type:Directory] name:kured-sentinel") ||
+		!strings.Contains(mounts, "mountPath:/kured-sentinel name:kured-sentinel") || strings.Contains(vols, "dbus") {
+		t.Errorf("volumes %s\nmounts %s", vols, mounts)
+	}
+	v := map[string]any{"rebootMethod": "kured", "kured": map[string]any{"sentinel": "reboot-required"}}
+	if _, err := render(t, "mig-agent", "mig-agent", v); err == nil || !strings.Contains(err.Error(), "sentinel") {
+		t.Errorf("relative sentinel: %v", err)
+	}
+	v = map[string]any{"settings": map[string]any{"reboot-sentinel": "/x"}}
+	if _, err := render(t, "mig-agent", "mig-agent", v); err == nil || !strings.Contains(err.Error(), "set by the chart from kured.sentinel") {
+		t.Errorf("reboot-sentinel in settings: %v", err)
+	}
+}

@@ -51,7 +51,7 @@ The settings file: the chart's typed values under their flag names, and
   "pod-resources-socket" "hostPaths.podResources" "settings" "the chart"
   "nvml-library" "driver.root" "driver-root" "cdi.driverRoot" "driver-root-mount" "cdi.driverRoot"
   "cdi-spec-dir" "cdi.enabled" "toolkit-dir" "cdi.toolkitDir"
-  "startup-taint" "startupTaints" "startupTaints" "startupTaints" }}
+  "startup-taint" "startupTaints" "startupTaints" "startupTaints" "reboot-sentinel" "kured.sentinel" }}
 {{- /* The GPU Operator's value names (ClusterPolicy spec.migManager), each
   mapped one to one; docs/install.md has the table. */}}
 {{- $mm := default dict .Values.migManager }}
@@ -95,6 +95,9 @@ The settings file: the chart's typed values under their flag names, and
 {{- end }}
 {{- with .Values.startupTaints }}
 {{- $_ := set $s "startup-taint" . }}
+{{- end }}
+{{- if eq .Values.rebootMethod "kured" }}
+{{- $_ := set $s "reboot-sentinel" (printf "/kured-sentinel/%s" (base .Values.kured.sentinel)) }}
 {{- end }}
 {{- toYaml (merge $s (deepCopy (default dict .Values.settings))) }}
 {{- end }}
