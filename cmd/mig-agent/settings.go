@@ -155,6 +155,11 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 	if err := bindMigPartedEnv(v, cmd, warn); err != nil {
 		return nil, err
 	}
+	if cmd.Flags().Lookup("state-dir") != nil { // the daemon
+		if err := bindMigManagerEnv(v, cmd, warn); err != nil {
+			return nil, err
+		}
+	}
 	file := v.GetString("settings")
 	if file != "" {
 		data, err := gpus.ReadUserFile(file, gpus.MaxUserFile)
