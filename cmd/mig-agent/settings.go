@@ -112,6 +112,7 @@ func addFlags(fs *pflag.FlagSet, settings []setting) {
 // addGlobalFlags declares the flags every command shares.
 func addGlobalFlags(fs *pflag.FlagSet) {
 	fs.String("settings", "", "settings file (YAML, keys are flag names)")
+	fs.BoolP("debug", "d", false, "--log-level debug (nvidia-mig-parted's --debug)")
 	addFlags(fs, globalSettings)
 }
 
@@ -155,6 +156,9 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 	if err := bindMigPartedEnv(v, cmd, warn); err != nil {
 		return nil, err
 	}
+	if f, d := cmd.Flags().Lookup("log-level"), cmd.Flags().Lookup("debug"); f != nil && !f.Changed && d != nil && d.Changed && d.Value.String() == "true" {
+		v.Set("log-level", "debug")
+	}
 	if cmd.Flags().Lookup("state-dir") != nil { // the daemon
 		if err := bindMigManagerEnv(v, cmd, warn); err != nil {
 			return nil, err
@@ -182,7 +186,7 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 		known := knownKeys(cmd.Root())
 		var unknown []string
 		for k := range m {
-			if !slices.Contains(known, k) || k == "settings" {
+			if !slices.Contains(known, k) || k == "settings" || k == "debug" {
 				unknown = append(unknown, k)
 			}
 		}
