@@ -149,6 +149,13 @@ agent's ServiceAccount is the release's. Takes (list $ "files/NAME").
 {{- if eq $v.name "pauseGpuOperator" }}
 {{- $_ := set $v "expression" (ternary "true" "false" (eq (toString $root.Values.pauseGpuOperator) "true")) }}
 {{- end }}
+{{- if eq $v.name "startupTaintKeys" }}
+{{- $keys := list }}
+{{- range $t := default list $root.Values.startupTaints }}
+{{- $keys = append $keys (regexReplaceAll "^([^=:]+).*$" $t "${1}") }}
+{{- end }}
+{{- $_ := set $v "expression" (toJson (uniq $keys)) }}
+{{- end }}
 {{- if eq $v.name "agentUser" }}
 {{- $_ := set $v "expression" (printf "'system:serviceaccount:%s:%s'" $root.Release.Namespace $sa) }}
 {{- end }}
