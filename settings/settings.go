@@ -49,6 +49,10 @@ type Settings struct {
 	GPUClientSelector  string
 	Taint              bool
 	EvictUnmanagedPods bool
+	// PluginSelectors are label selectors of the pods restarted after a
+	// change so that they see the new MIG devices (the device plugin, GFD,
+	// the validator, the DRA kubelet plugin).
+	PluginSelectors []string
 	// StartupTaints are taints (key[=value]:effect) the node joins with,
 	// removed by the agent once the node's geometry has converged
 	// (ParseTaint reads them).

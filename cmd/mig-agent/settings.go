@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -59,6 +60,7 @@ var runSettings = []setting{
 	{"eviction-retry-delay", "", 5 * time.Second, "delay between eviction retries blocked by a PodDisruptionBudget", func(s *settings.Settings) any { return &s.EvictionRetryDelay }},
 	{"resource-wait-timeout", "", 2 * time.Minute, "wait for the node to advertise the new devices: the Node's allocatable (device plugin) or its gpu.nvidia.com ResourceSlices (DRA driver) (0 turns it off)", func(s *settings.Settings) any { return &s.ResourceWaitTimeout }},
 	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin, GPU Feature Discovery and DRA kubelet plugin pods so they see the new MIG devices", func(s *settings.Settings) any { return &s.RestartDevicePlugin }},
+	{"plugin-selector", "", drain.DefaultPluginSelectors, "label selector of pods on the node restarted after a change so that they see the new MIG devices (device plugin, GPU Feature Discovery, validator, DRA kubelet plugin); repeatable, replaces the defaults", func(s *settings.Settings) any { return &s.PluginSelectors }},
 	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *settings.Settings) any { return &s.PauseGPUOperator }},
 	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *settings.Settings) any { return &s.HostGPUClients }},
 	{"gpu-client-selector", "", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects", func(s *settings.Settings) any { return &s.GPUClientSelector }},
@@ -234,6 +236,11 @@ func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 	if cmd.Flags().Lookup("gpu-client-selector") != nil {
 		if _, err := labels.Parse(s.GPUClientSelector); err != nil {
 			r.errs = append(r.errs, fmt.Sprintf("gpu-client-selector: %v", err))
+		}
+	}
+	for _, sel := range s.PluginSelectors {
+		if parsed, err := labels.Parse(sel); err != nil || parsed.Empty() {
+			r.errs = append(r.errs, fmt.Sprintf("plugin-selector: %q is not a label selector that selects some pods", sel))
 		}
 	}
 	if cmd.Flags().Lookup("max-concurrent") != nil {

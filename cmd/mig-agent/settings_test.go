@@ -158,3 +158,20 @@ func TestSettingsStartupTaints(t *testing.T) {
 		t.Errorf("%+v %v", tt, err)
 	}
 }
+
+// --plugin-selector defaults to the labels the operands carry as NVIDIA
+// deploys them, and is checked.
+func TestSettingsPluginSelector(t *testing.T) {
+	t.Setenv("NODE_NAME", "n1")
+	s, err := settingsFor(t)
+	if err != nil || len(s.PluginSelectors) != 6 || s.PluginSelectors[5] != "dra-driver-nvidia-gpu-component=kubelet-plugin" {
+		t.Fatalf("defaults: %v %v", s.PluginSelectors, err)
+	}
+	s, err = settingsFor(t, "--settings", writeFile(t, "plugin-selector: ['app=my-plugin', 'gpu-dra-component=kubelet-plugin,tier=gpu']\n"))
+	if err != nil || strings.Join(s.PluginSelectors, ";") != "app=my-plugin;gpu-dra-component=kubelet-plugin,tier=gpu" {
+		t.Fatalf("file: %v %v", s.PluginSelectors, err)
+	}
+	if _, err := settingsFor(t, "--plugin-selector", "app in (("); err == nil || !strings.Contains(err.Error(), "plugin-selector") {
+		t.Fatalf("bad selector: %v", err)
+	}
+}
