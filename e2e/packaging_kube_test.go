@@ -58,10 +58,10 @@ const policyTimeout = 60 * time.Second
 // pkgInstall is one way of installing the agent: its objects and who the
 // agent is.
 type pkgInstall struct {
-	objs              []*unstructured.Unstructured
-	namespace, sa     string
-	policy            string // the ValidatingAdmissionPolicy's name
-	pauseGpuOperator  bool
+	objs             []*unstructured.Unstructured
+	namespace, sa    string
+	policy           string // the ValidatingAdmissionPolicy's name
+	pauseGpuOperator bool
 	// startupTaintKeys: the keys the policy lets the agent remove
 	// (--startup-taint), as its variable startupTaintKeys lists them.
 	startupTaintKeys  []string
