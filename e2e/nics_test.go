@@ -55,3 +55,28 @@ func TestDRANodeWithNetworkOperatorResources(t *testing.T) {
 		t.Errorf("allocatable %v", alloc)
 	}
 }
+
+// The DRA driver's chart installed with nameOverride gpu-dra labels its
+// kubelet plugin pods "gpu-dra-component: kubelet-plugin": named in
+// --plugin-selector, the plugin is restarted after the change (it starts
+// a second time) and the change ends in success with the new devices.
+func TestDRAPluginNameOverrideRestarted(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
+	drv := kubetest.NewName(t, "dra")
+	kubetest.CreateNamespace(t, drv)
+	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"--resource-wait-timeout", "60s",
+		"--plugin-selector", "gpu-dra-component=kubelet-plugin"}}).Fill(t)
+	dp := kubetest.StartDRAPluginNamed(t, c, node, drv, "gpu-dra", func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
+	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Running() && len(announced(t, c, node)) == 2 })
+	StartAgent(t, o)
+	SelectConfig(t, c, node, "all-1g.18gb")
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
+	if rec.ServedBy != record.ServedByDRA || dp.Starts() < 2 {
+		t.Errorf("servedBy %q, plugin starts %d (want a restart)", rec.ServedBy, dp.Starts())
+	}
+	if got := len(announced(t, c, node)); got != 14 {
+		t.Errorf("the slices announce %d devices, want 14", got)
+	}
+}
