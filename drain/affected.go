@@ -42,7 +42,7 @@ const (
 	// howPodResources: from the kubelet PodResources API.
 	howPodResources = record.AffectedByPodResources
 	// howAllGPUPodsPrefix starts How when PodResources could not be read and
-	// every pod of the node requesting an nvidia.com/ resource counts as
+	// every pod of the node requesting a device plugin GPU resource counts as
 	// affected; the reason follows.
 	howAllGPUPodsPrefix = record.AffectedByAllGPUPodsPrefix
 	// howNothing: the change takes no device away, so no pod is affected.
@@ -172,13 +172,15 @@ func holdsClaims(pods []podresources.Pod) bool {
 	return false
 }
 
-// requestsGPU reports whether pod requests (or limits) an nvidia.com/
-// resource in any container, init container or at pod level.
+// requestsGPU reports whether pod requests (or limits) one of the device
+// plugin's GPU resources (isGPUResource) in any container, init container
+// or at pod level; a pod on NVIDIA's NICs alone (nvidia.com/hostdev) does
+// not.
 func requestsGPU(pod *corev1.Pod) bool {
 	has := func(r corev1.ResourceRequirements) bool {
 		for _, l := range []corev1.ResourceList{r.Requests, r.Limits} {
 			for name := range l {
-				if strings.HasPrefix(string(name), podresources.GPUResourcePrefix) {
+				if isGPUResource(name) {
 					return true
 				}
 			}
@@ -205,10 +207,10 @@ func terminal(p *corev1.Pod) bool {
 // findAffected returns the pods of node that a change disturbs. It asks the
 // kubelet PodResources API at socket which pod holds which device: a pod is
 // affected when any of its containers holds a GPU or MIG device of change
-// under an nvidia.com/ resource, or through a ResourceClaim on the NVIDIA
+// under a device plugin GPU resource (isGPUResource), or through a ResourceClaim on the NVIDIA
 // DRA driver (dynamic_resources, resolved to UUIDs by the node's
 // ResourceSlices; see deviceHolders). When PodResources cannot be read (socket ""
-// included), every pod on the node that requests an nvidia.com/ resource
+// included), every pod on the node that requests a device plugin GPU resource
 // counts as affected, and so does every pod a ResourceClaim holding a
 // device of the change is reserved for; How says why. Finished pods (Succeeded, Failed)
 // hold no device and are never returned. An error means the API server
@@ -262,7 +264,7 @@ func findAffected(ctx context.Context, client kclient.Interface, log *slog.Logge
 }
 
 // fallback finds the affected pods without PodResources: every pod of the
-// node requesting an nvidia.com/ resource, and the pods a ResourceClaim is
+// node requesting a device plugin GPU resource, and the pods a ResourceClaim is
 // reserved for (status.reservedFor) whose allocation (status.allocation)
 // holds a device of the change on this node's NVIDIA DRA pool.
 func fallback(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, change deviceChange, how string) (affectedPods, error) {

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -12,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/readonce"
@@ -41,39 +43,53 @@ import (
 // pkg/mig/reconfigure/reconfigure.go restartValidatorPod: the pods
 // app=nvidia-operator-validator on the node; its DaemonSet,
 // assets/state-operator-validation/0500_daemonset.yaml, brings new ones).
-var devicePluginPods = []struct{ Key, Value string }{
-	{"app", "nvidia-device-plugin-daemonset"},
-	{"app", "gpu-feature-discovery"},
-	{"app", "nvidia-operator-validator"},
-	{"app.kubernetes.io/name", "nvidia-device-plugin"},
-	{"app.kubernetes.io/name", "gpu-feature-discovery"},
-}
-
-// draPluginPods are the pod labels of NVIDIA's DRA driver kubelet plugin,
-// which, without DynamicMIG, announces the MIG devices that exist when it
-// starts and never looks again (publishResources in dra-driver-nvidia-gpu
-// cmd/gpu-kubelet-plugin/driver.go). Its chart labels the DaemonSet's pods
-// "<name>-component: kubelet-plugin" with name dra-driver-nvidia-gpu
+//
+// NVIDIA's DRA driver kubelet plugin, without DynamicMIG, announces the MIG
+// devices that exist when it starts and never looks again (publishResources
+// in dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin/driver.go). Its chart
+// labels the DaemonSet's pods "<name>-component: kubelet-plugin" with name
+// dra-driver-nvidia-gpu, or the chart's nameOverride
 // (deployments/helm/dra-driver-nvidia-gpu/templates/_helpers.tpl
 // selectorLabels, templates/kubeletplugin.yaml).
-var draPluginPods = []struct{ Key, Value string }{
-	{"dra-driver-nvidia-gpu-component", "kubelet-plugin"},
+//
+// DefaultPluginSelectors are these, one label selector each: the default
+// of --plugin-selector, which names them otherwise (a renamed or
+// self-installed plugin, a nameOverride).
+var DefaultPluginSelectors = []string{
+	"app=nvidia-device-plugin-daemonset",
+	"app=gpu-feature-discovery",
+	"app=nvidia-operator-validator",
+	"app.kubernetes.io/name=nvidia-device-plugin",
+	"app.kubernetes.io/name=gpu-feature-discovery",
+	"dra-driver-nvidia-gpu-component=kubelet-plugin",
 }
 
-// isDRAPluginPod reports whether p is one of draPluginPods.
-func isDRAPluginPod(p *corev1.Pod) bool {
-	for _, l := range draPluginPods {
-		if p.Labels[l.Key] == l.Value {
-			return true
-		}
+// pluginSelectors parses selectors (DefaultPluginSelectors when empty).
+func pluginSelectors(selectors []string) ([]labels.Selector, error) {
+	if len(selectors) == 0 {
+		selectors = DefaultPluginSelectors
 	}
-	return false
+	out := make([]labels.Selector, 0, len(selectors))
+	for _, s := range selectors {
+		sel, err := labels.Parse(s)
+		if err != nil {
+			return nil, fmt.Errorf("plugin selector %q: %w", s, err)
+		}
+		if sel.Empty() {
+			return nil, fmt.Errorf("plugin selector %q: %w", s, errEmptySelector)
+		}
+		out = append(out, sel)
+	}
+	return out, nil
 }
 
-// isDevicePluginPod reports whether p is one of devicePluginPods.
-func isDevicePluginPod(p *corev1.Pod) bool {
-	for _, l := range devicePluginPods {
-		if p.Labels[l.Key] == l.Value {
+// errEmptySelector: a plugin selector that selects every pod.
+var errEmptySelector = errors.New("selects every pod of the node")
+
+// isPluginPod reports whether p matches one of sels.
+func isPluginPod(p *corev1.Pod, sels []labels.Selector) bool {
+	for _, sel := range sels {
+		if sel.Matches(labels.Set(p.Labels)) {
 			return true
 		}
 	}
@@ -81,15 +97,19 @@ func isDevicePluginPod(p *corev1.Pod) bool {
 }
 
 // listDevicePlugins lists the device plugin, GPU Feature Discovery and DRA
-// kubelet plugin pods of node (devicePluginPods, draPluginPods) that are
-// not terminating, as
+// kubelet plugin pods of node (those selectors select: --plugin-selector,
+// DefaultPluginSelectors when empty) that are not terminating, as
 // "namespace/name/uid". Take the list before the GPUs change: those pods
 // enumerated the old geometry. (Comparing creation times with the time of
 // the change instead would trust the node's clock to agree with the API
 // server's.)
-func listDevicePlugins(ctx context.Context, client kclient.Interface, node string) ([]string, error) {
+func listDevicePlugins(ctx context.Context, client kclient.Interface, node string, selectors []string) ([]string, error) {
 	if node == "" {
 		return nil, fmt.Errorf("list device plugins: %w", errNoNode)
+	}
+	sels, err := pluginSelectors(selectors)
+	if err != nil {
+		return nil, err
 	}
 	pods, err := NodePods(ctx, client, node)
 	if err != nil {
@@ -98,7 +118,7 @@ func listDevicePlugins(ctx context.Context, client kclient.Interface, node strin
 	var out []string
 	for i := range pods {
 		p := &pods[i]
-		if (isDevicePluginPod(p) || isDRAPluginPod(p)) && p.DeletionTimestamp == nil {
+		if isPluginPod(p, sels) && p.DeletionTimestamp == nil {
 			out = append(out, p.Namespace+"/"+p.Name+"/"+string(p.UID))
 		}
 	}

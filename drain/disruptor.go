@@ -111,7 +111,7 @@ func (d *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) er
 
 // DevicePlugins implements reconcile.Disruptor.
 func (d *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
-	return listDevicePlugins(ctx, d.Client, d.Node)
+	return listDevicePlugins(ctx, d.Client, d.Node, d.Settings.PluginSelectors)
 }
 
 // restartDevicePlugins implements reconcile.Disruptor.

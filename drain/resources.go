@@ -25,8 +25,8 @@ import (
 
 // Resource names NVIDIA's device plugin advertises.
 const (
-	resourceGPU       = corev1.ResourceName("nvidia.com/gpu")
-	resourceMIGPrefix = "nvidia.com/mig-"
+	resourceGPU       = corev1.ResourceName(podresources.GPUResource)
+	resourceMIGPrefix = podresources.MIGResourcePrefix
 )
 
 var (
@@ -91,12 +91,13 @@ func expectedResources(strategy string, migMode map[string]bool, migDevices map[
 	return out, nil
 }
 
-// advertisesGPU reports whether node's capacity or allocatable lists any
-// nvidia.com/ resource, that is, whether a device plugin ever advertised one.
+// advertisesGPU reports whether node's capacity or allocatable lists any of
+// the device plugin's GPU resources (isGPUResource), that is, whether a
+// device plugin ever advertised one.
 func advertisesGPU(node *corev1.Node) bool {
 	for _, l := range []corev1.ResourceList{node.Status.Capacity, node.Status.Allocatable} {
 		for r := range l {
-			if strings.HasPrefix(string(r), podresources.GPUResourcePrefix) {
+			if isGPUResource(r) {
 				return true
 			}
 		}
@@ -280,12 +281,9 @@ func missingResources(have corev1.ResourceList, want map[corev1.ResourceName]int
 }
 
 // isGPUResource: a resource NVIDIA's device plugin advertises for whole GPUs
-// or MIG devices, shared ("nvidia.com/gpu.shared") or not (not another
-// vendor's).
-func isGPUResource(r corev1.ResourceName) bool {
-	r = corev1.ResourceName(strings.TrimSuffix(string(r), sharedSuffix))
-	return r == resourceGPU || strings.HasPrefix(string(r), resourceMIGPrefix)
-}
+// or MIG devices, shared ("nvidia.com/gpu.shared") or not; not another
+// vendor's, nor NVIDIA's NICs' (podresources.IsGPUResource).
+func isGPUResource(r corev1.ResourceName) bool { return podresources.IsGPUResource(string(r)) }
 
 // matchShared lists how have differs from what the device plugin
 // advertises for want (devices per resource) under sharing, sorted; empty

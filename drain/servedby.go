@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/dra"
-	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -33,7 +32,9 @@ const draPollInterval = time.Second
 
 // ServedBy implements reconcile.Disruptor: the DRA path when the NVIDIA DRA
 // driver announces GPUs or MIG devices of the node, the device plugin's when
-// the Node's allocatable has an nvidia.com/ resource; both at once is a
+// the Node's allocatable has one of the device plugin's GPU resources
+// (nvidia.com/gpu, nvidia.com/mig-*, their .shared forms; not the Network
+// Operator's nvidia.com/hostdev and the like); both at once is a
 // conflict. No DRA API, or no right to read it, counts as no DRA.
 func (d *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err error) {
 	read := d.ReadNode
@@ -69,13 +70,13 @@ func (d *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err er
 	return d.path, "", nil
 }
 
-// devicePluginResources lists the nvidia.com/ resources the Node's
-// allocatable holds a non-zero amount of (what NVIDIA's device plugin
-// advertises), sorted.
+// devicePluginResources lists the device plugin's GPU resources
+// (isGPUResource) the Node's allocatable holds a non-zero amount of, sorted:
+// the Network Operator's nvidia.com/ resources are no GPU path.
 func devicePluginResources(node *corev1.Node) []string {
 	var out []string
 	for name, q := range node.Status.Allocatable {
-		if strings.HasPrefix(string(name), podresources.GPUResourcePrefix) && !q.IsZero() {
+		if isGPUResource(name) && !q.IsZero() {
 			out = append(out, string(name))
 		}
 	}

@@ -40,7 +40,7 @@ const (
 	namedFallback  = "default"
 	// sharedSuffix: renameByDefault advertises a shared resource as its
 	// name plus this (api/config/v1 DefaultSharedResourceNameSuffix).
-	sharedSuffix = ".shared"
+	sharedSuffix = podresources.SharedSuffix
 )
 
 // errSharingUnknown: the device plugin's sharing config could not be

@@ -628,7 +628,7 @@ func ffKilledAt(a *Agent) string {
 }
 
 // TestCrashMatrix SIGKILLs the real daemon right after each journal save
-// of a change (the crash hook, reconcile/testhook.go), restarts it, and checks
+// of a change (the crash hook, internal/crashhook), restarts it, and checks
 // that it converges with no pod evicted twice and no second reboot: once
 // for a change with evictions, once for a change that needs a reboot (in
 // the process before the reboot and in the one after it).

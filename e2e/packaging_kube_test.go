@@ -58,10 +58,13 @@ const policyTimeout = 60 * time.Second
 // pkgInstall is one way of installing the agent: its objects and who the
 // agent is.
 type pkgInstall struct {
-	objs              []*unstructured.Unstructured
-	namespace, sa     string
-	policy            string // the ValidatingAdmissionPolicy's name
-	pauseGpuOperator  bool
+	objs             []*unstructured.Unstructured
+	namespace, sa    string
+	policy           string // the ValidatingAdmissionPolicy's name
+	pauseGpuOperator bool
+	// startupTaintKeys: the keys the policy lets the agent remove
+	// (--startup-taint), as its variable startupTaintKeys lists them.
+	startupTaintKeys  []string
 	daemonSet, config *unstructured.Unstructured
 }
 
@@ -236,6 +239,11 @@ func pkgDescribe(t *testing.T, objs []*unstructured.Unstructured) *pkgInstall {
 	for _, v := range vars {
 		if m := v.(map[string]any); m["name"] == "pauseGpuOperator" {
 			in.pauseGpuOperator = m["expression"] == "true"
+		}
+		if m := v.(map[string]any); m["name"] == "startupTaintKeys" {
+			if err := json.Unmarshal([]byte(fmt.Sprint(m["expression"])), &in.startupTaintKeys); err != nil {
+				t.Fatalf("startupTaintKeys %v: %v", m["expression"], err)
+			}
 		}
 	}
 	volumes, _, _ := unstructured.NestedSlice(in.daemonSet.Object, "spec", "template", "spec", "volumes")
@@ -525,6 +533,33 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 	} else {
 		denied = append(denied, operandChange)
 	}
+	// A startup taint: the agent may remove it, never add it; another taint
+	// stays out of reach. Without startup taints, neither.
+	startup := corev1.Taint{Key: "migagent.io/geometry-pending", Value: "true", Effect: corev1.TaintEffectNoSchedule}
+	if err := pkgUpdate(admin, nodeA, func(n *corev1.Node) { n.Spec.Taints = append(n.Spec.Taints, startup) }); err != nil {
+		t.Fatal(err)
+	}
+	removeStartup := struct {
+		name string
+		do   func() error
+	}{"a startup taint removed", func() error {
+		return pkgUpdate(c, nodeA, func(n *corev1.Node) {
+			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t == startup })
+		})
+	}}
+	denied = append(denied, struct {
+		name string
+		do   func() error
+	}{"a startup taint added", func() error {
+		return pkgUpdate(c, nodeA, func(n *corev1.Node) {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: startup.Key, Value: "again", Effect: corev1.TaintEffectPreferNoSchedule})
+		})
+	}})
+	if slices.Contains(in.startupTaintKeys, startup.Key) {
+		allowed = append(allowed, removeStartup)
+	} else {
+		denied = append(denied, removeStartup)
+	}
 	for _, tc := range allowed {
 		if err := tc.do(); err != nil {
 			t.Errorf("allowed: %s: %v", tc.name, err)
@@ -622,7 +657,8 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 	// Nothing denied took effect.
 	n := GetNode(t, admin, nodeA)
 	if n.Labels[record.LabelConfig] != "all-balanced" || n.Labels["example.com/team"] != "ml" || n.Annotations["example.com/owner"] != "ops" ||
-		n.Spec.Unschedulable || len(n.Spec.Taints) > 1 {
+		n.Spec.Unschedulable || len(slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(t corev1.Taint) bool { return t == startup })) > 1 ||
+		slices.Contains(n.Spec.Taints, startup) == slices.Contains(in.startupTaintKeys, startup.Key) {
 		t.Errorf("node A after the denied requests: labels %v, annotations %v, spec %+v", n.Labels, n.Annotations, n.Spec)
 	}
 	if b := GetNode(t, admin, nodeB); b.Labels[record.LabelState] != "" {

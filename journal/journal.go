@@ -122,6 +122,16 @@ func (p *Progress) Retry(config string, now time.Time, wait func(n int) time.Dur
 	return w
 }
 
+// Converged reports whether the GPUs hold what is asked: desired applied
+// with success and handled, no change in progress and no retry pending; or
+// nothing asked.
+func (s *State) Converged(desired string, asked bool) bool {
+	if !asked {
+		return s.Change == nil
+	}
+	return s.Change == nil && s.Failing == "" && desired != "" && s.Applied == desired && s.Handled == desired
+}
+
 // ClearBackoff forgets the backoff: the next request is acted on at once.
 func (p *Progress) ClearBackoff() { p.Failing, p.Attempts, p.RetryAt = "", 0, time.Time{} }
 

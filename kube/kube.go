@@ -37,6 +37,9 @@ type Cluster struct {
 	// DefaultConfig is the config of a Node with no desired-config label
 	// (--default-config; empty: none).
 	DefaultConfig string
+	// StartupTaints are removed from the Node once its geometry has
+	// converged (--startup-taint; Lift).
+	StartupTaints []corev1.Taint
 	// Log receives the record lines (the agent's own trail) and what the
 	// requester stamp told; nil: discarded.
 	Log *slog.Logger

@@ -52,6 +52,9 @@ type Daemon struct {
 	// Hooks are the nvidia-mig-parted hooks run around each change in
 	// standalone mode (S.HooksFile; nil: none).
 	Hooks gpus.Hooks
+	// Startup lifts the startup taints once the node has converged
+	// (optional; nil: none configured).
+	Startup StartupTaints
 
 	ready    atomic.Bool
 	nvmlDown atomic.Bool // the last attempt to open NVML failed
@@ -75,6 +78,8 @@ type Daemon struct {
 	removals uint64
 	// badMoves counts moves between phases that journal.CanMove does not list.
 	badMoves atomic.Int64
+	// lifted: the startup taints are off the Node.
+	lifted bool
 
 	mu         sync.Mutex
 	cancelPass context.CancelFunc // stops the reconcile pass in progress

@@ -159,6 +159,15 @@ type Disruptor interface {
 	ServedBy(ctx context.Context) (path, conflict string, err error)
 }
 
+// StartupTaints removes the taints the node joined with (--startup-taint)
+// once its geometry has converged.
+type StartupTaints interface {
+	// Lift removes exactly those taints from the Node, where its state
+	// label says success or nothing; lifted is false, and nothing was
+	// written, when the state label says otherwise.
+	Lift(ctx context.Context) (lifted bool, err error)
+}
+
 // OtherManagers finds another MIG manager at work on the node.
 type OtherManagers interface {
 	// Check describes the other MIG manager at work on the node, or "".

@@ -143,12 +143,27 @@ func (d *Daemon) pass(ctx context.Context, node func() (*Node, bool), start, ret
 	oc = d.reconcile(pctx, n, start, retry, nil)
 	if oc == outSuccess {
 		d.settleState(n)
+		d.liftStartupTaints(ctx, n)
 	}
 	if oc == outParked && ctx.Err() == nil {
 		d.Log.Info("a newer desired config supersedes the change in progress")
 		return outSuccess, true // the trigger that cancelled it is pending
 	}
 	return oc, true
+}
+
+// liftStartupTaints removes the startup taints once the node holds what it
+// asks (a request handled with success, or none), never while a change or
+// its retry is pending; the Node's state label has the last word (Lift).
+func (d *Daemon) liftStartupTaints(ctx context.Context, n *Node) {
+	req := d.Cluster.Desired(n)
+	if d.Startup == nil || d.lifted || !d.Journal.State.Converged(req.Config, req.Asked) {
+		return
+	}
+	err := d.retryAPI(ctx, func() (err error) { d.lifted, err = d.Startup.Lift(ctx); return err })
+	if err != nil && ctx.Err() == nil {
+		d.Log.Error("removing the startup taints failed; retried at the next pass", "err", err)
+	}
 }
 
 // setSupersede registers how to stop the pass in progress (nil: none).

@@ -1,9 +1,17 @@
 package reconcile
 
-// TestHooksTag is the build tag that compiles the crash test hook into the
-// binary (testhook.go); the e2e harness builds its binary with it.
-const TestHooksTag = "migagent_testhooks"
+import "github.com/migagent/mig-agent/internal/crashhook"
 
-// EnvTestCrashAt names the crash test hook's setting; see testhook.go. A
-// binary built without TestHooksTag ignores it.
-const EnvTestCrashAt = "MIG_AGENT_TEST_CRASH_AT"
+// TestHooksTag is the build tag that compiles the crash test hook
+// (package crashhook) into the binary; the e2e harness builds with it.
+const TestHooksTag = crashhook.Tag
+
+// EnvTestCrashAt names the crash test hook's setting (crashhook.Env).
+const EnvTestCrashAt = crashhook.Env
+
+// crashHook runs the crash test hook after a journal save.
+func (d *Daemon) crashHook() {
+	if ch := d.Journal.State.Change; ch != nil {
+		crashhook.Saved(d.Log, string(ch.Phase)+" "+ch.Step)
+	}
+}

@@ -150,6 +150,10 @@ const (
 // may not write what the change must write.
 const ReasonPreflight = "MigPreflightFailed"
 
+// ReasonStartupTaintsRemoved is the Event reason of the startup taints
+// (--startup-taint) removed from a node whose geometry has converged.
+const ReasonStartupTaintsRemoved = "MigStartupTaintsRemoved"
+
 // ReasonRecordRetired is the Event reason of a record that the history
 // bound dropped from migagent.io/history.
 const ReasonRecordRetired = "MigRecordRetired"

@@ -49,11 +49,22 @@ type Settings struct {
 	GPUClientSelector  string
 	Taint              bool
 	EvictUnmanagedPods bool
+	// PluginSelectors are label selectors of the pods restarted after a
+	// change so that they see the new MIG devices (the device plugin, GFD,
+	// the validator, the DRA kubelet plugin).
+	PluginSelectors []string
+	// StartupTaints are taints (key[=value]:effect) the node joins with,
+	// removed by the agent once the node's geometry has converged
+	// (ParseTaint reads them).
+	StartupTaints      []string
 	PodResourcesSocket string
 
-	RebootMethod  string
-	DBusAddress   string
-	MaxConcurrent int
+	RebootMethod string
+	// RebootSentinel is the file --reboot-method kured creates: the path
+	// kured's --reboot-sentinel names, as the agent sees it.
+	RebootSentinel string
+	DBusAddress    string
+	MaxConcurrent  int
 	// MaxConcurrentPercent: --max-concurrent P%, of the agents' pool.
 	MaxConcurrentPercent int
 	LeaseDuration        time.Duration
@@ -87,6 +98,9 @@ const (
 	RebootSystemctl = "systemctl"
 	RebootNone      = "none"
 	RebootSim       = "sim"
+	// RebootKured writes kured's reboot sentinel (RebootSentinel); kured
+	// drains and reboots the node under its lock.
+	RebootKured = "kured"
 )
 
 // ErrBadSettings wraps every settings validation error.
@@ -101,12 +115,16 @@ func (s *Settings) Validate() error {
 	}
 	switch s.RebootMethod {
 	case RebootLogind, RebootSystemctl, RebootNone:
+	case RebootKured:
+		if !strings.HasPrefix(s.RebootSentinel, "/") || strings.HasSuffix(s.RebootSentinel, "/") {
+			add("--reboot-method kured needs --reboot-sentinel, the absolute path of a file, not %q", s.RebootSentinel)
+		}
 	case RebootSim:
 		if !strings.HasPrefix(s.NVML, "sim:") {
 			add("--reboot-method sim needs --nvml sim:SPEC")
 		}
 	default:
-		add("--reboot-method must be logind, systemctl, none or sim, not %q", s.RebootMethod)
+		add("--reboot-method must be logind, systemctl, kured, none or sim, not %q", s.RebootMethod)
 	}
 	switch s.LogFormat {
 	case "text", "json":
@@ -151,8 +169,74 @@ func (s *Settings) Validate() error {
 	if s.StateDir == "" {
 		add("--state-dir must not be empty")
 	}
+	for _, t := range s.StartupTaints {
+		if _, err := ParseTaint(t); err != nil {
+			add("--startup-taint: %v", err)
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %s", ErrBadSettings, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// Taint is a Node taint as --startup-taint names it.
+type Taint struct{ Key, Value, Effect string }
+
+// ReconfiguringTaintKey is the key of the taint the agent itself adds while
+// a change runs; it cannot be a startup taint.
+const ReconfiguringTaintKey = "migagent.io/reconfiguring"
+
+// ErrBadTaint: a --startup-taint that is not key[=value]:effect.
+var ErrBadTaint = errors.New("a taint is key[=value]:effect, effect NoSchedule, PreferNoSchedule or NoExecute")
+
+// ParseTaint reads key[=value]:effect, as kubectl taint and Karpenter's
+// NodePool startupTaints write a taint (the key a qualified name, the value
+// a label value).
+func ParseTaint(s string) (Taint, error) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return Taint{}, fmt.Errorf("%q: %w", s, ErrBadTaint)
+	}
+	effect := s[i+1:]
+	key, value, _ := strings.Cut(s[:i], "=")
+	switch {
+	case effect != "NoSchedule" && effect != "PreferNoSchedule" && effect != "NoExecute":
+		return Taint{}, fmt.Errorf("%q: effect %q: %w", s, effect, ErrBadTaint)
+	case !qualifiedName(key):
+		return Taint{}, fmt.Errorf("%q: key %q is not a qualified name (prefix/name): %w", s, key, ErrBadTaint)
+	case value != "" && !labelValue(value):
+		return Taint{}, fmt.Errorf("%q: value %q is not a label value: %w", s, value, ErrBadTaint)
+	case key == ReconfiguringTaintKey:
+		return Taint{}, fmt.Errorf("%q: %s is the agent's own taint during a change, not a startup taint", s, key)
+	}
+	return Taint{Key: key, Value: value, Effect: effect}, nil
+}
+
+// qualifiedName: an optional DNS subdomain prefix and "/", then a name of
+// at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends (as
+// Kubernetes' IsQualifiedName).
+func qualifiedName(s string) bool {
+	prefix, name, has := strings.Cut(s, "/")
+	if !has {
+		prefix, name = "", s
+	} else if prefix == "" || len(prefix) > 253 || strings.Trim(prefix, "abcdefghijklmnopqrstuvwxyz0123456789-.") != "" {
+		return false
+	}
+	return name != "" && labelValue(name)
+}
+
+// labelValue: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at
+// both ends.
+func labelValue(s string) bool {
+	if len(s) > 63 || s == "" {
+		return false
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !alnum(c) && c != '-' && c != '_' && c != '.' {
+			return false
+		}
+	}
+	return alnum(s[0]) && alnum(s[len(s)-1])
 }

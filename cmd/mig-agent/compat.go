@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 )
 
@@ -25,6 +26,19 @@ var migPartedEnv = []struct{ env, flag string }{
 	{"MIG_PARTED_MODE_ONLY", "mode-only"},
 	{"MIG_PARTED_OUTPUT_FORMAT", "output"},
 	{"MIG_PARTED_CONFIG_LABEL", "config-name"},
+}
+
+// migPartedFlagNames reads nvidia-mig-parted's long flag names as the flag
+// of mig-agent that means the same (export's --output-format and
+// --config-label, export/export.go; the global --debug, main.go).
+func migPartedFlagNames(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+	switch name {
+	case "output-format":
+		name = "output"
+	case "config-label":
+		name = "config-name"
+	}
+	return pflag.NormalizedName(name)
 }
 
 // nativeEnv is the MIG_AGENT_* variable of flag.

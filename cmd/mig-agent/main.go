@@ -53,11 +53,16 @@ func main() {
 func run(ctx context.Context, args []string) int {
 	root := newRoot()
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
 	fmt.Fprintln(os.Stderr, "mig-agent:", err)
+	if cmd != nil && cmd.Name() == "assert" {
+		// nvidia-mig-parted assert exits 1 on every error, bad input
+		// included (log.Fatal in its main.go); scripts test for that.
+		return exitFailed
+	}
 	return exitCode(err)
 }
 

@@ -423,7 +423,7 @@ var errNotApplied = errors.New("assertion failure: selected configuration not cu
 func assertCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "assert -f FILE -c NAME",
-		Short: "Exit 0 when the GPUs already hold the config, 1 when they do not, 2 on bad input",
+		Short: "Exit 0 when the GPUs already hold the config, 1 when they do not or on any error (as nvidia-mig-parted assert)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			vals, err := commandValues(cmd)
@@ -434,9 +434,25 @@ func assertCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			validOnly, err := vals.boolean("valid-config")
+			if err != nil {
+				return err
+			}
 			f, name, err := pickConfig(vals)
 			if err != nil {
 				return err
+			}
+			if validOnly {
+				// nvidia-mig-parted assert --valid-config: the file parses
+				// and has the selected config; the GPUs are not read.
+				if f == nil {
+					return badInput(errors.New("--valid-config needs -f/--config-file"))
+				}
+				if _, ok := f.Spec.Configs[name]; !ok {
+					return fmt.Errorf("%w: %q is not in %s", geometry.ErrUnknownConfig, name, f.Path)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "config %q of %s is valid\n", name, f.Path)
+				return nil
 			}
 			return withPlan(cmd, f, name, func(p *nodePlan) error {
 				var differ []string
@@ -461,6 +477,7 @@ func assertCmd() *cobra.Command {
 	}
 	configFlags(c)
 	c.Flags().BoolP("mode-only", "m", false, "check only the MIG mode of the config")
+	c.Flags().BoolP("valid-config", "a", false, "check only that the config file is valid and holds the selected config (the GPUs are not read)")
 	return c
 }
 
@@ -504,8 +521,9 @@ func exportCmd() *cobra.Command {
 			})
 		},
 	}
-	c.Flags().StringP("output", "o", "yaml", "yaml or json")
-	c.Flags().StringP("config-name", "l", gpus.ExportName, "name of the config written (nvidia-mig-parted's --config-label)")
+	c.Flags().StringP("output", "o", "yaml", "yaml or json (also --output-format, nvidia-mig-parted's name)")
+	c.Flags().StringP("config-name", "l", gpus.ExportName, "name of the config written (also --config-label, nvidia-mig-parted's name)")
+	c.Flags().SetNormalizeFunc(migPartedFlagNames)
 	return c
 }
 

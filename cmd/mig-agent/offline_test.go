@@ -56,8 +56,9 @@ func writeConfig(t *testing.T, dir, body string) string {
 	return p
 }
 
-// assert exits 0 when the GPUs hold the config, 1 when they do not, 2 on
-// bad input, as nvidia-mig-parted assert (0 or 1; mig-parted has no 2).
+// assert exits 0 when the GPUs hold the config and 1 otherwise, bad input
+// included, as nvidia-mig-parted assert (its main.go: log.Fatal, exit 1, on
+// every error); --valid-config (-a) checks only the file and the name.
 func TestAssertExitCodes(t *testing.T) {
 	dir := t.TempDir()
 	cfg := writeConfig(t, dir, twoConfigs)
@@ -78,10 +79,14 @@ func TestAssertExitCodes(t *testing.T) {
 		{[]string{"assert", "-c", "all-balanced"}, exitOK}, // a generated config, no file
 		{[]string{"apply", "-f", cfg, "-c", "shared"}, exitOK},
 		{[]string{"assert", "-f", cfg, "-c", "shared"}, exitOK},
-		{[]string{"assert", "-f", cfg, "-c", "no-such"}, exitBadInput},
-		{[]string{"assert", "-f", cfg}, exitBadInput}, // three configs: -c needed
-		{[]string{"assert", "-f", bad, "-c", "x"}, exitBadInput},
-		{[]string{"assert", "-f", filepath.Join(dir, "missing.yaml"), "-c", "x"}, exitBadInput},
+		{[]string{"assert", "-f", cfg, "-c", "no-such"}, exitFailed},
+		{[]string{"assert", "-f", cfg}, exitFailed}, // three configs: -c needed
+		{[]string{"assert", "-f", bad, "-c", "x"}, exitFailed},
+		{[]string{"assert", "-f", filepath.Join(dir, "missing.yaml"), "-c", "x"}, exitFailed},
+		{[]string{"assert", "--no-such-flag"}, exitFailed},
+		{[]string{"assert", "-f", cfg, "-c", "balanced", "--valid-config"}, exitOK},
+		{[]string{"assert", "-f", cfg, "-c", "no-such", "-a"}, exitFailed},
+		{[]string{"assert", "-f", bad, "-c", "x", "-a"}, exitFailed},
 	}
 	for i, s := range steps {
 		if got, out := runOut(t, append(s.args, sim...)...); got != s.want {
@@ -381,5 +386,20 @@ func TestPlanJSONComputeInstances(t *testing.T) {
 	code, out = runOut(t, append([]string{"plan", "-f", cfg, "-c", "shared"}, sim...)...)
 	if code != 0 || !strings.Contains(out, "create  compute instance 1c.3g.71gb in 3g.71gb@") {
 		t.Fatalf("plan text:\n%s", out)
+	}
+}
+
+// nvidia-mig-parted's long flag names: export --output-format and
+// --config-label, and the global -d/--debug.
+func TestMigPartedFlagNames(t *testing.T) {
+	dir := t.TempDir()
+	sim := []string{"--nvml", "sim:h200x1", "--sim-state", filepath.Join(dir, "s.json")}
+	code, out := runOut(t, append([]string{"export", "--output-format", "json", "--config-label", "mine", "--log-level", "error"}, sim...)...)
+	if code != exitOK || !strings.Contains(out, `"mine"`) || !strings.HasPrefix(strings.TrimSpace(out), "{") {
+		t.Fatalf("export with mig-parted's names: exit %d\n%s", code, out)
+	}
+	code, out = runOut(t, append([]string{"profiles", "-d"}, sim...)...)
+	if code != exitOK || !strings.Contains(out, "level=DEBUG") {
+		t.Fatalf("-d: exit %d, no debug line\n%s", code, out)
 	}
 }

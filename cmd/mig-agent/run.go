@@ -239,6 +239,10 @@ func wireHost(d *reconcile.Daemon, s *settings.Settings, log *slog.Logger) (clos
 		d.Reboot = systemd.NewSystemctlRebooter(nil)
 	case settings.RebootNone:
 		d.Reboot = noReboot{}
+	case settings.RebootKured:
+		r := &sentinelRebooter{path: s.RebootSentinel, bootID: func() string { return d.BootID() }, log: log}
+		r.clearStale()
+		d.Reboot = r
 	}
 	var cdiUnits cdi.UnitStarter // standalone: the host's nvidia-cdi-refresh.service
 	if s.RebootMethod == settings.RebootLogind || len(s.HostGPUClients) > 0 || s.Standalone && newCDI(s, log, nil) != nil {
@@ -285,6 +289,14 @@ func wireCluster(d *reconcile.Daemon, s *settings.Settings, log *slog.Logger) (k
 	}
 	cluster := &kube.Cluster{Client: client, Node: s.NodeName, Namespace: s.Namespace, Clock: clock.RealClock{},
 		Component: "mig-agent", DefaultConfig: s.DefaultConfig, Log: log}
+	for _, st := range s.StartupTaints {
+		t, err := settings.ParseTaint(st) // validated with the settings
+		if err != nil {
+			return nil, err
+		}
+		cluster.StartupTaints = append(cluster.StartupTaints, corev1.Taint{Key: t.Key, Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
+		d.Startup = cluster
+	}
 	d.Cluster = cluster
 	d.Disrupt = newDisruptor(client, log, s, cluster.CachedNode)
 	// The GPU Operator's ClusterPolicy is a custom resource: read it as

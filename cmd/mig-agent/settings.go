@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -59,13 +60,16 @@ var runSettings = []setting{
 	{"eviction-retry-delay", "", 5 * time.Second, "delay between eviction retries blocked by a PodDisruptionBudget", func(s *settings.Settings) any { return &s.EvictionRetryDelay }},
 	{"resource-wait-timeout", "", 2 * time.Minute, "wait for the node to advertise the new devices: the Node's allocatable (device plugin) or its gpu.nvidia.com ResourceSlices (DRA driver) (0 turns it off)", func(s *settings.Settings) any { return &s.ResourceWaitTimeout }},
 	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin, GPU Feature Discovery and DRA kubelet plugin pods so they see the new MIG devices", func(s *settings.Settings) any { return &s.RestartDevicePlugin }},
+	{"plugin-selector", "", drain.DefaultPluginSelectors, "label selector of pods on the node restarted after a change so that they see the new MIG devices (device plugin, GPU Feature Discovery, validator, DRA kubelet plugin); repeatable, replaces the defaults", func(s *settings.Settings) any { return &s.PluginSelectors }},
 	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *settings.Settings) any { return &s.PauseGPUOperator }},
 	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *settings.Settings) any { return &s.HostGPUClients }},
 	{"gpu-client-selector", "", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects", func(s *settings.Settings) any { return &s.GPUClientSelector }},
 	{"taint", "", true, "taint the node migagent.io/reconfiguring=true:NoSchedule during a change", func(s *settings.Settings) any { return &s.Taint }},
+	{"startup-taint", "", []string(nil), "a taint key[=value]:effect the node joins with (Karpenter's startupTaints), removed once the node's geometry has converged; repeatable", func(s *settings.Settings) any { return &s.StartupTaints }},
 	{"evict-unmanaged-pods", "", true, "evict pods with no controller that use a changing GPU (false: fail the change instead)", func(s *settings.Settings) any { return &s.EvictUnmanagedPods }},
 	{"pod-resources-socket", "", podResourcesSocket, "kubelet PodResources API socket", func(s *settings.Settings) any { return &s.PodResourcesSocket }},
-	{"reboot-method", "", "logind", "logind, systemctl, none or sim", func(s *settings.Settings) any { return &s.RebootMethod }},
+	{"reboot-method", "", "logind", "logind, systemctl, kured (write kured's reboot sentinel; kured drains and reboots), none or sim", func(s *settings.Settings) any { return &s.RebootMethod }},
+	{"reboot-sentinel", "", "/var/run/reboot-required", "with --reboot-method kured: the file kured's --reboot-sentinel names, as the agent sees it", func(s *settings.Settings) any { return &s.RebootSentinel }},
 	{"dbus-address", "", "", "D-Bus address for logind and systemd (default the system bus)", func(s *settings.Settings) any { return &s.DBusAddress }},
 	// A count or a percentage: parsed by loadSettings itself (field nil).
 	{"max-concurrent", "", "0", "at most N nodes of the cluster disrupted at once, or P% of the nodes running the agent (rounded down, at least 1) (Lease slots; 0 = no limit)", func(*settings.Settings) any { return nil }},
@@ -83,6 +87,10 @@ var runSettings = []setting{
 	{"toolkit-dir", "", []string{"/usr/local/nvidia/toolkit"}, "directories nvidia-ctk is looked for in first (then the driver root's bin directories, then PATH)", func(s *settings.Settings) any { return &s.ToolkitDirs }},
 	{"cdi-hook-path", "", "", "host path of nvidia-cdi-hook written into the management spec (default: nvidia-ctk's)", func(s *settings.Settings) any { return &s.CDIHookPath }},
 }
+
+// fileAliases are settings-file keys read as the flag they name: the
+// chart's value names where the flag is singular because it repeats.
+var fileAliases = map[string]string{"startupTaints": "startup-taint"}
 
 // addFlags declares the flags of settings on fs.
 func addFlags(fs *pflag.FlagSet, settings []setting) {
@@ -107,6 +115,7 @@ func addFlags(fs *pflag.FlagSet, settings []setting) {
 // addGlobalFlags declares the flags every command shares.
 func addGlobalFlags(fs *pflag.FlagSet) {
 	fs.String("settings", "", "settings file (YAML, keys are flag names)")
+	fs.BoolP("debug", "d", false, "--log-level debug (nvidia-mig-parted's --debug)")
 	addFlags(fs, globalSettings)
 }
 
@@ -150,6 +159,14 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 	if err := bindMigPartedEnv(v, cmd, warn); err != nil {
 		return nil, err
 	}
+	if f, d := cmd.Flags().Lookup("log-level"), cmd.Flags().Lookup("debug"); f != nil && !f.Changed && d != nil && d.Changed && d.Value.String() == "true" {
+		v.Set("log-level", "debug")
+	}
+	if cmd.Flags().Lookup("state-dir") != nil { // the daemon
+		if err := bindMigManagerEnv(v, cmd, warn); err != nil {
+			return nil, err
+		}
+	}
 	file := v.GetString("settings")
 	if file != "" {
 		data, err := gpus.ReadUserFile(file, gpus.MaxUserFile)
@@ -160,10 +177,19 @@ func settingsViper(cmd *cobra.Command, warn bool) (*viper.Viper, error) {
 		if err := yaml.Unmarshal(data, &m); err != nil {
 			return nil, badInput(fmt.Errorf("settings file %s: %w", file, err))
 		}
+		for alias, key := range fileAliases {
+			if val, ok := m[alias]; ok {
+				if _, both := m[key]; both {
+					return nil, badInput(fmt.Errorf("settings file %s: %s and %s name the same setting: set one", file, alias, key))
+				}
+				m[key] = val
+				delete(m, alias)
+			}
+		}
 		known := knownKeys(cmd.Root())
 		var unknown []string
 		for k := range m {
-			if !slices.Contains(known, k) || k == "settings" {
+			if !slices.Contains(known, k) || k == "settings" || k == "debug" {
 				unknown = append(unknown, k)
 			}
 		}
@@ -211,6 +237,11 @@ func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 	if cmd.Flags().Lookup("gpu-client-selector") != nil {
 		if _, err := labels.Parse(s.GPUClientSelector); err != nil {
 			r.errs = append(r.errs, fmt.Sprintf("gpu-client-selector: %v", err))
+		}
+	}
+	for _, sel := range s.PluginSelectors {
+		if parsed, err := labels.Parse(sel); err != nil || parsed.Empty() {
+			r.errs = append(r.errs, fmt.Sprintf("plugin-selector: %q is not a label selector that selects some pods", sel))
 		}
 	}
 	if cmd.Flags().Lookup("max-concurrent") != nil {

@@ -150,3 +150,45 @@ func TestVersionOutput(t *testing.T) {
 		t.Errorf("version printed\n%s\nwant\n%s", out.String(), want)
 	}
 }
+
+func TestSettingsStartupTaints(t *testing.T) {
+	t.Setenv("NODE_NAME", "n1")
+	s, err := settingsFor(t, "--startup-taint", "migagent.io/geometry-pending=true:NoSchedule", "--startup-taint", "example.com/wait:NoExecute")
+	if err != nil || strings.Join(s.StartupTaints, ",") != "migagent.io/geometry-pending=true:NoSchedule,example.com/wait:NoExecute" || s.Validate() != nil {
+		t.Fatalf("flags: %+v %v", s, err)
+	}
+	s, err = settingsFor(t, "--settings", writeFile(t, "startupTaints: [a.io/b=c:NoSchedule]\n"))
+	if err != nil || strings.Join(s.StartupTaints, ",") != "a.io/b=c:NoSchedule" {
+		t.Fatalf("file: %+v %v", s, err)
+	}
+	if _, err := settingsFor(t, "--settings", writeFile(t, "startupTaints: [a:NoSchedule]\nstartup-taint: [b:NoSchedule]\n")); err == nil {
+		t.Fatal("both startupTaints and startup-taint accepted")
+	}
+	for _, bad := range []string{"nokey", "a=b", "a:Sometimes", "-a:NoSchedule", "a=b c:NoSchedule", "migagent.io/reconfiguring=true:NoSchedule", ":NoSchedule"} {
+		s, err := settingsFor(t, "--startup-taint", bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "startup-taint") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+	if tt, err := settings.ParseTaint("k8s.io/x:PreferNoSchedule"); err != nil || tt != (settings.Taint{Key: "k8s.io/x", Effect: "PreferNoSchedule"}) {
+		t.Errorf("%+v %v", tt, err)
+	}
+}
+
+func TestSettingsPluginSelector(t *testing.T) {
+	t.Setenv("NODE_NAME", "n1")
+	s, err := settingsFor(t)
+	if err != nil || len(s.PluginSelectors) != 6 || s.PluginSelectors[5] != "dra-driver-nvidia-gpu-component=kubelet-plugin" {
+		t.Fatalf("defaults: %v %v", s.PluginSelectors, err)
+	}
+	s, err = settingsFor(t, "--settings", writeFile(t, "plugin-selector: ['app=my-plugin', 'gpu-dra-component=kubelet-plugin,tier=gpu']\n"))
+	if err != nil || strings.Join(s.PluginSelectors, ";") != "app=my-plugin;gpu-dra-component=kubelet-plugin,tier=gpu" {
+		t.Fatalf("file: %v %v", s.PluginSelectors, err)
+	}
+	if _, err := settingsFor(t, "--plugin-selector", "app in (("); err == nil || !strings.Contains(err.Error(), "plugin-selector") {
+		t.Fatalf("bad selector: %v", err)
+	}
+}

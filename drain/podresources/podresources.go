@@ -21,9 +21,30 @@ const (
 	podResourcesTimeout = 10 * time.Second
 	// podResourcesMaxMsg is the kubelet's own client limit (16 MiB).
 	podResourcesMaxMsg = 16 << 20
-	// GPUResourcePrefix starts every resource NVIDIA's device plugin advertises.
+	// GPUResourcePrefix starts every resource NVIDIA's device plugin advertises
+	// (and others' too: IsGPUResource tells them apart).
 	GPUResourcePrefix = "nvidia.com/"
+	// GPUResource and MIGResourcePrefix are the names of the device plugin's
+	// whole GPUs and MIG devices.
+	GPUResource       = GPUResourcePrefix + "gpu"
+	MIGResourcePrefix = GPUResourcePrefix + "mig-"
+	// SharedSuffix: a shared resource the plugin renames (renameByDefault)
+	// is its name plus this (api/config/v1 DefaultSharedResourceNameSuffix).
+	SharedSuffix = ".shared"
 )
+
+// IsGPUResource reports whether name is one NVIDIA's device plugin
+// advertises for GPUs: nvidia.com/gpu or nvidia.com/mig-<profile>, shared
+// under its own name or renamed with ".shared". Nothing else counts,
+// though it shares the prefix: the Network Operator's nvidia.com/hostdev,
+// nvidia.com/rdma_shared_device_*, SR-IOV pools (nvidia.com/cx7_vf). The
+// plugin takes no other name: its config's custom resource names and
+// sharing renames are switched off (api/config/v1
+// DisableResourceNamingInConfig).
+func IsGPUResource(name string) bool {
+	name = strings.TrimSuffix(name, SharedSuffix)
+	return name == GPUResource || strings.HasPrefix(name, MIGResourcePrefix) && len(name) > len(MIGResourcePrefix)
+}
 
 // ErrUnreadable is wrapped by every List error.
 var ErrUnreadable = errors.New("cannot read the kubelet PodResources API")
@@ -70,14 +91,14 @@ type ClaimResource struct {
 // Key is "namespace/name".
 func (p Pod) Key() string { return p.Namespace + "/" + p.Name }
 
-// GPUDeviceIDs returns the ids of the devices the pod holds under nvidia.com/
-// resources, normalized (see NormalizeDeviceID), sorted and without repeats.
+// GPUDeviceIDs returns the ids of the devices the pod holds under the device
+// plugin's GPU resources (IsGPUResource), normalized (see NormalizeDeviceID), sorted and without repeats.
 func (p Pod) GPUDeviceIDs() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, c := range p.Containers {
 		for res, ids := range c.Devices {
-			if !strings.HasPrefix(res, GPUResourcePrefix) {
+			if !IsGPUResource(res) {
 				continue
 			}
 			for _, id := range ids {

@@ -59,12 +59,21 @@ type DRAPlugin struct {
 // read enumerates the devices as the driver names them.
 func StartDRAPlugin(t testing.TB, client kubernetes.Interface, node, ns string, read func() ([]NVIDIADevice, error)) *DRAPlugin {
 	t.Helper()
+	return StartDRAPluginNamed(t, client, node, ns, draChartName, read)
+}
+
+// StartDRAPluginNamed is StartDRAPlugin for the driver's chart installed
+// with nameOverride name: its pods' labels are app.kubernetes.io/name: name
+// and "<name>-component: kubelet-plugin" (the chart's _helpers.tpl
+// selectorLabels, which build both from the chart name).
+func StartDRAPluginNamed(t testing.TB, client kubernetes.Interface, node, ns, name string, read func() ([]NVIDIADevice, error)) *DRAPlugin {
+	t.Helper()
 	p := &DRAPlugin{t: t, client: client, node: node, read: read}
 	readyForDaemonSet(t, client, node, nil)
-	labels := map[string]string{"app.kubernetes.io/name": draChartName, "app.kubernetes.io/instance": "dra",
-		DRAPluginComponentLabel: DRAPluginComponent, nodeLabel: node}
+	labels := map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": "dra",
+		name + "-component": DRAPluginComponent, nodeLabel: node}
 	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: draChartName + "-kubelet-plugin-" + shortName(node), Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubelet-plugin-" + shortName(node), Labels: labels},
 		Spec: appsv1.DaemonSetSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{

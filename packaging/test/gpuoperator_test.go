@@ -45,7 +45,7 @@ func gpuOperatorCase() renderCase {
 
 func settingsOf(t *testing.T, objs []map[string]any) map[string]any {
 	t.Helper()
-	cm := one(t, objs, "ConfigMap")
+	cm := named(t, objs, "ConfigMap", "-settings")
 	var settings map[string]any
 	if err := yaml.Unmarshal([]byte(get(cm, "data", "settings.yaml").(string)), &settings); err != nil {
 		t.Fatal(err)

@@ -127,3 +127,77 @@ func TestDevicePluginConfigRBAC(t *testing.T) {
 		t.Errorf("no namespace: %v", err)
 	}
 }
+
+// TestOperatorMigManagerEnv: migManager.env, the GPU Operator's environment
+// for its MIG manager, is honoured or refused: WITH_REBOOT=false renders no
+// reboot (reboot-method none, no D-Bus), true reboots through logind;
+// CONFIG_FILE at the operator's path and DEFAULT_GPU_CLIENTS_NAMESPACE are
+// what the chart does already; every other variable is refused with what
+// to set instead, and so is a name NVIDIA's manager does not read.
+func TestOperatorMigManagerEnv(t *testing.T) {
+	objs, err := renderValues(t, `migManager: {env: [{name: WITH_REBOOT, value: "false"}, {name: CONFIG_FILE, value: /mig-parted-config/config.yaml}, {name: DEFAULT_GPU_CLIENTS_NAMESPACE, value: gpu-operator}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := get(one(t, objs, "DaemonSet"), "spec", "template", "spec")
+	if s := settingsOf(t, objs); s["reboot-method"] != "none" || strings.Contains(fmt.Sprint(get(pod, "volumes")), "dbus") {
+		t.Errorf("WITH_REBOOT=false: settings %v, volumes %v", s, get(pod, "volumes"))
+	}
+	objs, err = renderValues(t, `{rebootMethod: none, migManager: {env: [{name: WITH_REBOOT, value: "true"}]}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := settingsOf(t, objs); s["reboot-method"] != "logind" || !strings.Contains(fmt.Sprint(get(one(t, objs, "DaemonSet"), "spec", "template", "spec", "volumes")), "dbus") {
+		t.Errorf("WITH_REBOOT=true: settings %v", s)
+	}
+	for values, want := range map[string]string{
+		`migManager: {env: [{name: WITH_REBOOT, value: maybe}]}`:                           "not a boolean",
+		`migManager: {env: [{name: WITH_SHUTDOWN_HOST_GPU_CLIENTS, value: "true"}]}`:       "settings.host-gpu-clients",
+		`migManager: {env: [{name: CONFIG_FILE, value: /etc/other.yaml}]}`:                 "migManager.config.name",
+		`migManager: {env: [{name: CDI_ENABLED, value: "true"}]}`:                          "cdi.enabled=true",
+		`migManager: {env: [{name: GPU_CLIENTS_FILE, value: /gpu-clients/clients.yaml}]}`:  "settings.host-gpu-clients",
+		`migManager: {env: [{name: HOST_KUBELET_SYSTEMD_SERVICE, value: k3s.service}]}`:    "never stops the kubelet",
+		`migManager: {env: [{name: NVIDIA_DRIVER_ROOT, value: /run/nvidia/driver}]}`:       "cdi.driverRoot",
+		`migManager: {env: [{name: MY_OWN, value: x}]}`:                                    "not a variable of NVIDIA's MIG manager",
+		`migManager: {env: [{value: x}]}`:                                                  "name",
+		`migManager: {enabled: false}`:                                                     "enabled",
+		`migManager: {config: {create: true, data: {config.yaml: "version: v1"}}}`:         "needs migManager.config.name",
+		`migManager: {config: {name: c, create: true, data: {other.yaml: "version: v1"}}}`: "config.yaml",
+	} {
+		if _, err := renderValues(t, values); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", values, err, want)
+		}
+	}
+	if _, err := renderValues(t, `{migManager: {env: [{name: WITH_SHUTDOWN_HOST_GPU_CLIENTS, value: "true"}]}, settings: {host-gpu-clients: [nvsm.service]}}`); err != nil {
+		t.Errorf("WITH_SHUTDOWN_HOST_GPU_CLIENTS with host-gpu-clients: %v", err)
+	}
+}
+
+// TestOperatorMigManagerConfigCreate: migManager.config.create with data
+// renders the ConfigMap the GPU Operator would create
+// (templates/mig_config.yaml: name, data as given) and the agent reads its
+// config.yaml.
+func TestOperatorMigManagerConfigCreate(t *testing.T) {
+	objs, err := renderValues(t, `migManager: {config: {name: custom-mig-parted-config, create: true, default: all-disabled, data: {config.yaml: "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n"}}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := named(t, objs, "ConfigMap", "custom-mig-parted-config")
+	if data := fmt.Sprint(get(cm, "data", "config.yaml")); !strings.Contains(data, "mig-configs:") || get(cm, "metadata", "namespace") != "mig-agent" {
+		t.Errorf("ConfigMap %v", cm)
+	}
+	vol, _ := volumeByName(get(one(t, objs, "DaemonSet"), "spec", "template", "spec"), 0, "mig-config")
+	if get(vol, "configMap", "name") != "custom-mig-parted-config" || settingsOf(t, objs)["config-file"] != "/mig-parted-config/config.yaml" {
+		t.Errorf("mig-config volume %v, settings %v", vol, settingsOf(t, objs))
+	}
+	// create without data creates nothing, as the operator's chart.
+	objs, err = renderValues(t, `migManager: {config: {name: existing, create: true}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o["kind"] == "ConfigMap" && get(o, "metadata", "name") == "existing" {
+			t.Error("a ConfigMap without data was created")
+		}
+	}
+}

@@ -50,7 +50,8 @@ The settings file: the chart's typed values under their flag names, and
   "metrics-address" "metrics.port" "state-dir" "hostPaths.stateDir"
   "pod-resources-socket" "hostPaths.podResources" "settings" "the chart"
   "nvml-library" "driver.root" "driver-root" "cdi.driverRoot" "driver-root-mount" "cdi.driverRoot"
-  "cdi-spec-dir" "cdi.enabled" "toolkit-dir" "cdi.toolkitDir" }}
+  "cdi-spec-dir" "cdi.enabled" "toolkit-dir" "cdi.toolkitDir"
+  "startup-taint" "startupTaints" "startupTaints" "startupTaints" "reboot-sentinel" "kured.sentinel" }}
 {{- /* The GPU Operator's value names (ClusterPolicy spec.migManager), each
   mapped one to one; docs/install.md has the table. */}}
 {{- $mm := default dict .Values.migManager }}
@@ -75,7 +76,7 @@ The settings file: the chart's typed values under their flag names, and
   "max-concurrent" $mc
   "pause-gpu-operator" .Values.pauseGpuOperator
   "default-config" (ternary $mmc.default .Values.defaultConfig (hasKey $mmc "default"))
-  "reboot-method" .Values.rebootMethod }}
+  "reboot-method" (include "mig-agent.rebootMethod" .) }}
 {{- if .Values.cdi.enabled }}
 {{- $_ := set $s "cdi-spec-dir" "/var/run/cdi" }}
 {{- $_ := set $s "toolkit-dir" (list .Values.cdi.toolkitDir) }}
@@ -92,12 +93,18 @@ The settings file: the chart's typed values under their flag names, and
 {{- if .Values.driver.root }}
 {{- $_ := set $s "nvml-library" "/driver-root" }}
 {{- end }}
+{{- with .Values.startupTaints }}
+{{- $_ := set $s "startup-taint" . }}
+{{- end }}
+{{- if eq (include "mig-agent.rebootMethod" .) "kured" }}
+{{- $_ := set $s "reboot-sentinel" (printf "/kured-sentinel/%s" (base .Values.kured.sentinel)) }}
+{{- end }}
 {{- toYaml (merge $s (deepCopy (default dict .Values.settings))) }}
 {{- end }}
 
 {{/* Whether the agent needs the host's D-Bus socket. */}}
 {{- define "mig-agent.needsDBus" -}}
-{{- if or (has .Values.rebootMethod (list "logind" "systemctl")) (get (default dict .Values.settings) "host-gpu-clients") (get (default dict .Values.settings) "dbus-address") }}true{{- end }}
+{{- if or (has (include "mig-agent.rebootMethod" .) (list "logind" "systemctl")) (get (default dict .Values.settings) "host-gpu-clients") (get (default dict .Values.settings) "dbus-address") }}true{{- end }}
 {{- end }}
 
 {{/*
@@ -141,6 +148,13 @@ agent's ServiceAccount is the release's. Takes (list $ "files/NAME").
 {{- range $v := $obj.spec.variables }}
 {{- if eq $v.name "pauseGpuOperator" }}
 {{- $_ := set $v "expression" (ternary "true" "false" (eq (toString $root.Values.pauseGpuOperator) "true")) }}
+{{- end }}
+{{- if eq $v.name "startupTaintKeys" }}
+{{- $keys := list }}
+{{- range $t := default list $root.Values.startupTaints }}
+{{- $keys = append $keys (regexReplaceAll "^([^=:]+).*$" $t "${1}") }}
+{{- end }}
+{{- $_ := set $v "expression" (toJson (uniq $keys)) }}
 {{- end }}
 {{- if eq $v.name "agentUser" }}
 {{- $_ := set $v "expression" (printf "'system:serviceaccount:%s:%s'" $root.Release.Namespace $sa) }}
@@ -197,4 +211,91 @@ Operator's name for it, migManager.config.name (key config.yaml in both).
 {{- else if $mmc.name -}}
 {{- $mmc.name -}}
 {{- end -}}
+{{- end }}
+
+{{/*
+The agent's tolerations: .Values.tolerations, and each startup taint (the
+agent must run on the node it lifts them from).
+*/}}
+{{- define "mig-agent.tolerations" -}}
+{{- $tol := list }}
+{{- range default list .Values.tolerations }}
+{{- $tol = append $tol . }}
+{{- end }}
+{{- range $t := default list .Values.startupTaints }}
+{{- $m := regexFindAll "^([^=:]+)(=([^:]*))?:(NoSchedule|PreferNoSchedule|NoExecute)$" $t -1 }}
+{{- if not $m }}
+{{- fail (printf "startupTaints: %q is not key[=value]:effect (effect NoSchedule, PreferNoSchedule or NoExecute)" $t) }}
+{{- end }}
+{{- $key := regexReplaceAll "^([^=:]+).*$" $t "${1}" }}
+{{- $effect := regexReplaceAll "^.*:([A-Za-z]+)$" $t "${1}" }}
+{{- if contains "=" $t }}
+{{- $tol = append $tol (dict "key" $key "operator" "Equal" "value" (regexReplaceAll "^[^=]+=([^:]*):.*$" $t "${1}") "effect" $effect) }}
+{{- else }}
+{{- $tol = append $tol (dict "key" $key "operator" "Exists" "effect" $effect) }}
+{{- end }}
+{{- end }}
+{{- toYaml $tol }}
+{{- end }}
+
+{{/*
+mig-agent.migManagerEnv checks migManager.env, the GPU Operator's
+environment for its MIG manager (the variables of mig-parted
+cmd/nvidia-mig-manager/main.go), and returns the reboot method it sets
+("" where it sets none). Each variable is mapped (WITH_REBOOT), accepted
+where the chart already does what it asks, or refused with what to set
+instead; docs/install.md has the table.
+*/}}
+{{- define "mig-agent.migManagerEnv" -}}
+{{- $v := .Values }}
+{{- $reboot := "" }}
+{{- $refer := dict
+  "NODE_NAME" "set by the chart (the downward API)"
+  "KUBECONFIG" "the agent uses its ServiceAccount; no kubeconfig"
+  "GPU_CLIENTS_FILE" "the agent reads no clients.yaml: list its systemd-services under settings.host-gpu-clients"
+  "NVIDIA_DRIVER_ROOT" "set cdi.driverRoot (the CDI step) and driver.root (NVML)"
+  "DRIVER_ROOT" "set cdi.driverRoot (the CDI step) and driver.root (NVML)"
+  "DRIVER_ROOT_CTR_PATH" "set by the chart from cdi.driverRoot"
+  "NVIDIA_DEV_ROOT" "the agent takes the device nodes from the driver root (cdi.driverRoot)"
+  "DEV_ROOT_CTR_PATH" "the agent takes the device nodes from the driver root (cdi.driverRoot)"
+  "NVIDIA_CDI_HOOK_PATH" "set settings.cdi-hook-path"
+  "RECONFIGURE_SCRIPT" "the agent applies a config itself; it runs no reconfigure script"
+  "HOST_ROOT_MOUNT" "the agent reaches the host through D-Bus and the driver root, not a host root mount"
+  "HOST_NVIDIA_DIR" "set cdi.toolkitDir"
+  "HOST_MIG_MANAGER_STATE_FILE" "the agent keeps its state in hostPaths.stateDir"
+  "HOST_KUBELET_SYSTEMD_SERVICE" "the agent never stops the kubelet; list host GPU clients under settings.host-gpu-clients" }}
+{{- range $e := default list (default dict $v.migManager).env }}
+{{- $name := toString $e.name }}
+{{- $val := lower (toString (default "" $e.value)) }}
+{{- if eq $name "WITH_REBOOT" }}
+{{- if has $val (list "true" "1" "t") }}{{ $reboot = "logind" }}
+{{- else if has $val (list "false" "0" "f" "") }}{{ $reboot = "none" }}
+{{- else }}{{ fail (printf "migManager.env WITH_REBOOT=%q: not a boolean" $e.value) }}
+{{- end }}
+{{- else if eq $name "WITH_SHUTDOWN_HOST_GPU_CLIENTS" }}
+{{- if and (has $val (list "true" "1" "t")) (not (get (default dict $v.settings) "host-gpu-clients")) }}
+{{- fail "migManager.env WITH_SHUTDOWN_HOST_GPU_CLIENTS=true: list the host's GPU clients (the systemd-services of the operator's clients.yaml) under settings.host-gpu-clients" }}
+{{- end }}
+{{- else if eq $name "CONFIG_FILE" }}
+{{- if ne (toString $e.value) "/mig-parted-config/config.yaml" }}
+{{- fail (printf "migManager.env CONFIG_FILE=%q: the chart mounts the config file at /mig-parted-config/config.yaml from migManager.config.name or migConfigMap.name; set those (or migConfig)" $e.value) }}
+{{- end }}
+{{- else if eq $name "CDI_ENABLED" }}
+{{- if ne (has $val (list "true" "1" "t")) (eq (toString $v.cdi.enabled) "true") }}
+{{- fail (printf "migManager.env CDI_ENABLED=%q: set cdi.enabled=%v instead (it mounts the CDI spec directory)" $e.value (has $val (list "true" "1" "t"))) }}
+{{- end }}
+{{- else if eq $name "DEFAULT_GPU_CLIENTS_NAMESPACE" }}
+{{- /* the agent finds the operator's operands on its node in every namespace */}}
+{{- else if hasKey $refer $name }}
+{{- fail (printf "migManager.env %s: %s" $name (get $refer $name)) }}
+{{- else }}
+{{- fail (printf "migManager.env %s: not a variable of NVIDIA's MIG manager; pass other variables in extraEnv" $name) }}
+{{- end }}
+{{- end }}
+{{- $reboot }}
+{{- end }}
+
+{{/* The reboot method: migManager.env WITH_REBOOT where it is set, else rebootMethod. */}}
+{{- define "mig-agent.rebootMethod" -}}
+{{- default .Values.rebootMethod (include "mig-agent.migManagerEnv" .) }}
 {{- end }}
