@@ -264,7 +264,7 @@ func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 		t.Fatalf("after v's hand-off the queue is %v, want r alone (q's entry removed in the same write)", qs)
 	}
 	waitUntil(t, "q's cache shows its entry gone", func() bool { return q.queuedOn(slot.(*slotHold).store) == "" })
-	slot.Release()
+	slot.Release(false)
 	if n := leaves.Load(); n != 0 {
 		t.Errorf("q sent %d leaves at its release, its entry gone already", n)
 	}
@@ -281,7 +281,7 @@ func TestReleaseLeavesTheFirstQueue(t *testing.T) {
 	defer cancel()
 	c, clk := versionedFake()
 	_, slot := handedAcross(ctx, t, c, clk)
-	slot.Release()
+	slot.Release(false)
 	if qs := queueOf(getSlot(t, c, SlotLeaseName(1))); len(qs) != 2 || qs[0].node != "p" || qs[1].node != "r" {
 		t.Fatalf("after q's release the queue of slot 1 is %v, want p, r", qs)
 	}
@@ -322,7 +322,7 @@ func TestReleaseHandsOnAStraySlot(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	slot.Release()
+	slot.Release(false)
 	if !once.Load() {
 		t.Fatal("q's release sent no hand-off of slot 0")
 	}
@@ -508,7 +508,7 @@ func TestQueuedNodeMakesASlotOnceMakingSettles(t *testing.T) {
 		if l := getSlot(t, c, SlotLeaseName(1)); holder(l) != w {
 			t.Errorf("slot 1 held by %q, want %s", holder(l), w)
 		}
-		slot.Release()
+		slot.Release(false)
 	case <-time.After(5 * time.Second):
 		t.Fatal("Acquire did not return the slot it made")
 	}

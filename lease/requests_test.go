@@ -126,7 +126,7 @@ func TestSlotReleaseIsOneWrite(t *testing.T) {
 	}
 	name := SlotLeaseName(0)
 	before := leaseRequests(c, name)
-	slot.Release()
+	slot.Release(false)
 	after := leaseRequests(c, name)
 	if after["get"] != before["get"] || after["update"] != before["update"] || after["patch"] != before["patch"]+1 {
 		t.Errorf("release: %v then %v, want one patch and nothing else", before, after)

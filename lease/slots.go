@@ -763,8 +763,10 @@ func (h *slotHold) extend(ctx context.Context) error {
 }
 
 // Release stops renewing the slot and frees it, if this holder still holds
-// it; a slot kept for a reboot stays taken.
-func (h *slotHold) Release() {
+// it; a slot kept for a reboot, or kept by the caller (a change parked by a
+// shutdown), stays taken: the holder's node counts against the bound until
+// its agent, back, takes it again (a holder always may take its own).
+func (h *slotHold) Release(keepIt bool) {
 	select {
 	case <-h.done:
 		return // released already
@@ -785,6 +787,9 @@ func (h *slotHold) Release() {
 	switch {
 	case keep:
 		s.Log.Info("keeping the rollout slot through the reboot", "lease", h.name, "for", s.longest())
+		return
+	case keepIt && lost == nil:
+		s.Log.Info("keeping the rollout slot: the change is parked mid-disruption", "lease", h.name)
 		return
 	case lost != nil:
 		s.Log.Warn("the rollout slot was lost; nothing to release", "lease", h.name, "err", lost)

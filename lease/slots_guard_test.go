@@ -184,7 +184,7 @@ func TestSlotLostIsReported(t *testing.T) {
 	if err := a.ExtendForReboot(ctx); err == nil {
 		t.Fatal("a lost slot extended for a reboot")
 	}
-	h.Release()
+	h.Release(false)
 	l, _ = c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
 	if got := ptr.Deref(l.Spec.HolderIdentity, ""); got != "b" {
 		t.Fatalf("the former holder released another's slot: holder %q", got)
@@ -214,7 +214,7 @@ func TestSlotUnrenewedIsLost(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not renewed for") || !errors.Is(err, err) {
 		t.Fatalf("past the duration: %v", err)
 	}
-	h.Release()
+	h.Release(false)
 }
 
 // versionedFake is a fake API server holding objs that keeps and checks

@@ -162,7 +162,7 @@ func TestSlots(t *testing.T) {
 	if len(extra) != 0 {
 		t.Fatalf("a queued holder sent %d requests while the slots stayed held: %v", len(extra), extra)
 	}
-	relA.Release()
+	relA.Release(false)
 	for range 50 {
 		select {
 		case err := <-got:
