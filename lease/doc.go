@@ -5,7 +5,7 @@
 // one agent per node across state directories (NodeLease, nodelease.go).
 // Both judge expiry as client-go's leader election does: by when this
 // agent observed a Lease's record change, never by comparing another
-// machine's clock with its own (leaseobs.go).
+// machine's clock with its own (package leaseobs).
 //
 // It may import client-go (through internal/kclient), record, journal (the
 // one-agent error) and reconcile (the interfaces it implements).

@@ -22,6 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/lease/leaseobs"
 )
 
 // The queue of the rollout slots. A node that finds every slot held joins
@@ -192,7 +194,7 @@ func (s *Slots) handedHere(l *coordinationv1.Lease) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.handedOn[l.Name] != leaseRecord(l)
+	return s.handedOn[l.Name] != leaseobs.Record(l)
 }
 
 // handOn hands on slot l, handed to this node while it has another.
@@ -201,7 +203,7 @@ func (s *Slots) handOn(ctx context.Context, l *coordinationv1.Lease, store cache
 	if s.handedOn == nil {
 		s.handedOn = map[string]string{}
 	}
-	s.handedOn[l.Name] = leaseRecord(l)
+	s.handedOn[l.Name] = leaseobs.Record(l)
 	s.mu.Unlock()
 	if to, err := s.handOver(ctx, l, store); err != nil {
 		s.Log.Warn("handing on a second rollout slot failed; it expires by itself", "lease", l.Name, "err", err)
@@ -253,7 +255,7 @@ func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[strin
 		if _, ok := seenRoom[name]; !ok {
 			seenRoom[name] = roomSeen{at: now}
 		}
-		if u := unitHash(name, leaseRecord(l), s.Holder); u < first {
+		if u := unitHash(name, leaseobs.Record(l), s.Holder); u < first {
 			best, first = name, u
 		}
 	}

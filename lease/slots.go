@@ -26,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/lease/leaseobs"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -36,7 +37,7 @@ import (
 // works (Slot.Check before each disruptive step confirms it still does).
 //
 // A slot passes to another node only when it is free: released, absent,
-// or expired as this reader judges it (leaseObserver: unchanged since this
+// or expired as this reader judges it (leaseobs.Observer: unchanged since this
 // reader saw it for its duration, whatever the holder's clock says) AND the
 // holder's Node is whole again. A holder that died mid-change leaves its
 // Node tainted or in state pending/rebooting: that node is still disrupted
@@ -74,7 +75,7 @@ type Slots struct {
 	// conflict.
 	Spread time.Duration
 
-	obs leaseObserver
+	obs leaseobs.Observer
 	// ticket is this node's place in line while it waits and holds: when
 	// it first saw the slots, in Unix milliseconds (Acquire).
 	ticket atomic.Int64
@@ -132,7 +133,7 @@ func (s *Slots) PoolShare(ctx context.Context) (n, pool int, err error) {
 // renewedUntil is when l ends by its holder's own clock (renewTime plus
 // duration; the zero time without them). Only the pool count reads it: a
 // skewed clock there moves a node in or out of the count by a little,
-// while slot expiry never compares another machine's clock (leaseobs.go).
+// while slot expiry never compares another machine's clock (package leaseobs).
 func renewedUntil(l *coordinationv1.Lease) time.Time {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return time.Time{}
@@ -369,9 +370,9 @@ func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store
 	inf := kclient.Watch(s.Client, &coordinationv1.Lease{}, s.Client.CoordinationV1().Leases(s.Namespace),
 		kclient.Selector{Label: sel})
 	poke := func(obj any) {
-		// Seen now: expiry counts from here (leaseObserver).
+		// Seen now: expiry counts from here (leaseobs.Observer).
 		if l, ok := obj.(*coordinationv1.Lease); ok {
-			s.obs.observe(l, s.Clock.Now())
+			s.obs.Observe(l, s.Clock.Now())
 		}
 		select {
 		case changed <- struct{}{}:
@@ -432,13 +433,13 @@ func (s *Slots) free(ctx context.Context, l *coordinationv1.Lease) (bool, time.T
 		return true, time.Time{}
 	}
 	now := s.Clock.Now()
-	end := s.obs.expiry(l, now, s.longest())
+	end := s.obs.Expiry(l, now, s.longest())
 	if now.Before(end) {
 		return false, end
 	}
 	// Expired: its holder stopped renewing. A node left mid-change is
 	// still disrupted and keeps the slot, up to RebootHold unchanged.
-	if seen := s.obs.observe(l, now); !now.Before(seen.Add(RebootHold)) {
+	if seen := s.obs.Observe(l, now); !now.Before(seen.Add(RebootHold)) {
 		s.Log.Warn("taking a rollout slot whose holder has not renewed it for a long time", "lease", l.Name, "holder", holder, "for", RebootHold)
 		return true, time.Time{}
 	}
@@ -458,7 +459,7 @@ func (s *Slots) longest() time.Duration { return max(RebootHold, s.Duration) }
 // (the safe side). The verdict is read once per Lease record and lease
 // duration.
 func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, holder string, now time.Time) bool {
-	rec := leaseRecord(l)
+	rec := leaseobs.Record(l)
 	s.mu.Lock()
 	v, ok := s.nodes[l.Name]
 	s.mu.Unlock()
@@ -869,7 +870,7 @@ func (h *slotHold) freshestLocked() *coordinationv1.Lease {
 	if h.store == nil {
 		return last.DeepCopy()
 	}
-	if l := h.s.cached(h.store, h.name); l != nil && leaseRecord(l) == leaseRecord(last) {
+	if l := h.s.cached(h.store, h.name); l != nil && leaseobs.Record(l) == leaseobs.Record(last) {
 		return l.DeepCopy()
 	}
 	return last.DeepCopy()
