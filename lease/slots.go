@@ -90,6 +90,9 @@ type Slots struct {
 	// handedOn: per slot, the record this node handed on (handOn), which
 	// a cache behind still shows handed to it.
 	handedOn map[string]string
+	// lastHeld: per slot, its last holder record the watch showed (kept
+	// when the slot is released or deleted: freed).
+	lastHeld map[string]*coordinationv1.Lease
 }
 
 // nodeVerdict: whether the holder's Node was disrupted when the slot's
@@ -373,6 +376,7 @@ func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store
 		// Seen now: expiry counts from here (leaseobs.Observer).
 		if l, ok := obj.(*coordinationv1.Lease); ok {
 			s.obs.Observe(l, s.Clock.Now())
+			s.noteHeld(l)
 		}
 		select {
 		case changed <- struct{}{}:
@@ -443,8 +447,50 @@ func (s *Slots) free(ctx context.Context, l *coordinationv1.Lease) (bool, time.T
 		s.Log.Warn("taking a rollout slot whose holder has not renewed it for a long time", "lease", l.Name, "holder", holder, "for", RebootHold)
 		return true, time.Time{}
 	}
-	if s.holderDisrupted(ctx, l, holder, now) {
+	if s.holderDisrupted(ctx, l, holder, now, max(s.Duration, time.Second)) {
 		return false, now.Add(max(s.Duration, time.Second))
+	}
+	return true, time.Time{}
+}
+
+// noteHeld remembers slot l's holder record while it is held (freed).
+func (s *Slots) noteHeld(l *coordinationv1.Lease) {
+	if holder(l) == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastHeld == nil {
+		s.lastHeld = map[string]*coordinationv1.Lease{}
+	}
+	s.lastHeld[l.Name] = l
+}
+
+// freedRecheck is how soon a node looks again at a slot freed while its
+// last holder's Node was mid-change.
+const freedRecheck = 2 * time.Second
+
+// freed says whether slot name, seen released or absent, may be taken: its
+// last holder as this node's watch showed it (if any) is this node or its
+// Node is whole. A holder releases its slot only once its change ended;
+// a slot released or deleted by another writer (a token clearing the
+// holder, an operator's `kubectl delete lease` to unstick a rollout) while
+// its holder is mid-change is not taken: that node is still disrupted, and
+// its agent makes the slot again for itself (slotHold.mend). When not, at
+// is when to look again. Asked only by a node about to take the slot.
+func (s *Slots) freed(ctx context.Context, name string) (bool, time.Time) {
+	s.mu.Lock()
+	last := s.lastHeld[name]
+	s.mu.Unlock()
+	if last == nil || holder(last) == s.Holder {
+		return true, time.Time{}
+	}
+	now := s.Clock.Now()
+	if seen := s.obs.Observe(last, now); !now.Before(seen.Add(RebootHold)) {
+		return true, time.Time{}
+	}
+	if s.holderDisrupted(ctx, last, holder(last), now, freedRecheck) {
+		return false, now.Add(freedRecheck)
 	}
 	return true, time.Time{}
 }
@@ -456,14 +502,13 @@ func (s *Slots) longest() time.Duration { return max(RebootHold, s.Duration) }
 // holderDisrupted says whether the Node of a slot's holder is still in the
 // middle of a change: tainted by the agent, or in state pending or
 // rebooting. A Node that is gone is not; a Node that cannot be read is
-// (the safe side). The verdict is read once per Lease record and lease
-// duration.
-func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, holder string, now time.Time) bool {
+// (the safe side). The verdict is read once per Lease record and ttl.
+func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, holder string, now time.Time, ttl time.Duration) bool {
 	rec := leaseobs.Record(l)
 	s.mu.Lock()
 	v, ok := s.nodes[l.Name]
 	s.mu.Unlock()
-	if ok && v.record == rec && now.Sub(v.at) < max(s.Duration, time.Second) {
+	if ok && v.record == rec && now.Sub(v.at) < ttl {
 		return v.disrupted
 	}
 	disrupted := true
@@ -688,8 +733,17 @@ func (h *slotHold) renew(ctx context.Context) error {
 		cur, err = leases.Get(ctx, h.name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			h.lost = fmt.Errorf("rollout slot %s was deleted", h.name)
-			return h.lost
+			// Deleted while held (an operator unsticking a rollout): this
+			// node is still disrupted, so the slot is made again for it;
+			// the waiting nodes do not take it meanwhile (Slots.freed).
+			got, err = leases.Create(ctx, h.s.claim(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: h.name, Namespace: h.s.Namespace}}), metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				h.lost = fmt.Errorf("rollout slot %s was deleted and made again by another", h.name)
+				return h.lost
+			}
+			if err == nil {
+				h.s.Log.Warn("the rollout slot was deleted while held; made it again for this node", "lease", h.name)
+			}
 		case err == nil && ptr.Deref(cur.Spec.HolderIdentity, "") != h.s.Holder:
 			h.lost = fmt.Errorf("rollout slot %s is held by %q now", h.name, ptr.Deref(cur.Spec.HolderIdentity, ""))
 			return h.lost
@@ -715,7 +769,7 @@ func (h *slotHold) renew(ctx context.Context) error {
 // its duration does not lose it.
 func (h *slotHold) Check(ctx context.Context) error {
 	h.mu.Lock()
-	lost, fresh := h.lost, h.s.Clock.Since(h.renewed) < h.s.Duration/2
+	lost, fresh := h.lost, h.s.Clock.Since(h.renewed) < h.s.Duration/2 && h.agrees()
 	keep := h.keep
 	h.mu.Unlock()
 	if lost != nil {
@@ -734,6 +788,32 @@ func (h *slotHold) Check(ctx context.Context) error {
 		h.s.Log.Warn("renewing the rollout slot failed; it is still within its duration", "lease", h.name, "err", err)
 	}
 	return nil
+}
+
+// agrees: the watch shows the slot as this holder's (none: nothing to
+// show). A slot it shows deleted or taken by another is confirmed with a
+// write before the next step (Check), whatever the last renewal vouches.
+// h.mu is held.
+func (h *slotHold) agrees() bool {
+	if h.store == nil {
+		return true
+	}
+	l := h.s.cached(h.store, h.name)
+	return l != nil && holder(l) == h.s.Holder
+}
+
+// mend renews the slot at once when the watch shows it deleted (made again
+// for this holder) or taken by another (lost: the change stops before its
+// next step), instead of at the next renewal.
+func (h *slotHold) mend() {
+	h.mu.Lock()
+	ok := h.lost != nil || h.keep || h.agrees()
+	h.mu.Unlock()
+	if !ok {
+		if err := h.renew(h.ctx); err != nil {
+			h.s.Log.Warn("renewing the rollout slot failed", "lease", h.name, "err", err)
+		}
+	}
 }
 
 // extend stretches the Lease for the reboot (see ExtendForReboot).
@@ -828,6 +908,12 @@ func (h *slotHold) strays() {
 		case <-h.changed:
 		}
 		h.s.handOnOthers(h.ctx, h.store, h.name)
+		select {
+		case <-h.done:
+			return
+		default:
+			h.mend()
+		}
 	}
 }
 
