@@ -14,6 +14,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/lease/nodelease"
 )
 
 // --max-concurrent P%: the share of the agents whose node Leases are
@@ -33,9 +34,9 @@ func TestPoolShare(t *testing.T) {
 		}
 	}
 	for i := range 9 {
-		lease(fmt.Sprintf("mig-agent-node-n%d", i), map[string]string{LabelLease: "node"}, now.Add(-time.Minute))
+		lease(fmt.Sprintf("mig-agent-node-n%d", i), map[string]string{nodelease.LabelLease: "node"}, now.Add(-time.Minute))
 	}
-	lease("mig-agent-node-gone", map[string]string{LabelLease: "node"}, now.Add(-time.Hour))
+	lease("mig-agent-node-gone", map[string]string{nodelease.LabelLease: "node"}, now.Add(-time.Hour))
 	lease(SlotLeaseName(0), map[string]string{LabelRolloutSlot: "true"}, now)
 	for _, tc := range []struct{ percent, want int }{{10, 1}, {25, 2}, {50, 4}, {100, 9}, {1, 1}} {
 		s := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Percent: tc.percent, Clock: clk, Log: testsupport.Discard()}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/lease/leaseobs"
+	"github.com/migagent/mig-agent/lease/nodelease"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -121,7 +122,7 @@ const RebootHold = 30 * time.Minute
 // (LabelLease; one per node running the agent), so a node that left the
 // pool stops counting once its Lease expires.
 func (s *Slots) PoolShare(ctx context.Context) (n, pool int, err error) {
-	l, err := s.Client.CoordinationV1().Leases(s.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelLease + "=node"})
+	l, err := s.Client.CoordinationV1().Leases(s.Namespace).List(ctx, metav1.ListOptions{LabelSelector: nodelease.LabelLease + "=node"})
 	if err != nil {
 		return 0, 0, err
 	}

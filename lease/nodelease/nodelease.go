@@ -1,4 +1,6 @@
-package lease
+// Package nodelease is the node Lease: one agent per node in Kubernetes
+// mode, across state directories.
+package nodelease
 
 import (
 	"context"
