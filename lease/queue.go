@@ -73,10 +73,9 @@ const (
 	// of both still serves each node once, in SEQ order.
 	QueueKeyPrefix = "q.migagent.io/"
 	// AnnotationHandedTo names the node a slot was handed to, until that
-	// node's own first write of the slot (a renewal, its hand-off). While
-	// it is there the node may not have seen the slot yet: if the slot
-	// then expires, only the node's taint counts as a change under way
-	// (holderDisrupted), not its state label.
+	// node's own first write of the slot (a renewal, its hand-off). A
+	// handed slot that expires is judged as any other (holderDisrupted):
+	// by every mark of a change its Node shows.
 	AnnotationHandedTo = "migagent.io/handed-to"
 	// QueueLength is how many nodes a slot's queue takes (see above).
 	QueueLength = 2

@@ -55,19 +55,28 @@ func getSlot(t *testing.T, c *fake.Clientset, name string) *coordinationv1.Lease
 	return l
 }
 
-// A slot handed to a node whose agent never saw it (gone while queued):
-// once it expires, only the node's taint would keep it; its state label
-// "pending" does not (it never began). A node handed a slot that did
-// begin (tainted) keeps counting.
-func TestHandedSlotNeverSeenExpires(t *testing.T) {
+// A slot handed to a node whose agent dies before its first renewal is
+// judged, once it expires, by every mark of a change the Node shows, not
+// by the taint alone: with --taint=false a node that began (pending,
+// pods evicted) has no taint, and its state label or a paused GPU Operator
+// operand keeps the slot. Only a Node that shows none frees it.
+func TestHandedSlotJudgedByEveryMark(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name    string
-		tainted bool
-	}{{"pending, never began", false}, {"tainted, began", true}} {
+		name   string
+		labels map[string]string
+		taint  bool
+		kept   bool
+	}{
+		{"pending, no taint (--taint=false)", map[string]string{record.LabelState: record.StatePending}, false, true},
+		{"rebooting, no taint", map[string]string{record.LabelState: record.StateRebooting}, false, true},
+		{"an operand paused, no taint", map[string]string{record.OperandDeployPrefix + "dcgm": record.OperandPaused}, false, true},
+		{"tainted", map[string]string{record.LabelState: record.StatePending}, true, true},
+		{"whole", map[string]string{record.LabelState: record.StateSuccess, record.OperandDeployPrefix + "dcgm": "true"}, false, false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "y", Labels: map[string]string{record.LabelState: record.StatePending}}}
-			if tc.tainted {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "y", Labels: tc.labels}}
+			if tc.taint {
 				node.Spec.Taints = []corev1.Taint{{Key: record.TaintReconfiguring, Effect: corev1.TaintEffectNoSchedule}}
 			}
 			c, clk := versionedFake(node)
@@ -93,11 +102,11 @@ func TestHandedSlotNeverSeenExpires(t *testing.T) {
 			}
 			clk.Step(31 * time.Second) // y never renewed it
 			got, _ := z.try(ctx, SlotLeaseName(1))
-			if tc.tainted && got != nil {
-				t.Fatal("took the slot of a node that began its change (tainted)")
+			if tc.kept && got != nil {
+				t.Fatalf("took the slot of a node that shows a change under way (%v, taint %v)", tc.labels, tc.taint)
 			}
-			if !tc.tainted && got == nil {
-				t.Fatal("the slot of a node that never saw it is kept by its pending state")
+			if !tc.kept && got == nil {
+				t.Fatal("the slot of a whole node is kept")
 			}
 		})
 	}

@@ -520,9 +520,7 @@ func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, ho
 	case err != nil:
 		s.Log.Warn("reading the Node of an expired rollout slot's holder failed; counting it as disrupted", "lease", l.Name, "holder", holder, "err", err)
 	default:
-		// A slot handed to a node that never wrote it: that node may not
-		// have seen it (its agent gone): only the taint says it began.
-		disrupted = nodeMidChange(node, l.Annotations[AnnotationHandedTo] == holder)
+		disrupted = nodeMidChange(node)
 	}
 	if disrupted {
 		s.Log.Info("a rollout slot's holder stopped renewing it mid-change; its node still counts", "lease", l.Name, "holder", holder)
@@ -536,17 +534,24 @@ func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, ho
 	return disrupted
 }
 
-// nodeMidChange: the agent's taint is on the Node, or (unless taintOnly)
-// its state label says a change is under way (pending) or waits for its
-// reboot.
-func nodeMidChange(n *corev1.Node, taintOnly bool) bool {
+// nodeMidChange: the Node shows a change under way, by any of the marks
+// its agent leaves: its taint, its state label (pending: a change going on
+// or about to; rebooting: waiting for its reboot), or a GPU Operator operand
+// it paused. Each counts alone: with --taint=false there is no taint, and
+// a slot handed to a node whose agent died before its first renewal is
+// judged by the same marks (a node queued in pending that never saw the
+// hand-off keeps it too: the safe side, until its agent is back, its Node
+// gone, or RebootHold).
+func nodeMidChange(n *corev1.Node) bool {
 	for _, t := range n.Spec.Taints {
 		if t.Key == record.TaintReconfiguring {
 			return true
 		}
 	}
-	if taintOnly {
-		return false
+	for k, v := range n.Labels {
+		if v == record.OperandPaused && strings.HasPrefix(k, record.OperandDeployPrefix) {
+			return true
+		}
 	}
 	st := n.Labels[record.LabelState]
 	return st == record.StatePending || st == record.StateRebooting
