@@ -64,9 +64,10 @@ func TestFreedSlotWaitsForItsLastHolder(t *testing.T) {
 			go func() {
 				s, err := b.Acquire(ctx)
 				if s != nil {
-					s.Release(false)
+					defer s.Release(false)
 				}
 				got <- err
+				<-ctx.Done()
 			}()
 			waitUntil(t, "b never joined x's queue", func() bool {
 				clk.Step(50 * time.Millisecond)
@@ -87,8 +88,10 @@ func TestFreedSlotWaitsForItsLastHolder(t *testing.T) {
 			for range 40 { // 4 s of the fake clock, in real time too
 				time.Sleep(10 * time.Millisecond)
 				clk.Step(100 * time.Millisecond)
-				if l, err := leases.Get(ctx, SlotLeaseName(0), metav1.GetOptions{}); err == nil && holder(l) == "b" {
+				select {
+				case <-got:
 					t.Fatalf("b took the slot %s while x, its last holder, is mid-change", how)
+				default:
 				}
 			}
 			// x's change ends: its Node is whole, and b takes the slot.
