@@ -427,7 +427,7 @@ func TestHandedOnOnce(t *testing.T) {
 // A place in a queue: a node of the queue that holds a slot already (served
 // by another) leaves its place to the nodes still waiting.
 func TestRoomCountsOnlyWaitingNodes(t *testing.T) {
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	queuedSlot(t, c, SlotLeaseName(0), "x", "a", "b")
 	queuedSlot(t, c, SlotLeaseName(1), "a", "p", "q") // held by a, queue full

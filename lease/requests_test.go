@@ -46,7 +46,7 @@ func leaseRequests(c *fake.Clientset, name string) map[string]int {
 func TestSlotReleaseIsOneWrite(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	slot, err := acquireStepping(t, clk, newSlots(c, clk, "a"))
 	if err != nil {

@@ -94,6 +94,9 @@ type Slots struct {
 	// lastHeld: per slot, its last holder record the watch showed (kept
 	// when the slot is released or deleted: freed).
 	lastHeld map[string]*coordinationv1.Lease
+	// noNode: the queued names a hand-off found no Node for, and when
+	// (liveSuccessor).
+	noNode map[string]time.Time
 }
 
 // nodeVerdict: whether the holder's Node was disrupted when the slot's
@@ -119,15 +122,28 @@ const RebootHold = 30 * time.Minute
 
 // PoolShare is Percent of the pool, rounded down and at least 1: the pool is
 // the agents of the namespace, counted by their unexpired node Leases
-// (LabelLease; one per node running the agent), so a node that left the
-// pool stops counting once its Lease expires.
+// (nodelease.LabelLease; one per node running the agent), so a node that
+// left the pool stops counting once its Lease expires, and only Leases of
+// Nodes that exist count: anyone who may write Leases in the namespace can
+// make node Leases, not Nodes. The Nodes are listed from the API server's
+// cache (resourceVersion 0).
 func (s *Slots) PoolShare(ctx context.Context) (n, pool int, err error) {
 	l, err := s.Client.CoordinationV1().Leases(s.Namespace).List(ctx, metav1.ListOptions{LabelSelector: nodelease.LabelLease + "=node"})
 	if err != nil {
 		return 0, 0, err
 	}
+	live := map[string]bool{}
 	for i := range l.Items {
 		if !renewedUntil(&l.Items[i]).Before(s.Clock.Now()) {
+			live[l.Items[i].Name] = true
+		}
+	}
+	nodes, err := s.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		return 0, 0, err
+	}
+	for i := range nodes.Items {
+		if live[nodelease.NodeLeaseName(nodes.Items[i].Name)] {
 			pool++
 		}
 	}

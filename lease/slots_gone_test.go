@@ -116,3 +116,30 @@ func TestFreedSlotWaitsForItsLastHolder(t *testing.T) {
 		})
 	}
 }
+
+// A queue entry for a node that does not exist (written by any token that
+// may patch the slot Leases) is not handed the slot: the hand-off passes it
+// over to the next that exists and removes its entry; with nobody else
+// queued, the slot is released.
+func TestQueueEntryWithoutNodePassedOver(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		queue []string
+		want  string
+	}{{"then a node", []string{"ghost-1", "y"}, "y"}, {"alone", []string{"ghost-1"}, ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk := versionedFake()
+			queuedSlot(t, c, SlotLeaseName(0), "x", tc.queue...)
+			x := newSlots(c, clk, "x")
+			to, err := x.handOver(ctx, getSlot(t, c, SlotLeaseName(0)), storeOf(c))
+			if err != nil || to != tc.want {
+				t.Fatalf("hand-off to %q (%v), want %q", to, err, tc.want)
+			}
+			l := getSlot(t, c, SlotLeaseName(0))
+			if holder(l) != tc.want || l.Annotations[queueKey("ghost-1")] != "" {
+				t.Fatalf("slot after the hand-off: holder %q, annotations %v", holder(l), l.Annotations)
+			}
+		})
+	}
+}

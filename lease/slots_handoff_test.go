@@ -205,7 +205,7 @@ func TestTurnWindowCarriedByLease(t *testing.T) {
 
 	// The take of a freed slot writes it; the first take of a slot (its
 	// create: no hand-off, nobody queued for it) does not.
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	s := newSlots(c, clk, "a")
 	s.Spread = time.Second
