@@ -21,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -692,6 +693,7 @@ type slotHold struct {
 	renewed time.Time             // when the last successful write was sent
 	lost    error
 	keep    bool // ExtendForReboot ran: release keeps the Lease
+	shown   bool // the watch has shown this holder's last write (agrees)
 	done    chan struct{}
 	stopped chan struct{}
 }
@@ -765,6 +767,7 @@ func (h *slotHold) renew(ctx context.Context) error {
 			}
 			if err == nil {
 				h.s.Log.Warn("the rollout slot was deleted while held; made it again for this node", "lease", h.name)
+				h.shown = false
 			}
 		case err == nil && ptr.Deref(cur.Spec.HolderIdentity, "") != h.s.Holder:
 			h.lost = fmt.Errorf("rollout slot %s is held by %q now", h.name, ptr.Deref(cur.Spec.HolderIdentity, ""))
@@ -812,16 +815,24 @@ func (h *slotHold) Check(ctx context.Context) error {
 	return nil
 }
 
-// agrees: the watch shows the slot as this holder's (none: nothing to
-// show). A slot it shows deleted or taken by another is confirmed with a
-// write before the next step (Check), whatever the last renewal vouches.
-// h.mu is held.
+// agrees: the watch shows the slot as this holder's, or is behind this
+// holder's last write (an older version; absent, within a second of a
+// write it has not shown yet), or there is no watch. A slot it shows
+// deleted or taken by another is confirmed with a write before the next
+// step (Check), whatever the last renewal vouches. h.mu is held.
 func (h *slotHold) agrees() bool {
 	if h.store == nil {
 		return true
 	}
 	l := h.s.cached(h.store, h.name)
-	return l != nil && holder(l) == h.s.Holder
+	if l == nil { // unless the watch is behind this holder's write
+		return !h.shown && h.s.Clock.Since(h.renewed) < time.Second
+	}
+	if c, err := resourceversion.CompareResourceVersion(l.ResourceVersion, h.last.ResourceVersion); err == nil && c < 0 {
+		return true // the watch is behind this holder's last write
+	}
+	h.shown = true
+	return holder(l) == h.s.Holder
 }
 
 // mend renews the slot at once when the watch shows it deleted (made again

@@ -26,6 +26,9 @@ func TestDeletedSlotMadeAgainForItsHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer slot.Release(false)
+	h := slot.(*slotHold)
+	waitUntil(t, "the watch never showed the take", func() bool { return h.s.cached(h.store, SlotLeaseName(0)) != nil })
+	clk.Step(2 * time.Second) // past the watch's delay after the take (agrees)
 	leases := c.CoordinationV1().Leases("ns")
 	if err := leases.Delete(ctx, SlotLeaseName(0), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
