@@ -11,6 +11,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -23,7 +24,7 @@ import (
 
 // PausedValue is what a paused operand's deploy label is set to, as NVIDIA's
 // MIG manager does; the GPU Operator's DaemonSets then leave the node.
-const PausedValue = "paused-for-mig-change"
+const PausedValue = record.OperandPaused
 
 // errOperandsTimeout: operand pods were still on the node after the wait.
 var errOperandsTimeout = errors.New("GPU Operator operand pods still on the node")

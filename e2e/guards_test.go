@@ -29,7 +29,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/lease"
+	"github.com/migagent/mig-agent/lease/nodelease"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -229,7 +229,7 @@ func TestGuardOneAgentPerNode(t *testing.T) {
 	if code := a.Stop(); code != 0 {
 		t.Fatalf("SIGTERM: exit code %d", code)
 	}
-	l, err := c.CoordinationV1().Leases(o.Namespace).Get(context.Background(), lease.NodeLeaseName(node), metav1.GetOptions{})
+	l, err := c.CoordinationV1().Leases(o.Namespace).Get(context.Background(), nodelease.NodeLeaseName(node), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

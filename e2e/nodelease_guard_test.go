@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/lease"
+	"github.com/migagent/mig-agent/lease/nodelease"
 )
 
 // Findings 4 and 5 with the real binary. The node Lease deleted (an
@@ -28,7 +28,7 @@ func TestNodeLeaseDeletedAndFarFuture(t *testing.T) {
 	a := StartAgent(t, o)
 	waitReady(t, a)
 	leases := c.CoordinationV1().Leases(o.Namespace)
-	name := lease.NodeLeaseName(node)
+	name := nodelease.NodeLeaseName(node)
 	l, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

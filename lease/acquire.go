@@ -255,6 +255,11 @@ func (w *waiter) slotTurn(c *candidate) time.Duration {
 // the slot as written, or failed when the round met an error or lost the
 // race (the next look comes after a jittered wait).
 func (w *waiter) take(pick *candidate) (got *coordinationv1.Lease, failed bool) {
+	if holder(pick.lease) == "" {
+		if ok, _ := w.s.freed(w.ctx, pick.name); !ok {
+			return nil, true // its last holder is mid-change: looked at again later
+		}
+	}
 	if pick.lease != nil {
 		w.s.window = w.hand.next(w.window, w.s.order(*pick))
 	}

@@ -22,6 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/lease/leaseobs"
 )
 
 // The queue of the rollout slots. A node that finds every slot held joins
@@ -71,10 +73,9 @@ const (
 	// of both still serves each node once, in SEQ order.
 	QueueKeyPrefix = "q.migagent.io/"
 	// AnnotationHandedTo names the node a slot was handed to, until that
-	// node's own first write of the slot (a renewal, its hand-off). While
-	// it is there the node may not have seen the slot yet: if the slot
-	// then expires, only the node's taint counts as a change under way
-	// (holderDisrupted), not its state label.
+	// node's own first write of the slot (a renewal, its hand-off). A
+	// handed slot that expires is judged as any other (holderDisrupted):
+	// by every mark of a change its Node shows.
 	AnnotationHandedTo = "migagent.io/handed-to"
 	// QueueLength is how many nodes a slot's queue takes (see above).
 	QueueLength = 2
@@ -145,9 +146,18 @@ func (s *Slots) cached(store cache.Store, name string) *coordinationv1.Lease {
 	return obj.(*coordinationv1.Lease)
 }
 
-// holding is the set of nodes the cache shows holding a slot.
+// holding is the set of nodes the cache shows holding a slot, and the
+// queued names lately found to have no Node (liveSuccessor): none of them
+// is waiting, and a hand-off removes their entries (holdersQueued).
 func (s *Slots) holding(store cache.Store) map[string]bool {
 	hs := map[string]bool{}
+	s.mu.Lock()
+	for name, at := range s.noNode {
+		if s.Clock.Since(at) < noNodeHold {
+			hs[name] = true
+		}
+	}
+	s.mu.Unlock()
 	for i := range s.N {
 		if l := s.cached(store, SlotLeaseName(i)); l != nil && holder(l) != "" {
 			hs[holder(l)] = true
@@ -192,7 +202,7 @@ func (s *Slots) handedHere(l *coordinationv1.Lease) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.handedOn[l.Name] != leaseRecord(l)
+	return s.handedOn[l.Name] != leaseobs.Record(l)
 }
 
 // handOn hands on slot l, handed to this node while it has another.
@@ -201,7 +211,7 @@ func (s *Slots) handOn(ctx context.Context, l *coordinationv1.Lease, store cache
 	if s.handedOn == nil {
 		s.handedOn = map[string]string{}
 	}
-	s.handedOn[l.Name] = leaseRecord(l)
+	s.handedOn[l.Name] = leaseobs.Record(l)
 	s.mu.Unlock()
 	if to, err := s.handOver(ctx, l, store); err != nil {
 		s.Log.Warn("handing on a second rollout slot failed; it expires by itself", "lease", l.Name, "err", err)
@@ -253,7 +263,7 @@ func (s *Slots) room(store cache.Store, window time.Duration, seenRoom map[strin
 		if _, ok := seenRoom[name]; !ok {
 			seenRoom[name] = roomSeen{at: now}
 		}
-		if u := unitHash(name, leaseRecord(l), s.Holder); u < first {
+		if u := unitHash(name, leaseobs.Record(l), s.Holder); u < first {
 			best, first = name, u
 		}
 	}
@@ -536,7 +546,7 @@ func (s *Slots) handOver(ctx context.Context, l *coordinationv1.Lease, store cac
 		var to queueEntry
 		window := time.Duration(0)
 		if store != nil {
-			if to = s.successor(store, l); to.node != "" {
+			if to = s.liveSuccessor(ctx, store, l); to.node != "" {
 				window = s.joinWindow(l, store)
 			}
 		}
@@ -564,6 +574,37 @@ func (s *Slots) handOver(ctx context.Context, l *coordinationv1.Lease, store cac
 			return "", fmt.Errorf("%w (%q)", errNotHolder, holder(l))
 		}
 	}
+}
+
+// noNodeHold is how long a queued name found to have no Node is passed
+// over without a look (a Node of that name made later joins again).
+const noNodeHold = time.Minute
+
+// liveSuccessor is successor among the queued nodes that exist: a queue
+// entry is an annotation anyone who may patch the slot Leases can write,
+// for a name no Node has; handed the slot, it would leave it idle for a
+// lease duration. The successor's Node is read (from the API server's
+// cache) before the hand-off; one that is not found is passed over and its
+// entry removed with the hand-off. A Node that cannot be read is handed to.
+func (s *Slots) liveSuccessor(ctx context.Context, store cache.Store, l *coordinationv1.Lease) queueEntry {
+	for range 4 {
+		to := s.successor(store, l)
+		if to.node == "" {
+			return to
+		}
+		_, err := s.Client.CoreV1().Nodes().Get(ctx, to.node, metav1.GetOptions{ResourceVersion: "0"})
+		if !apierrors.IsNotFound(err) {
+			return to
+		}
+		s.Log.Warn("a rollout slot's queue names a node that does not exist; passing it over", "lease", l.Name, "node", to.node)
+		s.mu.Lock()
+		if s.noNode == nil {
+			s.noNode = map[string]time.Time{}
+		}
+		s.noNode[to.node] = s.Clock.Now()
+		s.mu.Unlock()
+	}
+	return queueEntry{}
 }
 
 // holdersQueued are the keys of l's queue entries whose nodes the cache

@@ -55,19 +55,28 @@ func getSlot(t *testing.T, c *fake.Clientset, name string) *coordinationv1.Lease
 	return l
 }
 
-// A slot handed to a node whose agent never saw it (gone while queued):
-// once it expires, only the node's taint would keep it; its state label
-// "pending" does not (it never began). A node handed a slot that did
-// begin (tainted) keeps counting.
-func TestHandedSlotNeverSeenExpires(t *testing.T) {
+// A slot handed to a node whose agent dies before its first renewal is
+// judged, once it expires, by every mark of a change the Node shows, not
+// by the taint alone: with --taint=false a node that began (pending,
+// pods evicted) has no taint, and its state label or a paused GPU Operator
+// operand keeps the slot. Only a Node that shows none frees it.
+func TestHandedSlotJudgedByEveryMark(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name    string
-		tainted bool
-	}{{"pending, never began", false}, {"tainted, began", true}} {
+		name   string
+		labels map[string]string
+		taint  bool
+		kept   bool
+	}{
+		{"pending, no taint (--taint=false)", map[string]string{record.LabelState: record.StatePending}, false, true},
+		{"rebooting, no taint", map[string]string{record.LabelState: record.StateRebooting}, false, true},
+		{"an operand paused, no taint", map[string]string{record.OperandDeployPrefix + "dcgm": record.OperandPaused}, false, true},
+		{"tainted", map[string]string{record.LabelState: record.StatePending}, true, true},
+		{"whole", map[string]string{record.LabelState: record.StateSuccess, record.OperandDeployPrefix + "dcgm": "true"}, false, false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "y", Labels: map[string]string{record.LabelState: record.StatePending}}}
-			if tc.tainted {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "y", Labels: tc.labels}}
+			if tc.taint {
 				node.Spec.Taints = []corev1.Taint{{Key: record.TaintReconfiguring, Effect: corev1.TaintEffectNoSchedule}}
 			}
 			c, clk := versionedFake(node)
@@ -93,11 +102,11 @@ func TestHandedSlotNeverSeenExpires(t *testing.T) {
 			}
 			clk.Step(31 * time.Second) // y never renewed it
 			got, _ := z.try(ctx, SlotLeaseName(1))
-			if tc.tainted && got != nil {
-				t.Fatal("took the slot of a node that began its change (tainted)")
+			if tc.kept && got != nil {
+				t.Fatalf("took the slot of a node that shows a change under way (%v, taint %v)", tc.labels, tc.taint)
 			}
-			if !tc.tainted && got == nil {
-				t.Fatal("the slot of a node that never saw it is kept by its pending state")
+			if !tc.kept && got == nil {
+				t.Fatal("the slot of a whole node is kept")
 			}
 		})
 	}
@@ -264,7 +273,7 @@ func TestEmptyQueueTakesFromALongerOne(t *testing.T) {
 		t.Fatalf("after v's hand-off the queue is %v, want r alone (q's entry removed in the same write)", qs)
 	}
 	waitUntil(t, "q's cache shows its entry gone", func() bool { return q.queuedOn(slot.(*slotHold).store) == "" })
-	slot.Release()
+	slot.Release(false)
 	if n := leaves.Load(); n != 0 {
 		t.Errorf("q sent %d leaves at its release, its entry gone already", n)
 	}
@@ -281,7 +290,7 @@ func TestReleaseLeavesTheFirstQueue(t *testing.T) {
 	defer cancel()
 	c, clk := versionedFake()
 	_, slot := handedAcross(ctx, t, c, clk)
-	slot.Release()
+	slot.Release(false)
 	if qs := queueOf(getSlot(t, c, SlotLeaseName(1))); len(qs) != 2 || qs[0].node != "p" || qs[1].node != "r" {
 		t.Fatalf("after q's release the queue of slot 1 is %v, want p, r", qs)
 	}
@@ -322,7 +331,7 @@ func TestReleaseHandsOnAStraySlot(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	slot.Release()
+	slot.Release(false)
 	if !once.Load() {
 		t.Fatal("q's release sent no hand-off of slot 0")
 	}
@@ -418,7 +427,7 @@ func TestHandedOnOnce(t *testing.T) {
 // A place in a queue: a node of the queue that holds a slot already (served
 // by another) leaves its place to the nodes still waiting.
 func TestRoomCountsOnlyWaitingNodes(t *testing.T) {
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	queuedSlot(t, c, SlotLeaseName(0), "x", "a", "b")
 	queuedSlot(t, c, SlotLeaseName(1), "a", "p", "q") // held by a, queue full
@@ -508,7 +517,7 @@ func TestQueuedNodeMakesASlotOnceMakingSettles(t *testing.T) {
 		if l := getSlot(t, c, SlotLeaseName(1)); holder(l) != w {
 			t.Errorf("slot 1 held by %q, want %s", holder(l), w)
 		}
-		slot.Release()
+		slot.Release(false)
 	case <-time.After(5 * time.Second):
 		t.Fatal("Acquire did not return the slot it made")
 	}

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -11,8 +10,6 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
-
-	"github.com/migagent/mig-agent/journal"
 )
 
 // What the rollout costs the API server in Lease requests (#28): the
@@ -46,79 +43,10 @@ func leaseRequests(c *fake.Clientset, name string) map[string]int {
 	return n
 }
 
-// takenNodeLease is agent "a" holding its node Lease, with watch started
-// (Keep, or only Keep's watch) and showing the agent's own write.
-func takenNodeLease(t *testing.T, watch func(ctx context.Context, a *NodeLease)) (context.Context, *fake.Clientset, *clocktesting.FakeClock, *NodeLease) {
-	t.Helper()
-	c := fake.NewClientset()
-	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
-	a := newNodeLease(c, clk, "a")
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := a.Take(ctx); err != nil {
-		t.Fatal(err)
-	}
-	watch(ctx, a)
-	waitUntil(t, "the watch of the node Lease never showed the agent's own write", a.confirmedByWatch)
-	return ctx, c, clk, a
-}
-
-func TestNodeLeaseConfirmFromWatch(t *testing.T) {
-	ctx, c, clk, a := takenNodeLease(t, func(ctx context.Context, a *NodeLease) { go func() { _ = a.Keep(ctx) }() })
-	name := NodeLeaseName("n")
-	before := leaseRequests(c, name)
-	for range 40 { // one change of eight GPUs: about 40 GPU steps
-		if err := a.Confirm(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if after := leaseRequests(c, name); after["get"] != before["get"] || after["update"] != before["update"] {
-		t.Errorf("40 confirmations with the watch showing the agent's write sent requests: %v then %v", before, after)
-	}
-
-	// Another identity writes it: the copy differs, Confirm reads and
-	// refuses (or Keep, poked by the watch, found it first).
-	l, err := c.CoordinationV1().Leases("ns").Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := metav1.NewMicroTime(clk.Now())
-	l.Spec.HolderIdentity, l.Spec.RenewTime = ptr.To("b"), &now
-	if _, err := c.CoordinationV1().Leases("ns").Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the watch kept vouching for a Lease another identity wrote", func() bool { return !a.confirmedByWatch() })
-	if err := a.Confirm(ctx); !errors.Is(err, journal.ErrAnotherAgent) {
-		t.Fatalf("Confirm after another identity took the Lease: %v", err)
-	}
-}
-
-// Half the lease duration without a renewal: the watch no longer vouches,
-// and Confirm reads the Lease.
-func TestNodeLeaseConfirmStaleWatchReads(t *testing.T) {
-	ctx, c, clk, a := takenNodeLease(t, func(ctx context.Context, a *NodeLease) {
-		if err := a.watch(ctx, make(chan struct{}, 1)); err != nil { // Keep's watch, without its renewals
-			t.Fatal(err)
-		}
-	})
-	name := NodeLeaseName("n")
-	clk.Step(16 * time.Second)
-	if a.confirmedByWatch() {
-		t.Error("a write older than half the lease duration still vouches")
-	}
-	before := leaseRequests(c, name)["get"]
-	if err := a.Confirm(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := leaseRequests(c, name)["get"]; got != before+1 {
-		t.Errorf("a stale watch copy: %d GETs, want %d", got, before+1)
-	}
-}
-
 func TestSlotReleaseIsOneWrite(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	slot, err := acquireStepping(t, clk, newSlots(c, clk, "a"))
 	if err != nil {
@@ -126,7 +54,7 @@ func TestSlotReleaseIsOneWrite(t *testing.T) {
 	}
 	name := SlotLeaseName(0)
 	before := leaseRequests(c, name)
-	slot.Release()
+	slot.Release(false)
 	after := leaseRequests(c, name)
 	if after["get"] != before["get"] || after["update"] != before["update"] || after["patch"] != before["patch"]+1 {
 		t.Errorf("release: %v then %v, want one patch and nothing else", before, after)

@@ -21,11 +21,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/lease/leaseobs"
+	"github.com/migagent/mig-agent/lease/nodelease"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -36,7 +39,7 @@ import (
 // works (Slot.Check before each disruptive step confirms it still does).
 //
 // A slot passes to another node only when it is free: released, absent,
-// or expired as this reader judges it (leaseObserver: unchanged since this
+// or expired as this reader judges it (leaseobs.Observer: unchanged since this
 // reader saw it for its duration, whatever the holder's clock says) AND the
 // holder's Node is whole again. A holder that died mid-change leaves its
 // Node tainted or in state pending/rebooting: that node is still disrupted
@@ -74,7 +77,7 @@ type Slots struct {
 	// conflict.
 	Spread time.Duration
 
-	obs leaseObserver
+	obs leaseobs.Observer
 	// ticket is this node's place in line while it waits and holds: when
 	// it first saw the slots, in Unix milliseconds (Acquire).
 	ticket atomic.Int64
@@ -89,6 +92,12 @@ type Slots struct {
 	// handedOn: per slot, the record this node handed on (handOn), which
 	// a cache behind still shows handed to it.
 	handedOn map[string]string
+	// lastHeld: per slot, its last holder record the watch showed (kept
+	// when the slot is released or deleted: freed).
+	lastHeld map[string]*coordinationv1.Lease
+	// noNode: the queued names a hand-off found no Node for, and when
+	// (liveSuccessor).
+	noNode map[string]time.Time
 }
 
 // nodeVerdict: whether the holder's Node was disrupted when the slot's
@@ -114,15 +123,28 @@ const RebootHold = 30 * time.Minute
 
 // PoolShare is Percent of the pool, rounded down and at least 1: the pool is
 // the agents of the namespace, counted by their unexpired node Leases
-// (LabelLease; one per node running the agent), so a node that left the
-// pool stops counting once its Lease expires.
+// (nodelease.LabelLease; one per node running the agent), so a node that
+// left the pool stops counting once its Lease expires, and only Leases of
+// Nodes that exist count: anyone who may write Leases in the namespace can
+// make node Leases, not Nodes. The Nodes are listed from the API server's
+// cache (resourceVersion 0).
 func (s *Slots) PoolShare(ctx context.Context) (n, pool int, err error) {
-	l, err := s.Client.CoordinationV1().Leases(s.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelLease + "=node"})
+	l, err := s.Client.CoordinationV1().Leases(s.Namespace).List(ctx, metav1.ListOptions{LabelSelector: nodelease.LabelLease + "=node"})
 	if err != nil {
 		return 0, 0, err
 	}
+	live := map[string]bool{}
 	for i := range l.Items {
 		if !renewedUntil(&l.Items[i]).Before(s.Clock.Now()) {
+			live[l.Items[i].Name] = true
+		}
+	}
+	nodes, err := s.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		return 0, 0, err
+	}
+	for i := range nodes.Items {
+		if live[nodelease.NodeLeaseName(nodes.Items[i].Name)] {
 			pool++
 		}
 	}
@@ -132,7 +154,7 @@ func (s *Slots) PoolShare(ctx context.Context) (n, pool int, err error) {
 // renewedUntil is when l ends by its holder's own clock (renewTime plus
 // duration; the zero time without them). Only the pool count reads it: a
 // skewed clock there moves a node in or out of the count by a little,
-// while slot expiry never compares another machine's clock (leaseobs.go).
+// while slot expiry never compares another machine's clock (package leaseobs).
 func renewedUntil(l *coordinationv1.Lease) time.Time {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return time.Time{}
@@ -369,9 +391,10 @@ func (s *Slots) watch(ctx context.Context, changed chan<- struct{}) (cache.Store
 	inf := kclient.Watch(s.Client, &coordinationv1.Lease{}, s.Client.CoordinationV1().Leases(s.Namespace),
 		kclient.Selector{Label: sel})
 	poke := func(obj any) {
-		// Seen now: expiry counts from here (leaseObserver).
+		// Seen now: expiry counts from here (leaseobs.Observer).
 		if l, ok := obj.(*coordinationv1.Lease); ok {
-			s.obs.observe(l, s.Clock.Now())
+			s.obs.Observe(l, s.Clock.Now())
+			s.noteHeld(l)
 		}
 		select {
 		case changed <- struct{}{}:
@@ -432,18 +455,60 @@ func (s *Slots) free(ctx context.Context, l *coordinationv1.Lease) (bool, time.T
 		return true, time.Time{}
 	}
 	now := s.Clock.Now()
-	end := s.obs.expiry(l, now, s.longest())
+	end := s.obs.Expiry(l, now, s.longest())
 	if now.Before(end) {
 		return false, end
 	}
 	// Expired: its holder stopped renewing. A node left mid-change is
 	// still disrupted and keeps the slot, up to RebootHold unchanged.
-	if seen := s.obs.observe(l, now); !now.Before(seen.Add(RebootHold)) {
+	if seen := s.obs.Observe(l, now); !now.Before(seen.Add(RebootHold)) {
 		s.Log.Warn("taking a rollout slot whose holder has not renewed it for a long time", "lease", l.Name, "holder", holder, "for", RebootHold)
 		return true, time.Time{}
 	}
-	if s.holderDisrupted(ctx, l, holder, now) {
+	if s.holderDisrupted(ctx, l, holder, now, max(s.Duration, time.Second)) {
 		return false, now.Add(max(s.Duration, time.Second))
+	}
+	return true, time.Time{}
+}
+
+// noteHeld remembers slot l's holder record while it is held (freed).
+func (s *Slots) noteHeld(l *coordinationv1.Lease) {
+	if holder(l) == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastHeld == nil {
+		s.lastHeld = map[string]*coordinationv1.Lease{}
+	}
+	s.lastHeld[l.Name] = l
+}
+
+// freedRecheck is how soon a node looks again at a slot freed while its
+// last holder's Node was mid-change.
+const freedRecheck = 2 * time.Second
+
+// freed says whether slot name, seen released or absent, may be taken: its
+// last holder as this node's watch showed it (if any) is this node or its
+// Node is whole. A holder releases its slot only once its change ended;
+// a slot released or deleted by another writer (a token clearing the
+// holder, an operator's `kubectl delete lease` to unstick a rollout) while
+// its holder is mid-change is not taken: that node is still disrupted, and
+// its agent makes the slot again for itself (slotHold.mend). When not, at
+// is when to look again. Asked only by a node about to take the slot.
+func (s *Slots) freed(ctx context.Context, name string) (bool, time.Time) {
+	s.mu.Lock()
+	last := s.lastHeld[name]
+	s.mu.Unlock()
+	if last == nil || holder(last) == s.Holder {
+		return true, time.Time{}
+	}
+	now := s.Clock.Now()
+	if seen := s.obs.Observe(last, now); !now.Before(seen.Add(RebootHold)) {
+		return true, time.Time{}
+	}
+	if s.holderDisrupted(ctx, last, holder(last), now, freedRecheck) {
+		return false, now.Add(freedRecheck)
 	}
 	return true, time.Time{}
 }
@@ -455,14 +520,13 @@ func (s *Slots) longest() time.Duration { return max(RebootHold, s.Duration) }
 // holderDisrupted says whether the Node of a slot's holder is still in the
 // middle of a change: tainted by the agent, or in state pending or
 // rebooting. A Node that is gone is not; a Node that cannot be read is
-// (the safe side). The verdict is read once per Lease record and lease
-// duration.
-func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, holder string, now time.Time) bool {
-	rec := leaseRecord(l)
+// (the safe side). The verdict is read once per Lease record and ttl.
+func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, holder string, now time.Time, ttl time.Duration) bool {
+	rec := leaseobs.Record(l)
 	s.mu.Lock()
 	v, ok := s.nodes[l.Name]
 	s.mu.Unlock()
-	if ok && v.record == rec && now.Sub(v.at) < max(s.Duration, time.Second) {
+	if ok && v.record == rec && now.Sub(v.at) < ttl {
 		return v.disrupted
 	}
 	disrupted := true
@@ -473,9 +537,7 @@ func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, ho
 	case err != nil:
 		s.Log.Warn("reading the Node of an expired rollout slot's holder failed; counting it as disrupted", "lease", l.Name, "holder", holder, "err", err)
 	default:
-		// A slot handed to a node that never wrote it: that node may not
-		// have seen it (its agent gone): only the taint says it began.
-		disrupted = nodeMidChange(node, l.Annotations[AnnotationHandedTo] == holder)
+		disrupted = nodeMidChange(node)
 	}
 	if disrupted {
 		s.Log.Info("a rollout slot's holder stopped renewing it mid-change; its node still counts", "lease", l.Name, "holder", holder)
@@ -489,17 +551,24 @@ func (s *Slots) holderDisrupted(ctx context.Context, l *coordinationv1.Lease, ho
 	return disrupted
 }
 
-// nodeMidChange: the agent's taint is on the Node, or (unless taintOnly)
-// its state label says a change is under way (pending) or waits for its
-// reboot.
-func nodeMidChange(n *corev1.Node, taintOnly bool) bool {
+// nodeMidChange: the Node shows a change under way, by any of the marks
+// its agent leaves: its taint, its state label (pending: a change going on
+// or about to; rebooting: waiting for its reboot), or a GPU Operator operand
+// it paused. Each counts alone: with --taint=false there is no taint, and
+// a slot handed to a node whose agent died before its first renewal is
+// judged by the same marks (a node queued in pending that never saw the
+// hand-off keeps it too: the safe side, until its agent is back, its Node
+// gone, or RebootHold).
+func nodeMidChange(n *corev1.Node) bool {
 	for _, t := range n.Spec.Taints {
 		if t.Key == record.TaintReconfiguring {
 			return true
 		}
 	}
-	if taintOnly {
-		return false
+	for k, v := range n.Labels {
+		if v == record.OperandPaused && strings.HasPrefix(k, record.OperandDeployPrefix) {
+			return true
+		}
 	}
 	st := n.Labels[record.LabelState]
 	return st == record.StatePending || st == record.StateRebooting
@@ -624,6 +693,7 @@ type slotHold struct {
 	renewed time.Time             // when the last successful write was sent
 	lost    error
 	keep    bool // ExtendForReboot ran: release keeps the Lease
+	shown   bool // the watch has shown this holder's last write (agrees)
 	done    chan struct{}
 	stopped chan struct{}
 }
@@ -687,8 +757,18 @@ func (h *slotHold) renew(ctx context.Context) error {
 		cur, err = leases.Get(ctx, h.name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			h.lost = fmt.Errorf("rollout slot %s was deleted", h.name)
-			return h.lost
+			// Deleted while held (an operator unsticking a rollout): this
+			// node is still disrupted, so the slot is made again for it;
+			// the waiting nodes do not take it meanwhile (Slots.freed).
+			got, err = leases.Create(ctx, h.s.claim(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: h.name, Namespace: h.s.Namespace}}), metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				h.lost = fmt.Errorf("rollout slot %s was deleted and made again by another", h.name)
+				return h.lost
+			}
+			if err == nil {
+				h.s.Log.Warn("the rollout slot was deleted while held; made it again for this node", "lease", h.name)
+				h.shown = false
+			}
 		case err == nil && ptr.Deref(cur.Spec.HolderIdentity, "") != h.s.Holder:
 			h.lost = fmt.Errorf("rollout slot %s is held by %q now", h.name, ptr.Deref(cur.Spec.HolderIdentity, ""))
 			return h.lost
@@ -714,7 +794,7 @@ func (h *slotHold) renew(ctx context.Context) error {
 // its duration does not lose it.
 func (h *slotHold) Check(ctx context.Context) error {
 	h.mu.Lock()
-	lost, fresh := h.lost, h.s.Clock.Since(h.renewed) < h.s.Duration/2
+	lost, fresh := h.lost, h.s.Clock.Since(h.renewed) < h.s.Duration/2 && h.agrees()
 	keep := h.keep
 	h.mu.Unlock()
 	if lost != nil {
@@ -733,6 +813,40 @@ func (h *slotHold) Check(ctx context.Context) error {
 		h.s.Log.Warn("renewing the rollout slot failed; it is still within its duration", "lease", h.name, "err", err)
 	}
 	return nil
+}
+
+// agrees: the watch shows the slot as this holder's, or is behind this
+// holder's last write (an older version; absent, within a second of a
+// write it has not shown yet), or there is no watch. A slot it shows
+// deleted or taken by another is confirmed with a write before the next
+// step (Check), whatever the last renewal vouches. h.mu is held.
+func (h *slotHold) agrees() bool {
+	if h.store == nil {
+		return true
+	}
+	l := h.s.cached(h.store, h.name)
+	if l == nil { // unless the watch is behind this holder's write
+		return !h.shown && h.s.Clock.Since(h.renewed) < time.Second
+	}
+	if c, err := resourceversion.CompareResourceVersion(l.ResourceVersion, h.last.ResourceVersion); err == nil && c < 0 {
+		return true // the watch is behind this holder's last write
+	}
+	h.shown = true
+	return holder(l) == h.s.Holder
+}
+
+// mend renews the slot at once when the watch shows it deleted (made again
+// for this holder) or taken by another (lost: the change stops before its
+// next step), instead of at the next renewal.
+func (h *slotHold) mend() {
+	h.mu.Lock()
+	ok := h.lost != nil || h.keep || h.agrees()
+	h.mu.Unlock()
+	if !ok {
+		if err := h.renew(h.ctx); err != nil {
+			h.s.Log.Warn("renewing the rollout slot failed", "lease", h.name, "err", err)
+		}
+	}
 }
 
 // extend stretches the Lease for the reboot (see ExtendForReboot).
@@ -763,8 +877,10 @@ func (h *slotHold) extend(ctx context.Context) error {
 }
 
 // Release stops renewing the slot and frees it, if this holder still holds
-// it; a slot kept for a reboot stays taken.
-func (h *slotHold) Release() {
+// it; a slot kept for a reboot, or kept by the caller (a change parked by a
+// shutdown), stays taken: the holder's node counts against the bound until
+// its agent, back, takes it again (a holder always may take its own).
+func (h *slotHold) Release(keepIt bool) {
 	select {
 	case <-h.done:
 		return // released already
@@ -785,6 +901,9 @@ func (h *slotHold) Release() {
 	switch {
 	case keep:
 		s.Log.Info("keeping the rollout slot through the reboot", "lease", h.name, "for", s.longest())
+		return
+	case keepIt && lost == nil:
+		s.Log.Info("keeping the rollout slot: the change is parked mid-disruption", "lease", h.name)
 		return
 	case lost != nil:
 		s.Log.Warn("the rollout slot was lost; nothing to release", "lease", h.name, "err", lost)
@@ -822,6 +941,12 @@ func (h *slotHold) strays() {
 		case <-h.changed:
 		}
 		h.s.handOnOthers(h.ctx, h.store, h.name)
+		select {
+		case <-h.done:
+			return
+		default:
+			h.mend()
+		}
 	}
 }
 
@@ -864,7 +989,7 @@ func (h *slotHold) freshestLocked() *coordinationv1.Lease {
 	if h.store == nil {
 		return last.DeepCopy()
 	}
-	if l := h.s.cached(h.store, h.name); l != nil && leaseRecord(l) == leaseRecord(last) {
+	if l := h.s.cached(h.store, h.name); l != nil && leaseobs.Record(l) == leaseobs.Record(last) {
 		return l.DeepCopy()
 	}
 	return last.DeepCopy()

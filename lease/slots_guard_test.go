@@ -44,7 +44,7 @@ func newSlots(c *fake.Clientset, clk *clocktesting.FakeClock, holder string) *Sl
 // always expired; it keeps its slot while it renews.
 func TestSlotSkewedHolderKeepsSlot(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	behind := clocktesting.NewFakeClock(clk.Now().Add(-40 * time.Second))
 	a, b := newSlots(c, behind, "a"), newSlots(c, clk, "b")
@@ -81,7 +81,7 @@ func TestSlotSkewedHolderKeepsSlot(t *testing.T) {
 // (the duration honoured is at most RebootHold).
 func TestSlotImplausibleTimes(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	far := metav1.NewMicroTime(time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC))
 	for name, spec := range map[string]coordinationv1.LeaseSpec{
@@ -124,7 +124,7 @@ func TestSlotHolderMidChangeCounts(t *testing.T) {
 		{"rebooting, then gone", &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{record.LabelState: record.StateRebooting}}}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := fake.NewClientset(tc.node)
+			c := newFake(tc.node)
 			clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 			a, b := newSlots(c, clk, "a"), newSlots(c, clk, "b")
 			if got, err := a.try(ctx, SlotLeaseName(0)); got == nil || err != nil {
@@ -184,7 +184,7 @@ func TestSlotLostIsReported(t *testing.T) {
 	if err := a.ExtendForReboot(ctx); err == nil {
 		t.Fatal("a lost slot extended for a reboot")
 	}
-	h.Release()
+	h.Release(false)
 	l, _ = c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
 	if got := ptr.Deref(l.Spec.HolderIdentity, ""); got != "b" {
 		t.Fatalf("the former holder released another's slot: holder %q", got)
@@ -195,7 +195,7 @@ func TestSlotLostIsReported(t *testing.T) {
 // within the lease duration, and loses it after: Check says so.
 func TestSlotUnrenewedIsLost(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	a := newSlots(c, clk, "a")
 	h, err := acquireStepping(t, clk, a)
@@ -214,13 +214,13 @@ func TestSlotUnrenewedIsLost(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not renewed for") || !errors.Is(err, err) {
 		t.Fatalf("past the duration: %v", err)
 	}
-	h.Release()
+	h.Release(false)
 }
 
 // versionedFake is a fake API server holding objs that keeps and checks
 // Lease resourceVersions (enforceResourceVersion), and a fake clock.
 func versionedFake(objs ...runtime.Object) (*fake.Clientset, *clocktesting.FakeClock) {
-	c := fake.NewClientset(objs...)
+	c := newFake(objs...)
 	enforceResourceVersion(c)
 	return c, clocktesting.NewFakeClock(time.Unix(100000, 0))
 }

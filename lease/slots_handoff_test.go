@@ -94,7 +94,7 @@ func TestSlotHandedOnInQueueOrder(t *testing.T) {
 	for range nodes {
 		l := slotLease()
 		want := queueOf(l)[0].node
-		cur.Release()
+		cur.Release(false)
 		var w won
 		select {
 		case w = <-got:
@@ -120,7 +120,7 @@ func TestSlotHandedOnInQueueOrder(t *testing.T) {
 		})
 		cur = w.slot
 	}
-	cur.Release()
+	cur.Release(false)
 	l := slotLease()
 	if holder(l) != "" || len(queueOf(l)) != 0 || l.Annotations[AnnotationHandedTo] != "" {
 		t.Errorf("the queue served, the slot should be free and empty: %v", l)
@@ -205,7 +205,7 @@ func TestTurnWindowCarriedByLease(t *testing.T) {
 
 	// The take of a freed slot writes it; the first take of a slot (its
 	// create: no hand-off, nobody queued for it) does not.
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(100000, 0))
 	s := newSlots(c, clk, "a")
 	s.Spread = time.Second
@@ -223,7 +223,7 @@ func TestTurnWindowCarriedByLease(t *testing.T) {
 	if w := window(); w != "" {
 		t.Errorf("the create wrote %s=%q; want none", AnnotationTurnWindow, w)
 	}
-	slot.Release()
+	slot.Release(false)
 	if _, err := acquireStepping(t, clk, newSlots(c, clk, "b")); err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -19,7 +18,7 @@ import (
 
 func TestSlotExpires(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 	if ok, err := crashed.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
@@ -40,7 +39,7 @@ func TestSlotExpires(t *testing.T) {
 func TestSlotExpiresWhileQueued(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	crashed := &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: "dead", N: 1, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard()}
 	if ok, err := crashed.try(ctx, SlotLeaseName(0)); ok == nil || err != nil {
@@ -80,7 +79,7 @@ func TestSlotExpiresWhileQueued(t *testing.T) {
 func TestSlots(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := fake.NewClientset()
+	c := newFake()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	slot := func(holder string) *Slots {
 		return &Slots{Client: clientset.Wrap(c), Namespace: "ns", Holder: holder, N: 2, Duration: 30 * time.Second, Clock: clk, Log: testsupport.Discard(), Spread: 200 * time.Millisecond}
@@ -162,7 +161,7 @@ func TestSlots(t *testing.T) {
 	if len(extra) != 0 {
 		t.Fatalf("a queued holder sent %d requests while the slots stayed held: %v", len(extra), extra)
 	}
-	relA.Release()
+	relA.Release(false)
 	for range 50 {
 		select {
 		case err := <-got:

@@ -130,7 +130,7 @@ type pluginList struct {
 
 // attempt runs (or resumes) the change to req's config; v is what the pass
 // already read and planned for it (nil: read and plan now).
-func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) outcome {
+func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) (oc outcome) {
 	j := &d.Journal.State
 	ch := j.Change
 	if ch == nil {
@@ -146,9 +146,10 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	a := &attempt{d: d, ctx: ctx, checkCtx: readonce.With(ctx), node: node, ch: ch, v: v}
 	defer func() {
 		// The slot is held until the outcome is recorded (a failure
-		// restores the node first).
+		// restores the node first). A change parked by a shutdown keeps it,
+		// as a reboot does: its node is disrupted until the agent, back, ends it.
 		if a.slot != nil {
-			a.slot.Release()
+			a.slot.Release(oc == outParked && !errors.Is(context.Cause(ctx), errSuperseded))
 		}
 	}()
 	return d.conclude(a, a.run())

@@ -198,3 +198,44 @@ func TestCoreSuccessNeedsItsRecord(t *testing.T) {
 		t.Fatalf("record %+v", rec)
 	}
 }
+
+// A change stopped by a shutdown (SIGTERM: the pass's context ends, not
+// superseded) mid-eviction keeps its rollout slot: parked, not released,
+// for the node stays disrupted until the agent, back, ends the change. A
+// superseded change releases it (its next pass takes one again if it must).
+func TestCoreShutdownKeepsSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		supersede bool
+	}{{"shutdown", false}, {"superseded", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCore(t, "h200x2", nvmlsim.Options{}, "")
+			c.applied(t, "all-balanced")
+			c.runPods(t, "1g.18gb", 1)
+			slots := &testsupport.FakeSlots{OKChecks: 1 << 20}
+			c.d.Slots = slots
+			c.cluster.SetLabel("all-1g.18gb")
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			c.disrupt.DuringEvict = func() {
+				if tc.supersede {
+					c.cluster.SetLabel("all-3g.71gb")
+					c.d.Supersede()
+					return
+				}
+				stop()
+			}
+			c.d.Pass(ctx, func() (*reconcile.Node, bool) { return c.cluster.Seen(), true }, false, false)
+			if ch := c.d.Journal.State.Change; ch == nil || ch.Phase != journal.PhaseDraining || !c.disrupt.Tainted {
+				t.Fatalf("journal change %+v, tainted %v: want the change parked mid-drain", ch, c.disrupt.Tainted)
+			}
+			wantKept, wantReleased := 1, 0
+			if tc.supersede {
+				wantKept, wantReleased = 0, 1
+			}
+			if slots.Kept != wantKept || slots.Released != wantReleased {
+				t.Fatalf("slot kept %d, released %d times; want kept %d, released %d", slots.Kept, slots.Released, wantKept, wantReleased)
+			}
+		})
+	}
+}

@@ -194,8 +194,10 @@ type Slot interface {
 	// why it is not. It sends a renewal only when the last one is too old
 	// to vouch for the slot (a paused process, a failing API server).
 	Check(ctx context.Context) error
-	// Release gives the slot back, if it is still held.
-	Release()
+	// Release gives the slot back, if it is still held; with keep, it only
+	// stops renewing it: a change parked by a shutdown, whose node stays
+	// disrupted until the agent, back, takes the slot again and ends it.
+	Release(keep bool)
 }
 
 // Owner is this agent's claim on its node (one agent per node: the node

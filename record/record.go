@@ -37,6 +37,14 @@ const (
 	ConfigMapKey = "config.yaml"
 )
 
+// A GPU Operator operand paused for a change: its deploy label
+// (OperandDeployPrefix + the operand) set to OperandPaused, as NVIDIA's MIG
+// manager sets it.
+const (
+	OperandDeployPrefix = "nvidia.com/gpu.deploy."
+	OperandPaused       = "paused-for-mig-change"
+)
+
 // States of LabelState, in the order the agent moves through them; also
 // the values of the metric migagent_state.
 const (

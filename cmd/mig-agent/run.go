@@ -27,6 +27,7 @@ import (
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/lease"
+	"github.com/migagent/mig-agent/lease/nodelease"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
@@ -327,12 +328,12 @@ func newDisruptor(client kclient.Interface, log *slog.Logger, s *settings.Settin
 // error that lost it, if any.
 func holdNodeLease(ctx context.Context, d *reconcile.Daemon, client kclient.Interface, s *settings.Settings,
 	log *slog.Logger) (_ context.Context, release func() error, err error) {
-	ident, err := lease.NodeLeaseIdentity(s.StateDir)
+	ident, err := nodelease.NodeLeaseIdentity(s.StateDir)
 	if err != nil {
 		return nil, nil, err
 	}
 	host, _ := os.Hostname()
-	nl := &lease.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
+	nl := &nodelease.NodeLease{Client: client, Namespace: s.Namespace, Node: s.NodeName, Identity: ident,
 		Holder: fmt.Sprintf("host %s, pid %d, state dir %s, mig-agent %s", host, os.Getpid(), s.StateDir, version),
 		Clock:  clock.RealClock{}, Log: log}
 	if err := nl.Take(ctx); err != nil {

@@ -362,8 +362,9 @@ type FakeSlots struct {
 	Lost       error
 	AcquireErr error
 	ExtendErr  error
-	// Acquired, Checks, Released and Extended count the calls.
-	Acquired, Checks, Released, Extended int
+	// Acquired, Checks, Released, Kept (released with keep) and Extended
+	// count the calls.
+	Acquired, Checks, Released, Kept, Extended int
 }
 
 var _ reconcile.Slots = (*FakeSlots)(nil)
@@ -402,9 +403,13 @@ func (s fakeSlot) Check(context.Context) error {
 	return nil
 }
 
-func (s fakeSlot) Release() {
+func (s fakeSlot) Release(keep bool) {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
+	if keep {
+		s.f.Kept++
+		return
+	}
 	s.f.Released++
 }
 

@@ -1,4 +1,4 @@
-package lease
+package nodelease
 
 import (
 	"context"

@@ -1,4 +1,6 @@
-package lease
+// Package leaseobs judges another holder's Lease by observation: when this
+// reader saw its record change, on its own clock.
+package leaseobs
 
 import (
 	"fmt"
@@ -19,23 +21,23 @@ import (
 // out. It is used only as part of the record: any change restarts the
 // reader's count.
 
-// leaseObservation is when a reader first saw a Lease's record as it is.
-type leaseObservation struct {
+// observation is when a reader first saw a Lease's record as it is.
+type observation struct {
 	record string
 	at     time.Time
 }
 
-// leaseObserver remembers, per Lease, when its record last changed as this
+// Observer remembers, per Lease, when its record last changed as this
 // reader saw it.
-type leaseObserver struct {
+type Observer struct {
 	mu   sync.Mutex
-	seen map[string]leaseObservation
+	seen map[string]observation
 }
 
-// leaseRecord is what identifies one write of a Lease's holder record: the
+// Record is what identifies one write of a Lease's holder record: the
 // holder, its times and its duration. Other writes (a node joining a
 // slot's queue) are not the holder's: they do not restart its count.
-func leaseRecord(l *coordinationv1.Lease) string {
+func Record(l *coordinationv1.Lease) string {
 	var renew, acquire string
 	if l.Spec.RenewTime != nil {
 		renew = l.Spec.RenewTime.UTC().Format(time.RFC3339Nano)
@@ -47,28 +49,28 @@ func leaseRecord(l *coordinationv1.Lease) string {
 		ptr.Deref(l.Spec.LeaseDurationSeconds, 0))
 }
 
-// observe notes l as seen now and returns when its record was first seen
+// Observe notes l as seen now and returns when its record was first seen
 // as it is.
-func (o *leaseObserver) observe(l *coordinationv1.Lease, now time.Time) time.Time {
+func (o *Observer) Observe(l *coordinationv1.Lease, now time.Time) time.Time {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.seen == nil {
-		o.seen = map[string]leaseObservation{}
+		o.seen = map[string]observation{}
 	}
-	key, rec := l.Namespace+"/"+l.Name, leaseRecord(l)
+	key, rec := l.Namespace+"/"+l.Name, Record(l)
 	ob, ok := o.seen[key]
 	if !ok || ob.record != rec {
-		ob = leaseObservation{record: rec, at: now}
+		ob = observation{record: rec, at: now}
 		o.seen[key] = ob
 	}
 	return ob.at
 }
 
-// expiry is when l ends unless its record changes, as this reader judges
+// Expiry is when l ends unless its record changes, as this reader judges
 // it: first seen as it is, plus its duration (at most longest: a duration
 // beyond what any holder writes is not honoured either; none or a negative
 // one counts as zero).
-func (o *leaseObserver) expiry(l *coordinationv1.Lease, now time.Time, longest time.Duration) time.Time {
+func (o *Observer) Expiry(l *coordinationv1.Lease, now time.Time, longest time.Duration) time.Time {
 	d := time.Duration(max(ptr.Deref(l.Spec.LeaseDurationSeconds, 0), 0)) * time.Second
-	return o.observe(l, now).Add(min(d, longest))
+	return o.Observe(l, now).Add(min(d, longest))
 }

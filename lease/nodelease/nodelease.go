@@ -1,4 +1,6 @@
-package lease
+// Package nodelease is the node Lease: one agent per node in Kubernetes
+// mode, across state directories.
+package nodelease
 
 import (
 	"context"
@@ -24,6 +26,7 @@ import (
 	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/journal"
+	"github.com/migagent/mig-agent/lease/leaseobs"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -51,7 +54,7 @@ type NodeLease struct {
 	Clock            clock.Clock
 	Log              *slog.Logger
 
-	obs leaseObserver
+	obs leaseobs.Observer
 	// op serialises the writes (Keep's renewals, Confirm's re-take); mu
 	// guards the fields below, read by Confirm on the core's goroutine.
 	op              sync.Mutex
@@ -82,7 +85,7 @@ const NodeLeaseDuration = 10 * time.Minute
 // nodeLeaseSkew is how far a node Lease's renewTime may lie from this
 // machine's clock and still be honoured as the other holder's word: a
 // renewTime further in the future is implausible (the Lease is judged only
-// by when this agent saw it change, leaseObserver), and a Lease whose
+// by when this agent saw it change, leaseobs.Observer), and a Lease whose
 // renewTime ended more than this long ago is stale at once (its holder
 // stopped long ago, even with that much clock skew).
 const nodeLeaseSkew = time.Minute
@@ -261,7 +264,7 @@ func (l *NodeLease) try(ctx context.Context) error {
 
 // othersLive says why cur, held by another identity, may not be taken
 // (nil: it expired). Expiry is judged by when this agent saw its record
-// change (leaseObserver), not by the holder's clock; only a renewTime
+// change (leaseobs.Observer), not by the holder's clock; only a renewTime
 // that ended well in the past (nodeLeaseSkew) ends it sooner. A renewTime
 // in the future beyond nodeLeaseSkew is not honoured: errImplausibleLease,
 // not journal.ErrAnotherAgent, so that the agent stays and takes it over
@@ -269,7 +272,7 @@ func (l *NodeLease) try(ctx context.Context) error {
 func (l *NodeLease) othersLive(cur *coordinationv1.Lease, holder string) error {
 	now := l.Clock.Now()
 	longest := max(l.duration(), NodeLeaseDuration)
-	end := l.obs.expiry(cur, now, longest)
+	end := l.obs.Expiry(cur, now, longest)
 	if !now.Before(end) {
 		return nil
 	}
@@ -359,7 +362,7 @@ func (l *NodeLease) confirmedByWatch() bool {
 		return false
 	}
 	cur, ok := obj.(*coordinationv1.Lease)
-	return ok && ptr.Deref(cur.Spec.HolderIdentity, "") == l.Identity && leaseRecord(cur) == leaseRecord(last)
+	return ok && ptr.Deref(cur.Spec.HolderIdentity, "") == l.Identity && leaseobs.Record(cur) == leaseobs.Record(last)
 }
 
 // Keep renews the Lease every quarter to third of its duration (at random)
