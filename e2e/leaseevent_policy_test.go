@@ -21,6 +21,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/lease"
+	"github.com/migagent/mig-agent/lease/nodelease"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -128,14 +129,14 @@ func TestPackagingLeaseEventPolicy(t *testing.T) {
 	}
 	steps := []step{
 		{"A makes its own node Lease", "", func() error {
-			return leases(ca)(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease.NodeLeaseName(a), Namespace: ns},
+			return leases(ca)(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: nodelease.NodeLeaseName(a), Namespace: ns},
 				Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("state-dir-1-2")}})
 		}},
 		{"A makes B's node Lease", lePolicyLeases, func() error {
-			return leases(ca)(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease.NodeLeaseName(b), Namespace: ns}})
+			return leases(ca)(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: nodelease.NodeLeaseName(b), Namespace: ns}})
 		}},
 		{"A makes a node Lease for a node that does not exist", lePolicyLeases, func() error {
-			return leases(ca)(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease.NodeLeaseName("ghost-" + a), Namespace: ns},
+			return leases(ca)(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: nodelease.NodeLeaseName("ghost-" + a), Namespace: ns},
 				Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("x"), LeaseDurationSeconds: ptr.To[int32](1 << 30)}})
 		}},
 		{"A makes another Lease", lePolicyLeases, func() error {
@@ -268,7 +269,7 @@ func TestPackagingLeaseEventPolicy(t *testing.T) {
 
 	// A token bound to no pod or node writes neither.
 	plain := pkgTokenClient(t, kubetest.ServiceAccountToken(t, in.namespace, in.sa, nil))
-	if err := leases(plain)(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lease.NodeLeaseName(a), Namespace: ns}}); !pkgDeniedByPolicy(err, lePolicyLeases) {
+	if err := leases(plain)(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: nodelease.NodeLeaseName(a), Namespace: ns}}); !pkgDeniedByPolicy(err, lePolicyLeases) {
 		t.Errorf("an unbound token made a node Lease: %v", err)
 	}
 	if _, err := plain.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, leEvent(a, "Node", a, a), metav1.CreateOptions{}); !pkgDeniedByPolicy(err, lePolicyEvents) {

@@ -241,8 +241,8 @@ func wireHost(d *reconcile.Daemon, s *settings.Settings, log *slog.Logger) (clos
 	case settings.RebootNone:
 		d.Reboot = noReboot{}
 	case settings.RebootKured:
-		r := &sentinelRebooter{path: s.RebootSentinel, bootID: func() string { return d.BootID() }, log: log}
-		r.clearStale()
+		r := &systemd.SentinelRebooter{Path: s.RebootSentinel, BootID: func() string { return d.BootID() }, Log: log}
+		r.ClearStale()
 		d.Reboot = r
 	}
 	var cdiUnits cdi.UnitStarter // standalone: the host's nvidia-cdi-refresh.service

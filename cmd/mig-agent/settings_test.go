@@ -192,3 +192,15 @@ func TestSettingsPluginSelector(t *testing.T) {
 		t.Fatalf("bad selector: %v", err)
 	}
 }
+
+func TestSettingsRebootKured(t *testing.T) {
+	t.Setenv("NODE_NAME", "n1")
+	s, err := settingsFor(t, "--reboot-method", "kured")
+	if err != nil || s.RebootSentinel != "/var/run/reboot-required" || s.Validate() != nil {
+		t.Fatalf("%+v %v", s, err)
+	}
+	s, _ = settingsFor(t, "--reboot-method", "kured", "--reboot-sentinel", "relative/file")
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "--reboot-sentinel") {
+		t.Fatalf("relative sentinel: %v", err)
+	}
+}

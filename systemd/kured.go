@@ -1,4 +1,4 @@
-package main
+package systemd
 
 import (
 	"context"
@@ -30,52 +30,54 @@ const sentinelFirstLine = "*** System restart required ***"
 // which change, on which boot.
 const sentinelTag = "mig-agent:"
 
-// sentinelRebooter writes kured's reboot sentinel.
-type sentinelRebooter struct {
-	path   string
-	bootID func() string
-	log    *slog.Logger
+// SentinelRebooter writes kured's reboot sentinel (--reboot-method kured).
+type SentinelRebooter struct {
+	// Path is kured's --reboot-sentinel on the host.
+	Path string
+	// BootID names the current boot.
+	BootID func() string
+	Log    *slog.Logger
 }
 
 // Reboot creates the sentinel (atomically: kured never sees half a file),
 // naming the change and this boot. It returns once the file is there;
 // kured reboots when its lock and its window allow.
-func (r *sentinelRebooter) Reboot(_ context.Context, reason string) error {
-	body := fmt.Sprintf("%s\n%s %s; boot %s\n", sentinelFirstLine, sentinelTag, strings.ReplaceAll(reason, "\n", " "), r.bootID())
-	tmp, err := os.CreateTemp(filepath.Dir(r.path), ".mig-agent-reboot-*")
+func (r *SentinelRebooter) Reboot(_ context.Context, reason string) error {
+	body := fmt.Sprintf("%s\n%s %s; boot %s\n", sentinelFirstLine, sentinelTag, strings.ReplaceAll(reason, "\n", " "), r.BootID())
+	tmp, err := os.CreateTemp(filepath.Dir(r.Path), ".mig-agent-reboot-*")
 	if err != nil {
-		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.path, err)
+		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.Path, err)
 	}
 	defer os.Remove(tmp.Name()) // gone after the rename
 	if _, err := tmp.WriteString(body); err != nil {
 		tmp.Close()
-		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.path, err)
+		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.Path, err)
 	}
 	if err := tmp.Chmod(0o644); err != nil {
 		tmp.Close()
-		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.path, err)
+		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.Path, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.path, err)
+		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.Path, err)
 	}
-	if err := os.Rename(tmp.Name(), r.path); err != nil {
-		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.path, err)
+	if err := os.Rename(tmp.Name(), r.Path); err != nil {
+		return fmt.Errorf("writing kured's reboot sentinel %s: %w", r.Path, err)
 	}
-	r.log.Info("reboot asked of kured: sentinel written", "sentinel", r.path, "reason", reason)
+	r.Log.Info("reboot asked of kured: sentinel written", "sentinel", r.Path, "reason", reason)
 	return nil
 }
 
-// clearStale removes a sentinel the agent wrote on an earlier boot: the
+// ClearStale removes a sentinel the agent wrote on an earlier boot: the
 // reboot it asked for happened. (On a host whose /var/run survives a
 // reboot, kured would otherwise reboot the node again at its next check.)
 // A sentinel someone else wrote, or one of this boot, stays.
-func (r *sentinelRebooter) clearStale() {
-	data, err := os.ReadFile(r.path)
+func (r *SentinelRebooter) ClearStale() {
+	data, err := os.ReadFile(r.Path)
 	if errors.Is(err, os.ErrNotExist) {
 		return
 	}
 	if err != nil {
-		r.log.Warn("kured's reboot sentinel cannot be read", "sentinel", r.path, "err", err)
+		r.Log.Warn("kured's reboot sentinel cannot be read", "sentinel", r.Path, "err", err)
 		return
 	}
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
@@ -83,12 +85,12 @@ func (r *sentinelRebooter) clearStale() {
 	if len(lines) != 2 || lines[0] != sentinelFirstLine || !strings.HasPrefix(last, sentinelTag) {
 		return // someone else's
 	}
-	if boot := last[strings.LastIndex(last, "; boot ")+len("; boot "):]; strings.Contains(last, "; boot ") && boot == r.bootID() {
+	if boot := last[strings.LastIndex(last, "; boot ")+len("; boot "):]; strings.Contains(last, "; boot ") && boot == r.BootID() {
 		return // this boot's: kured has not rebooted yet
 	}
-	if err := os.Remove(r.path); err != nil {
-		r.log.Warn("removing the reboot sentinel of an earlier boot failed", "sentinel", r.path, "err", err)
+	if err := os.Remove(r.Path); err != nil {
+		r.Log.Warn("removing the reboot sentinel of an earlier boot failed", "sentinel", r.Path, "err", err)
 		return
 	}
-	r.log.Info("removed the reboot sentinel written on an earlier boot: the reboot happened", "sentinel", r.path)
+	r.Log.Info("removed the reboot sentinel written on an earlier boot: the reboot happened", "sentinel", r.Path)
 }

@@ -1,4 +1,4 @@
-package main
+package systemd
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 func TestSentinelRebooter(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "reboot-required")
 	boot := "boot-1"
-	r := &sentinelRebooter{path: path, bootID: func() string { return boot }, log: testsupport.Discard()}
+	r := &SentinelRebooter{Path: path, BootID: func() string { return boot }, Log: testsupport.Discard()}
 	if err := r.Reboot(context.Background(), "mig-agent: MIG mode change of config all-1g.5gb"); err != nil {
 		t.Fatal(err)
 	}
@@ -26,12 +26,12 @@ func TestSentinelRebooter(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
 		t.Fatalf("left behind: %v", entries)
 	}
-	r.clearStale() // same boot: kured has not rebooted yet
+	r.ClearStale() // same boot: kured has not rebooted yet
 	if _, err := os.Stat(path); err != nil {
 		t.Fatal("this boot's sentinel removed")
 	}
 	boot = "boot-2"
-	r.clearStale()
+	r.ClearStale()
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatal("an earlier boot's sentinel kept")
 	}
@@ -39,25 +39,13 @@ func TestSentinelRebooter(t *testing.T) {
 	if err := os.WriteFile(path, []byte("*** System restart required ***\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r.clearStale()
+	r.ClearStale()
 	if _, err := os.Stat(path); err != nil {
 		t.Fatal("someone else's sentinel removed")
 	}
 	// A directory that cannot be written: an error naming the sentinel.
-	r.path = filepath.Join(t.TempDir(), "missing", "reboot-required")
+	r.Path = filepath.Join(t.TempDir(), "missing", "reboot-required")
 	if err := r.Reboot(context.Background(), "x"); err == nil || !strings.Contains(err.Error(), "kured's reboot sentinel") {
 		t.Fatalf("err %v", err)
-	}
-}
-
-func TestSettingsRebootKured(t *testing.T) {
-	t.Setenv("NODE_NAME", "n1")
-	s, err := settingsFor(t, "--reboot-method", "kured")
-	if err != nil || s.RebootSentinel != "/var/run/reboot-required" || s.Validate() != nil {
-		t.Fatalf("%+v %v", s, err)
-	}
-	s, _ = settingsFor(t, "--reboot-method", "kured", "--reboot-sentinel", "relative/file")
-	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "--reboot-sentinel") {
-		t.Fatalf("relative sentinel: %v", err)
 	}
 }
