@@ -1,0 +1,175 @@
+package drain
+
+import (
+	"context"
+	"maps"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// After a change the node's figures count only when a plugin that started
+// after the change wrote them: the figures of the plugin that read the old
+// geometry may already match the new one (two GPUs swapping roles, MIG off
+// and 7 MIG devices; or, with the sharing config unknown, 4 old devices read
+// as 2 new ones × 2 replicas).
+//
+// NVIDIA's device plugin registers with the kubelet once it has enumerated
+// the devices (k8s-device-plugin cmd/nvidia-device-plugin/main.go
+// startPlugins, internal/plugin/server.go Start → Register); the kubelet's
+// device manager then holds its devices (ListAndWatch), and the kubelet
+// writes them into the Node's status on its next status sync
+// (nodeStatusUpdateFrequency, 10 s: kubelet_node_status.go syncNodeStatus),
+// and only when the status changed (tryUpdateNodeStatus,
+// nodeStatusHasChanged). When the old plugin's pod ends, the device manager
+// marks its devices unhealthy at once (PluginDisconnected →
+// markResourceUnhealthy): allocatable 0 from the next status write on.
+//
+// So the Node's allocatable is taken as the new plugin's when a plugin pod
+// the change did not see before the GPUs changed (its UID) runs and is
+// Ready, no plugin pod of before is left on the node, the allocatable shows
+// the new geometry, and it was written after the old plugin left:
+//   - its figures differ from those at the start of the wait (which the
+//     old plugin's restart began), or
+//   - a read during the wait did not show the new geometry, and a later one
+//     does (the figures moved: the old plugin's devices went, new ones
+//     came), or
+//   - it has shown the new geometry, unchanged, for settle after the new
+//     pod was seen Ready with the old ones gone: longer than the kubelet's
+//     status sync, after which figures the new plugin did not advertise
+//     would have been replaced (a restart faster than one sync, with the
+//     same figures, leaves the kubelet nothing to write).
+
+// freshness is the state of that proof during one wait.
+type freshness struct {
+	// pods reads the node's pods.
+	pods func(ctx context.Context) ([]corev1.Pod, error)
+	// isPlugin picks the plugin's own pods (not GFD's or the validator's).
+	isPlugin func(*corev1.Pod) bool
+	// old: the UIDs of the pods that ran before the GPUs changed.
+	old    map[types.UID]bool
+	settle time.Duration
+	now    func() time.Time
+
+	// readyAt: when a new plugin pod was first seen Ready with the old
+	// ones gone (zero: not yet); newPod names it.
+	readyAt time.Time
+	newPod  string
+	// waiting says what the pods lack, for the timeout's reason.
+	waiting string
+
+	// The Node's figures as the wait saw them.
+	started     bool
+	start       map[corev1.ResourceName]int64 // at the first read
+	sawMismatch bool                          // a read did not show the geometry
+	moved       bool                          // the current figures came after such a read
+	matchSince  time.Time                     // the current figures match since
+}
+
+// checkPods reads the node's pods and notes a new plugin pod Ready.
+func (f *freshness) checkPods(ctx context.Context) error {
+	if !f.readyAt.IsZero() {
+		return nil
+	}
+	pods, err := f.pods(ctx)
+	if err != nil {
+		return err
+	}
+	var oldLeft, notReady []string
+	var ready string
+	for i := range pods {
+		p := &pods[i]
+		if !f.isPlugin(p) {
+			continue
+		}
+		name := p.Namespace + "/" + p.Name
+		switch {
+		case f.old[p.UID]:
+			oldLeft = append(oldLeft, name)
+		case p.DeletionTimestamp != nil:
+			oldLeft = append(oldLeft, name+" (terminating)")
+		case !podReady(p):
+			notReady = append(notReady, name)
+		case ready == "":
+			ready = name
+		}
+	}
+	switch {
+	case ready != "" && len(oldLeft) == 0:
+		f.readyAt, f.newPod, f.waiting = f.now(), ready, ""
+	case len(oldLeft) > 0:
+		sort.Strings(oldLeft)
+		f.waiting = "a device plugin pod that read the GPUs before the change still runs: " + strings.Join(oldLeft, ", ")
+	case len(notReady) > 0:
+		sort.Strings(notReady)
+		f.waiting = "no device plugin pod started after the change is Running and Ready (" + strings.Join(notReady, ", ") + " not yet)"
+	default:
+		f.waiting = "no device plugin pod started after the change is Running and Ready (none on the node)"
+	}
+	return nil
+}
+
+// podReady: Running and Ready.
+func podReady(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// observe notes one read of the Node's GPU figures, matching the new
+// geometry or not.
+func (f *freshness) observe(n *corev1.Node, match bool) {
+	figures := gpuFigures(n.Status.Allocatable)
+	if !f.started {
+		f.started, f.start = true, figures
+	}
+	switch {
+	case !match:
+		f.sawMismatch, f.moved, f.matchSince = true, false, time.Time{}
+	case f.matchSince.IsZero():
+		f.moved, f.matchSince = f.sawMismatch, f.now()
+	}
+	if match && !maps.Equal(figures, f.start) {
+		f.moved = true
+	}
+}
+
+// proven says whether the figures last observed (matching) are the new
+// plugin's, and else what is missing.
+func (f *freshness) proven() (bool, string) {
+	if f.readyAt.IsZero() {
+		return false, f.waiting
+	}
+	if f.moved {
+		return true, ""
+	}
+	since := f.matchSince
+	if f.readyAt.After(since) {
+		since = f.readyAt
+	}
+	if f.now().Sub(since) >= f.settle {
+		return true, ""
+	}
+	return false, "the Node's allocatable shows the figures it showed before the device plugin's restart; waiting " + f.settle.String() +
+		" after " + f.newPod + " became Ready for the kubelet to write what the new plugin advertises"
+}
+
+// gpuFigures is the GPU part of a resource list (isGPUResource), zeros left out.
+func gpuFigures(l corev1.ResourceList) map[corev1.ResourceName]int64 {
+	out := map[corev1.ResourceName]int64{}
+	for r, q := range l {
+		if isGPUResource(r) && q.Value() != 0 {
+			out[r] = q.Value()
+		}
+	}
+	return out
+}
