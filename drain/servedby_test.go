@@ -120,7 +120,7 @@ var draPluginLabels = map[string]string{"app.kubernetes.io/name": "dra-driver-nv
 // readyPod is a plugin pod on n1, Running and Ready.
 func readyPod(name, uid string, labels map[string]string) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "nvidia-dra-driver-gpu", Name: name, UID: types.UID(uid), Labels: labels},
-		Spec: corev1.PodSpec{NodeName: "n1"},
+		Spec:   corev1.PodSpec{NodeName: "n1"},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 }
 
