@@ -488,11 +488,13 @@ func (a *attempt) noteDevicePlugins() error {
 	return nil
 }
 
-// wantsPluginList: the device plugins are restarted after the change and
-// the list of those that read the old geometry is not taken yet.
+// wantsPluginList: the list of the device plugins that read the old
+// geometry is not taken yet. It is taken also where they are not restarted
+// (--restart-device-plugin=false): their figures never count as the new
+// geometry's.
 func (a *attempt) wantsPluginList() bool {
 	d, ch := a.d, a.ch
-	return d.Disrupt != nil && a.node != nil && d.S.RestartDevicePlugin && ch.Phase != journal.PhaseApplying && !ch.PluginsNoted
+	return d.Disrupt != nil && a.node != nil && ch.Phase != journal.PhaseApplying && !ch.PluginsNoted
 }
 
 // listPluginsAhead starts noteDevicePlugins' list once the change is going
