@@ -553,7 +553,7 @@ func (a *attempt) apply() error {
 		// Standalone (only there are hooks set): the hooks file runs around
 		// the change as nvidia-mig-parted apply runs it; a failing hook
 		// fails the change.
-		env := gpus.HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: ch.Config, HooksFile: d.S.HooksFile}
+		env := gpus.HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: ch.Config, HooksFile: d.S.HooksFile, Timeout: d.S.CommandTimeout}
 		pa := gpus.NewPlanApplier(d.GPU, d.File, ch.Config, opts, a.v.n, a.v.plan)
 		err = gpus.ApplyWithHooks(a.ctx, d.Log, d.Hooks, env, false, pa)
 		applied = &pa.Result
