@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/migagent/mig-agent/drain/fresh"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
@@ -35,14 +36,14 @@ type Disruptor struct {
 	// cache (Cluster.CachedNode), which already holds its allocatable.
 	ReadNode func(ctx context.Context) (*corev1.Node, error)
 
-	// PluginSettle is freshness.settle (0: DefaultPluginSettle).
+	// PluginSettle is fresh.Proof's Settle (0: DefaultPluginSettle).
 	PluginSettle time.Duration
 
 	// path is what ServedBy found last (record.ServedBy*).
 	path string
 	// old are the plugin pods (by UID) that ran before the GPUs changed:
 	// what DevicePlugins listed and RestartDevicePlugins was given. Their
-	// figures never count as the new geometry's (fresh.go).
+	// figures never count as the new geometry's (fresh.Proof).
 	old map[types.UID]bool
 	// restarted: restartDevicePlugins restarted a pod since the last
 	// WaitResources, so a new plugin pod is on its way (readSharing waits
@@ -140,22 +141,20 @@ func (d *Disruptor) noteOld(pods []string) {
 
 // DefaultPluginSettle: how long the Node's allocatable must show the new
 // geometry, unchanged, after a new device plugin pod is Ready, when nothing
-// else proves the new plugin wrote it (fresh.go): longer than the kubelet's
-// status sync (nodeStatusUpdateFrequency, 10 s, jittered by 4 %).
+// else proves the new plugin wrote it (fresh.Proof): longer than the
+// kubelet's status sync (nodeStatusUpdateFrequency, 10 s, jittered by 4 %).
 const DefaultPluginSettle = 12 * time.Second
 
-// freshness is the proof the wait asks of a plugin's figures, isPlugin
-// picking the plugin's own pods.
-func (d *Disruptor) freshness(isPlugin func(*corev1.Pod) bool) *freshness {
+// proof is what the wait asks of a plugin's figures, isPlugin picking the
+// plugin's own pods.
+func (d *Disruptor) proof(isPlugin func(*corev1.Pod) bool) *fresh.Proof {
 	settle := d.PluginSettle
 	if settle <= 0 {
 		settle = DefaultPluginSettle
 	}
-	return &freshness{
-		pods: func(ctx context.Context) ([]corev1.Pod, error) {
-			return NodePods(ctx, d.Client, d.Node)
-		},
-		isPlugin: isPlugin, old: d.old, settle: settle, now: time.Now,
+	return &fresh.Proof{
+		Pods:     func(ctx context.Context) ([]corev1.Pod, error) { return NodePods(ctx, d.Client, d.Node) },
+		IsPlugin: isPlugin, IsFigure: isGPUResource, Old: d.old, Settle: settle, Now: time.Now,
 	}
 }
 
@@ -176,7 +175,7 @@ func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]
 // advertises for them under strategy (expectedResources).
 func (d *Disruptor) WaitResources(ctx context.Context, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
 	if d.path == record.ServedByDRA {
-		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.freshness(isDRAPluginPod), timeout)
+		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.proof(isDRAPluginPod), timeout)
 		return true, ok, err
 	}
 	want, err := expectedResources(strategy, migMode, migDevices)
@@ -188,7 +187,7 @@ func (d *Disruptor) WaitResources(ctx context.Context, strategy string, migMode 
 	if err != nil {
 		return true, false, err
 	}
-	ok, err = waitFresh(ctx, d.Client, d.Node, want, sharing, d.freshness(isPluginItself), timeout)
+	ok, err = waitFresh(ctx, d.Client, d.Node, want, sharing, d.proof(isPluginItself), timeout)
 	return true, ok, err
 }
 

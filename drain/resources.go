@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/migagent/mig-agent/drain/fresh"
 	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
@@ -140,10 +141,10 @@ func waitAdvertised(ctx context.Context, client kclient.Interface, node string,
 }
 
 // waitFresh is waitAdvertised that, with fresh, takes the allocatable only
-// once a plugin started after the change wrote it (freshness); the pods are
+// once a plugin started after the change wrote it (fresh.Proof); the pods are
 // read every freshPodPoll until a new plugin pod is Ready.
 func waitFresh(ctx context.Context, client kclient.Interface, node string,
-	want map[corev1.ResourceName]int64, sharing *sharingConfig, fresh *freshness, timeout time.Duration) (bool, error) {
+	want map[corev1.ResourceName]int64, sharing *sharingConfig, fresh *fresh.Proof, timeout time.Duration) (bool, error) {
 	if node == "" {
 		return false, fmt.Errorf("wait for allocatable: %w", errNoNode)
 	}
@@ -163,7 +164,7 @@ func waitFresh(ctx context.Context, client kclient.Interface, node string,
 			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
 		}
 		if fresh != nil {
-			if err := fresh.checkPods(ctx); err != nil {
+			if err := fresh.CheckPods(ctx); err != nil {
 				return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
 			}
 		}
@@ -211,7 +212,7 @@ func waitFresh(ctx context.Context, client kclient.Interface, node string,
 type allocatableWait struct {
 	want    map[corev1.ResourceName]int64
 	sharing *sharingConfig // nil: not known
-	fresh   *freshness     // nil: figures of any age count
+	fresh   *fresh.Proof   // nil: figures of any age count
 	first   bool           // no read of the Node yet
 	ok      bool
 	missing []string
@@ -221,7 +222,7 @@ type allocatableWait struct {
 
 // freshPodPoll: how often the node's pods are read while no plugin pod
 // started after the change is Ready, and the last read of the Node is
-// judged again (freshness.proven counts time).
+// judged again (fresh.Proof counts time).
 const freshPodPoll = time.Second
 
 // done checks one read of the Node.
@@ -234,7 +235,7 @@ func (w *allocatableWait) done(n *corev1.Node) bool {
 	w.missing = matchShared(n.Status.Allocatable, w.want, w.sharing)
 	w.ok = len(w.missing) == 0
 	if w.fresh != nil {
-		w.fresh.observe(n, w.ok)
+		w.fresh.Observe(n, w.ok)
 		w.judgeFresh()
 	}
 	return w.ok
@@ -244,13 +245,13 @@ func (w *allocatableWait) done(n *corev1.Node) bool {
 // figures that do not say also what the pods lack.
 func (w *allocatableWait) judgeFresh() {
 	if w.ok {
-		if proven, why := w.fresh.proven(); !proven {
+		if proven, why := w.fresh.Proven(); !proven {
 			w.ok, w.missing = false, []string{why}
 		}
 		return
 	}
-	if w.fresh.readyAt.IsZero() && w.fresh.waiting != "" {
-		w.missing = append(w.missing, w.fresh.waiting)
+	if !w.fresh.Ready() && w.fresh.Waiting() != "" {
+		w.missing = append(w.missing, w.fresh.Waiting())
 	}
 }
 
@@ -260,7 +261,7 @@ func (w *allocatableWait) recheck(ctx context.Context) (bool, error) {
 	if w.fresh == nil || w.last == nil {
 		return false, nil
 	}
-	if err := w.fresh.checkPods(ctx); err != nil {
+	if err := w.fresh.CheckPods(ctx); err != nil {
 		return false, err
 	}
 	w.missing = matchShared(w.last.Status.Allocatable, w.want, w.sharing)
@@ -278,7 +279,7 @@ func (w *allocatableWait) listAndWatch(ctx context.Context, list func(context.Co
 		return err
 	}
 	if w.fresh != nil {
-		if err := w.fresh.checkPods(ctx); err != nil {
+		if err := w.fresh.CheckPods(ctx); err != nil {
 			return err
 		}
 	}

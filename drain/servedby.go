@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/drain/fresh"
 	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/record"
 )
@@ -110,23 +111,23 @@ func announced(migMode map[string]bool, migDevices map[string]string) []string {
 // slices were written after the change: every change destroys or creates a
 // MIG device (a new UUID) or turns a GPU's MIG mode (its UUID announced or
 // not), so the slices of before never match.
-func (d *Disruptor) waitSlices(ctx context.Context, want []string, fresh *freshness, timeout time.Duration) (ok bool, err error) {
+func (d *Disruptor) waitSlices(ctx context.Context, want []string, fresh *fresh.Proof, timeout time.Duration) (ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last string
 	for {
 		sl, err := dra.NodeSlices(ctx, d.Client, d.Node)
 		if err == nil && fresh != nil {
-			err = fresh.checkPods(ctx)
+			err = fresh.CheckPods(ctx)
 		}
 		if err == nil {
 			got := dra.AnnouncedUUIDs(sl)
 			match := slices.Equal(got, want)
 			switch {
-			case match && (fresh == nil || !fresh.readyAt.IsZero()):
+			case match && (fresh == nil || fresh.Ready()):
 				return true, nil
 			case match:
-				last = strings.ReplaceAll(fresh.waiting, "device plugin", "DRA kubelet plugin")
+				last = strings.ReplaceAll(fresh.Waiting(), "device plugin", "DRA kubelet plugin")
 			default:
 				last = describeMismatch(got, want)
 			}

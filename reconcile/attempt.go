@@ -489,9 +489,7 @@ func (a *attempt) noteDevicePlugins() error {
 }
 
 // wantsPluginList: the list of the device plugins that read the old
-// geometry is not taken yet. It is taken also where they are not restarted
-// (--restart-device-plugin=false): their figures never count as the new
-// geometry's.
+// geometry (restarted or not: their figures never count) is not taken yet.
 func (a *attempt) wantsPluginList() bool {
 	d, ch := a.d, a.ch
 	return d.Disrupt != nil && a.node != nil && ch.Phase != journal.PhaseApplying && !ch.PluginsNoted

@@ -1,4 +1,6 @@
-package drain
+// Package fresh tells whether the figures a node advertises after a MIG
+// change come from a plugin that started after it.
+package fresh
 
 import (
 	"context"
@@ -43,16 +45,18 @@ import (
 //     would have been replaced (a restart faster than one sync, with the
 //     same figures, leaves the kubelet nothing to write).
 
-// freshness is the state of that proof during one wait.
-type freshness struct {
-	// pods reads the node's pods.
-	pods func(ctx context.Context) ([]corev1.Pod, error)
-	// isPlugin picks the plugin's own pods (not GFD's or the validator's).
-	isPlugin func(*corev1.Pod) bool
-	// old: the UIDs of the pods that ran before the GPUs changed.
-	old    map[types.UID]bool
-	settle time.Duration
-	now    func() time.Time
+// Proof is the state of that proof during one wait.
+type Proof struct {
+	// Pods reads the node's pods.
+	Pods func(ctx context.Context) ([]corev1.Pod, error)
+	// IsPlugin picks the plugin's own pods (not GFD's or the validator's).
+	IsPlugin func(*corev1.Pod) bool
+	// IsFigure picks the resources the plugin advertises.
+	IsFigure func(corev1.ResourceName) bool
+	// Old: the UIDs of the pods that ran before the GPUs changed.
+	Old    map[types.UID]bool
+	Settle time.Duration
+	Now    func() time.Time
 
 	// readyAt: when a new plugin pod was first seen Ready with the old
 	// ones gone (zero: not yet); newPod names it.
@@ -69,12 +73,12 @@ type freshness struct {
 	matchSince  time.Time                     // the current figures match since
 }
 
-// checkPods reads the node's pods and notes a new plugin pod Ready.
-func (f *freshness) checkPods(ctx context.Context) error {
+// CheckPods reads the node's pods and notes a new plugin pod Ready.
+func (f *Proof) CheckPods(ctx context.Context) error {
 	if !f.readyAt.IsZero() {
 		return nil
 	}
-	pods, err := f.pods(ctx)
+	pods, err := f.Pods(ctx)
 	if err != nil {
 		return err
 	}
@@ -82,12 +86,12 @@ func (f *freshness) checkPods(ctx context.Context) error {
 	var ready string
 	for i := range pods {
 		p := &pods[i]
-		if !f.isPlugin(p) {
+		if !f.IsPlugin(p) {
 			continue
 		}
 		name := p.Namespace + "/" + p.Name
 		switch {
-		case f.old[p.UID]:
+		case f.Old[p.UID]:
 			oldLeft = append(oldLeft, name)
 		case p.DeletionTimestamp != nil:
 			oldLeft = append(oldLeft, name+" (terminating)")
@@ -99,7 +103,7 @@ func (f *freshness) checkPods(ctx context.Context) error {
 	}
 	switch {
 	case ready != "" && len(oldLeft) == 0:
-		f.readyAt, f.newPod, f.waiting = f.now(), ready, ""
+		f.readyAt, f.newPod, f.waiting = f.Now(), ready, ""
 	case len(oldLeft) > 0:
 		sort.Strings(oldLeft)
 		f.waiting = "a device plugin pod that read the GPUs before the change still runs: " + strings.Join(oldLeft, ", ")
@@ -125,10 +129,10 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// observe notes one read of the Node's GPU figures, matching the new
-// geometry or not.
-func (f *freshness) observe(n *corev1.Node, match bool) {
-	figures := gpuFigures(n.Status.Allocatable)
+// Observe notes one read of the Node's figures, matching the new geometry
+// or not.
+func (f *Proof) Observe(n *corev1.Node, match bool) {
+	figures := f.figures(n.Status.Allocatable)
 	if !f.started {
 		f.started, f.start = true, figures
 	}
@@ -136,16 +140,16 @@ func (f *freshness) observe(n *corev1.Node, match bool) {
 	case !match:
 		f.sawMismatch, f.moved, f.matchSince = true, false, time.Time{}
 	case f.matchSince.IsZero():
-		f.moved, f.matchSince = f.sawMismatch, f.now()
+		f.moved, f.matchSince = f.sawMismatch, f.Now()
 	}
 	if match && !maps.Equal(figures, f.start) {
 		f.moved = true
 	}
 }
 
-// proven says whether the figures last observed (matching) are the new
+// Proven says whether the figures last observed (matching) are the new
 // plugin's, and else what is missing.
-func (f *freshness) proven() (bool, string) {
+func (f *Proof) Proven() (bool, string) {
 	if f.readyAt.IsZero() {
 		return false, f.waiting
 	}
@@ -156,18 +160,24 @@ func (f *freshness) proven() (bool, string) {
 	if f.readyAt.After(since) {
 		since = f.readyAt
 	}
-	if f.now().Sub(since) >= f.settle {
+	if f.Now().Sub(since) >= f.Settle {
 		return true, ""
 	}
-	return false, "the Node's allocatable shows the figures it showed before the device plugin's restart; waiting " + f.settle.String() +
+	return false, "the Node's allocatable shows the figures it showed before the device plugin's restart; waiting " + f.Settle.String() +
 		" after " + f.newPod + " became Ready for the kubelet to write what the new plugin advertises"
 }
 
-// gpuFigures is the GPU part of a resource list (isGPUResource), zeros left out.
-func gpuFigures(l corev1.ResourceList) map[corev1.ResourceName]int64 {
+// Ready says whether a new plugin pod was seen Ready with the old ones gone.
+func (f *Proof) Ready() bool { return !f.readyAt.IsZero() }
+
+// Waiting says what the pods lack ("" when nothing).
+func (f *Proof) Waiting() string { return f.waiting }
+
+// figures is the plugin's part of a resource list (IsFigure), zeros left out.
+func (f *Proof) figures(l corev1.ResourceList) map[corev1.ResourceName]int64 {
 	out := map[corev1.ResourceName]int64{}
 	for r, q := range l {
-		if isGPUResource(r) && q.Value() != 0 {
+		if f.IsFigure(r) && q.Value() != 0 {
 			out[r] = q.Value()
 		}
 	}
