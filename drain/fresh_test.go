@@ -167,3 +167,26 @@ func TestSharingReplicasBounded(t *testing.T) {
 		t.Fatalf("WaitResources = %v, %v, %v after %s", waited, ok, err, time.Since(start))
 	}
 }
+
+// A retry's wait that finds the new plugin Ready for longer than the
+// settle time (its Ready condition's transition) takes the figures at once.
+func TestWaitResourcesPluginReadyBefore(t *testing.T) {
+	ctx := context.Background()
+	newPod := readyPod("plugin-new", "u-new", pluginLabels)
+	newPod.Status.Conditions[0].LastTransitionTime = metav1.NewTime(time.Now().Add(-time.Minute))
+	c := fake.NewClientset(swapNode(), newPod)
+	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}, PluginSettle: 30 * time.Second}
+	k.noteOld([]string{"nvidia-dra-driver-gpu/plugin-old/u-old"})
+	migMode, migDevices := swapExposed()
+	if waited, ok, err := k.WaitResources(ctx, "mixed", migMode, migDevices, 3*time.Second); !waited || !ok || err != nil {
+		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
+	}
+	// Ready 5 s ago: 25 s to go.
+	newPod.Status.Conditions[0].LastTransitionTime = metav1.NewTime(time.Now().Add(-5 * time.Second))
+	if _, err := c.CoreV1().Pods(newPod.Namespace).UpdateStatus(ctx, newPod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := k.WaitResources(ctx, "mixed", migMode, migDevices, 1500*time.Millisecond); ok || err == nil || !strings.Contains(err.Error(), "waiting 30s after") {
+		t.Fatalf("Ready 5 s ago: ok %v, err %v", ok, err)
+	}
+}

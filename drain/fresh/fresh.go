@@ -39,11 +39,13 @@ import (
 //   - a read during the wait did not show the new geometry, and a later one
 //     does (the figures moved: the old plugin's devices went, new ones
 //     came), or
-//   - it has shown the new geometry, unchanged, for settle after the new
-//     pod was seen Ready with the old ones gone: longer than the kubelet's
-//     status sync, after which figures the new plugin did not advertise
-//     would have been replaced (a restart faster than one sync, with the
-//     same figures, leaves the kubelet nothing to write).
+//   - settle has passed since the new pod became Ready with the old ones
+//     gone: longer than the kubelet's status sync, after which figures the
+//     new plugin did not advertise would have been replaced (a restart
+//     faster than one sync, with the same figures, leaves the kubelet
+//     nothing to write). Ready is when the agent saw it, or the pod's Ready
+//     condition's transition where that is earlier (a retry's wait that
+//     finds the plugin up already).
 
 // Proof is the state of that proof during one wait.
 type Proof struct {
@@ -70,7 +72,7 @@ type Proof struct {
 	start       map[corev1.ResourceName]int64 // at the first read
 	sawMismatch bool                          // a read did not show the geometry
 	moved       bool                          // the current figures came after such a read
-	matchSince  time.Time                     // the current figures match since
+	matching    bool                          // the last read showed the geometry
 }
 
 // CheckPods reads the node's pods and notes a new plugin pod Ready.
@@ -84,6 +86,7 @@ func (f *Proof) CheckPods(ctx context.Context) error {
 	}
 	var oldLeft, notReady []string
 	var ready string
+	var readySince time.Time
 	for i := range pods {
 		p := &pods[i]
 		if !f.IsPlugin(p) {
@@ -98,12 +101,17 @@ func (f *Proof) CheckPods(ctx context.Context) error {
 		case !podReady(p):
 			notReady = append(notReady, name)
 		case ready == "":
-			ready = name
+			ready, readySince = name, readyTransition(p)
 		}
 	}
 	switch {
 	case ready != "" && len(oldLeft) == 0:
 		f.readyAt, f.newPod, f.waiting = f.Now(), ready, ""
+		// Ready before this wait saw it (a retry's wait; the kubelet's
+		// clock is the agent's own on its node): counted from then.
+		if !readySince.IsZero() && readySince.Before(f.readyAt) {
+			f.readyAt = readySince
+		}
 	case len(oldLeft) > 0:
 		sort.Strings(oldLeft)
 		f.waiting = "a device plugin pod that read the GPUs before the change still runs: " + strings.Join(oldLeft, ", ")
@@ -114,6 +122,17 @@ func (f *Proof) CheckPods(ctx context.Context) error {
 		f.waiting = "no device plugin pod started after the change is Running and Ready (none on the node)"
 	}
 	return nil
+}
+
+// readyTransition is when p's Ready condition turned true, rounded up to
+// the next second (the API keeps whole seconds); zero when not known.
+func readyTransition(p *corev1.Pod) time.Time {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && !c.LastTransitionTime.IsZero() {
+			return c.LastTransitionTime.Add(time.Second)
+		}
+	}
+	return time.Time{}
 }
 
 // podReady: Running and Ready.
@@ -138,9 +157,9 @@ func (f *Proof) Observe(n *corev1.Node, match bool) {
 	}
 	switch {
 	case !match:
-		f.sawMismatch, f.moved, f.matchSince = true, false, time.Time{}
-	case f.matchSince.IsZero():
-		f.moved, f.matchSince = f.sawMismatch, f.Now()
+		f.sawMismatch, f.moved, f.matching = true, false, false
+	case !f.matching:
+		f.moved, f.matching = f.sawMismatch, true
 	}
 	if match && !maps.Equal(figures, f.start) {
 		f.moved = true
@@ -153,14 +172,7 @@ func (f *Proof) Proven() (bool, string) {
 	if f.readyAt.IsZero() {
 		return false, f.waiting
 	}
-	if f.moved {
-		return true, ""
-	}
-	since := f.matchSince
-	if f.readyAt.After(since) {
-		since = f.readyAt
-	}
-	if f.Now().Sub(since) >= f.Settle {
+	if f.moved || f.Now().Sub(f.readyAt) >= f.Settle {
 		return true, ""
 	}
 	return false, "the Node's allocatable shows the figures it showed before the device plugin's restart; waiting " + f.Settle.String() +
