@@ -731,8 +731,8 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	}
 	// Whatever runs now did not advertise the geometry: the retry
 	// restarts it again.
-	if pods, lerr := d.Disrupt.DevicePlugins(ctx); lerr == nil {
-		ch.StalePlugins = pods
+	if d.S.RestartDevicePlugin { // listed only to be restarted: their figures never count
+		ch.StalePlugins, _ = d.Disrupt.DevicePlugins(ctx)
 	}
 	d.saveJournal()
 	if ch.ServedBy == record.ServedByDRA {
