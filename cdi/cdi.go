@@ -23,6 +23,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/migagent/mig-agent/internal/boundcmd"
 )
 
 // Modes of --cdi.
@@ -82,6 +85,10 @@ type Refresher struct {
 	UnitRoot string
 	// Path is the PATH looked in last ("" = the process's).
 	Path string
+	// Timeout bounds each command and the unit's start
+	// (--command-timeout; 0: boundcmd.DefaultTimeout): a step past it
+	// fails, its command killed.
+	Timeout time.Duration
 }
 
 // InUse reports whether CDI is in use on the node and how it is refreshed:
@@ -139,7 +146,17 @@ func (r *Refresher) Refresh(ctx context.Context) (done bool, err error) {
 	switch r.InUse() {
 	case "unit":
 		r.Log.Info("starting the container toolkit's CDI refresh unit", "unit", RefreshUnit)
-		if err := r.Units.Start(ctx, []string{RefreshUnit}); err != nil {
+		limit := r.Timeout
+		if limit <= 0 {
+			limit = boundcmd.DefaultTimeout
+		}
+		uctx, cancel := context.WithTimeout(ctx, limit)
+		defer cancel()
+		err := r.Units.Start(uctx, []string{RefreshUnit})
+		if err != nil && ctx.Err() == nil && uctx.Err() != nil {
+			err = fmt.Errorf("%w after %s: %w", boundcmd.ErrTimeout, limit, err)
+		}
+		if err != nil {
 			return true, &StepError{Step: "starting " + RefreshUnit, Err: err}
 		}
 		return true, nil
@@ -262,11 +279,11 @@ func (r *Refresher) find(name string, dirs ...string) (string, error) {
 
 // run runs one command; the error carries its exit status and output.
 func (r *Refresher) run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := exec.Command(name, args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	r.Log.Debug("running", "cmd", name, "args", args)
-	if err := cmd.Run(); err != nil {
+	if err := boundcmd.Run(ctx, r.Timeout, cmd); err != nil {
 		msg := strings.TrimSpace(out.String())
 		if len(msg) > 500 {
 			msg = msg[len(msg)-500:]

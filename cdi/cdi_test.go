@@ -10,6 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/migagent/mig-agent/internal/boundcmd"
 )
 
 // fakeCTK is an nvidia-ctk that records its arguments (one line per call)
@@ -195,5 +198,26 @@ func TestRefreshStartsTheHostUnit(t *testing.T) {
 	}
 	if c := f.calls(t); len(c) != 0 {
 		t.Errorf("calls: %v", c)
+	}
+}
+
+// A hung nvidia-smi (a wedged driver) is killed at Timeout: the step fails
+// with its name, and no later step runs.
+func TestRefreshCommandTimeout(t *testing.T) {
+	f := newFixture(t)
+	f.r.Mode = ModeOn
+	f.r.Timeout = 300 * time.Millisecond
+	script(t, filepath.Join(f.bins, "chroot"), "#!/bin/sh\necho \"$(basename \"$0\") $*\" >> \"$LOG\"\nsleep 60\n")
+	start := time.Now()
+	done, err := f.r.Refresh(context.Background())
+	var step *StepError
+	if !done || !errors.As(err, &step) || step.Step != "nvidia-smi" || !errors.Is(err, boundcmd.ErrTimeout) {
+		t.Fatalf("Refresh = %v, %v", done, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("returned after %s", d)
+	}
+	if calls := f.calls(t); len(calls) != 1 {
+		t.Errorf("calls after the timeout: %v", calls)
 	}
 }

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/migagent/mig-agent/drain/fresh"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
@@ -33,8 +36,15 @@ type Disruptor struct {
 	// cache (Cluster.CachedNode), which already holds its allocatable.
 	ReadNode func(ctx context.Context) (*corev1.Node, error)
 
+	// PluginSettle is fresh.Proof's Settle (0: DefaultPluginSettle).
+	PluginSettle time.Duration
+
 	// path is what ServedBy found last (record.ServedBy*).
 	path string
+	// old are the plugin pods (by UID) that ran before the GPUs changed:
+	// what DevicePlugins listed and RestartDevicePlugins was given. Their
+	// figures never count as the new geometry's (fresh.Proof).
+	old map[types.UID]bool
 	// restarted: restartDevicePlugins restarted a pod since the last
 	// WaitResources, so a new plugin pod is on its way (readSharing waits
 	// briefly for it).
@@ -109,13 +119,48 @@ func (d *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) er
 	return restoreOperands(ctx, d.Client, d.Log, d.Node, saved)
 }
 
-// DevicePlugins implements reconcile.Disruptor.
+// DevicePlugins implements reconcile.Disruptor. The pods it lists are
+// old: they read the GPUs before the change, or did not advertise them.
 func (d *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
-	return listDevicePlugins(ctx, d.Client, d.Node, d.Settings.PluginSelectors)
+	pods, err := listDevicePlugins(ctx, d.Client, d.Node, d.Settings.PluginSelectors)
+	d.noteOld(pods)
+	return pods, err
+}
+
+// noteOld adds pods ("namespace/name/uid") to d.old.
+func (d *Disruptor) noteOld(pods []string) {
+	if d.old == nil {
+		d.old = map[types.UID]bool{}
+	}
+	for _, ref := range pods {
+		if parts := strings.SplitN(ref, "/", 3); len(parts) == 3 {
+			d.old[types.UID(parts[2])] = true
+		}
+	}
+}
+
+// DefaultPluginSettle: how long the Node's allocatable must show the new
+// geometry, unchanged, after a new device plugin pod is Ready, when nothing
+// else proves the new plugin wrote it (fresh.Proof): longer than the
+// kubelet's status sync (nodeStatusUpdateFrequency, 10 s, jittered by 4 %).
+const DefaultPluginSettle = 12 * time.Second
+
+// proof is what the wait asks of a plugin's figures, isPlugin picking the
+// plugin's own pods.
+func (d *Disruptor) proof(isPlugin func(*corev1.Pod) bool) *fresh.Proof {
+	settle := d.PluginSettle
+	if settle <= 0 {
+		settle = DefaultPluginSettle
+	}
+	return &fresh.Proof{
+		Pods:     func(ctx context.Context) ([]corev1.Pod, error) { return NodePods(ctx, d.Client, d.Node) },
+		IsPlugin: isPlugin, IsFigure: isGPUResource, Old: d.old, Settle: settle, Now: time.Now,
+	}
 }
 
 // restartDevicePlugins implements reconcile.Disruptor.
 func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]string, error) {
+	d.noteOld(pods)
 	restarted, err := restartDevicePlugins(ctx, d.Client, d.Log, pods)
 	if len(restarted) > 0 {
 		d.restarted = true
@@ -130,16 +175,19 @@ func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]
 // advertises for them under strategy (expectedResources).
 func (d *Disruptor) WaitResources(ctx context.Context, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
 	if d.path == record.ServedByDRA {
-		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), timeout)
+		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.proof(d.selectedPlugin()), timeout)
 		return true, ok, err
 	}
 	want, err := expectedResources(strategy, migMode, migDevices)
 	if err != nil {
 		return false, false, err
 	}
-	sharing := d.readSharing(ctx, d.restarted)
+	sharing, err := d.readSharing(ctx, d.restarted)
 	d.restarted = false
-	ok, err = waitAdvertised(ctx, d.Client, d.Node, want, sharing, timeout)
+	if err != nil {
+		return true, false, err
+	}
+	ok, err = waitFresh(ctx, d.Client, d.Node, want, sharing, d.proof(isPluginItself), timeout)
 	return true, ok, err
 }
 
@@ -155,8 +203,10 @@ const (
 // accepted. When this change restarted plugin pods (restarted), no plugin
 // pod at all is retried briefly: the restart removed the old pod, and its
 // DaemonSet has not made the new one yet. A node that had no plugin pod
-// before the change has none to wait for.
-func (d *Disruptor) readSharing(ctx context.Context, restarted bool) *sharingConfig {
+// before the change has none to wait for. A config whose replicas are out
+// of bounds is an error (errSharingReplicas): what the plugin advertises
+// under it cannot be checked.
+func (d *Disruptor) readSharing(ctx context.Context, restarted bool) (*sharingConfig, error) {
 	var err error
 	for try := 0; try < sharingReadTries; try++ {
 		var s *sharingConfig
@@ -167,17 +217,31 @@ func (d *Disruptor) readSharing(ctx context.Context, restarted bool) *sharingCon
 		}
 		if err == nil {
 			d.Log.Debug("device plugin sharing config", "source", s.Source)
-			return s
+			return s, nil
+		}
+		if errors.Is(err, errSharingReplicas) {
+			return nil, err
 		}
 		if !restarted || !errors.Is(err, errNoPluginPod) {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return nil, nil
 		case <-time.After(sharingReadDelay):
 		}
 	}
 	d.Log.Info("the device plugin's sharing config is not known; accepting its documented sharing forms", "err", err)
-	return nil
+	return nil, nil
+}
+
+// selectedPlugin matches the pods the plugin selectors select
+// (--plugin-selector): on the DRA path, the kubelet plugin whose slices
+// prove the change, whatever its chart named it.
+func (d *Disruptor) selectedPlugin() func(*corev1.Pod) bool {
+	sels, err := pluginSelectors(d.Settings.PluginSelectors)
+	if err != nil {
+		sels, _ = pluginSelectors(nil) // checked at start; the defaults else
+	}
+	return func(p *corev1.Pod) bool { return isPluginPod(p, sels) }
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/migagent/mig-agent/drain/fresh"
 	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
@@ -137,10 +138,18 @@ func waitAllocatable(ctx context.Context, client kclient.Interface, node string,
 // the plugin documents (matchShared).
 func waitAdvertised(ctx context.Context, client kclient.Interface, node string,
 	want map[corev1.ResourceName]int64, sharing *sharingConfig, timeout time.Duration) (bool, error) {
+	return waitFresh(ctx, client, node, want, sharing, nil, timeout)
+}
+
+// waitFresh is waitAdvertised that, with fresh, takes the allocatable only
+// once a plugin started after the change wrote it (fresh.Proof); the pods are
+// read every freshPodPoll until a new plugin pod is Ready.
+func waitFresh(ctx context.Context, client kclient.Interface, node string,
+	want map[corev1.ResourceName]int64, sharing *sharingConfig, fresh *fresh.Proof, timeout time.Duration) (bool, error) {
 	if node == "" {
 		return false, fmt.Errorf("wait for allocatable: %w", errNoNode)
 	}
-	w := &allocatableWait{want: want, sharing: sharing, first: true}
+	w := &allocatableWait{want: want, sharing: sharing, first: true, fresh: fresh}
 	nodes := client.CoreV1().Nodes()
 	sel := fields.OneTermEqualSelector("metadata.name", node).String()
 	list := func(ctx context.Context) (*corev1.NodeList, error) {
@@ -154,6 +163,11 @@ func waitAdvertised(ctx context.Context, client kclient.Interface, node string,
 		l, err := list(ctx)
 		if err != nil {
 			return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
+		}
+		if fresh != nil {
+			if err := fresh.CheckPods(ctx); err != nil {
+				return false, fmt.Errorf("wait for allocatable of node %s: %w", node, err)
+			}
 		}
 		if w.done(&l.Items[0]) {
 			return true, nil
@@ -199,11 +213,18 @@ func waitAdvertised(ctx context.Context, client kclient.Interface, node string,
 type allocatableWait struct {
 	want    map[corev1.ResourceName]int64
 	sharing *sharingConfig // nil: not known
+	fresh   *fresh.Proof   // nil: figures of any age count
 	first   bool           // no read of the Node yet
 	ok      bool
 	missing []string
 	lastErr error
+	last    *corev1.Node // the last read, judged again as the pods change
 }
+
+// freshPodPoll: how often the node's pods are read while no plugin pod
+// started after the change is Ready, and the last read of the Node is
+// judged again (fresh.Proof counts time).
+const freshPodPoll = time.Second
 
 // done checks one read of the Node.
 func (w *allocatableWait) done(n *corev1.Node) bool {
@@ -211,10 +232,43 @@ func (w *allocatableWait) done(n *corev1.Node) bool {
 		w.ok = true
 		return true
 	}
-	w.first, w.lastErr = false, nil
+	w.first, w.lastErr, w.last = false, nil, n
 	w.missing = matchShared(n.Status.Allocatable, w.want, w.sharing)
 	w.ok = len(w.missing) == 0
+	if w.fresh != nil {
+		w.fresh.Observe(n, w.ok)
+		w.judgeFresh()
+	}
 	return w.ok
+}
+
+// judgeFresh: figures that match count only when proven the new plugin's;
+// figures that do not say also what the pods lack.
+func (w *allocatableWait) judgeFresh() {
+	if w.ok {
+		if proven, why := w.fresh.Proven(); !proven {
+			w.ok, w.missing = false, []string{why}
+		}
+		return
+	}
+	if !w.fresh.Ready() && w.fresh.Waiting() != "" {
+		w.missing = append(w.missing, w.fresh.Waiting())
+	}
+}
+
+// recheck reads the pods again (with fresh) and judges the last read of
+// the Node again.
+func (w *allocatableWait) recheck(ctx context.Context) (bool, error) {
+	if w.fresh == nil || w.last == nil {
+		return false, nil
+	}
+	if err := w.fresh.CheckPods(ctx); err != nil {
+		return false, err
+	}
+	w.missing = matchShared(w.last.Status.Allocatable, w.want, w.sharing)
+	w.ok = len(w.missing) == 0
+	w.judgeFresh()
+	return w.ok, nil
 }
 
 // listAndWatch lists the Node and follows its watch until the wait is done
@@ -225,6 +279,11 @@ func (w *allocatableWait) listAndWatch(ctx context.Context, list func(context.Co
 	if err != nil {
 		return err
 	}
+	if w.fresh != nil {
+		if err := w.fresh.CheckPods(ctx); err != nil {
+			return err
+		}
+	}
 	if w.done(&l.Items[0]) {
 		return nil
 	}
@@ -233,10 +292,20 @@ func (w *allocatableWait) listAndWatch(ctx context.Context, list func(context.Co
 		return err
 	}
 	defer wt.Stop()
+	var tick <-chan time.Time
+	if w.fresh != nil {
+		t := time.NewTicker(freshPodPoll)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-tick:
+			if ok, err := w.recheck(ctx); ok || err != nil {
+				return err
+			}
 		case ev, open := <-wt.ResultChan():
 			if !open {
 				return nil

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/dra"
+	"github.com/migagent/mig-agent/drain/fresh"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -105,20 +106,32 @@ func announced(migMode map[string]bool, migDevices map[string]string) []string {
 }
 
 // waitSlices waits until the node's gpu.nvidia.com ResourceSlices announce
-// exactly want (by UUID); ok is false on timeout, with err saying what was
-// announced last.
-func (d *Disruptor) waitSlices(ctx context.Context, want []string, timeout time.Duration) (ok bool, err error) {
+// exactly want (by UUID) and, with fresh, a kubelet plugin pod started after
+// the change is Ready with the old ones gone; ok is false on timeout, with
+// err saying what was announced last. The UUIDs are the proof that the
+// slices were written after the change: every change destroys or creates a
+// MIG device (a new UUID) or turns a GPU's MIG mode (its UUID announced or
+// not), so the slices of before never match.
+func (d *Disruptor) waitSlices(ctx context.Context, want []string, fresh *fresh.Proof, timeout time.Duration) (ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last string
 	for {
 		sl, err := dra.NodeSlices(ctx, d.Client, d.Node)
+		if err == nil && fresh != nil {
+			err = fresh.CheckPods(ctx)
+		}
 		if err == nil {
 			got := dra.AnnouncedUUIDs(sl)
-			if slices.Equal(got, want) {
+			match := slices.Equal(got, want)
+			switch {
+			case match && (fresh == nil || fresh.Ready()):
 				return true, nil
+			case match:
+				last = strings.ReplaceAll(fresh.Waiting(), "device plugin", "DRA kubelet plugin")
+			default:
+				last = describeMismatch(got, want)
 			}
-			last = describeMismatch(got, want)
 		} else if ctx.Err() == nil {
 			last = err.Error()
 		}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
@@ -63,10 +64,15 @@ func TestWaitResourcesDRA(t *testing.T) {
 		t.Fatalf("announced = %v", got)
 	}
 	old := staticSlice("n1", map[string]string{"gpu-0-mig-3g71gb-9-0": "MIG-old", "gpu-1": "GPU-1"})
-	c := fake.NewClientset(gpuNode(nil), old)
+	oldPod := readyPod("kubelet-plugin-old", "u-old", draPluginLabels)
+	c := fake.NewClientset(gpuNode(nil), old, oldPod)
 	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}}
 	if path, _, err := k.ServedBy(context.Background()); err != nil || path != record.ServedByDRA {
 		t.Fatalf("ServedBy = %q, %v", path, err)
+	}
+	// The plugin pod that read the GPUs before the change.
+	if pods, err := k.DevicePlugins(context.Background()); err != nil || len(pods) != 1 {
+		t.Fatalf("DevicePlugins = %v, %v", pods, err)
 	}
 	migMode, migDevices := exposedGPUs()
 	// The old plugin's slice: not converged, and the error says why.
@@ -74,9 +80,31 @@ func TestWaitResourcesDRA(t *testing.T) {
 	if !waited || ok || err == nil || !strings.Contains(err.Error(), "1 not on the GPUs [MIG-old], 2 missing [MIG-a MIG-b]") {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}
-	// The restarted plugin republishes the new devices while the agent waits.
+	// The slices announce the new devices, but no plugin pod started after
+	// the change runs yet (the old one still does, then none): no success.
+	s := staticSlice("n1", map[string]string{"gpu-0-mig-1g18gb-19-0": "MIG-a", "gpu-0-mig-1g18gb-19-1": "MIG-b", "gpu-1": "GPU-1"})
+	s.Name = old.Name
+	if _, err := c.ResourceV1().ResourceSlices().Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waited, ok, err = k.WaitResources(context.Background(), "", migMode, migDevices, 1500*time.Millisecond)
+	if !waited || ok || err == nil || !strings.Contains(err.Error(), "DRA kubelet plugin pod that read the GPUs before the change still runs: nvidia-dra-driver-gpu/kubelet-plugin-old") {
+		t.Fatalf("WaitResources with the old plugin pod = %v, %v, %v", waited, ok, err)
+	}
+	if err := c.CoreV1().Pods(oldPod.Namespace).Delete(context.Background(), oldPod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waited, ok, err = k.WaitResources(context.Background(), "", migMode, migDevices, 1500*time.Millisecond)
+	if !waited || ok || err == nil || !strings.Contains(err.Error(), "no DRA kubelet plugin pod started after the change is Running and Ready") {
+		t.Fatalf("WaitResources with no plugin pod = %v, %v, %v", waited, ok, err)
+	}
+	if _, err := c.ResourceV1().ResourceSlices().Update(context.Background(), old, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The restarted plugin runs and republishes the new devices while the agent waits.
 	go func() {
 		time.Sleep(300 * time.Millisecond)
+		_, _ = c.CoreV1().Pods("nvidia-dra-driver-gpu").Create(context.Background(), readyPod("kubelet-plugin-new", "u-new", draPluginLabels), metav1.CreateOptions{})
 		s := staticSlice("n1", map[string]string{"gpu-0-mig-1g18gb-19-0": "MIG-a", "gpu-0-mig-1g18gb-19-1": "MIG-b", "gpu-1": "GPU-1"})
 		s.Name = old.Name
 		_, _ = c.ResourceV1().ResourceSlices().Update(context.Background(), s, metav1.UpdateOptions{})
@@ -85,6 +113,15 @@ func TestWaitResourcesDRA(t *testing.T) {
 	if !waited || !ok || err != nil {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}
+}
+
+var draPluginLabels = map[string]string{"app.kubernetes.io/name": "dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu-component": "kubelet-plugin"}
+
+// readyPod is a plugin pod on n1, Running and Ready.
+func readyPod(name, uid string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "nvidia-dra-driver-gpu", Name: name, UID: types.UID(uid), Labels: labels},
+		Spec:   corev1.PodSpec{NodeName: "n1"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 }
 
 // The DRA kubelet plugin pod is one of the pods restarted after a change.

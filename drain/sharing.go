@@ -50,6 +50,18 @@ var errSharingUnknown = errors.New("the device plugin's sharing config is not kn
 // errNoPluginPod: no device plugin pod runs on the node (now).
 var errNoPluginPod = errors.New("no device plugin pod on the node")
 
+// errSharingReplicas: a shared resource's replicas are beyond
+// maxSharingReplicas. The plugin would make that many devices per device
+// (k8s-device-plugin internal/rm/device_map.go
+// updateDeviceMapWithReplicas), and what it advertises, that many times
+// the devices, could not be checked: 2^62 × 4 devices is 0 in int64.
+var errSharingReplicas = errors.New("sharing replicas out of bounds")
+
+// maxSharingReplicas bounds a shared resource's replicas: far above any
+// useful time-slicing or MPS sharing (MPS itself serves at most 48 clients
+// per GPU), and low enough that replicas × devices never overflows.
+const maxSharingReplicas = 1 << 16
+
 // replicated is how the device plugin advertises one shared resource:
 // Replicas devices per device, under the name As.
 type replicated struct {
@@ -135,6 +147,9 @@ func parseSharing(data []byte) (map[corev1.ResourceName]replicated, error) {
 		}
 		if r.Replicas == nil || *r.Replicas < 2 {
 			return nil, fmt.Errorf("device plugin config: resource %q: number of replicas must be >= 2", r.Name)
+		}
+		if *r.Replicas > maxSharingReplicas {
+			return nil, fmt.Errorf("device plugin config: resource %q: %w: %d replicas, at most %d", r.Name, errSharingReplicas, *r.Replicas, maxSharingReplicas)
 		}
 		name := r.Name
 		if !strings.Contains(name, "/") {

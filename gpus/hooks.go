@@ -9,8 +9,11 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/migagent/mig-agent/internal/boundcmd"
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/nvmlx"
@@ -87,6 +90,9 @@ func LoadHooks(path string) (Hooks, error) {
 type HookEnv struct {
 	ConfigFile, SelectedConfig, HooksFile string
 	SkipReset, ModeOnly                   bool
+	// Timeout bounds each hook command (--command-timeout; 0:
+	// boundcmd.DefaultTimeout); it is no variable of the hook's.
+	Timeout time.Duration
 }
 
 // Vars is the environment of a hook as mig-parted builds it.
@@ -119,11 +125,11 @@ func (h Hooks) Run(ctx context.Context, log *slog.Logger, name string, env HookE
 			list = append(list, k+"="+v)
 		}
 		sort.Strings(list)
-		cmd := exec.CommandContext(ctx, spec.Command, spec.Args...) //nolint:gosec // the operator's hooks file
+		cmd := exec.Command(spec.Command, spec.Args...) //nolint:gosec // the operator's hooks file
 		cmd.Env, cmd.Dir = list, spec.Workdir
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
+		err := boundcmd.Run(ctx, env.Timeout, cmd)
 		log.Info("hook ran", "hook", name, "index", i+1, "command", spec.Command, "err", err, "output", tail(out.String(), maxHookOutput))
 		if err != nil {
 			return fmt.Errorf("%s hook %d (%s): %w: output: %s", name, i+1, spec.Command, err, strings.TrimSpace(tail(out.String(), maxHookOutput)))

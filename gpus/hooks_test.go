@@ -10,6 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/migagent/mig-agent/internal/boundcmd"
 )
 
 // NVIDIA's shipped hooks files parse unchanged.
@@ -107,5 +110,19 @@ func TestApplyWithHooksOrder(t *testing.T) {
 		if strings.Join(got, " ") != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, strings.Join(got, " "), tc.want)
 		}
+	}
+}
+
+// A hook that hangs is killed at the hook env's Timeout, and the error
+// names the hook and says it timed out.
+func TestHookTimeout(t *testing.T) {
+	h := Hooks{HookApplyStart: {{Command: "sh", Args: []string{"-c", "echo waiting; sleep 60"}}}}
+	start := time.Now()
+	err := h.Run(context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), HookApplyStart, HookEnv{Timeout: 300 * time.Millisecond})
+	if !errors.Is(err, boundcmd.ErrTimeout) || !strings.Contains(err.Error(), "apply-start hook 1 (sh)") || !strings.Contains(err.Error(), "waiting") {
+		t.Fatalf("err = %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("returned after %s", d)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/dl"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/migagent/mig-agent/internal/boundcmd"
 	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 )
 
@@ -111,8 +112,10 @@ func realResolveLibrary(setting string) (string, error) {
 		setting, strings.Join(realLibraryDirs[:], ", "))}
 }
 
+// realRunCommand runs nvidia-smi (a GPU reset) for at most
+// boundcmd.DefaultTimeout: a wedged driver makes it hang.
 func realRunCommand(ctx context.Context, name string, args ...string) ([]byte, error) {
-	return exec.CommandContext(ctx, name, args...).CombinedOutput()
+	return boundcmd.CombinedOutput(ctx, boundcmd.DefaultTimeout, exec.Command(name, args...))
 }
 
 // realConfig holds the real backend's side effects, so tests and the

@@ -489,11 +489,11 @@ func (a *attempt) noteDevicePlugins() error {
 	return nil
 }
 
-// wantsPluginList: the device plugins are restarted after the change and
-// the list of those that read the old geometry is not taken yet.
+// wantsPluginList: the list of the device plugins that read the old
+// geometry (restarted or not: their figures never count) is not taken yet.
 func (a *attempt) wantsPluginList() bool {
 	d, ch := a.d, a.ch
-	return d.Disrupt != nil && a.node != nil && d.S.RestartDevicePlugin && ch.Phase != journal.PhaseApplying && !ch.PluginsNoted
+	return d.Disrupt != nil && a.node != nil && ch.Phase != journal.PhaseApplying && !ch.PluginsNoted
 }
 
 // listPluginsAhead starts noteDevicePlugins' list once the change is going
@@ -552,7 +552,7 @@ func (a *attempt) apply() error {
 		// Standalone (only there are hooks set): the hooks file runs around
 		// the change as nvidia-mig-parted apply runs it; a failing hook
 		// fails the change.
-		env := gpus.HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: ch.Config, HooksFile: d.S.HooksFile}
+		env := gpus.HookEnv{ConfigFile: d.S.ConfigFile, SelectedConfig: ch.Config, HooksFile: d.S.HooksFile, Timeout: d.S.CommandTimeout}
 		pa := gpus.NewPlanApplier(d.GPU, d.File, ch.Config, opts, a.v.n, a.v.plan)
 		err = gpus.ApplyWithHooks(a.ctx, d.Log, d.Hooks, env, false, pa)
 		applied = &pa.Result
@@ -732,8 +732,8 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	}
 	// Whatever runs now did not advertise the geometry: the retry
 	// restarts it again.
-	if pods, lerr := d.Disrupt.DevicePlugins(ctx); lerr == nil {
-		ch.StalePlugins = pods
+	if d.S.RestartDevicePlugin { // listed only to be restarted: their figures never count
+		ch.StalePlugins, _ = d.Disrupt.DevicePlugins(ctx)
 	}
 	d.saveJournal()
 	if ch.ServedBy == record.ServedByDRA {

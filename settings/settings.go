@@ -40,6 +40,10 @@ type Settings struct {
 	DrainTimeout        time.Duration
 	EvictionRetryDelay  time.Duration
 	ResourceWaitTimeout time.Duration
+	// CommandTimeout bounds each external command of a change (the CDI
+	// step's nvidia-smi and nvidia-ctk, the CDI refresh unit's start, the
+	// hooks of a hooks file).
+	CommandTimeout      time.Duration
 	PauseGPUOperator    bool
 	RestartDevicePlugin bool
 	HostGPUClients      []string
@@ -144,6 +148,9 @@ func (s *Settings) Validate() error {
 		if d < 0 {
 			add("%s must not be negative", name)
 		}
+	}
+	if s.CommandTimeout <= 0 {
+		add("--command-timeout must be positive: every external command is bounded")
 	}
 	if s.MaxConcurrent < 0 {
 		add("--max-concurrent must not be negative")

@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"github.com/godbus/dbus/v5"
+
+	"github.com/migagent/mig-agent/internal/boundcmd"
 )
 
 // logind's D-Bus name, object and interface.
@@ -161,10 +163,11 @@ func (s *SystemctlRebooter) Reboot(ctx context.Context, reason string) error {
 	return nil
 }
 
-// ExecRun runs name with args and returns an error that includes the
-// command's combined output when it fails.
+// ExecRun runs name with args, for at most boundcmd.DefaultTimeout, and
+// returns an error that includes the command's combined output when it
+// fails.
 func ExecRun(ctx context.Context, name string, args ...string) error {
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	out, err := boundcmd.CombinedOutput(ctx, boundcmd.DefaultTimeout, exec.Command(name, args...))
 	if err != nil {
 		if msg := strings.TrimSpace(string(out)); msg != "" {
 			return fmt.Errorf("%s: %w: %s", name, err, msg)

@@ -412,5 +412,5 @@ func newCDI(s *settings.Settings, log *slog.Logger, units cdi.UnitStarter) recon
 		mode = cdi.ModeAuto
 	}
 	return &cdi.Refresher{Log: log, Mode: mode, SpecDir: s.CDISpecDir, DriverRoot: s.DriverRoot,
-		DriverRootMount: s.DriverRootMount, ToolkitDirs: s.ToolkitDirs, HookPath: s.CDIHookPath, Units: units}
+		DriverRootMount: s.DriverRootMount, ToolkitDirs: s.ToolkitDirs, HookPath: s.CDIHookPath, Units: units, Timeout: s.CommandTimeout}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/boundcmd"
 	"github.com/migagent/mig-agent/settings"
 )
 
@@ -59,6 +60,7 @@ var runSettings = []setting{
 	{"drain-timeout", "", 5 * time.Minute, "how long evicted pods may take to go", func(s *settings.Settings) any { return &s.DrainTimeout }},
 	{"eviction-retry-delay", "", 5 * time.Second, "delay between eviction retries blocked by a PodDisruptionBudget", func(s *settings.Settings) any { return &s.EvictionRetryDelay }},
 	{"resource-wait-timeout", "", 2 * time.Minute, "wait for the node to advertise the new devices: the Node's allocatable (device plugin) or its gpu.nvidia.com ResourceSlices (DRA driver) (0 turns it off)", func(s *settings.Settings) any { return &s.ResourceWaitTimeout }},
+	{"command-timeout", "", boundcmd.DefaultTimeout, "how long one external command of a change may run (the CDI step's nvidia-smi and nvidia-ctk, the CDI refresh unit's start, each hook); past it the command is killed and the change fails, naming the step", func(s *settings.Settings) any { return &s.CommandTimeout }},
 	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin, GPU Feature Discovery and DRA kubelet plugin pods so they see the new MIG devices", func(s *settings.Settings) any { return &s.RestartDevicePlugin }},
 	{"plugin-selector", "", drain.DefaultPluginSelectors, "label selector of pods on the node restarted after a change so that they see the new MIG devices (device plugin, GPU Feature Discovery, validator, DRA kubelet plugin); repeatable, replaces the defaults", func(s *settings.Settings) any { return &s.PluginSelectors }},
 	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *settings.Settings) any { return &s.PauseGPUOperator }},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -89,6 +90,78 @@ type DevicePlugin struct {
 	// The kubelet's device manager's view, per resource: every device it
 	// knows (capacity) and the healthy ones (allocatable).
 	capacity, healthy map[string]int64
+	// held: new pods are not started (HoldStarts); heldPods wait for it.
+	held     bool
+	heldPods []*corev1.Pod
+	// sync > 0: the kubelet writes the device manager's view into the
+	// Node's status every sync, and only when it changed (SetStatusSync);
+	// written is what it wrote last.
+	sync    time.Duration
+	written map[string][2]int64
+}
+
+// HoldStarts keeps the plugin's new pods from starting (they stay Pending,
+// as a pod whose image cannot be pulled) until ReleaseStarts.
+func (p *DevicePlugin) HoldStarts() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = true
+}
+
+// ReleaseStarts starts the pods HoldStarts held, and the later ones.
+func (p *DevicePlugin) ReleaseStarts(ctx context.Context) {
+	p.mu.Lock()
+	p.held = false
+	pods := p.heldPods
+	p.heldPods = nil
+	p.mu.Unlock()
+	for _, pod := range pods {
+		cur, err := p.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil || cur.UID != pod.UID || cur.DeletionTimestamp != nil || cur.Status.Phase != corev1.PodPending {
+			continue
+		}
+		p.start(ctx, cur)
+	}
+}
+
+// SetStatusSync makes the kubelet stand-in write the device manager's view
+// into the Node's status as the kubelet does: every period
+// (nodeStatusUpdateFrequency, 10 s by default: syncNodeStatus in
+// k8s.io/kubernetes pkg/kubelet/kubelet_node_status.go), and only when it
+// changed since the last write (tryUpdateNodeStatus: nodeStatusHasChanged).
+// A plugin that stops and starts again within one period with the same
+// devices leaves nothing to write. Without it every change is written at
+// once.
+func (p *DevicePlugin) SetStatusSync(period time.Duration) {
+	p.mu.Lock()
+	p.sync = period
+	p.written = p.statusLocked()
+	p.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			p.mu.Lock()
+			status := p.statusLocked()
+			changed := !maps.Equal(status, p.written)
+			if changed {
+				p.written = status
+			}
+			p.mu.Unlock()
+			if changed {
+				p.putStatus(ctx, status)
+			}
+		}
+	}()
+	p.t.Cleanup(func() { cancel(); <-done })
 }
 
 // StartDevicePlugin creates, in namespace ns, the device plugin DaemonSet
@@ -135,6 +208,12 @@ func StartSharingDevicePlugin(t testing.TB, client kubernetes.Interface, node, n
 	}
 	if cfg.ConfigMap != "" {
 		configManagerSpec(&ds.Spec.Template.Spec, cfg)
+	}
+	if cfg.HostConfigFile != "" {
+		// The plugin's own config file, from the host (a hostPath
+		// volume): not readable through the API.
+		c := &ds.Spec.Template.Spec.Containers[0]
+		c.Env = append(c.Env, corev1.EnvVar{Name: "CONFIG_FILE", Value: cfg.HostConfigFile})
 	}
 	p.ds = ds.Name
 	runDaemonSet(t, client, node, ds, p.start, p.stop)
@@ -483,11 +562,31 @@ func affinityNames(pod *corev1.Pod, node string) bool {
 	return false
 }
 
-// start runs the plugin of pod: enumerate, register, mark the pod Running.
+// start runs the plugin of pod, unless starts are held: its container
+// starts (the pod Running and Ready: the plugin has no readiness probe in
+// the GPU Operator's DaemonSet or the plugin's Helm chart), it enumerates
+// and registers with the kubelet, whose device manager then holds its
+// devices (startPlugins → Register in k8s-device-plugin; ListAndWatch),
+// written into the Node's status after.
 func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
-	if p.startPlugin(ctx, pod) {
-		markRunning(ctx, p.t, p.client, pod)
+	p.mu.Lock()
+	if p.held {
+		p.heldPods = append(p.heldPods, pod)
+		p.mu.Unlock()
+		return
 	}
+	p.mu.Unlock()
+	gpus, err := p.read()
+	if err != nil {
+		p.t.Logf("device plugin %s: enumerating the GPUs: %v", p.node, err)
+		return
+	}
+	adv, ok := p.advertised(ctx, gpus)
+	if !ok {
+		return
+	}
+	markRunning(ctx, p.t, p.client, pod)
+	p.register(ctx, pod, adv)
 }
 
 // markRunning sets a daemon pod Running and Ready, as the kubelet does once
@@ -503,13 +602,9 @@ func markRunning(ctx context.Context, t testing.TB, client kubernetes.Interface,
 	}
 }
 
-// startPlugin enumerates and advertises; false when it could not enumerate.
-func (p *DevicePlugin) startPlugin(ctx context.Context, pod *corev1.Pod) bool {
-	gpus, err := p.read()
-	if err != nil {
-		p.t.Logf("device plugin %s: enumerating the GPUs: %v", p.node, err)
-		return false
-	}
+// advertised is what the plugin serves for gpus under its config; false
+// when it could not read its config.
+func (p *DevicePlugin) advertised(ctx context.Context, gpus []PluginGPU) (map[string]int64, bool) {
 	adv := advertise(p.strategy, gpus)
 	if p.cfg.ConfigMap != "" {
 		shared, err := p.sharingOf(ctx)
@@ -517,10 +612,16 @@ func (p *DevicePlugin) startPlugin(ctx context.Context, pod *corev1.Pod) bool {
 			// The plugin exits on a config it cannot parse; the pod
 			// stays pending here (it crash-loops in a real cluster).
 			p.t.Logf("device plugin %s: config: %v", p.node, err)
-			return false
+			return nil, false
 		}
 		adv = shared.apply(adv)
 	}
+	return adv, true
+}
+
+// register is the plugin's registration with the kubelet: the device
+// manager holds adv for pod's plugin.
+func (p *DevicePlugin) register(ctx context.Context, pod *corev1.Pod, adv map[string]int64) {
 	p.mu.Lock()
 	p.running = string(pod.UID)
 	p.starts++
@@ -531,7 +632,6 @@ func (p *DevicePlugin) startPlugin(ctx context.Context, pod *corev1.Pod) bool {
 	status := p.statusLocked()
 	p.mu.Unlock()
 	p.writeStatus(ctx, status)
-	return true
 }
 
 // stop ends the plugin of pod, if it is the one running: every device of
@@ -560,7 +660,21 @@ func (p *DevicePlugin) statusLocked() map[string][2]int64 {
 	return out
 }
 
+// writeStatus is the kubelet's write of the device manager's view: at once,
+// or at its next status sync (SetStatusSync).
 func (p *DevicePlugin) writeStatus(ctx context.Context, res map[string][2]int64) {
+	p.mu.Lock()
+	deferred := p.sync > 0
+	if !deferred {
+		p.written = res
+	}
+	p.mu.Unlock()
+	if !deferred {
+		p.putStatus(ctx, res)
+	}
+}
+
+func (p *DevicePlugin) putStatus(ctx context.Context, res map[string][2]int64) {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		n, err := p.client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
 		if err != nil {

@@ -18,6 +18,10 @@ type PluginConfig struct {
 	// Default is the key used when the node's
 	// nvidia.com/device-plugin.config label is unset (DEFAULT_CONFIG).
 	Default string
+	// HostConfigFile, without ConfigMap, points the plugin at a config file
+	// of the host (CONFIG_FILE), one with no sharing: the agent cannot read
+	// it, so the plugin's sharing is unknown to it.
+	HostConfigFile string
 }
 
 // The config-manager's wiring in the GPU Operator's device plugin
