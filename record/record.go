@@ -169,6 +169,11 @@ const (
 const (
 	// AnnotationRequestedBy is the requester stamp: a JSON RequesterStamp.
 	AnnotationRequestedBy = "migagent.io/requested-by"
+	// AnnotationPlannerRequested is the config the planner (`mig-agent
+	// planner`) set nvidia.com/mig.config to, written with the label: the
+	// agent refuses such a change, rather than evict, when it would take a
+	// device in use.
+	AnnotationPlannerRequested = "migagent.io/planner-requested"
 	// RequesterUnknown is requestedBy when neither the stamp nor
 	// managedFields name who set the label.
 	RequesterUnknown = "unknown"
