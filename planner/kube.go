@@ -268,6 +268,9 @@ func readInUse(ctx context.Context, c kclient.Interface, namespace string, n *No
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		key := p.Namespace + "/" + p.Name
+		if p.Spec.NodeName != n.Name {
+			continue
+		}
 		done := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 		if !done && usesGPU(p) && !located[key] && !slices.Contains(n.Unlocated, key) {
 			n.Unlocated = append(n.Unlocated, key)

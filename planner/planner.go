@@ -52,6 +52,7 @@ type Planner struct {
 
 	planned    map[string]planned // pod UID → the change that serves it
 	unservable map[string]string  // pod UID → the reason its Event gave
+	seq        int64              // Events written: their names differ
 }
 
 type planned struct {
@@ -186,8 +187,10 @@ func (p *Planner) explain(ctx context.Context, pods []Pod, out Outcome) {
 
 func (p *Planner) event(ctx context.Context, pod Pod, typ, reason, msg string) {
 	now := metav1.NewTime(p.Clock.Now())
+	p.seq++
 	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: pod.Name + ".", Namespace: pod.Namespace},
+		// Named as client-go's event recorder names them: object.<hex time>.
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", pod.Name, now.UnixNano()+p.seq), Namespace: pod.Namespace},
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)},
 		Reason:         reason, Message: record.Truncate(msg, 1024), Type: typ,
 		Source:         corev1.EventSource{Component: "mig-agent-planner"},
