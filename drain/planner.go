@@ -18,7 +18,7 @@ var ErrPlannerWouldEvict = errors.New("the planner asked for this change and it 
 
 // plannerRefuses is ErrPlannerWouldEvict when pods would be evicted by a
 // change the planner asked for: the Node's annotation
-// migagent.io/planner-requested names the config its label asks for (the
+// planner.migagent.io/requested names the config its label asks for (the
 // planner writes both at once; a person who sets the label to another
 // config asks for a change of their own).
 func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {

@@ -31,7 +31,7 @@ const (
 	// than evict, when it would take a device in use.
 	AnnotationRequested = record.AnnotationPlannerRequested
 	// AnnotationRequestedAt is when (RFC 3339): the hold time counts from it.
-	AnnotationRequestedAt = "migagent.io/planner-requested-at"
+	AnnotationRequestedAt = "planner.migagent.io/requested-at"
 	// LabelGPUProduct and LabelGPUCount are GPU Feature Discovery's labels:
 	// the model and the number of GPUs of the node.
 	LabelGPUProduct = "nvidia.com/gpu.product"
