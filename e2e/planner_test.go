@@ -221,3 +221,51 @@ func writeTrail(t testing.TB, c kubernetes.Interface, ns, node string, entries .
 		t.Fatal(err)
 	}
 }
+
+// A change the planner asked for that would now evict (a pod landed on the
+// GPU since it decided) is refused by the agent: failed, with the reason,
+// and the pod stays, through the retries.
+func TestAgentRefusesPlannerChangeThatWouldEvict(t *testing.T) {
+	c := kubetest.Client(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte(plannerConfigs), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, gfdLabels(1, map[string]string{"migagent.io/planner": "enabled"}))
+	work := kubetest.NewName(t, "work")
+	kubetest.CreateNamespace(t, work)
+	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
+	o.Extra = append(o.Extra, "-f", cfg, "--assignment-interval", "0", "--retry-backoff-max", "2s")
+	StartAgent(t, o)
+	SelectConfig(t, c, node, "all-1g.18gb")
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 60*time.Second)
+	landed := migPod(t, c, work, "landed", "1g.18gb", node)
+	landed.Status.Phase = corev1.PodRunning
+	if _, err := c.CoreV1().Pods(work).UpdateStatus(context.Background(), landed, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// What the planner writes: the label and its annotation, at once.
+	patch := `{"metadata":{"labels":{"nvidia.com/mig.config":"all-3g.71gb"},"annotations":{"planner.migagent.io/requested":"all-3g.71gb"}}}`
+	if _, err := c.CoreV1().Nodes().Patch(context.Background(), node, "application/merge-patch+json", []byte(patch),
+		metav1.PatchOptions{FieldManager: "mig-agent-planner"}); err != nil {
+		t.Fatal(err)
+	}
+	rec := WaitState(t, c, node, record.StateFailed, "all-3g.71gb", 60*time.Second)
+	if !strings.Contains(rec.Reason, "the planner asked for this change and it would evict running pods: refused") ||
+		!strings.Contains(rec.Reason, work+"/landed") {
+		t.Errorf("reason = %q", rec.Reason)
+	}
+	if len(rec.EvictedPods) != 0 {
+		t.Errorf("evicted %v", rec.EvictedPods)
+	}
+	time.Sleep(3 * time.Second) // retries: still refused
+	if p, err := c.CoreV1().Pods(work).Get(context.Background(), landed.Name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
+		t.Fatalf("the pod that landed: %v, %v", p, err)
+	}
+	if s := GetNode(t, c, node).Labels[record.LabelState]; s != record.StateFailed {
+		t.Errorf("state %q after retries, want failed", s)
+	}
+}
