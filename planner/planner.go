@@ -154,6 +154,12 @@ func (p *Planner) apply(ctx context.Context, d Decision, now time.Time) error {
 	p.Log.Info("planner changed a node's geometry", "node", d.Node, "config", d.Config, "gpus", d.GPUs, "pods", len(d.Pods), "why", d.Why)
 	p.Metrics.decision("changed")
 	msg := fmt.Sprintf("node %s, GPU(s) %s, config %s: %s", d.Node, ints(d.GPUs), d.Config, d.Why)
+	names := make([]string, len(d.Pods))
+	for i, pod := range d.Pods {
+		names[i] = pod.Key()
+	}
+	p.write(ctx, corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: d.Node}, metav1.NamespaceDefault,
+		corev1.EventTypeNormal, ReasonPlanned, msg+"; for "+strings.Join(names, ", "))
 	for _, pod := range d.Pods {
 		p.planned[pod.UID] = planned{node: d.Node, at: now}
 		delete(p.unservable, pod.UID)
@@ -186,19 +192,25 @@ func (p *Planner) explain(ctx context.Context, pods []Pod, out Outcome) {
 }
 
 func (p *Planner) event(ctx context.Context, pod Pod, typ, reason, msg string) {
+	ref := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
+	p.write(ctx, ref, pod.Namespace, typ, reason, msg)
+}
+
+// write creates one Event about ref in namespace.
+func (p *Planner) write(ctx context.Context, ref corev1.ObjectReference, namespace, typ, reason, msg string) {
 	now := metav1.NewTime(p.Clock.Now())
 	p.seq++
 	ev := &corev1.Event{
 		// Named as client-go's event recorder names them: object.<hex time>.
-		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", pod.Name, now.UnixNano()+p.seq), Namespace: pod.Namespace},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)},
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", ref.Name, now.UnixNano()+p.seq), Namespace: namespace},
+		InvolvedObject: ref,
 		Reason:         reason, Message: record.Truncate(msg, 1024), Type: typ,
 		Source:         corev1.EventSource{Component: "mig-agent-planner"},
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		ReportingController: "migagent.io/mig-agent-planner", ReportingInstance: p.Identity,
 	}
-	if _, err := p.Client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		p.Log.Warn("planner could not write an Event", "pod", pod.Key(), "reason", reason, "err", err)
+	if _, err := p.Client.CoreV1().Events(namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		p.Log.Warn("planner could not write an Event", "kind", ref.Kind, "name", ref.Name, "reason", reason, "err", err)
 	}
 }
 

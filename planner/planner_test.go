@@ -92,6 +92,10 @@ func TestRoundAppliesOnce(t *testing.T) {
 	if ev := events(t, c, ReasonPlanned); len(ev) != 1 || !strings.Contains(ev[0].Message, "node n1, GPU(s) 0, config first-3g") {
 		t.Errorf("Planned Events: %v", ev)
 	}
+	l, _ := c.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if len(l.Items) != 1 || l.Items[0].InvolvedObject.Kind != "Node" || l.Items[0].Reason != ReasonPlanned || !strings.Contains(l.Items[0].Message, "for ml/a") {
+		t.Errorf("Node Events: %v", l.Items)
+	}
 	if ev := events(t, c, ReasonUnservable); len(ev) != 1 || ev[0].InvolvedObject.Name != "b" {
 		t.Errorf("Unservable Events: %v", ev)
 	}
