@@ -152,12 +152,10 @@ func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, nam
 	if st.Applied != nil {
 		n.Applied = st.Applied.Config
 	}
-	switch st.State {
-	case record.StatePending, record.StateRebooting:
-		n.InFlight = true
-	case record.StateSuccess:
-		n.InFlight = st.Desired != "" && st.Desired != n.Applied
-	}
+	// In flight: a change runs, or a label the agent has not acted on yet
+	// (a failed change is not: the agent retries it on its own).
+	n.InFlight = st.State == record.StatePending || st.State == record.StateRebooting ||
+		st.State != record.StateFailed && st.Desired != "" && st.Desired != n.Applied
 	if at, err := time.Parse(time.RFC3339, kn.Annotations[AnnotationRequestedAt]); err == nil {
 		n.PlannedAt = at
 	}

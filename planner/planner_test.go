@@ -143,3 +143,22 @@ func TestElector(t *testing.T) {
 		t.Fatal("a did not take a released Lease")
 	}
 }
+
+// A node whose label its agent has not applied yet is in flight: with
+// --max-concurrent 1 no other node changes.
+func TestRoundCountsUnappliedLabelInFlight(t *testing.T) {
+	busy := optedIn("n0")
+	busy.Labels[record.LabelConfig] = "first-3g" // no state yet: its agent has not acted
+	p, c, _ := newTestPlanner(t, false, busy, optedIn("n1"), pendingPodObj("a", "3g.71gb"))
+	out, err := p.Round(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Decisions) != 0 {
+		t.Errorf("decisions %+v with a node in flight and --max-concurrent 1", out.Decisions)
+	}
+	n, _ := c.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+	if n.Labels[record.LabelConfig] != "" {
+		t.Errorf("n1 changed: %v", n.Labels)
+	}
+}
