@@ -105,6 +105,15 @@ func addPlannerFlags(fs *pflag.FlagSet) {
 			addFlags(fs, []setting{st})
 		}
 	}
+	// What the shared flags mean to the planner.
+	for name, usage := range map[string]string{
+		"max-concurrent": "at most N opted-in nodes changing at once (0: 1)",
+		"lease-duration": "duration of the planner's leader Lease mig-agent-planner; a crashed leader's Lease expires after it",
+		"namespace":      "the agents' namespace: their assignment trails and the planner's Lease (default the pod's own, else mig-agent)",
+		"config-file":    "the MIG config file the agents use (nvidia-mig-parted v1 format)",
+	} {
+		fs.Lookup(name).Usage = usage
+	}
 }
 
 // addFlags declares the flags of settings on fs.
