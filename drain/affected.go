@@ -416,6 +416,9 @@ func (d *Disruptor) Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) (
 		}
 		sort.Strings(names)
 	}
+	if err := d.plannerRefuses(ctx, names); err != nil {
+		return nil, "", err
+	}
 	return names, a.How, nil
 }
 

@@ -181,6 +181,12 @@ const (
 const (
 	// AnnotationRequestedBy is the requester stamp: a JSON RequesterStamp.
 	AnnotationRequestedBy = "migagent.io/requested-by"
+	// AnnotationPlannerRequested is the config the planner (`mig-agent
+	// planner`) set nvidia.com/mig.config to, written with the label: the
+	// agent refuses such a change, rather than evict, when it would take a
+	// device in use. Outside migagent.io/: the admission policy
+	// mig-agent-records keeps those keys to the node's agent.
+	AnnotationPlannerRequested = "planner.migagent.io/requested"
 	// RequesterUnknown is requestedBy when neither the stamp nor
 	// managedFields name who set the label.
 	RequesterUnknown = "unknown"

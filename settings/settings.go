@@ -94,6 +94,14 @@ type Settings struct {
 	// AssignmentInterval: how often the assignment trail (package assign)
 	// reads which pod holds which MIG device (0: no trail).
 	AssignmentInterval time.Duration
+
+	// The planner (`mig-agent planner`): the configs of ConfigFile it may
+	// choose; how long a node it changed is not changed again unless idle;
+	// how often it plans; whether it only prints what it would do.
+	AllowedConfigs  []string
+	HoldTime        time.Duration
+	PlannerInterval time.Duration
+	DryRun          bool
 }
 
 // Reboot methods (docs/reference.md#disruption-and-reboot).

@@ -131,7 +131,7 @@ func newRoot() *cobra.Command {
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
 	addGlobalFlags(root.PersistentFlags())
-	root.AddCommand(runCmd(), profilesCmd(), validateCmd(), planCmd(), applyCmd(), assertCmd(), exportCmd(), simCmd(), statusCmd(), assignmentsCmd(), versionCmd())
+	root.AddCommand(runCmd(), profilesCmd(), validateCmd(), planCmd(), applyCmd(), assertCmd(), exportCmd(), simCmd(), statusCmd(), assignmentsCmd(), plannerCmd(), versionCmd())
 	typeUsageErrors(root)
 	return root
 }

@@ -94,6 +94,38 @@ var runSettings = []setting{
 // chart's value names where the flag is singular because it repeats.
 var fileAliases = map[string]string{"startupTaints": "startup-taint"}
 
+// plannerSettings are `mig-agent planner`'s own flags; it shares
+// plannerShared with run (the planner's --max-concurrent counts nodes
+// whose change it started and that are still under way).
+var plannerSettings = []setting{
+	{"allowed-configs", "", []string{}, "configs of -f the planner may choose (required)", func(s *settings.Settings) any { return &s.AllowedConfigs }},
+	{"hold-time", "", 10 * time.Minute, "a node the planner changed is not changed again within this time, unless idle", func(s *settings.Settings) any { return &s.HoldTime }},
+	{"planner-interval", "", 5 * time.Second, "how often the planner looks at pending pods", func(s *settings.Settings) any { return &s.PlannerInterval }},
+	{"dry-run", "", false, "print what the planner would change and why, once, and change nothing", func(s *settings.Settings) any { return &s.DryRun }},
+}
+
+// plannerShared are the run flags the planner takes too.
+var plannerShared = []string{"config-file", "kubeconfig", "namespace", "metrics-address", "max-concurrent", "lease-duration"}
+
+// addPlannerFlags declares the planner's flags.
+func addPlannerFlags(fs *pflag.FlagSet) {
+	addFlags(fs, plannerSettings)
+	for _, st := range runSettings {
+		if slices.Contains(plannerShared, st.name) {
+			addFlags(fs, []setting{st})
+		}
+	}
+	// What the shared flags mean to the planner.
+	for name, usage := range map[string]string{
+		"max-concurrent": "at most N opted-in nodes changing at once (0: 1)",
+		"lease-duration": "duration of the planner's leader Lease mig-agent-planner; a crashed leader's Lease expires after it",
+		"namespace":      "the agents' namespace: their assignment trails and the planner's Lease (default the pod's own, else mig-agent)",
+		"config-file":    "the MIG config file the agents use (nvidia-mig-parted v1 format)",
+	} {
+		fs.Lookup(name).Usage = usage
+	}
+}
+
 // addFlags declares the flags of settings on fs.
 func addFlags(fs *pflag.FlagSet, settings []setting) {
 	for _, st := range settings {
@@ -219,7 +251,7 @@ func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 	}
 	r := &reader{v: v}
 	s := &settings.Settings{}
-	for _, st := range append(slices.Clone(globalSettings), runSettings...) {
+	for _, st := range slices.Concat(globalSettings, runSettings, plannerSettings) {
 		if cmd.Flags().Lookup(st.name) == nil {
 			continue // not a flag of this command
 		}

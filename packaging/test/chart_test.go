@@ -428,12 +428,24 @@ func TestFullOptions(t *testing.T) {
 	for _, kind := range []string{"Service", "ServiceMonitor", "PodMonitor"} {
 		one(t, objs, kind)
 	}
+	// planner.enabled: its Deployment runs `mig-agent planner` on the
+	// chart's MIG config file, with the allowed configs.
+	plan := one(t, objs, "Deployment")
+	planArgs := fmt.Sprint(get(plan, "spec", "template", "spec", "containers", 0, "args"))
+	for _, want := range []string{"planner", "--allowed-configs=all-disabled,inference", "--max-concurrent=2", "--hold-time=5m", "--config-file=/mig-parted-config/config.yaml", "--namespace=gpu-system"} {
+		if !strings.Contains(planArgs, want) {
+			t.Errorf("planner args %s lack %s", planArgs, want)
+		}
+	}
+	if got := get(plan, "spec", "template", "spec", "volumes", 0, "configMap", "name"); got != "gpu-mig-agent-settings" {
+		t.Errorf("planner mounts ConfigMap %v, want the chart's settings (migConfig)", got)
+	}
 	for _, o := range objs {
 		if ns := get(o, "metadata", "namespace"); ns != nil && ns != c.namespace {
 			t.Errorf("%s %v in namespace %v, want %s", o["kind"], get(o, "metadata", "name"), ns, c.namespace)
 		}
 		for _, s := range asList(get(o, "subjects")) {
-			if get(s, "kind") == "ServiceAccount" && (get(s, "namespace") != c.namespace || get(s, "name") != "gpu-mig-agent") {
+			if get(s, "kind") == "ServiceAccount" && (get(s, "namespace") != c.namespace || get(s, "name") != "gpu-mig-agent" && get(s, "name") != "gpu-mig-agent-planner") {
 				t.Errorf("%s %v binds %v", o["kind"], get(o, "metadata", "name"), s)
 			}
 		}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/planner"
+	"github.com/migagent/mig-agent/settings"
+)
+
+// plannerLease is the Lease the planner's replicas elect their leader on.
+const plannerLease = "mig-agent-planner"
+
+// plannerCmd is `mig-agent planner`: it reshapes opted-in, idle GPUs for
+// the MIG devices pending pods ask for (package planner).
+func plannerCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "planner -f FILE --allowed-configs a,b,...",
+		Short: "Reshape opted-in, idle GPUs for the MIG devices pending pods ask for (one active replica)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := loadSettings(cmd)
+			if err != nil {
+				return err
+			}
+			p, err := newPlanner(s, cmd)
+			if err != nil {
+				return err
+			}
+			if s.DryRun {
+				_, err := p.Round(cmd.Context())
+				return err
+			}
+			return runPlanner(cmd.Context(), s, p)
+		},
+	}
+	addPlannerFlags(c.Flags())
+	return c
+}
+
+// newPlanner checks the settings and builds the planner.
+func newPlanner(s *settings.Settings, cmd *cobra.Command) (*planner.Planner, error) {
+	if s.ConfigFile == "" {
+		return nil, badInput(errors.New("-f (--config-file) is required: the config file the agents use"))
+	}
+	if len(s.AllowedConfigs) == 0 {
+		return nil, badInput(errors.New("--allowed-configs is required: the configs the planner may choose"))
+	}
+	if s.MaxConcurrentPercent > 0 {
+		return nil, badInput(errors.New("--max-concurrent: the planner takes a number of nodes, not a percentage"))
+	}
+	data, err := gpus.ReadUserFile(s.ConfigFile, gpus.MaxUserFile)
+	if err != nil {
+		return nil, badInput(fmt.Errorf("reading -f: %w", err))
+	}
+	spec, err := geometry.Parse(data)
+	if err != nil {
+		return nil, badInput(fmt.Errorf("-f %s: %w", s.ConfigFile, err))
+	}
+	for _, a := range s.AllowedConfigs {
+		if _, ok := spec.Configs[a]; !ok {
+			return nil, badInput(fmt.Errorf("--allowed-configs: %q is not a config of %s", a, s.ConfigFile))
+		}
+	}
+	if s.Namespace == "" {
+		s.Namespace = podNamespace()
+	}
+	client, err := statusClient(s.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	log := newLogger(s)
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	host, _ := os.Hostname()
+	return &planner.Planner{
+		Client: client, Namespace: s.Namespace, Spec: spec, Interval: s.PlannerInterval, DryRun: s.DryRun,
+		Out: cmd.OutOrStdout(), Log: log, Clock: clock.RealClock{}, Identity: host,
+		Options: planner.Options{Allowed: slices.Clone(s.AllowedConfigs), MaxConcurrent: max(s.MaxConcurrent, 1), HoldTime: s.HoldTime},
+	}, nil
+}
+
+// runPlanner serves the planner's metrics and plans while it holds the
+// Lease.
+func runPlanner(ctx context.Context, s *settings.Settings, p *planner.Planner) error {
+	p.Metrics = planner.NewMetrics()
+	if s.MetricsAddress != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", p.Metrics.Handler())
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		ln, err := net.Listen("tcp", s.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics address: %w", err)
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+	}
+	p.Log.Info("planner starting", "version", version, "allowed", s.AllowedConfigs, "maxConcurrent", p.Options.MaxConcurrent, "holdTime", s.HoldTime)
+	e := &planner.Elector{
+		Client: p.Client, Namespace: s.Namespace, Name: plannerLease, Identity: p.Identity + "-" + fmt.Sprint(os.Getpid()),
+		LeaseDuration: s.LeaseDuration, RenewDeadline: s.LeaseDuration * 2 / 3, RetryPeriod: max(s.LeaseDuration/6, time.Second),
+		Clock: p.Clock, Log: p.Log, Leading: p.Metrics.Leading,
+	}
+	return e.Run(ctx, p.Run)
+}

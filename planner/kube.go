@@ -1,0 +1,279 @@
+package planner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/migagent/mig-agent/assign"
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/profiles"
+	"github.com/migagent/mig-agent/record"
+)
+
+// Labels and annotations the planner reads and writes.
+const (
+	// LabelOptIn on a Node lets the planner change its geometry.
+	LabelOptIn = "migagent.io/planner"
+	// OptInValue is the value that opts a node in.
+	OptInValue = "enabled"
+	// AnnotationRequested is the config the planner set the node's label to
+	// (written with the label); the agent refuses such a change, rather
+	// than evict, when it would take a device in use.
+	AnnotationRequested = record.AnnotationPlannerRequested
+	// AnnotationRequestedAt is when (RFC 3339): the hold time counts from it.
+	AnnotationRequestedAt = "planner.migagent.io/requested-at"
+	// LabelGPUProduct and LabelGPUCount are GPU Feature Discovery's labels:
+	// the model and the number of GPUs of the node.
+	LabelGPUProduct = "nvidia.com/gpu.product"
+	LabelGPUCount   = "nvidia.com/gpu.count"
+	// ResourcePrefix is the device plugin's resource of a MIG device, mixed
+	// strategy: nvidia.com/mig-<profile>.
+	ResourcePrefix = "nvidia.com/mig-"
+	// FieldManager names the planner's writes.
+	FieldManager = "mig-agent-planner"
+)
+
+// Event reasons on a pending pod.
+const (
+	ReasonPlanned    = "MigGeometryPlanned"
+	ReasonUnservable = "MigGeometryUnservable"
+)
+
+// ErrUnknownModel: the node's GPU model is none that mig-agent knows.
+var ErrUnknownModel = errors.New("unknown GPU model")
+
+// PendingPods lists the pods the scheduler found no node for
+// (PodScheduled=False, reason Unschedulable) that ask for MIG devices.
+func PendingPods(ctx context.Context, c kclient.Interface) ([]Pod, error) {
+	list, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName="})
+	if err != nil {
+		return nil, fmt.Errorf("listing pending pods: %w", err)
+	}
+	var out []Pod
+	for i := range list.Items {
+		if p, ok := pendingPod(&list.Items[i]); ok {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func pendingPod(p *corev1.Pod) (Pod, bool) {
+	if p.Spec.NodeName != "" || p.DeletionTimestamp != nil {
+		return Pod{}, false
+	}
+	var since time.Time
+	unschedulable := false
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			unschedulable, since = true, c.LastTransitionTime.Time
+		}
+	}
+	if !unschedulable {
+		return Pod{}, false
+	}
+	wants := MigWants(p)
+	if len(wants) == 0 {
+		return Pod{}, false
+	}
+	return Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Created: p.CreationTimestamp.Time, Pending: since, Wants: wants}, true
+}
+
+// MigWants counts the MIG devices a pod's containers ask for, by profile
+// (init containers run one at a time: the largest of them counts, as the
+// scheduler counts them).
+func MigWants(p *corev1.Pod) map[string]int {
+	wants := map[string]int{}
+	for _, c := range p.Spec.Containers {
+		for r, q := range c.Resources.Limits {
+			if prof, ok := strings.CutPrefix(string(r), ResourcePrefix); ok && q.Value() > 0 {
+				wants[prof] += int(q.Value())
+			}
+		}
+	}
+	for _, c := range p.Spec.InitContainers {
+		for r, q := range c.Resources.Limits {
+			if prof, ok := strings.CutPrefix(string(r), ResourcePrefix); ok && int(q.Value()) > wants[prof] {
+				wants[prof] = int(q.Value())
+			}
+		}
+	}
+	return wants
+}
+
+// usesGPU: the pod asks for any nvidia.com resource.
+func usesGPU(p *corev1.Pod) bool {
+	for _, cs := range [][]corev1.Container{p.Spec.Containers, p.Spec.InitContainers} {
+		for _, c := range cs {
+			for r := range c.Resources.Limits {
+				if strings.HasPrefix(string(r), "nvidia.com/") {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// Nodes reads every opted-in node: its geometry from its agent's records,
+// its model and GPU count from GPU Feature Discovery's labels, the devices
+// in use from its agent's assignment trail (ConfigMap <node>-mig-assignments
+// in namespace), checked against the pods running on it.
+func Nodes(ctx context.Context, c kclient.Interface, spec *geometry.Spec, namespace string) ([]*Node, error) {
+	list, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: LabelOptIn + "=" + OptInValue})
+	if err != nil {
+		return nil, fmt.Errorf("listing opted-in nodes: %w", err)
+	}
+	out := make([]*Node, 0, len(list.Items))
+	for i := range list.Items {
+		n, err := readNode(ctx, c, spec, namespace, &list.Items[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b *Node) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, namespace string, kn *corev1.Node) (*Node, error) {
+	st, _ := kube.StatusFromNode(kn)
+	n := &Node{Name: kn.Name, Desired: st.Desired}
+	if st.Applied != nil {
+		n.Applied = st.Applied.Config
+	}
+	// In flight: a change runs, or a label the agent has not acted on yet
+	// (a failed change is not: the agent retries it on its own).
+	n.InFlight = st.State == record.StatePending || st.State == record.StateRebooting ||
+		st.State != record.StateFailed && st.Desired != "" && st.Desired != n.Applied
+	if at, err := time.Parse(time.RFC3339, kn.Annotations[AnnotationRequestedAt]); err == nil {
+		n.PlannedAt = at
+	}
+	gpus, err := NodeGPUs(kn.Labels, st, spec)
+	if err != nil {
+		n.Unreadable = err.Error()
+	}
+	n.GPUs = gpus
+	if err := readInUse(ctx, c, namespace, n); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// NodeGPUs builds the node's GPUs as the agent's planner sees them: the
+// model from GPU Feature Discovery's nvidia.com/gpu.product, the count from
+// the record's geometry (else nvidia.com/gpu.count), the instances from the
+// newest record with a geometry, the MIG mode from the applied config.
+func NodeGPUs(labels map[string]string, st *kube.Status, spec *geometry.Spec) ([]geometry.GPU, error) {
+	m, err := modelOf(labels[LabelGPUProduct])
+	if err != nil {
+		return nil, err
+	}
+	count := len(st.GPUs)
+	if count == 0 {
+		if count, err = strconv.Atoi(labels[LabelGPUCount]); err != nil || count <= 0 {
+			return nil, fmt.Errorf("no GPU count: no recorded geometry and label %s is %q", LabelGPUCount, labels[LabelGPUCount])
+		}
+	}
+	gpus := make([]geometry.GPU, count)
+	for i := range gpus {
+		gpus[i] = geometry.GPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i), Name: m.Name, PCIDeviceID: m.PCIDeviceID,
+			Architecture: m.Architecture, MigCapable: m.MigCapable, CanReset: true, Catalogue: m.Catalogue}
+	}
+	for _, g := range st.GPUs {
+		if g.Index >= count {
+			return nil, fmt.Errorf("recorded geometry names GPU %d of %d", g.Index, count)
+		}
+		for _, s := range g.Instances {
+			in, err := ParseInstance(s)
+			if err != nil {
+				return nil, fmt.Errorf("recorded geometry of GPU %d: %w", g.Index, err)
+			}
+			gpus[g.Index].Instances = append(gpus[g.Index].Instances, in)
+		}
+	}
+	enabled := map[int]bool{}
+	if st.Applied != nil && spec != nil {
+		if reqs, _, err := spec.Resolve(st.Applied.Config, gpus); err == nil {
+			for _, r := range reqs {
+				enabled[r.GPU] = r.MigEnabled
+			}
+		}
+	}
+	for i := range gpus {
+		gpus[i].ModeCurrent = enabled[i] || len(gpus[i].Instances) > 0
+		gpus[i].ModePending = gpus[i].ModeCurrent
+	}
+	return gpus, nil
+}
+
+// modelOf finds the model GPU Feature Discovery names: the NVML name with
+// spaces as dashes, and "-MIG-..." or "-SHARED" appended by some strategies.
+func modelOf(product string) (*profiles.Model, error) {
+	if product == "" {
+		return nil, fmt.Errorf("%w: label %s is not set", ErrUnknownModel, LabelGPUProduct)
+	}
+	base, _, _ := strings.Cut(product, "-MIG-")
+	base = strings.TrimSuffix(base, "-SHARED")
+	for _, m := range profiles.Models() {
+		if strings.ReplaceAll(m.Name, " ", "-") == base && m.MigCapable {
+			return &m, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s=%q", ErrUnknownModel, LabelGPUProduct, product)
+}
+
+// readInUse fills n.InUse from the open entries of the node's assignment
+// trail, and n.Unlocated with the running pods on the node that ask for a
+// GPU resource but hold no device the trail names.
+func readInUse(ctx context.Context, c kclient.Interface, namespace string, n *Node) error {
+	located := map[string]bool{}
+	h, err := assign.ReadConfigMap(ctx, c, namespace, n.Name)
+	switch {
+	case errors.Is(err, assign.ErrNoHistory):
+	case err != nil:
+		n.Unreadable = "its assignment trail cannot be read: " + err.Error()
+	default:
+		for _, e := range h.Entries {
+			if !e.Open() {
+				continue
+			}
+			pod := e.Namespace + "/" + e.Pod
+			start, _, _ := strings.Cut(e.Device.Placement, "+")
+			s, err := strconv.Atoi(start)
+			if e.Device.GPU < 0 || err != nil {
+				n.Unlocated = append(n.Unlocated, pod)
+				continue
+			}
+			located[pod] = true
+			n.InUse = append(n.InUse, InUse{GPU: e.Device.GPU, Start: s, Profile: e.Device.Profile, Pod: pod})
+		}
+	}
+	pods, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
+	if err != nil {
+		return fmt.Errorf("listing the pods of node %s: %w", n.Name, err)
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		key := p.Namespace + "/" + p.Name
+		if p.Spec.NodeName != n.Name {
+			continue
+		}
+		done := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		if !done && usesGPU(p) && !located[key] && !slices.Contains(n.Unlocated, key) {
+			n.Unlocated = append(n.Unlocated, key)
+		}
+	}
+	slices.Sort(n.Unlocated)
+	return nil
+}

@@ -1,0 +1,256 @@
+// Package planner is `mig-agent planner`: it reshapes the MIG geometry of
+// opted-in, idle GPUs for the MIG devices pending pods ask for. It reads
+// pods the scheduler could not place (PodScheduled=False, Unschedulable)
+// that ask for nvidia.com/mig-<profile>, the nodes labelled
+// migagent.io/planner=enabled (their geometry from their agents' change
+// records, the devices in use from their agents' assignment trails), and
+// the configs it may choose; it decides with the agents' own planner
+// (geometry.BuildPlan) and refuses any change that would destroy a device
+// in use. It only sets nvidia.com/mig.config, as a person would: each
+// node's agent applies the change, within its rollout slots, and records
+// the planner's identity as the requester.
+//
+// It may import client-go (through internal/kclient), geometry, profiles,
+// record, kube (to read a node's records) and assign (to read its trail).
+package planner
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+
+	"github.com/migagent/mig-agent/geometry"
+	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/record"
+)
+
+// Planner runs the rounds.
+type Planner struct {
+	Client    kclient.Interface
+	Namespace string // the agents' namespace: their assignment trails
+	Spec      *geometry.Spec
+	Options   Options
+	Interval  time.Duration
+	DryRun    bool
+	Out       io.Writer // --dry-run's report
+	Log       *slog.Logger
+	Clock     clock.Clock
+	Metrics   *Metrics // nil: none
+	// Identity names the planner in its Events.
+	Identity string
+
+	planned    map[string]planned // pod UID → the change that serves it
+	unservable map[string]string  // pod UID → the reason its Event gave
+	seq        int64              // Events written: their names differ
+}
+
+type planned struct {
+	node string
+	at   time.Time
+}
+
+// Run plans a round every Interval until ctx ends.
+func (p *Planner) Run(ctx context.Context) error {
+	for {
+		if _, err := p.Round(ctx); err != nil && ctx.Err() == nil {
+			p.Log.Warn("planner round failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.Clock.After(p.Interval):
+		}
+	}
+}
+
+// Round reads the cluster, decides, and (unless DryRun) sets the labels and
+// writes the Events.
+func (p *Planner) Round(ctx context.Context) (Outcome, error) {
+	if p.planned == nil {
+		p.planned, p.unservable = map[string]planned{}, map[string]string{}
+	}
+	pods, err := PendingPods(ctx, p.Client)
+	if err != nil {
+		return Outcome{}, err
+	}
+	nodes, err := Nodes(ctx, p.Client, p.Spec, p.Namespace)
+	if err != nil {
+		return Outcome{}, err
+	}
+	now := p.Clock.Now()
+	pods = p.notPlanned(pods, nodes, now)
+	out := Decide(p.Spec, nodes, pods, now, p.Options)
+	if p.DryRun {
+		p.report(out)
+		return out, nil
+	}
+	for _, d := range out.Decisions {
+		if err := p.apply(ctx, d, now); err != nil {
+			return out, err
+		}
+	}
+	p.explain(ctx, pods, out)
+	return out, nil
+}
+
+// notPlanned drops the pods a change already under way serves, and
+// remembers, per node, how many such pods still wait for it (Reserved):
+// the node is not idle while they do.
+func (p *Planner) notPlanned(pods []Pod, nodes []*Node, now time.Time) []Pod {
+	pending := map[string]bool{}
+	var out []Pod
+	for _, pod := range pods {
+		pending[pod.UID] = true
+		pl, ok := p.planned[pod.UID]
+		if !ok {
+			out = append(out, pod)
+			continue
+		}
+		i := slices.IndexFunc(nodes, func(n *Node) bool { return n.Name == pl.node })
+		if i < 0 || (!nodes[i].InFlight && now.Sub(pl.at) > p.Options.HoldTime) {
+			delete(p.planned, pod.UID) // its change is done and the scheduler still has no node: plan again
+			out = append(out, pod)
+			continue
+		}
+		nodes[i].Reserved++
+	}
+	for uid := range p.planned {
+		if !pending[uid] {
+			delete(p.planned, uid)
+		}
+	}
+	for uid := range p.unservable {
+		if !pending[uid] {
+			delete(p.unservable, uid)
+		}
+	}
+	return out
+}
+
+// apply sets node's label to the decision's config, with the annotations
+// that mark the change as the planner's.
+func (p *Planner) apply(ctx context.Context, d Decision, now time.Time) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"labels":      map[string]string{record.LabelConfig: d.Config},
+		"annotations": map[string]string{AnnotationRequested: d.Config, AnnotationRequestedAt: now.UTC().Format(time.RFC3339)},
+	}})
+	if err != nil {
+		return err
+	}
+	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, d.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+		return fmt.Errorf("setting %s=%s on node %s: %w", record.LabelConfig, d.Config, d.Node, err)
+	}
+	p.Log.Info("planner changed a node's geometry", "node", d.Node, "config", d.Config, "gpus", d.GPUs, "pods", len(d.Pods), "why", d.Why)
+	p.Metrics.decision("changed")
+	msg := fmt.Sprintf("node %s, GPU(s) %s, config %s: %s", d.Node, ints(d.GPUs), d.Config, d.Why)
+	names := make([]string, len(d.Pods))
+	for i, pod := range d.Pods {
+		names[i] = pod.Key()
+	}
+	p.write(ctx, corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: d.Node}, metav1.NamespaceDefault,
+		corev1.EventTypeNormal, ReasonPlanned, msg+"; for "+strings.Join(names, ", "))
+	for _, pod := range d.Pods {
+		p.planned[pod.UID] = planned{node: d.Node, at: now}
+		delete(p.unservable, pod.UID)
+		p.event(ctx, pod, corev1.EventTypeNormal, ReasonPlanned, msg)
+		if !pod.Pending.IsZero() {
+			p.Metrics.planned(now.Sub(pod.Pending))
+		}
+	}
+	return nil
+}
+
+// explain writes MigGeometryUnservable once per pod and reason.
+func (p *Planner) explain(ctx context.Context, pods []Pod, out Outcome) {
+	n := 0
+	for _, pod := range pods {
+		why, ok := out.Unservable[pod.Key()]
+		if !ok {
+			continue
+		}
+		n++
+		if p.unservable[pod.UID] == why {
+			continue
+		}
+		p.unservable[pod.UID] = why
+		p.Metrics.decision("unservable")
+		p.Log.Info("planner cannot serve a pending pod", "pod", pod.Key(), "why", why)
+		p.event(ctx, pod, corev1.EventTypeWarning, ReasonUnservable, why)
+	}
+	p.Metrics.unservablePods(n)
+}
+
+func (p *Planner) event(ctx context.Context, pod Pod, typ, reason, msg string) {
+	ref := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
+	p.write(ctx, ref, pod.Namespace, typ, reason, msg)
+}
+
+// write creates one Event about ref in namespace.
+func (p *Planner) write(ctx context.Context, ref corev1.ObjectReference, namespace, typ, reason, msg string) {
+	now := metav1.NewTime(p.Clock.Now())
+	p.seq++
+	ev := &corev1.Event{
+		// Named as client-go's event recorder names them: object.<hex time>.
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", ref.Name, now.UnixNano()+p.seq), Namespace: namespace},
+		InvolvedObject: ref,
+		Reason:         reason, Message: record.Truncate(msg, 1024), Type: typ,
+		Source:         corev1.EventSource{Component: "mig-agent-planner"},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+		ReportingController: "migagent.io/mig-agent-planner", ReportingInstance: p.Identity,
+	}
+	if _, err := p.Client.CoreV1().Events(namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		p.Log.Warn("planner could not write an Event", "kind", ref.Kind, "name", ref.Name, "reason", reason, "err", err)
+	}
+}
+
+// report prints a dry run: what the planner would change and why.
+func (p *Planner) report(out Outcome) {
+	w := p.Out
+	if len(out.Decisions) == 0 {
+		fmt.Fprintln(w, "no change")
+	}
+	for _, d := range out.Decisions {
+		names := make([]string, len(d.Pods))
+		for i, pod := range d.Pods {
+			names[i] = pod.Key()
+		}
+		fmt.Fprintf(w, "would set %s=%s on node %s (GPUs %s): %s; for %s\n", record.LabelConfig, d.Config, d.Node, ints(d.GPUs), d.Why, strings.Join(names, ", "))
+	}
+	for _, k := range sortedKeys(out.Unservable) {
+		fmt.Fprintf(w, "unservable %s: %s\n", k, out.Unservable[k])
+	}
+	for _, k := range sortedKeys(out.Waiting) {
+		fmt.Fprintf(w, "waiting %s: %s\n", k, out.Waiting[k])
+	}
+	for _, n := range out.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func ints(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
