@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/kubetest/audit"
 	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
 )
@@ -282,7 +283,7 @@ func TestFleetRolloutBounded(t *testing.T) {
 	// queue while the window held the slots, takes, hand-offs, releases,
 	// lost races; the watch names none) and their conflicts.
 	time.Sleep(time.Second) // the last responses are logged
-	evs, err := kubetest.ReadAudit(kubetest.AuditLog(t), labelled, time.Time{}, func(e kubetest.AuditEvent) bool {
+	evs, err := audit.Read(kubetest.AuditLog(t), labelled, time.Time{}, func(e audit.Event) bool {
 		return e.Namespace() == ns && strings.HasPrefix(e.UserAgent, "mig-agent/") && e.Resource() == "leases" &&
 			strings.HasPrefix(e.Name(), "mig-agent-slot-")
 	})

@@ -32,6 +32,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/kubetest/audit"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -218,7 +219,7 @@ func measure(ctx context.Context, o options, bin, kubeconfig, simState, stateDir
 		CPUSecondsPerMin: (cpuSeconds(agent.Process.Pid) - cpu0) / took, ListCallsPerMin: float64(kl.ListCalls()-lists0) / took,
 		PodStartsPerMin: float64(ch.starts-starts0) / took}
 	time.Sleep(time.Second) // the audit log is written when a response completes
-	evs, err := kubetest.ReadAudit(kubetest.AuditLogPath(filepath.Dir(kubeconfig)), from, to, kubetest.AuditByUserAgent("mig-agent/"))
+	evs, err := audit.Read(audit.LogPath(filepath.Dir(kubeconfig)), from, to, audit.ByUserAgent("mig-agent/"))
 	if err != nil {
 		return nil, err
 	}

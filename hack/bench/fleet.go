@@ -36,7 +36,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/migagent/mig-agent/hack/bench/turns"
-	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/kubetest/audit"
 	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
 )
@@ -699,7 +699,7 @@ func (f *fleetBench) run(ctx context.Context, k, n, rep int, outage bool) (*flee
 // audit log into r.
 func (f *fleetBench) auditRollout(r *fleetRun, k int, from time.Time, slots *slotTimeline) error {
 	time.Sleep(500 * time.Millisecond) // the last responses' events are written
-	evs, err := kubetest.ReadAudit(kubetest.AuditLogPath(f.api.dir), from.Add(-time.Second), time.Time{}, kubetest.AuditByUserAgent("mig-agent/"))
+	evs, err := audit.Read(audit.LogPath(f.api.dir), from.Add(-time.Second), time.Time{}, audit.ByUserAgent("mig-agent/"))
 	if err != nil {
 		return err
 	}
