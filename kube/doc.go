@@ -4,9 +4,10 @@
 // (record.go: bounded, patched with its history, retried, the records the
 // history drops named), the requester of a change (requester.go), Events,
 // the rights check before a change (preflight.go), other MIG managers
-// (othermanager.go), and the status a person reads (status.go). The pods a
-// change disturbs are package drain's (drain.Disruptor); the Leases
-// (rollout slots, the node Lease) are package lease's.
+// (othermanager.go), and the status a person reads (status.go; as text,
+// status_text.go). The pods a change disturbs are package drain's
+// (drain.Disruptor); the Leases (rollout slots, the node Lease) are package
+// lease's.
 //
 // It may import client-go (through internal/kclient), drain, record,
 // gpus (the inventory) and reconcile (the interfaces it implements).

@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-var updateStatus = flag.Bool("update-status", false, "rewrite kube/testdata/status/*.json (the text: cmd/mig-agent)")
+var updateStatus = flag.Bool("update-status", false, "rewrite kube/testdata/status/*.json and *.txt")
 
 func loadNode(t *testing.T, file string) *corev1.Node {
 	t.Helper()

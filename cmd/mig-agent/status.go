@@ -50,7 +50,7 @@ func statusCmd() *cobra.Command {
 			if format == "json" {
 				return output(cmd.OutOrStdout(), "json", statusWithAssignments{Status: st, Assignments: held})
 			}
-			if err := writeStatusText(cmd.OutOrStdout(), st); err != nil {
+			if err := kube.WriteStatusText(cmd.OutOrStdout(), st); err != nil {
 				return err
 			}
 			return writeHeld(cmd.OutOrStdout(), held)

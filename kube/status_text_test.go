@@ -1,10 +1,9 @@
-package main
+package kube
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,43 +12,26 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/record"
 )
 
-var updateStatusText = flag.Bool("update-status", false, "rewrite testdata/status/*.txt")
-
-// loadStatusNode reads a Node of the agent's status test cases.
-func loadStatusNode(t *testing.T, file string) *corev1.Node {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "kube", "testdata", "status", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n corev1.Node
-	if err := json.Unmarshal(b, &n); err != nil {
-		t.Fatalf("%s: %v", file, err)
-	}
-	return &n
-}
-
 // The text of mig-agent status for the agent's status test cases (the
-// model and its JSON are checked in agent/status_test.go).
+// model and its JSON are checked in status_test.go).
 func TestStatusTextGolden(t *testing.T) {
 	for golden, node := range map[string]string{
 		"status": "node.json", "status-bad": "node-bad.json", "status-empty": "node-empty.json", "status-pending": "node-pending.json",
 	} {
 		t.Run(golden, func(t *testing.T) {
-			s, err := kube.StatusFromNode(loadStatusNode(t, node))
+			s, err := StatusFromNode(loadNode(t, node))
 			if err != nil {
 				t.Fatal(err)
 			}
 			var text bytes.Buffer
-			if err := writeStatusText(&text, s); err != nil {
+			if err := WriteStatusText(&text, s); err != nil {
 				t.Fatal(err)
 			}
 			path := filepath.Join("testdata", "status", golden+".txt")
-			if *updateStatusText {
+			if *updateStatus {
 				if err := os.WriteFile(path, text.Bytes(), 0o644); err != nil {
 					t.Fatal(err)
 				}
@@ -69,14 +51,14 @@ func TestStatusTextProfileSummary(t *testing.T) {
 	rec := record.ChangeRecord{Config: "c", Result: record.StateSuccess, ServedBy: record.ServedByDRA,
 		Geometry: map[string][]string{"1": {"1g.18gb@6", "3g.71gb@0", "1g.18gb@4", "1g.18gb@5"}, "0": nil}}
 	b, _ := json.Marshal(rec)
-	s, err := kube.StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+	s, err := StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
 		Labels:      map[string]string{record.LabelConfig: "c", record.LabelState: record.StateSuccess},
 		Annotations: map[string]string{record.AnnotationLastChange: string(b), record.AnnotationHistory: "[" + string(b) + "]"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := writeStatusText(&out, s); err != nil {
+	if err := WriteStatusText(&out, s); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "1x 3g.71gb, 3x 1g.18gb") {
@@ -105,13 +87,13 @@ func TestShortDigests(t *testing.T) {
 func TestStatusControlCharacters(t *testing.T) {
 	rec := record.ChangeRecord{Config: "c", Result: record.StateFailed, Reason: "line1\nline2\x1b[31mred\tend"}
 	b, _ := json.Marshal(rec)
-	s, err := kube.StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+	s, err := StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
 		Annotations: map[string]string{record.AnnotationLastChange: string(b), record.AnnotationHistory: "[" + string(b) + "]"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := writeStatusText(&out, s); err != nil {
+	if err := WriteStatusText(&out, s); err != nil {
 		t.Fatal(err)
 	}
 	if strings.ContainsAny(out.String(), "\x1b\t") || strings.Contains(out.String(), "line1\n") {
@@ -130,12 +112,12 @@ func (f *failingWriter) Write(b []byte) (int, error) {
 }
 
 func TestStatusWriteError(t *testing.T) {
-	s, err := kube.StatusFromNode(loadStatusNode(t, "node.json"))
+	s, err := StatusFromNode(loadNode(t, "node.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []int{0, 3, 10} {
-		if err := writeStatusText(&failingWriter{n: n}, s); err == nil || err.Error() != "disk full" {
+		if err := WriteStatusText(&failingWriter{n: n}, s); err == nil || err.Error() != "disk full" {
 			t.Errorf("after %d writes: err = %v, want disk full", n, err)
 		}
 	}

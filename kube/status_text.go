@@ -1,4 +1,4 @@
-package main
+package kube
 
 import (
 	"fmt"
@@ -9,15 +9,14 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/record"
 )
 
-// writeStatusText writes the status for a person (mig-agent status): the
+// WriteStatusText writes the status for a person (mig-agent status): the
 // configs and state, the per-GPU geometry, the last change in full and the
 // history as a table. Text from the annotations is printed with control
 // characters replaced.
-func writeStatusText(w io.Writer, s *kube.Status) error {
+func WriteStatusText(w io.Writer, s *Status) error {
 	ew := &errWriter{w: w}
 	writeSummary(ew, s)
 	writeGeometry(ew, s)
@@ -33,7 +32,7 @@ func writeStatusText(w io.Writer, s *kube.Status) error {
 }
 
 // writeSummary writes the node, its configs and state, and who asked.
-func writeSummary(w io.Writer, s *kube.Status) {
+func writeSummary(w io.Writer, s *Status) {
 	fmt.Fprintf(w, "Node:      %s\n", clean(s.Node))
 	fmt.Fprintf(w, "Desired:   %s\n", orDash(s.Desired))
 	fmt.Fprintf(w, "State:     %s\n", orDash(s.State))
@@ -54,8 +53,8 @@ func writeSummary(w io.Writer, s *kube.Status) {
 	}
 	if r := s.Requester; r != nil {
 		how := map[string]string{
-			kube.RequesterFromAdmission:     "authenticated by the API server",
-			kube.RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
+			RequesterFromAdmission:     "authenticated by the API server",
+			RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
 		}[r.Source]
 		if how == "" {
 			how = "neither the requester stamp nor managedFields name who set the label, or the stamp does not parse"
@@ -73,7 +72,7 @@ func writeSummary(w io.Writer, s *kube.Status) {
 }
 
 // writeGeometry writes the per-GPU geometry table.
-func writeGeometry(w io.Writer, s *kube.Status) {
+func writeGeometry(w io.Writer, s *Status) {
 	fmt.Fprintf(w, "\nGPU geometry")
 	if s.GeometryAt != nil {
 		fmt.Fprintf(w, " (after the change finished %s)", formatTime(*s.GeometryAt))
@@ -268,11 +267,11 @@ func podList(pods []string, n int) string {
 
 // profileSummary is "1x 3g.71gb, 2x 1g.18gb" in the order the profiles
 // first appear on the GPU.
-func profileSummary(g kube.GPUGeometry) string {
+func profileSummary(g GPUGeometry) string {
 	var parts []string
 	seen := map[string]bool{}
 	for _, in := range g.Instances {
-		p, _ := kube.SplitInstance(in)
+		p, _ := SplitInstance(in)
 		if seen[p] {
 			continue
 		}
