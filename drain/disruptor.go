@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/migagent/mig-agent/drain/sharing"
 	"log/slog"
 	"strings"
 	"time"
@@ -182,12 +183,12 @@ func (d *Disruptor) WaitResources(ctx context.Context, strategy string, migMode 
 	if err != nil {
 		return false, false, err
 	}
-	sharing, err := d.readSharing(ctx, d.restarted)
+	shared, err := d.readSharing(ctx, d.restarted)
 	d.restarted = false
 	if err != nil {
 		return true, false, err
 	}
-	ok, err = waitFresh(ctx, d.Client, d.Node, want, sharing, d.proof(isPluginItself), timeout)
+	ok, err = waitFresh(ctx, d.Client, d.Node, want, shared, d.proof(sharing.IsPlugin), timeout)
 	return true, ok, err
 }
 
@@ -198,31 +199,31 @@ const (
 	sharingReadDelay = time.Second
 )
 
-// readSharing reads the device plugin's sharing config (readNodeSharing); nil
+// readSharing reads the device plugin's sharing config (sharing.ReadNode); nil
 // where it cannot be known, so that the plugin's documented forms are
 // accepted. When this change restarted plugin pods (restarted), no plugin
 // pod at all is retried briefly: the restart removed the old pod, and its
 // DaemonSet has not made the new one yet. A node that had no plugin pod
 // before the change has none to wait for. A config whose replicas are out
-// of bounds is an error (errSharingReplicas): what the plugin advertises
+// of bounds is an error (sharing.ErrReplicas): what the plugin advertises
 // under it cannot be checked.
-func (d *Disruptor) readSharing(ctx context.Context, restarted bool) (*sharingConfig, error) {
+func (d *Disruptor) readSharing(ctx context.Context, restarted bool) (*sharing.Config, error) {
 	var err error
 	for try := 0; try < sharingReadTries; try++ {
-		var s *sharingConfig
+		var s *sharing.Config
 		if n := d.cachedNode(ctx); n != nil {
-			s, err = readSharingOf(ctx, d.Client, n)
+			s, err = sharing.Read(ctx, d.Client, n, NodePods)
 		} else {
-			s, err = readNodeSharing(ctx, d.Client, d.Node)
+			s, err = sharing.ReadNode(ctx, d.Client, d.Node, NodePods)
 		}
 		if err == nil {
 			d.Log.Debug("device plugin sharing config", "source", s.Source)
 			return s, nil
 		}
-		if errors.Is(err, errSharingReplicas) {
+		if errors.Is(err, sharing.ErrReplicas) {
 			return nil, err
 		}
-		if !restarted || !errors.Is(err, errNoPluginPod) {
+		if !restarted || !errors.Is(err, sharing.ErrNoPluginPod) {
 			break
 		}
 		select {

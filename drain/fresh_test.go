@@ -3,6 +3,7 @@ package drain
 import (
 	"context"
 	"errors"
+	"github.com/migagent/mig-agent/drain/sharing"
 	"strings"
 	"testing"
 	"time"
@@ -135,12 +136,12 @@ func TestSharingReplicasBounded(t *testing.T) {
 		bad      bool
 	}{{"4", false}, {"65536", false}, {"65537", true}, {"4611686018427387904", true}} {
 		cfg := "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/mig-1g.18gb\n      replicas: " + tc.replicas + "\n"
-		res, err := parseSharing([]byte(cfg))
-		if tc.bad != errors.Is(err, errSharingReplicas) {
+		res, err := sharing.Parse([]byte(cfg))
+		if tc.bad != errors.Is(err, sharing.ErrReplicas) {
 			t.Fatalf("replicas %s: %v, %v", tc.replicas, res, err)
 		}
 		if !tc.bad {
-			s := &sharingConfig{Resources: res}
+			s := &sharing.Config{Resources: res}
 			if got := s.Advertised(map[corev1.ResourceName]int64{"nvidia.com/mig-1g.18gb": 4})["nvidia.com/mig-1g.18gb"]; got <= 0 {
 				t.Errorf("replicas %s: advertised %d", tc.replicas, got)
 			}
@@ -163,7 +164,7 @@ func TestSharingReplicasBounded(t *testing.T) {
 	start := time.Now()
 	_, mig := swapExposed()
 	waited, ok, err := k.WaitResources(ctx, "mixed", map[string]bool{"GPU-0": true}, mig, time.Minute)
-	if !waited || ok || !errors.Is(err, errSharingReplicas) || time.Since(start) > 10*time.Second {
+	if !waited || ok || !errors.Is(err, sharing.ErrReplicas) || time.Since(start) > 10*time.Second {
 		t.Fatalf("WaitResources = %v, %v, %v after %s", waited, ok, err, time.Since(start))
 	}
 }

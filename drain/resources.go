@@ -18,6 +18,7 @@ import (
 
 	"github.com/migagent/mig-agent/drain/fresh"
 	"github.com/migagent/mig-agent/drain/podresources"
+	"github.com/migagent/mig-agent/drain/sharing"
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/internal/kclient"
@@ -128,16 +129,16 @@ func advertisesGPU(node *corev1.Node) bool {
 // server did not answer.
 func waitAllocatable(ctx context.Context, client kclient.Interface, node string,
 	want map[corev1.ResourceName]int64, timeout time.Duration) (bool, error) {
-	return waitAdvertised(ctx, client, node, want, noSharing, timeout)
+	return waitAdvertised(ctx, client, node, want, sharing.None, timeout)
 }
 
 // waitAdvertised is waitAllocatable for a device plugin that shares its
-// devices as sharing says (readNodeSharing): want (devices per resource) is
+// devices as sharing says (sharing.ReadNode): want (devices per resource) is
 // expected as sharing.Advertised(want), exactly. A nil sharing (the
 // plugin's config is not known) accepts, per resource of want, the forms
 // the plugin documents (matchShared).
 func waitAdvertised(ctx context.Context, client kclient.Interface, node string,
-	want map[corev1.ResourceName]int64, sharing *sharingConfig, timeout time.Duration) (bool, error) {
+	want map[corev1.ResourceName]int64, sharing *sharing.Config, timeout time.Duration) (bool, error) {
 	return waitFresh(ctx, client, node, want, sharing, nil, timeout)
 }
 
@@ -145,7 +146,7 @@ func waitAdvertised(ctx context.Context, client kclient.Interface, node string,
 // once a plugin started after the change wrote it (fresh.Proof); the pods are
 // read every freshPodPoll until a new plugin pod is Ready.
 func waitFresh(ctx context.Context, client kclient.Interface, node string,
-	want map[corev1.ResourceName]int64, sharing *sharingConfig, fresh *fresh.Proof, timeout time.Duration) (bool, error) {
+	want map[corev1.ResourceName]int64, sharing *sharing.Config, fresh *fresh.Proof, timeout time.Duration) (bool, error) {
 	if node == "" {
 		return false, fmt.Errorf("wait for allocatable: %w", errNoNode)
 	}
@@ -212,9 +213,9 @@ func waitFresh(ctx context.Context, client kclient.Interface, node string,
 // allocatableWait is the state of one waitAllocatable.
 type allocatableWait struct {
 	want    map[corev1.ResourceName]int64
-	sharing *sharingConfig // nil: not known
-	fresh   *fresh.Proof   // nil: figures of any age count
-	first   bool           // no read of the Node yet
+	sharing *sharing.Config // nil: not known
+	fresh   *fresh.Proof    // nil: figures of any age count
+	first   bool            // no read of the Node yet
 	ok      bool
 	missing []string
 	lastErr error
@@ -367,14 +368,14 @@ func isGPUResource(r corev1.ResourceName) bool { return podresources.IsGPUResour
 //
 // It stays exact about which resources exist: any other GPU resource,
 // shared or not, must be 0 or absent.
-func matchShared(have corev1.ResourceList, want map[corev1.ResourceName]int64, sharing *sharingConfig) []string {
+func matchShared(have corev1.ResourceList, want map[corev1.ResourceName]int64, sharing *sharing.Config) []string {
 	if sharing != nil {
 		return missingResources(have, sharing.Advertised(want))
 	}
 	var out []string
 	expected := map[corev1.ResourceName]bool{}
 	for r, n := range want {
-		shared := r + sharedSuffix
+		shared := r + podresources.SharedSuffix
 		expected[r], expected[shared] = true, true
 		plain, renamed := have[r], have[shared]
 		p, s := plain.Value(), renamed.Value()

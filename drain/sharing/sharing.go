@@ -1,4 +1,8 @@
-package drain
+// Package sharing is the NVIDIA device plugin's sharing config — its
+// time-slicing and MPS replicas and renames — as the node's plugin reads it:
+// the config its config-manager picks from the mounted ConfigMap, and what
+// the plugin then advertises.
+package sharing
 
 import (
 	"context"
@@ -43,50 +47,56 @@ const (
 	sharedSuffix = podresources.SharedSuffix
 )
 
-// errSharingUnknown: the device plugin's sharing config could not be
+// PodLister lists the pods on a node (drain.NodePods).
+type PodLister func(ctx context.Context, client kclient.Interface, node string) ([]corev1.Pod, error)
+
+// errNoNode: no node name to read the config for.
+var errNoNode = errors.New("no node name")
+
+// errUnknown: the device plugin's sharing config could not be
 // known; the allocatable rule then accepts the plugin's documented forms.
-var errSharingUnknown = errors.New("the device plugin's sharing config is not known")
+var errUnknown = errors.New("the device plugin's sharing config is not known")
 
-// errNoPluginPod: no device plugin pod runs on the node (now).
-var errNoPluginPod = errors.New("no device plugin pod on the node")
+// ErrNoPluginPod: no device plugin pod runs on the node (now).
+var ErrNoPluginPod = errors.New("no device plugin pod on the node")
 
-// errSharingReplicas: a shared resource's replicas are beyond
-// maxSharingReplicas. The plugin would make that many devices per device
+// ErrReplicas: a shared resource's replicas are beyond
+// maxReplicas. The plugin would make that many devices per device
 // (k8s-device-plugin internal/rm/device_map.go
 // updateDeviceMapWithReplicas), and what it advertises, that many times
 // the devices, could not be checked: 2^62 × 4 devices is 0 in int64.
-var errSharingReplicas = errors.New("sharing replicas out of bounds")
+var ErrReplicas = errors.New("sharing replicas out of bounds")
 
-// maxSharingReplicas bounds a shared resource's replicas: far above any
+// maxReplicas bounds a shared resource's replicas: far above any
 // useful time-slicing or MPS sharing (MPS itself serves at most 48 clients
 // per GPU), and low enough that replicas × devices never overflows.
-const maxSharingReplicas = 1 << 16
+const maxReplicas = 1 << 16
 
-// replicated is how the device plugin advertises one shared resource:
+// Replicated is how the device plugin advertises one shared resource:
 // Replicas devices per device, under the name As.
-type replicated struct {
+type Replicated struct {
 	Replicas int64
 	As       corev1.ResourceName
 }
 
-// sharingConfig is what the device plugin's sharing config does to the resources
+// Config is what the device plugin's sharing config does to the resources
 // it advertises, keyed by the resource's name before sharing. A nil
-// *sharingConfig means the config is not known.
-type sharingConfig struct {
-	Resources map[corev1.ResourceName]replicated
+// *Config means the config is not known.
+type Config struct {
+	Resources map[corev1.ResourceName]Replicated
 	// Source says where it was read, for messages.
 	Source string
 }
 
-// noSharing: a plugin known to run without a sharing config.
-var noSharing = &sharingConfig{Source: "no sharing config"}
+// None: a plugin known to run without a sharing config.
+var None = &Config{Source: "no sharing config"}
 
 // Advertised is what the plugin advertises for want (resource → devices)
 // under s: each shared resource Replicas times its devices, under its
 // shared name (k8s-device-plugin internal/rm/device_map.go
 // updateDeviceMapWithReplicas: Replicas annotated devices per device; a
 // resource the config does not name passes unchanged).
-func (s *sharingConfig) Advertised(want map[corev1.ResourceName]int64) map[corev1.ResourceName]int64 {
+func (s *Config) Advertised(want map[corev1.ResourceName]int64) map[corev1.ResourceName]int64 {
 	out := make(map[corev1.ResourceName]int64, len(want))
 	for r, n := range want {
 		rep, shared := s.Resources[r]
@@ -118,14 +128,14 @@ type replicatedResources struct {
 	} `json:"resources"`
 }
 
-// parseSharing reads a device plugin config file (YAML or JSON) as the
+// Parse reads a device plugin config file (YAML or JSON) as the
 // plugin does (api/config/v1 parseConfigFrom, then
 // DisableResourceNamingInConfig): the MPS resources when sharing.mps is
 // set, else the time-slicing ones (Sharing.ReplicatedResources); a name
 // without a "/" gets "nvidia.com/" (NewResourceName); replicas must be at
 // least 2 (ReplicatedResource.UnmarshalJSON); "rename" is ignored and
 // renameByDefault renames every listed resource to "<name>.shared".
-func parseSharing(data []byte) (map[corev1.ResourceName]replicated, error) {
+func Parse(data []byte) (map[corev1.ResourceName]Replicated, error) {
 	var c pluginConfig
 	if err := yaml.Unmarshal(data, &c); err != nil {
 		return nil, fmt.Errorf("device plugin config: %w", err)
@@ -134,7 +144,7 @@ func parseSharing(data []byte) (map[corev1.ResourceName]replicated, error) {
 	if c.Sharing.MPS != nil {
 		rr = c.Sharing.MPS
 	}
-	out := map[corev1.ResourceName]replicated{}
+	out := map[corev1.ResourceName]Replicated{}
 	if rr == nil {
 		return out, nil
 	}
@@ -148,8 +158,8 @@ func parseSharing(data []byte) (map[corev1.ResourceName]replicated, error) {
 		if r.Replicas == nil || *r.Replicas < 2 {
 			return nil, fmt.Errorf("device plugin config: resource %q: number of replicas must be >= 2", r.Name)
 		}
-		if *r.Replicas > maxSharingReplicas {
-			return nil, fmt.Errorf("device plugin config: resource %q: %w: %d replicas, at most %d", r.Name, errSharingReplicas, *r.Replicas, maxSharingReplicas)
+		if *r.Replicas > maxReplicas {
+			return nil, fmt.Errorf("device plugin config: resource %q: %w: %d replicas, at most %d", r.Name, ErrReplicas, *r.Replicas, maxReplicas)
 		}
 		name := r.Name
 		if !strings.Contains(name, "/") {
@@ -159,7 +169,7 @@ func parseSharing(data []byte) (map[corev1.ResourceName]replicated, error) {
 		if rr.RenameByDefault {
 			as += sharedSuffix
 		}
-		out[corev1.ResourceName(name)] = replicated{Replicas: *r.Replicas, As: as}
+		out[corev1.ResourceName(name)] = Replicated{Replicas: *r.Replicas, As: as}
 	}
 	return out, nil
 }
@@ -173,60 +183,60 @@ type configManager struct {
 	ownConfigFile, hasManager bool
 }
 
-// readNodeSharing finds the device plugin's sharing config for node as the
+// ReadNode finds the device plugin's sharing config for node as the
 // plugin's config-manager picks it: the ConfigMap mounted at its
 // CONFIG_FILE_SRCDIR, the key the node's nvidia.com/device-plugin.config
 // label (its NODE_LABEL) names, else DEFAULT_CONFIG, else its fallback
 // strategies (updateConfigName). A plugin pod with neither a config-manager
-// nor a config file of its own shares nothing (noSharing). Where the config
+// nor a config file of its own shares nothing (None). Where the config
 // cannot be known (no plugin pod, a config file on the host, a ConfigMap
 // the agent may not read, a label naming a missing key: the config-manager
 // then keeps the previous config), it returns nil and an error wrapping
-// errSharingUnknown.
-func readNodeSharing(ctx context.Context, client kclient.Interface, node string) (*sharingConfig, error) {
+// errUnknown. pods lists the node's pods.
+func ReadNode(ctx context.Context, client kclient.Interface, node string, pods PodLister) (*Config, error) {
 	if node == "" {
 		return nil, fmt.Errorf("read the device plugin's config: %w", errNoNode)
 	}
 	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("%w: read node %s: %w", errSharingUnknown, node, err)
+		return nil, fmt.Errorf("%w: read node %s: %w", errUnknown, node, err)
 	}
-	return readSharingOf(ctx, client, n)
+	return Read(ctx, client, n, pods)
 }
 
-// readSharingOf is readNodeSharing with the Node already read (the agent's
+// Read is ReadNode with the Node already read (the agent's
 // watch of its Node holds the config label).
-func readSharingOf(ctx context.Context, client kclient.Interface, n *corev1.Node) (*sharingConfig, error) {
+func Read(ctx context.Context, client kclient.Interface, n *corev1.Node, pods PodLister) (*Config, error) {
 	node := n.Name
-	pods, err := NodePods(ctx, client, node)
+	list, err := pods(ctx, client, node)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errSharingUnknown, err)
+		return nil, fmt.Errorf("%w: %w", errUnknown, err)
 	}
-	cm, found := pluginConfigManager(pods)
+	cm, found := pluginConfigManager(list)
 	switch {
 	case !found:
-		return nil, fmt.Errorf("%w: %w %s", errSharingUnknown, errNoPluginPod, node)
+		return nil, fmt.Errorf("%w: %w %s", errUnknown, ErrNoPluginPod, node)
 	case !cm.hasManager && !cm.ownConfigFile:
-		return noSharing, nil
+		return None, nil
 	case !cm.hasManager || cm.configMap == "":
-		return nil, fmt.Errorf("%w: the device plugin reads a config file the agent cannot see", errSharingUnknown)
+		return nil, fmt.Errorf("%w: the device plugin reads a config file the agent cannot see", errUnknown)
 	}
 	m, err := client.CoreV1().ConfigMaps(cm.namespace).Get(ctx, cm.configMap, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("%w: read ConfigMap %s/%s: %w", errSharingUnknown, cm.namespace, cm.configMap, err)
+		return nil, fmt.Errorf("%w: read ConfigMap %s/%s: %w", errUnknown, cm.namespace, cm.configMap, err)
 	}
 	key, err := cm.pick(n.Labels, m)
 	if err != nil {
-		return nil, fmt.Errorf("%w: ConfigMap %s/%s: %w", errSharingUnknown, cm.namespace, cm.configMap, err)
+		return nil, fmt.Errorf("%w: ConfigMap %s/%s: %w", errUnknown, cm.namespace, cm.configMap, err)
 	}
 	if key == "" {
-		return &sharingConfig{Source: fmt.Sprintf("ConfigMap %s/%s: empty config", cm.namespace, cm.configMap)}, nil
+		return &Config{Source: fmt.Sprintf("ConfigMap %s/%s: empty config", cm.namespace, cm.configMap)}, nil
 	}
-	res, err := parseSharing([]byte(configData(m, key)))
+	res, err := Parse([]byte(configData(m, key)))
 	if err != nil {
-		return nil, fmt.Errorf("%w: ConfigMap %s/%s key %q: %w", errSharingUnknown, cm.namespace, cm.configMap, key, err)
+		return nil, fmt.Errorf("%w: ConfigMap %s/%s key %q: %w", errUnknown, cm.namespace, cm.configMap, key, err)
 	}
-	return &sharingConfig{Resources: res, Source: fmt.Sprintf("ConfigMap %s/%s key %q", cm.namespace, cm.configMap, key)}, nil
+	return &Config{Resources: res, Source: fmt.Sprintf("ConfigMap %s/%s key %q", cm.namespace, cm.configMap, key)}, nil
 }
 
 func configData(m *corev1.ConfigMap, key string) string {
@@ -289,7 +299,7 @@ func pluginConfigManager(pods []corev1.Pod) (cm configManager, found bool) {
 	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
 	for i := range pods {
 		p := &pods[i]
-		if !isPluginItself(p) {
+		if !IsPlugin(p) {
 			continue
 		}
 		return readConfigManager(p), true
@@ -297,8 +307,8 @@ func pluginConfigManager(pods []corev1.Pod) (cm configManager, found bool) {
 	return configManager{}, false
 }
 
-// isPluginItself: a device plugin pod (not GPU Feature Discovery's).
-func isPluginItself(p *corev1.Pod) bool {
+// IsPlugin: a device plugin pod (not GPU Feature Discovery's).
+func IsPlugin(p *corev1.Pod) bool {
 	return p.Labels["app"] == "nvidia-device-plugin-daemonset" || p.Labels["app.kubernetes.io/name"] == "nvidia-device-plugin" &&
 		!strings.Contains(p.Name, "gpu-feature-discovery")
 }
