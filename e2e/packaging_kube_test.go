@@ -259,7 +259,7 @@ func pkgDescribe(t *testing.T, objs []*unstructured.Unstructured) *pkgInstall {
 	if in.config == nil {
 		t.Fatal("the DaemonSet mounts no ConfigMap of the install (the settings)")
 	}
-	if in.sa == "" || len(pkgFind(objs, "ServiceAccount")) != 1 || pkgFind(objs, "ServiceAccount")[0].GetName() != in.sa {
+	if in.sa == "" || !slices.ContainsFunc(pkgFind(objs, "ServiceAccount"), func(o *unstructured.Unstructured) bool { return o.GetName() == in.sa }) {
 		t.Fatalf("the DaemonSet runs as ServiceAccount %q, which the install does not create", in.sa)
 	}
 	return in

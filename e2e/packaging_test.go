@@ -364,7 +364,7 @@ func pkgCheckSettings(t *testing.T, bin, path string) {
 	}
 	help := pkgMustExec(t, nil, bin, "run", "--help")
 	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z][a-z0-9-]*)`).FindAllStringSubmatch(help, -1) {
-		if flag := m[1]; flag != "help" && flag != "settings" && !documented[flag] {
+		if flag := m[1]; flag != "help" && flag != "settings" && flag != "debug" && !documented[flag] {
 			t.Errorf("flag --%s is not in %s", flag, path)
 		}
 	}
