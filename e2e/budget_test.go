@@ -52,7 +52,13 @@ func TestBudgetRecordMustFit(t *testing.T) {
 	if len(rec.EvictedPods) != 0 || rec.DisruptedAt != nil || strings.Join(rec.Geometry["0"], ",") != "mig-disabled" {
 		t.Errorf("refused change: evicted %v, disrupted at %v, geometry %v", rec.EvictedPods, rec.DisruptedAt, rec.Geometry)
 	}
-	evs := nodeEvents(t, c, node, record.ReasonPreflight)
+	// The Event follows the record (posted after it), as the other tests
+	// wait for theirs.
+	var evs []corev1.Event
+	WaitFor(t, 10*time.Second, "the "+record.ReasonPreflight+" Event", func() bool {
+		evs = nodeEvents(t, c, node, record.ReasonPreflight)
+		return len(evs) > 0
+	})
 	if len(evs) == 0 || evs[0].Type != corev1.EventTypeWarning || !strings.Contains(evs[0].Message, "262144 bytes") {
 		t.Errorf("no Warning %s naming the limit: %v", record.ReasonPreflight, evs)
 	}
