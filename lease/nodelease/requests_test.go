@@ -8,42 +8,15 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/journal"
 )
 
 // What the node Lease costs the API server (#28): the checks before each
 // GPU step send none while the watch vouches for it.
-
-// leaseRequests counts the requests on Leases named name, by verb, from
-// the fake clientset's action log (watches and lists excluded: they name
-// no object).
-func leaseRequests(c *fake.Clientset, name string) map[string]int {
-	n := map[string]int{}
-	for _, a := range c.Actions() {
-		if a.GetResource().Resource != "leases" {
-			continue
-		}
-		switch x := a.(type) {
-		case k8stesting.PatchAction: // before GetAction: it has GetName too
-			if x.GetName() == name {
-				n[a.GetVerb()]++
-			}
-		case k8stesting.GetAction:
-			if x.GetName() == name {
-				n[a.GetVerb()]++
-			}
-		case k8stesting.UpdateAction: // creates too: the same methods
-			if x.GetObject().(metav1.Object).GetName() == name {
-				n[a.GetVerb()]++
-			}
-		}
-	}
-	return n
-}
 
 // takenNodeLease is agent "a" holding its node Lease, with watch started
 // (Keep, or only Keep's watch) and showing the agent's own write.
@@ -65,13 +38,13 @@ func takenNodeLease(t *testing.T, watch func(ctx context.Context, a *NodeLease))
 func TestNodeLeaseConfirmFromWatch(t *testing.T) {
 	ctx, c, clk, a := takenNodeLease(t, func(ctx context.Context, a *NodeLease) { go func() { _ = a.Keep(ctx) }() })
 	name := NodeLeaseName("n")
-	before := leaseRequests(c, name)
+	before := testsupport.LeaseRequests(c, name)
 	for range 40 { // one change of eight GPUs: about 40 GPU steps
 		if err := a.Confirm(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if after := leaseRequests(c, name); after["get"] != before["get"] || after["update"] != before["update"] {
+	if after := testsupport.LeaseRequests(c, name); after["get"] != before["get"] || after["update"] != before["update"] {
 		t.Errorf("40 confirmations with the watch showing the agent's write sent requests: %v then %v", before, after)
 	}
 
@@ -105,11 +78,11 @@ func TestNodeLeaseConfirmStaleWatchReads(t *testing.T) {
 	if a.confirmedByWatch() {
 		t.Error("a write older than half the lease duration still vouches")
 	}
-	before := leaseRequests(c, name)["get"]
+	before := testsupport.LeaseRequests(c, name)["get"]
 	if err := a.Confirm(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := leaseRequests(c, name)["get"]; got != before+1 {
+	if got := testsupport.LeaseRequests(c, name)["get"]; got != before+1 {
 		t.Errorf("a stale watch copy: %d GETs, want %d", got, before+1)
 	}
 }
