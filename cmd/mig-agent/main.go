@@ -53,16 +53,11 @@ func main() {
 func run(ctx context.Context, args []string) int {
 	root := newRoot()
 	root.SetArgs(args)
-	cmd, err := root.ExecuteContextC(ctx)
+	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
 	}
 	fmt.Fprintln(os.Stderr, "mig-agent:", err)
-	if cmd != nil && cmd.Name() == "assert" {
-		// nvidia-mig-parted assert exits 1 on every error, bad input
-		// included (log.Fatal in its main.go); scripts test for that.
-		return exitFailed
-	}
 	return exitCode(err)
 }
 

@@ -56,9 +56,9 @@ func writeConfig(t *testing.T, dir, body string) string {
 	return p
 }
 
-// assert exits 0 when the GPUs hold the config and 1 otherwise, bad input
-// included, as nvidia-mig-parted assert (its main.go: log.Fatal, exit 1, on
-// every error); --valid-config (-a) checks only the file and the name.
+// assert exits 0 when the GPUs hold the config, 1 when they do not and 2 on
+// bad input (nvidia-mig-parted assert has no 2: its main.go log.Fatal exits
+// 1); --valid-config (-a) checks only the file and the name.
 func TestAssertExitCodes(t *testing.T) {
 	dir := t.TempDir()
 	cfg := writeConfig(t, dir, twoConfigs)
@@ -79,14 +79,14 @@ func TestAssertExitCodes(t *testing.T) {
 		{[]string{"assert", "-c", "all-balanced"}, exitOK}, // a generated config, no file
 		{[]string{"apply", "-f", cfg, "-c", "shared"}, exitOK},
 		{[]string{"assert", "-f", cfg, "-c", "shared"}, exitOK},
-		{[]string{"assert", "-f", cfg, "-c", "no-such"}, exitFailed},
-		{[]string{"assert", "-f", cfg}, exitFailed}, // three configs: -c needed
-		{[]string{"assert", "-f", bad, "-c", "x"}, exitFailed},
-		{[]string{"assert", "-f", filepath.Join(dir, "missing.yaml"), "-c", "x"}, exitFailed},
-		{[]string{"assert", "--no-such-flag"}, exitFailed},
+		{[]string{"assert", "-f", cfg, "-c", "no-such"}, exitBadInput},
+		{[]string{"assert", "-f", cfg}, exitBadInput}, // three configs: -c needed
+		{[]string{"assert", "-f", bad, "-c", "x"}, exitBadInput},
+		{[]string{"assert", "-f", filepath.Join(dir, "missing.yaml"), "-c", "x"}, exitBadInput},
+		{[]string{"assert", "--no-such-flag"}, exitBadInput},
 		{[]string{"assert", "-f", cfg, "-c", "balanced", "--valid-config"}, exitOK},
-		{[]string{"assert", "-f", cfg, "-c", "no-such", "-a"}, exitFailed},
-		{[]string{"assert", "-f", bad, "-c", "x", "-a"}, exitFailed},
+		{[]string{"assert", "-f", cfg, "-c", "no-such", "-a"}, exitBadInput},
+		{[]string{"assert", "-f", bad, "-c", "x", "-a"}, exitBadInput},
 	}
 	for i, s := range steps {
 		if got, out := runOut(t, append(s.args, sim...)...); got != s.want {
