@@ -9,7 +9,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
 )
 
 // What the rollout costs the API server in Lease requests (#28): the
@@ -26,9 +26,9 @@ func TestSlotReleaseIsOneWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := SlotLeaseName(0)
-	before := testsupport.LeaseRequests(c, name)
+	before := kubefake.LeaseRequests(c, name)
 	slot.Release(false)
-	after := testsupport.LeaseRequests(c, name)
+	after := kubefake.LeaseRequests(c, name)
 	if after["get"] != before["get"] || after["update"] != before["update"] || after["patch"] != before["patch"]+1 {
 		t.Errorf("release: %v then %v, want one patch and nothing else", before, after)
 	}

@@ -11,7 +11,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
 	"github.com/migagent/mig-agent/journal"
 )
 
@@ -38,13 +38,13 @@ func takenNodeLease(t *testing.T, watch func(ctx context.Context, a *NodeLease))
 func TestNodeLeaseConfirmFromWatch(t *testing.T) {
 	ctx, c, clk, a := takenNodeLease(t, func(ctx context.Context, a *NodeLease) { go func() { _ = a.Keep(ctx) }() })
 	name := NodeLeaseName("n")
-	before := testsupport.LeaseRequests(c, name)
+	before := kubefake.LeaseRequests(c, name)
 	for range 40 { // one change of eight GPUs: about 40 GPU steps
 		if err := a.Confirm(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if after := testsupport.LeaseRequests(c, name); after["get"] != before["get"] || after["update"] != before["update"] {
+	if after := kubefake.LeaseRequests(c, name); after["get"] != before["get"] || after["update"] != before["update"] {
 		t.Errorf("40 confirmations with the watch showing the agent's write sent requests: %v then %v", before, after)
 	}
 
@@ -78,11 +78,11 @@ func TestNodeLeaseConfirmStaleWatchReads(t *testing.T) {
 	if a.confirmedByWatch() {
 		t.Error("a write older than half the lease duration still vouches")
 	}
-	before := testsupport.LeaseRequests(c, name)["get"]
+	before := kubefake.LeaseRequests(c, name)["get"]
 	if err := a.Confirm(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := testsupport.LeaseRequests(c, name)["get"]; got != before+1 {
+	if got := kubefake.LeaseRequests(c, name)["get"]; got != before+1 {
 		t.Errorf("a stale watch copy: %d GETs, want %d", got, before+1)
 	}
 }

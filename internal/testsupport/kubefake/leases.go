@@ -1,4 +1,7 @@
-package testsupport
+// Package kubefake holds test helpers over client-go's fake clientset. It is
+// apart from testsupport so that the reconcile core's tests link nothing
+// of Kubernetes (reconcile/deps_test.go).
+package kubefake
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
