@@ -2,7 +2,7 @@
 # release.sh - build every artifact of a release into dist/ (`make release VERSION=x.y.z`).
 #
 # For linux/amd64 and linux/arm64:
-#   mig-agent_V_linux_ARCH.tar.gz     the stripped binary, README.md (and LICENSE when the tree has one)
+#   mig-agent_V_linux_ARCH.tar.gz     the stripped binary, README.md and LICENSE
 #   mig-agent_V-1_ARCH.deb, mig-agent-V-1.RPMARCH.rpm   packaging/build-packages.sh (nfpm)
 #   mig-agent_V_linux_ARCH.spdx.json  SPDX 2.3 SBOM of the Go modules in the binary
 # and once:
@@ -110,8 +110,7 @@ archive() {
 	local arch=$1 name=mig-agent_${VERSION}_linux_$1 stage
 	stage=$(mktemp -d)
 	mkdir -p "$stage/$name"
-	cp "$DIST/.build/linux_$arch/mig-agent" README.md "$stage/$name/"
-	if [[ -f LICENSE ]]; then cp LICENSE "$stage/$name/"; else log "WARNING: no LICENSE in the tree; the archive has none"; fi
+	cp "$DIST/.build/linux_$arch/mig-agent" README.md LICENSE "$stage/$name/"
 	tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$EPOCH" -C "$stage" -czf "$DIST/$name.tar.gz" "$name"
 	rm -rf "$stage"
 }

@@ -19,7 +19,8 @@ func TestReadRecipeDockerfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.Labels["org.opencontainers.image.version"] != "1.2.3" || r.Labels["org.opencontainers.image.revision"] != "abc1234" ||
-		r.Labels["org.opencontainers.image.source"] != "https://github.com/migagent/mig-agent" {
+		r.Labels["org.opencontainers.image.source"] != "https://github.com/migagent/mig-agent" ||
+		r.Labels["org.opencontainers.image.licenses"] != "Apache-2.0" {
 		t.Errorf("labels %v", r.Labels)
 	}
 	if !slices.Equal(r.Env, []string{"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"}) {
@@ -32,7 +33,7 @@ func TestReadRecipeDockerfile(t *testing.T) {
 	for _, c := range r.Copies {
 		froms = append(froms, c.From)
 	}
-	if !slices.Equal(froms, []string{"glibc", "build", ""}) {
+	if !slices.Equal(froms, []string{"glibc", "build", "", ""}) {
 		t.Errorf("copies from %q", froms)
 	}
 }
@@ -125,7 +126,7 @@ func TestSBOM(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(dst)
-	for _, w := range []string{`"spdxVersion": "SPDX-2.3"`, `"name": "stdlib"`, `"SPDXRef-Binary-mig-agent"`, `"relationshipType": "DESCRIBES"`} {
+	for _, w := range []string{`"spdxVersion": "SPDX-2.3"`, `"name": "stdlib"`, `"SPDXRef-Binary-mig-agent"`, `"relationshipType": "DESCRIBES"`, `"licenseDeclared": "Apache-2.0"`} {
 		if !strings.Contains(string(b), w) {
 			t.Errorf("SBOM lacks %s", w)
 		}

@@ -30,12 +30,17 @@ type spdxCreation struct {
 	Creators []string `json:"creators"`
 }
 
+// projectLicense is the SPDX identifier of the repository's LICENSE; the
+// dependencies' licences are left unasserted (their modules state them).
+const projectLicense = "Apache-2.0"
+
 type spdxPackage struct {
 	Name             string         `json:"name"`
 	SPDXID           string         `json:"SPDXID"`
 	VersionInfo      string         `json:"versionInfo"`
 	DownloadLocation string         `json:"downloadLocation"`
 	FilesAnalyzed    bool           `json:"filesAnalyzed"`
+	LicenseDeclared  string         `json:"licenseDeclared,omitempty"`
 	Checksums        []spdxChecksum `json:"checksums,omitempty"`
 	ExternalRefs     []spdxRef      `json:"externalRefs,omitempty"`
 	Comment          string         `json:"comment,omitempty"`
@@ -111,8 +116,9 @@ func writeSBOM(bin, version, dst string) error {
 	}
 	doc.Packages = append(doc.Packages, spdxPackage{
 		Name: filepath.Base(bin), SPDXID: binID, VersionInfo: version, DownloadLocation: "NOASSERTION",
-		Checksums: []spdxChecksum{{Algorithm: "SHA256", Value: hex.EncodeToString(sum[:])}},
-		Comment:   fmt.Sprintf("built with %s for %s/%s", info.GoVersion, goos, goarch),
+		LicenseDeclared: projectLicense,
+		Checksums:       []spdxChecksum{{Algorithm: "SHA256", Value: hex.EncodeToString(sum[:])}},
+		Comment:         fmt.Sprintf("built with %s for %s/%s", info.GoVersion, goos, goarch),
 	})
 	add := func(path, ver, h1 string) {
 		id := spdxID(path)
@@ -122,6 +128,9 @@ func writeSBOM(bin, version, dst string) error {
 		}
 		if h1 != "" {
 			p.Comment = "go.sum " + h1
+		}
+		if path == info.Main.Path {
+			p.LicenseDeclared = projectLicense
 		}
 		doc.Packages = append(doc.Packages, p)
 		rel := "DEPENDS_ON"

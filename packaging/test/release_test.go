@@ -341,7 +341,7 @@ func TestReleaseImage(t *testing.T) {
 				size += len(l)
 			}
 			t.Logf("%s: %d layers, %d bytes compressed", img.arch, len(img.layers), size)
-			for _, f := range []string{"usr/share/mig-agent/examples/config.yaml", "etc/passwd", "tmp"} {
+			for _, f := range []string{"usr/share/mig-agent/examples/config.yaml", "usr/share/doc/mig-agent/LICENSE", "etc/passwd", "tmp"} {
 				if _, err := os.Stat(filepath.Join(root, f)); err != nil {
 					t.Errorf("image: %v", err)
 				}
@@ -375,7 +375,7 @@ func TestReleaseImage(t *testing.T) {
 	}
 }
 
-// TestReleaseBinaries: each archive holds the binary and README; each
+// TestReleaseBinaries: each archive holds the binary, README and LICENSE; each
 // binary needs no glibc newer than the floor, and the arm64 one, under
 // qemu-user, reports the same GH200 profiles as the amd64 one.
 func TestReleaseBinaries(t *testing.T) {
@@ -400,7 +400,7 @@ func TestReleaseBinaries(t *testing.T) {
 			}
 			dir := t.TempDir()
 			entries := extractTar(t, gunzip(t, data), dir)
-			for _, e := range []string{name + "/mig-agent", name + "/README.md"} {
+			for _, e := range []string{name + "/mig-agent", name + "/README.md", name + "/LICENSE"} {
 				if !slices.Contains(entries, e) {
 					t.Errorf("archive %v lacks %s", entries, e)
 				}
@@ -515,12 +515,12 @@ func TestReleasePackages(t *testing.T) {
 					t.Errorf("%s control lacks %q:\n%s", deb, w, f)
 				}
 			}
-			if c := run(t, "dpkg-deb", "-c", deb); !strings.Contains(c, "./usr/lib/systemd/system/mig-agent.service") || !strings.Contains(c, "./usr/bin/mig-agent") {
+			if c := run(t, "dpkg-deb", "-c", deb); !strings.Contains(c, "./usr/lib/systemd/system/mig-agent.service") || !strings.Contains(c, "./usr/bin/mig-agent") || !strings.Contains(c, "./usr/share/doc/mig-agent/copyright") {
 				t.Errorf("%s contents:\n%s", deb, c)
 			}
 			rpm := filepath.Join(dist, fmt.Sprintf("mig-agent-%s-1.%s.rpm", v, a.rpmArch))
 			q := run(t, "rpm", "-qp", "--nosignature", "--queryformat", "%{ARCH} %{VERSION}\n[conflicts %{CONFLICTNAME}\n][requires %{REQUIRENAME}\n][file %{FILENAMES}\n]", rpm)
-			for _, w := range []string{a.rpmArch + " " + v + "\n", "conflicts nvidia-mig-manager\n", "requires glibc\n", "file /usr/lib/systemd/system/mig-agent.service\n", "file /usr/bin/mig-agent\n"} {
+			for _, w := range []string{a.rpmArch + " " + v + "\n", "conflicts nvidia-mig-manager\n", "requires glibc\n", "file /usr/lib/systemd/system/mig-agent.service\n", "file /usr/bin/mig-agent\n", "file /usr/share/licenses/mig-agent/LICENSE\n"} {
 				if !strings.Contains(q, w) {
 					t.Errorf("%s lacks %q:\n%s", rpm, w, q)
 				}
