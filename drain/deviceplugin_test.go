@@ -31,7 +31,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	mk("workload", nil)
 	mk("validator", map[string]string{"app": "nvidia-operator-validator"})
 
-	pods, err := listDevicePlugins(ctx, e.a, e.node, nil)
+	pods, err := listDevicePlugins(ctx, e.a, e.node, defaultSelectors(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/migagent/mig-agent/drain/sharing"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -50,6 +51,21 @@ type Disruptor struct {
 	// WaitResources, so a new plugin pod is on its way (readSharing waits
 	// briefly for it).
 	restarted bool
+
+	// selOnce parses the operand selectors of Settings once (sels,
+	// selErr); loadSettings has checked them at start.
+	selOnce sync.Once
+	sels    *Selectors
+	selErr  error
+}
+
+// selectors are the operand selectors (--operand-selector,
+// --plugin-selector), parsed once.
+func (d *Disruptor) selectors() (*Selectors, error) {
+	d.selOnce.Do(func() {
+		d.sels, d.selErr = ParseSelectors(d.Settings.OperandSelectors, d.Settings.PluginSelectors)
+	})
+	return d.sels, d.selErr
 }
 
 // cachedNode is the Node as the agent's watch holds it (nil without one):
@@ -108,7 +124,11 @@ func (d *Disruptor) PauseOperands(ctx context.Context, raw json.RawMessage) erro
 	if err := json.Unmarshal(raw, &saved); err != nil {
 		return fmt.Errorf("operand labels: %w", err)
 	}
-	return pauseOperands(ctx, d.Client, d.Log, d.Node, saved, d.OperandWait)
+	sels, err := d.selectors()
+	if err != nil {
+		return err
+	}
+	return pauseOperands(ctx, d.Client, d.Log, d.Node, saved, sels, d.OperandWait)
 }
 
 // restoreOperands implements reconcile.Disruptor.
@@ -123,7 +143,11 @@ func (d *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) er
 // DevicePlugins implements reconcile.Disruptor. The pods it lists are
 // old: they read the GPUs before the change, or did not advertise them.
 func (d *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
-	pods, err := listDevicePlugins(ctx, d.Client, d.Node, d.Settings.PluginSelectors)
+	sels, err := d.selectors()
+	if err != nil {
+		return nil, err
+	}
+	pods, err := listDevicePlugins(ctx, d.Client, d.Node, sels)
 	d.noteOld(pods)
 	return pods, err
 }
@@ -173,22 +197,30 @@ func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]
 // ServedBy found it) the node's gpu.nvidia.com ResourceSlices must announce
 // exactly the GPUs with MIG off and the MIG devices (announced); otherwise
 // the Node's allocatable must show exactly what the device plugin
-// advertises for them under strategy (expectedResources).
+// advertises for them under strategy (expectedResources). Either way the
+// figures count only once the plugin that announces the devices (the DRA
+// kubelet plugin, or the device plugin; not GFD or the validator) was
+// restarted (fresh.Proof).
 func (d *Disruptor) WaitResources(ctx context.Context, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
+	sels, err := d.selectors()
+	if err != nil {
+		return false, false, err
+	}
 	if d.path == record.ServedByDRA {
-		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.proof(d.selectedPlugin()), timeout)
+		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.proof(sels.Is(OperandDRAPlugin)), timeout)
 		return true, ok, err
 	}
 	want, err := expectedResources(strategy, migMode, migDevices)
 	if err != nil {
 		return false, false, err
 	}
-	shared, err := d.readSharing(ctx, d.restarted)
+	isPlugin := sels.Is(OperandDevicePlugin)
+	shared, err := d.readSharing(ctx, d.restarted, isPlugin)
 	d.restarted = false
 	if err != nil {
 		return true, false, err
 	}
-	ok, err = waitFresh(ctx, d.Client, d.Node, want, shared, d.proof(sharing.IsPlugin), timeout)
+	ok, err = waitFresh(ctx, d.Client, d.Node, want, shared, d.proof(isPlugin), timeout)
 	return true, ok, err
 }
 
@@ -207,14 +239,14 @@ const (
 // before the change has none to wait for. A config whose replicas are out
 // of bounds is an error (sharing.ErrReplicas): what the plugin advertises
 // under it cannot be checked.
-func (d *Disruptor) readSharing(ctx context.Context, restarted bool) (*sharing.Config, error) {
+func (d *Disruptor) readSharing(ctx context.Context, restarted bool, isPlugin func(*corev1.Pod) bool) (*sharing.Config, error) {
 	var err error
 	for try := 0; try < sharingReadTries; try++ {
 		var s *sharing.Config
 		if n := d.cachedNode(ctx); n != nil {
-			s, err = sharing.Read(ctx, d.Client, n, NodePods)
+			s, err = sharing.Read(ctx, d.Client, n, NodePods, isPlugin)
 		} else {
-			s, err = sharing.ReadNode(ctx, d.Client, d.Node, NodePods)
+			s, err = sharing.ReadNode(ctx, d.Client, d.Node, NodePods, isPlugin)
 		}
 		if err == nil {
 			d.Log.Debug("device plugin sharing config", "source", s.Source)
@@ -234,15 +266,4 @@ func (d *Disruptor) readSharing(ctx context.Context, restarted bool) (*sharing.C
 	}
 	d.Log.Info("the device plugin's sharing config is not known; accepting its documented sharing forms", "err", err)
 	return nil, nil
-}
-
-// selectedPlugin matches the pods the plugin selectors select
-// (--plugin-selector): on the DRA path, the kubelet plugin whose slices
-// prove the change, whatever its chart named it.
-func (d *Disruptor) selectedPlugin() func(*corev1.Pod) bool {
-	sels, err := pluginSelectors(d.Settings.PluginSelectors)
-	if err != nil {
-		sels, _ = pluginSelectors(nil) // checked at start; the defaults else
-	}
-	return func(p *corev1.Pod) bool { return isPluginPod(p, sels) }
 }

@@ -689,15 +689,18 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	)
 	e := newEnv(t, map[string]string{dp: "true", gfd: "false", dcgm: "true", nvsm: PausedValue, "keep": "me"})
 	ctx := context.Background()
-	operand := func(name, app string) {
+	// As the GPU Operator's DaemonSets make them: the app label, and the
+	// deploy label in the node selector.
+	operand := func(name, app, label string) {
 		e.k.CreatePod(t, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: map[string]string{"app": app}},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: app}}},
+			Spec: corev1.PodSpec{NodeSelector: map[string]string{label: "true"},
+				Containers: []corev1.Container{{Name: "main", Image: app}}},
 		})
 	}
-	operand("device-plugin", "nvidia-device-plugin-daemonset")
-	operand("dcgm", "nvidia-dcgm")
-	operand("gfd", "gpu-feature-discovery") // its label is "false": not ours to stop
+	operand("device-plugin", "nvidia-device-plugin-daemonset", dp)
+	operand("dcgm", "nvidia-dcgm", dcgm)
+	operand("gfd", "gpu-feature-discovery", gfd) // its label is "false": not ours to stop
 
 	saved, err := readOperands(ctx, e.a, e.node)
 	if err != nil {
@@ -723,7 +726,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 		playDaemonSets(dsCtx, t, e, map[string]string{dp: "device-plugin", dcgm: "dcgm"})
 	}()
 	start := time.Now()
-	err = pauseOperands(ctx, e.a, testLog(t), e.node, journaled, 20*time.Second)
+	err = pauseOperands(ctx, e.a, testLog(t), e.node, journaled, defaultSelectors(t), 20*time.Second)
 	stopDS()
 	<-dsDone
 	if err != nil {
@@ -765,13 +768,14 @@ func TestOperandsThatDoNotLeaveTimeOut(t *testing.T) {
 	ctx := context.Background()
 	e.k.CreatePod(t, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "stuck-plugin", Labels: map[string]string{"app": "nvidia-device-plugin-daemonset"}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "dp"}}},
+		Spec: corev1.PodSpec{NodeSelector: map[string]string{dp: "true"},
+			Containers: []corev1.Container{{Name: "main", Image: "dp"}}},
 	})
 	saved, err := readOperands(ctx, e.a, e.node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = pauseOperands(ctx, e.a, testLog(t), e.node, saved, time.Second)
+	err = pauseOperands(ctx, e.a, testLog(t), e.node, saved, defaultSelectors(t), time.Second)
 	if !errors.Is(err, errOperandsTimeout) || !strings.Contains(err.Error(), e.ns+"/stuck-plugin") {
 		t.Errorf("err = %v", err)
 	}

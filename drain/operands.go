@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -15,8 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -29,26 +28,29 @@ const PausedValue = record.OperandPaused
 // errOperandsTimeout: operand pods were still on the node after the wait.
 var errOperandsTimeout = errors.New("GPU Operator operand pods still on the node")
 
-// operand is a GPU Operator operand: its node deploy label, and the app
-// label of its pods ("" when there is nothing to wait for).
+// operand is a GPU Operator operand: its node deploy label, and the
+// operand name (OperandNames) whose selectors find its pods ("" when
+// there is nothing to wait for).
 type operand struct {
-	Label string
-	App   string
+	Label   string
+	Operand string
 }
 
 // Operands returns the operands that hold GPUs and are paused during a
-// change: the ones NVIDIA's MIG manager pauses, with the same pod app labels.
+// change: the ones NVIDIA's MIG manager pauses. Their pods are found by
+// --operand-selector, whose defaults are the labels NVIDIA's manager waits
+// on.
 func Operands() []operand {
 	return []operand{
-		{Label: "nvidia.com/gpu.deploy.device-plugin", App: "nvidia-device-plugin-daemonset"},
-		{Label: "nvidia.com/gpu.deploy.gpu-feature-discovery", App: "gpu-feature-discovery"},
-		{Label: "nvidia.com/gpu.deploy.dcgm-exporter", App: "nvidia-dcgm-exporter"},
-		{Label: "nvidia.com/gpu.deploy.dcgm", App: "nvidia-dcgm"},
-		{Label: "nvidia.com/gpu.deploy.nvsm", App: ""},
+		{Label: "nvidia.com/gpu.deploy.device-plugin", Operand: OperandDevicePlugin},
+		{Label: "nvidia.com/gpu.deploy.gpu-feature-discovery", Operand: OperandGFD},
+		{Label: "nvidia.com/gpu.deploy.dcgm-exporter", Operand: OperandDCGMExporter},
+		{Label: "nvidia.com/gpu.deploy.dcgm", Operand: OperandDCGM},
+		{Label: "nvidia.com/gpu.deploy.nvsm", Operand: ""},
 		// GPU client DaemonSets select on it (GPU Operator v26.7 sets it,
 		// controllers/state_manager.go gpuStateLabels); NVIDIA's MIG
 		// manager pauses it only where present, as Paused does for all.
-		{Label: "nvidia.com/gpu.deploy.client", App: ""},
+		{Label: "nvidia.com/gpu.deploy.client", Operand: ""},
 	}
 }
 
@@ -106,11 +108,12 @@ func operandsOf(n *corev1.Node) savedLabels {
 }
 
 // pauseOperands sets the labels of saved.Paused() to PausedValue and waits
-// up to wait (0: no wait) for the operands' pods to leave node. A label whose
-// value changed since readOperands is left alone and logged. On
-// errOperandsTimeout (or any error) the caller restores with saved.
+// up to wait (0: no wait) for the operands' pods (as sels finds them) to
+// leave node. A label whose value changed since readOperands is left alone
+// and logged. On errOperandsTimeout (or any error) the caller restores
+// with saved.
 func pauseOperands(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, saved savedLabels,
-	wait time.Duration) error {
+	sels *Selectors, wait time.Duration) error {
 	if node == "" {
 		return fmt.Errorf("pause operands: %w", errNoNode)
 	}
@@ -149,33 +152,47 @@ func pauseOperands(ctx context.Context, client kclient.Interface, log *slog.Logg
 		return fmt.Errorf("pause operands on node %s: %w", node, err)
 	}
 	log.Info("operands paused", "labels", paused)
-	var apps []string
+	var ops []operand
 	for _, op := range Operands() {
-		for _, l := range paused {
-			if l == op.Label && op.App != "" {
-				apps = append(apps, op.App)
+		if op.Operand != "" && slices.Contains(paused, op.Label) {
+			ops = append(ops, op)
+		}
+	}
+	if wait <= 0 || len(ops) == 0 {
+		return nil
+	}
+	return waitOperandsGone(ctx, client, node, ops, sels, wait)
+}
+
+// leaving lists the pods of pods that pausing ops sends away: those an
+// operand's selectors select whose spec names its deploy label in its
+// node selector, as the GPU Operator's operand DaemonSets do (nodeSelector
+// "nvidia.com/gpu.deploy.<operand>": "true", gpu-operator
+// assets/state-*/…_daemonset.yaml). The DaemonSet controller deletes the
+// pods of a node its template's node selector no longer matches
+// (pkg/controller/daemon NodeShouldRunDaemonPod); a pod with no such node
+// selector (a device plugin installed by its own chart) stays however the
+// label is set, and is not waited for.
+func leaving(pods []corev1.Pod, ops []operand, sels *Selectors) []corev1.Pod {
+	var out []corev1.Pod
+	for i := range pods {
+		p := &pods[i]
+		for _, op := range ops {
+			if _, ok := p.Spec.NodeSelector[op.Label]; ok && sels.matches(op.Operand, p) {
+				out = append(out, *p)
+				break
 			}
 		}
 	}
-	if wait <= 0 || len(apps) == 0 {
-		return nil
-	}
-	return waitOperandsGone(ctx, client, node, apps, wait)
+	return out
 }
 
-func waitOperandsGone(ctx context.Context, client kclient.Interface, node string, apps []string,
+func waitOperandsGone(ctx context.Context, client kclient.Interface, node string, ops []operand, sels *Selectors,
 	timeout time.Duration) error {
-	req, err := labels.NewRequirement("app", selection.In, apps)
-	if err != nil {
-		return fmt.Errorf("operand selector: %w", err)
-	}
-	opts := metav1.ListOptions{
-		LabelSelector: labels.NewSelector().Add(*req).String(),
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-	}
+	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()}
 	var left []string
 	var lastErr error
-	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		list, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
 		if apierr.Permanent(err) {
 			return false, fmt.Errorf("wait for operand pods to leave node %s: %w", node, err)
@@ -184,7 +201,7 @@ func waitOperandsGone(ctx context.Context, client kclient.Interface, node string
 			lastErr = err // the API server is briefly away; keep trying
 			return false, nil
 		}
-		left = podNames(list.Items)
+		left = podNames(leaving(list.Items, ops, sels))
 		return len(left) == 0, nil
 	})
 	if err == nil {

@@ -132,6 +132,34 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	}
 }
 
+// A device plugin installed with labels of its own (a renamed or
+// self-installed DaemonSet) is named by --operand-selector: the agent
+// restarts it after the change and takes the allocatable only from the
+// new pod, as for NVIDIA's labels.
+func TestRenamedDevicePluginRestarted(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
+	ns := kubetest.NewName(t, "gpu")
+	kubetest.CreateNamespace(t, ns)
+	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"--resource-wait-timeout", "60s",
+		"--operand-selector", "device-plugin=app=my-gpu-plugin"}}).Fill(t)
+	dp := kubetest.StartSharingDevicePlugin(t, c, node, ns, "mixed", kubetest.PluginConfig{App: "my-gpu-plugin"}, pluginReader(t, o))
+	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
+	WaitFor(t, 30*time.Second, "the Node's allocatable to show the whole GPU", func() bool {
+		return sameCounts(allocatable(t, c, node), map[string]int64{"nvidia.com/gpu": 1})
+	})
+	StartAgent(t, o)
+	SelectConfig(t, c, node, "all-1g.18gb")
+	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
+	if got, want := allocatable(t, c, node), map[string]int64{"nvidia.com/mig-1g.18gb": 7, "nvidia.com/gpu": 0}; !sameCounts(got, want) {
+		t.Errorf("allocatable at success = %v, want %v (plugin: %s)", got, want, dp)
+	}
+	if rec.ResourcesConverged == nil || !*rec.ResourcesConverged || dp.Starts() != 2 {
+		t.Errorf("resourcesConverged %v, plugin started %d times (want 2)", rec.ResourcesConverged, dp.Starts())
+	}
+}
+
 // Without the restart (--restart-device-plugin=false) the plugin keeps
 // advertising the old devices: the agent must not claim success; it fails
 // with the reason, the metric says so, and the change is retried.

@@ -423,7 +423,7 @@ func TestGPUOperator(t *testing.T) {
 		// operator went over the paused labels twice.
 		a, _ := pkgStartAgent(t, pin, node, "--nvml", "sim:h200x8")
 		WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", changeTimeout)
-		dpPod := gpuOpBindOperandPod(t, c, op.namespace, node, drain.Operands()[0].App)
+		dpPod := gpuOpBindOperandPod(t, c, op.namespace, node, kubetest.DevicePluginApp)
 
 		history := gpuOpWatchLabels(t, c, node)
 		// One profile on every GPU: the node's GFD says mig.strategy=single.

@@ -57,17 +57,18 @@ func TestDRANodeWithNetworkOperatorResources(t *testing.T) {
 }
 
 // The DRA driver's chart installed with nameOverride gpu-dra labels its
-// kubelet plugin pods "gpu-dra-component: kubelet-plugin": named in
-// --plugin-selector, the plugin is restarted after the change (it starts
-// a second time) and the change ends in success with the new devices.
+// kubelet plugin pods "gpu-dra-component: kubelet-plugin", which no
+// default selector names: the agent finds the pods by their DaemonSet,
+// which runs the driver's gpu-kubelet-plugin, with no setting. The plugin
+// is restarted after the change (it starts a second time) and the change
+// ends in success with the new devices.
 func TestDRAPluginNameOverrideRestarted(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
 	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
 	drv := kubetest.NewName(t, "dra")
 	kubetest.CreateNamespace(t, drv)
-	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"--resource-wait-timeout", "60s",
-		"--plugin-selector", "gpu-dra-component=kubelet-plugin"}}).Fill(t)
+	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"--resource-wait-timeout", "60s"}}).Fill(t)
 	dp := kubetest.StartDRAPluginNamed(t, c, node, drv, "gpu-dra", func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
 	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Running() && len(announced(t, c, node)) == 2 })
 	StartAgent(t, o)

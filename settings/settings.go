@@ -53,9 +53,13 @@ type Settings struct {
 	GPUClientSelector  string
 	Taint              bool
 	EvictUnmanagedPods bool
-	// PluginSelectors are label selectors of the pods restarted after a
-	// change so that they see the new MIG devices (the device plugin, GFD,
-	// the validator, the DRA kubelet plugin).
+	// OperandSelectors find the operands' pods (the device plugin, GFD,
+	// the validator, the DRA kubelet plugin, the DCGM exporter, DCGM):
+	// NAME=SELECTOR items, an operand named there losing its default
+	// selectors (drain.ParseSelectors reads them).
+	OperandSelectors []string
+	// PluginSelectors are label selectors of other pods restarted after a
+	// change so that they see the new MIG devices, besides the operands.
 	PluginSelectors []string
 	// StartupTaints are taints (key[=value]:effect) the node joins with,
 	// removed by the agent once the node's geometry has converged

@@ -62,7 +62,8 @@ var runSettings = []setting{
 	{"resource-wait-timeout", "", 2 * time.Minute, "wait for the node to advertise the new devices: the Node's allocatable (device plugin) or its gpu.nvidia.com ResourceSlices (DRA driver) (0 turns it off)", func(s *settings.Settings) any { return &s.ResourceWaitTimeout }},
 	{"command-timeout", "", boundcmd.DefaultTimeout, "how long one external command of a change may run (the CDI step's nvidia-smi and nvidia-ctk, the CDI refresh unit's start, each hook); past it the command is killed and the change fails, naming the step", func(s *settings.Settings) any { return &s.CommandTimeout }},
 	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin, GPU Feature Discovery and DRA kubelet plugin pods so they see the new MIG devices", func(s *settings.Settings) any { return &s.RestartDevicePlugin }},
-	{"plugin-selector", "", drain.DefaultPluginSelectors, "label selector of pods on the node restarted after a change so that they see the new MIG devices (device plugin, GPU Feature Discovery, validator, DRA kubelet plugin); repeatable, replaces the defaults", func(s *settings.Settings) any { return &s.PluginSelectors }},
+	{"operand-selector", "", []string(nil), "NAME=SELECTOR: the label selector of an operand's pods on the node, NAME one of " + strings.Join(drain.OperandNames, ", ") + "; repeatable (a pod matching any of an operand's selectors is it); naming an operand replaces its default selectors, the others keep theirs", func(s *settings.Settings) any { return &s.OperandSelectors }},
+	{"plugin-selector", "", []string(nil), "label selector of other pods on the node restarted after a change so that they see the new MIG devices, besides the device plugin, GPU Feature Discovery, the validator and the DRA kubelet plugin; repeatable", func(s *settings.Settings) any { return &s.PluginSelectors }},
 	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *settings.Settings) any { return &s.PauseGPUOperator }},
 	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *settings.Settings) any { return &s.HostGPUClients }},
 	{"gpu-client-selector", "", "", "label selector of pods on the node that use the GPUs without requesting a GPU resource; they are evicted with the pods a change affects", func(s *settings.Settings) any { return &s.GPUClientSelector }},
@@ -273,10 +274,8 @@ func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 			r.errs = append(r.errs, fmt.Sprintf("gpu-client-selector: %v", err))
 		}
 	}
-	for _, sel := range s.PluginSelectors {
-		if parsed, err := labels.Parse(sel); err != nil || parsed.Empty() {
-			r.errs = append(r.errs, fmt.Sprintf("plugin-selector: %q is not a label selector that selects some pods", sel))
-		}
+	if _, err := drain.ParseSelectors(s.OperandSelectors, s.PluginSelectors); err != nil {
+		r.errs = append(r.errs, err.Error())
 	}
 	if cmd.Flags().Lookup("max-concurrent") != nil {
 		s.MaxConcurrent, s.MaxConcurrentPercent = r.countOrPercent("max-concurrent")

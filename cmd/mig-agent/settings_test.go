@@ -178,18 +178,30 @@ func TestSettingsStartupTaints(t *testing.T) {
 	}
 }
 
-func TestSettingsPluginSelector(t *testing.T) {
+func TestSettingsOperandSelectors(t *testing.T) {
 	t.Setenv("NODE_NAME", "n1")
 	s, err := settingsFor(t)
-	if err != nil || len(s.PluginSelectors) != 6 || s.PluginSelectors[5] != "dra-driver-nvidia-gpu-component=kubelet-plugin" {
-		t.Fatalf("defaults: %v %v", s.PluginSelectors, err)
+	if err != nil || len(s.PluginSelectors) != 0 || len(s.OperandSelectors) != 0 {
+		t.Fatalf("defaults: %v %v %v", s.OperandSelectors, s.PluginSelectors, err)
 	}
-	s, err = settingsFor(t, "--settings", writeFile(t, "plugin-selector: ['app=my-plugin', 'gpu-dra-component=kubelet-plugin,tier=gpu']\n"))
-	if err != nil || strings.Join(s.PluginSelectors, ";") != "app=my-plugin;gpu-dra-component=kubelet-plugin,tier=gpu" {
-		t.Fatalf("file: %v %v", s.PluginSelectors, err)
+	s, err = settingsFor(t, "--settings", writeFile(t, "plugin-selector: ['app=my-reader', 'app=x,tier=gpu']\n"+
+		"operand-selector: ['device-plugin=app=my-plugin', 'dcgm-exporter=app.kubernetes.io/name=dcgm-exporter,tier=gpu']\n"))
+	if err != nil || strings.Join(s.PluginSelectors, ";") != "app=my-reader;app=x,tier=gpu" ||
+		strings.Join(s.OperandSelectors, ";") != "device-plugin=app=my-plugin;dcgm-exporter=app.kubernetes.io/name=dcgm-exporter,tier=gpu" {
+		t.Fatalf("file: %v %v %v", s.OperandSelectors, s.PluginSelectors, err)
 	}
-	if _, err := settingsFor(t, "--plugin-selector", "app in (("); err == nil || !strings.Contains(err.Error(), "plugin-selector") {
-		t.Fatalf("bad selector: %v", err)
+	t.Setenv("MIG_AGENT_OPERAND_SELECTOR", "dcgm=app=my-dcgm")
+	if s, err = settingsFor(t); err != nil || strings.Join(s.OperandSelectors, ";") != "dcgm=app=my-dcgm" {
+		t.Fatalf("env: %v %v", s.OperandSelectors, err)
+	}
+	if s, err = settingsFor(t, "--operand-selector", "validator=app=v", "--operand-selector", "validator=app=w"); err != nil ||
+		strings.Join(s.OperandSelectors, ";") != "validator=app=v;validator=app=w" {
+		t.Fatalf("flags: %v %v", s.OperandSelectors, err)
+	}
+	for _, bad := range [][]string{{"--plugin-selector", "app in (("}, {"--operand-selector", "dcgm-exportr=app=x"}, {"--operand-selector", "dcgm="}} {
+		if _, err := settingsFor(t, bad...); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(bad[0], "--")) {
+			t.Errorf("%v: %v", bad, err)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -192,8 +193,9 @@ type configManager struct {
 // cannot be known (no plugin pod, a config file on the host, a ConfigMap
 // the agent may not read, a label naming a missing key: the config-manager
 // then keeps the previous config), it returns nil and an error wrapping
-// errUnknown. pods lists the node's pods.
-func ReadNode(ctx context.Context, client kclient.Interface, node string, pods PodLister) (*Config, error) {
+// errUnknown. pods lists the node's pods, isPlugin picks the device
+// plugin's (nil: IsPlugin).
+func ReadNode(ctx context.Context, client kclient.Interface, node string, pods PodLister, isPlugin func(*corev1.Pod) bool) (*Config, error) {
 	if node == "" {
 		return nil, fmt.Errorf("read the device plugin's config: %w", errNoNode)
 	}
@@ -201,18 +203,21 @@ func ReadNode(ctx context.Context, client kclient.Interface, node string, pods P
 	if err != nil {
 		return nil, fmt.Errorf("%w: read node %s: %w", errUnknown, node, err)
 	}
-	return Read(ctx, client, n, pods)
+	return Read(ctx, client, n, pods, isPlugin)
 }
 
 // Read is ReadNode with the Node already read (the agent's
 // watch of its Node holds the config label).
-func Read(ctx context.Context, client kclient.Interface, n *corev1.Node, pods PodLister) (*Config, error) {
+func Read(ctx context.Context, client kclient.Interface, n *corev1.Node, pods PodLister, isPlugin func(*corev1.Pod) bool) (*Config, error) {
 	node := n.Name
 	list, err := pods(ctx, client, node)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUnknown, err)
 	}
-	cm, found := pluginConfigManager(list)
+	if isPlugin == nil {
+		isPlugin = IsPlugin
+	}
+	cm, found := pluginConfigManager(list, isPlugin)
 	switch {
 	case !found:
 		return nil, fmt.Errorf("%w: %w %s", errUnknown, ErrNoPluginPod, node)
@@ -295,11 +300,12 @@ func (cm *configManager) pick(labels map[string]string, m *corev1.ConfigMap) (st
 // pod (by name) on the node; found is false where there is none. Pods on
 // their way out count: they belong to the same DaemonSet as their
 // successors.
-func pluginConfigManager(pods []corev1.Pod) (cm configManager, found bool) {
+func pluginConfigManager(pods []corev1.Pod, isPlugin func(*corev1.Pod) bool) (cm configManager, found bool) {
+	pods = slices.Clone(pods) // the caller's list may be shared (NodePods)
 	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
 	for i := range pods {
 		p := &pods[i]
-		if !IsPlugin(p) {
+		if !isPlugin(p) {
 			continue
 		}
 		return readConfigManager(p), true
@@ -307,7 +313,8 @@ func pluginConfigManager(pods []corev1.Pod) (cm configManager, found bool) {
 	return configManager{}, false
 }
 
-// IsPlugin: a device plugin pod (not GPU Feature Discovery's).
+// IsPlugin: a device plugin pod (not GPU Feature Discovery's) by the labels
+// NVIDIA deploys it with, for callers with no selectors of their own.
 func IsPlugin(p *corev1.Pod) bool {
 	return p.Labels["app"] == "nvidia-device-plugin-daemonset" || p.Labels["app.kubernetes.io/name"] == "nvidia-device-plugin" &&
 		!strings.Contains(p.Name, "gpu-feature-discovery")

@@ -30,7 +30,7 @@ func nodePods(ctx context.Context, client kclient.Interface, node string) ([]cor
 
 // readNodeSharing is ReadNode with nodePods.
 func readNodeSharing(ctx context.Context, client kclient.Interface, node string) (*Config, error) {
-	return ReadNode(ctx, client, node, nodePods)
+	return ReadNode(ctx, client, node, nodePods, nil)
 }
 
 const timeSlicing4 = `version: v1

@@ -1,6 +1,7 @@
 package kubetest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -187,13 +188,14 @@ func StartSharingDevicePlugin(t testing.TB, client kubernetes.Interface, node, n
 	p := &DevicePlugin{t: t, client: client, node: node, ns: ns, strategy: strategy, read: read, cfg: cfg,
 		capacity: map[string]int64{}, healthy: map[string]int64{}}
 	readyForDaemonSet(t, client, node, map[string]string{DevicePluginDeployLabel: "true"})
-	labels := map[string]string{"app": DevicePluginApp}
+	app := cmp.Or(cfg.App, DevicePluginApp)
+	labels := map[string]string{"app": app}
 	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: DevicePluginApp + "-" + shortName(node), Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: app + "-" + shortName(node), Labels: labels},
 		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": DevicePluginApp, nodeLabel: node}},
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app, nodeLabel: node}},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": DevicePluginApp, nodeLabel: node}},
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": app, nodeLabel: node}},
 				Spec: corev1.PodSpec{
 					NodeSelector:      map[string]string{DevicePluginDeployLabel: "true", nodeLabel: node},
 					Tolerations:       []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},

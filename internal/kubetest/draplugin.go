@@ -27,6 +27,17 @@ const (
 	draChartName            = "dra-driver-nvidia-gpu"
 )
 
+// draPluginScript is how the driver's chart starts the GPU kubelet plugin
+// in the container "gpus" (templates/kubeletplugin.yaml).
+const draPluginScript = `# Conditionally mask the params file to prevent this container from
+# recreating any missing GPU device nodes.
+if [ "${MASK_NVIDIA_DRIVER_PARAMS}" = "true" ]; then
+  cp /proc/driver/nvidia/params /root/gpu-params
+  sed -i 's/^ModifyDeviceFiles: 1$/ModifyDeviceFiles: 0/' /root/gpu-params
+  mount --bind /root/gpu-params /proc/driver/nvidia/params
+fi
+gpu-kubelet-plugin -v $(LOG_VERBOSITY)`
+
 // DRAPlugin plays the NVIDIA DRA driver's kubelet plugin on one node,
 // without DynamicMIG, run as its chart runs it: a DaemonSet (real, and
 // driven by the real DaemonSet controller, which makes a new pod when the
@@ -82,8 +93,10 @@ func StartDRAPluginNamed(t testing.TB, client kubernetes.Interface, node, ns, na
 					NodeSelector:      map[string]string{nodeLabel: node},
 					Tolerations:       []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
 					PriorityClassName: "system-node-critical",
+					// The chart's container: the plugin started from a
+					// bash script (templates/kubeletplugin.yaml).
 					Containers: []corev1.Container{{Name: "gpus", Image: "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:v0.4.1",
-						Command: []string{"gpu-kubelet-plugin"}}},
+						Command: []string{"bash", "-c"}, Args: []string{draPluginScript}}},
 				},
 			},
 		},

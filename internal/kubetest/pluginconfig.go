@@ -22,6 +22,10 @@ type PluginConfig struct {
 	// of the host (CONFIG_FILE), one with no sharing: the agent cannot read
 	// it, so the plugin's sharing is unknown to it.
 	HostConfigFile string
+	// App is the plugin pods' "app" label ("": DevicePluginApp, as the GPU
+	// Operator deploys it): another one plays a renamed or self-installed
+	// plugin.
+	App string
 }
 
 // The config-manager's wiring in the GPU Operator's device plugin
