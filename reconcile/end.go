@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -183,5 +184,19 @@ func (d *Daemon) abandon(ctx context.Context, ch *journal.Change, why string, n 
 		slices.Sort(rec.GPUsUntouched)
 	}
 	// The state label stays as it is: it belongs to the request that follows.
-	_ = d.end(ctx, nil, "", rec, "", "", "")
+	_ = d.end(ctx, nil, "", rec, EventNormal, record.ReasonAbandoned, fmt.Sprintf("abandoned MIG config %q: %s; GPUs %v changed, %d pods evicted",
+		ch.Config, why, rec.GPUsChanged, len(rec.EvictedPods)))
+	// Recorded, restored: its slot goes on only now, so that its record
+	// ends before the next node's disruption begins.
+	d.handOn(false)
+}
+
+// handOn releases the slot of a superseded change (d.superseded), once
+// that change is ended (handed on), or, keep, when it goes on (kept for its
+// next attempt to take again).
+func (d *Daemon) handOn(keep bool) {
+	if s := d.superseded; s != nil {
+		d.superseded = nil
+		s.Release(keep)
+	}
 }

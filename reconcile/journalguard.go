@@ -39,7 +39,7 @@ func (d *Daemon) mustJournal() error {
 
 // degraded says why the daemon is up but must not be counted ready.
 func (d *Daemon) degraded() error {
-	if d.apiDown.Load() {
+	if d.api.Down() {
 		return errors.New("not ready: the API server is unreachable")
 	}
 	if err := d.journalError(); err != nil {

@@ -33,6 +33,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		d.GPU.End()
 	}
+	d.api.Reachable, d.api.Probe, d.api.Clock, d.api.Log = d.Cluster.Reachable, d.Cluster.Probe, d.Clock, d.Log
 	trigger := make(chan struct{}, 1)
 	poke := func() {
 		select {
@@ -41,11 +42,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	}
 	w, err := d.Cluster.Watch(ctx, WatchHandlers{Changed: poke, Stale: d.supersede,
-		Error: func(err error) { d.setAPIDown(true, err) }})
+		Error: func(err error) { d.api.Set(true, err) }})
 	if err != nil {
 		return err
 	}
 	defer w.Stop()
+	d.nodeNow = w.Node
 	ready := func() {
 		d.ready.Store(true)
 		_ = d.notify().Ready()
@@ -59,7 +61,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go d.probeAPI(ctx)
+	go d.api.Run(ctx)
 	if !w.Sync(ctx) {
 		return nil
 	}
