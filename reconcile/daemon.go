@@ -67,8 +67,6 @@ type Daemon struct {
 	stateDecided bool
 	// published is the generated config text last written to the ConfigMap.
 	published string
-	// journalErr is the error of the last journal write (nil: it worked).
-	journalErr atomic.Pointer[error]
 	// api: whether the API server answers (the Node watch, a probe).
 	api apihealth.Health
 	// fileErr is why the config file did not read at the last pass (reload.go).
@@ -347,7 +345,6 @@ func (d *Daemon) saveJournal() {
 	if err != nil {
 		d.Log.Error("writing the journal failed", "path", d.Journal.Path(), "err", err)
 	}
-	d.setJournalErr(err)
 	d.crashHook()
 }
 

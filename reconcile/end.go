@@ -108,27 +108,10 @@ func (d *Daemon) failure(ctx context.Context, node *Node, ch *journal.Change, se
 // record builds the audit record of the change, with the geometry of n (the
 // GPUs as just read; nil reads them now).
 func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time, n *gpus.Inventory) record.ChangeRecord {
-	rec := record.ChangeRecord{Result: result, Reason: reason, FinishedAt: now.UTC(), AgentVersion: d.Version,
-		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
+	rec := ch.Record(result, reason, now)
+	rec.AgentVersion, rec.Reboot = d.Version, ch != nil && (d.rebooted(ch) || result == record.StateRebooting)
 	if drv, err := d.GPU.DriverVersion(); err == nil {
 		rec.DriverVersion = drv
-	}
-	if ch != nil {
-		rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
-		rec.ConfigHash, rec.ConfigSource, rec.PreviousConfigHash = ch.Hash, ch.Source, ch.PreviousHash
-		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
-		rec.RequestedBySource = ch.RequestedBySource
-		rec.Reboot = d.rebooted(ch) || result == record.StateRebooting
-		rec.AffectedBy, rec.DisruptedAt, rec.ServedBy = ch.AffectedBy, ch.DisruptedAt, ch.ServedBy
-		if ch.GPUsChanged != nil {
-			rec.GPUsChanged = ch.GPUsChanged
-		}
-		if ch.GPUsUntouched != nil {
-			rec.GPUsUntouched = ch.GPUsUntouched
-		}
-		if ch.Evicted != nil {
-			rec.EvictedPods = ch.Evicted
-		}
 	}
 	if n == nil {
 		n, _ = d.discover() // refreshes the GPU metrics too

@@ -202,7 +202,8 @@ func TestCoreSuccessNeedsItsRecord(t *testing.T) {
 // A change stopped by a shutdown (SIGTERM: the pass's context ends, not
 // superseded) mid-eviction keeps its rollout slot: parked, not released,
 // for the node stays disrupted until the agent, back, ends the change. A
-// superseded change releases it (its next pass takes one again if it must).
+// superseded change holds it until the next pass has ended it (restored,
+// recorded), and hands it on only then.
 func TestCoreShutdownKeepsSlot(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -229,12 +230,32 @@ func TestCoreShutdownKeepsSlot(t *testing.T) {
 			if ch := c.d.Journal.State.Change; ch == nil || ch.Phase != journal.PhaseDraining || !c.disrupt.Tainted {
 				t.Fatalf("journal change %+v, tainted %v: want the change parked mid-drain", ch, c.disrupt.Tainted)
 			}
-			wantKept, wantReleased := 1, 0
+			wantKept := 1
 			if tc.supersede {
-				wantKept, wantReleased = 0, 1
+				wantKept = 0
 			}
-			if slots.Kept != wantKept || slots.Released != wantReleased {
-				t.Fatalf("slot kept %d, released %d times; want kept %d, released %d", slots.Kept, slots.Released, wantKept, wantReleased)
+			if slots.Kept != wantKept || slots.Released != 0 {
+				t.Fatalf("slot kept %d, released %d times; want kept %d, released 0", slots.Kept, slots.Released, wantKept)
+			}
+			if !tc.supersede {
+				return
+			}
+			// The next pass abandons the change: the slot goes on after
+			// its taint is lifted and its record written.
+			c.disrupt.DuringEvict = nil
+			var recorded, tainted, first bool
+			slots.OnRelease = func(keep bool) {
+				if !keep && !first { // the superseded change's slot; then the new change's
+					first = true
+					last := c.cluster.Last()
+					recorded = last.Config == "all-1g.18gb" && strings.HasPrefix(last.Reason, "abandoned")
+					tainted = c.disrupt.Tainted
+				}
+			}
+			c.d.Pass(context.Background(), func() (*reconcile.Node, bool) { return c.cluster.Seen(), true }, false, false)
+			if slots.Released < 1 || !recorded || tainted {
+				t.Fatalf("the superseded change's slot: released %d times, its abandoned record written before %v, the node tainted then %v; want released after the record, untainted (records %+v)",
+					slots.Released, recorded, tainted, c.cluster.Records)
 			}
 		})
 	}

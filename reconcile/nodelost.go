@@ -11,14 +11,11 @@ import (
 )
 
 // leaveIfLost ends a change parked because another agent took the node
-// (its node Lease: the run's context ends with journal.ErrAnotherAgent as
-// its cause): a failed record and a MigNodeLeaseLost Warning Event, and
-// nothing undone. The node is the other agent's now: the taint and paused
-// operands stay for its change, which takes them as its own (the taint key
-// is the agents' one; a paused operand reads back as enabled) and lifts
-// them at its end; the state label is left to it too, and so is the record
-// once it wrote one since this change started. The journal keeps the
-// change, for this agent should it hold the node again.
+// (the run's context ended with journal.ErrAnotherAgent): a failed record
+// and a MigNodeLeaseLost Warning Event, nothing undone. The node is the
+// other agent's: its change takes the taint and paused operands as its own
+// and lifts them; the state label is left to it, and so is the record once
+// it wrote one. The journal keeps the change, should the node come back.
 func (d *Daemon) leaveIfLost(a *attempt, oc outcome) outcome {
 	cause := context.Cause(a.ctx)
 	if oc != outParked || a.node == nil || d.Journal.State.Change == nil || !errors.Is(cause, journal.ErrAnotherAgent) {
@@ -31,15 +28,14 @@ func (d *Daemon) leaveIfLost(a *attempt, oc outcome) outcome {
 		n = a.v.inventory()
 	}
 	rec := d.record(a.ch, record.StateFailed, reason, d.Clock.Now(), n)
-	if other := d.recordedSince(a.ch); other != nil {
-		d.Log.Error("node lost mid-change; not recording over the record of the agent that holds the node now",
-			"config", a.ch.Config, "reason", reason, "theirs", other.Config, "theirResult", other.Result)
-		d.event(a.ctx, a.node, EventWarning, record.ReasonNodeLost, reason)
-		return oc
-	}
 	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", false)
 	d.Metrics.SetLastFailure(reason)
-	_ = d.end(a.ctx, a.node, "", rec, EventWarning, record.ReasonNodeLost, reason)
+	if other := d.recordedSince(a.ch); other != nil {
+		d.Log.Error("not recording over a record of the agent that holds the node now", "theirs", other.Config, "result", other.Result)
+		d.event(a.ctx, a.node, EventWarning, record.ReasonNodeLost, reason)
+	} else {
+		_ = d.end(a.ctx, a.node, "", rec, EventWarning, record.ReasonNodeLost, reason)
+	}
 	return oc
 }
 

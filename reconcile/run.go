@@ -23,7 +23,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if err := d.Journal.Probe(); err != nil {
 		d.Log.Error("the journal cannot be written; no change will be made until it can", "path", d.Journal.Path(), "err", err)
-		d.setJournalErr(err)
 	}
 	if d.openNVML() {
 		if n, err := d.discover(); err != nil {
