@@ -160,18 +160,23 @@ func (d *Daemon) abandon(ctx context.Context, ch *journal.Change, why string, n 
 	d.saveJournal()
 	// The trail shows the request that never finished, and why. The state
 	// label is left to the request that follows.
-	rec := d.record(ch, record.StateFailed, "abandoned: "+why, d.Clock.Now(), n)
-	if !nvmlStarted(ch.Phase) {
-		// Planned, never applied: no GPU was changed.
-		rec.GPUsChanged, rec.GPUsUntouched = []int{}, append(append([]int{}, ch.GPUsUntouched...), ch.GPUsChanged...)
-		slices.Sort(rec.GPUsUntouched)
-	}
+	rec := stoppedRecord(d.record(ch, record.StateFailed, "abandoned: "+why, d.Clock.Now(), n), ch)
 	// The state label stays as it is: it belongs to the request that follows.
 	_ = d.end(ctx, nil, "", rec, EventNormal, record.ReasonAbandoned, fmt.Sprintf("abandoned MIG config %q: %s; GPUs %v changed, %d pods evicted",
 		ch.Config, why, rec.GPUsChanged, len(rec.EvictedPods)))
 	// Recorded, restored: its slot goes on only now, so that its record
 	// ends before the next node's disruption begins.
 	d.handOn(false)
+}
+
+// stoppedRecord is rec of a change stopped unfinished: one stopped before
+// any GPU step (planned, never applied) lists no GPU as changed.
+func stoppedRecord(rec record.ChangeRecord, ch *journal.Change) record.ChangeRecord {
+	if !nvmlStarted(ch.Phase) {
+		rec.GPUsChanged, rec.GPUsUntouched = []int{}, append(append([]int{}, ch.GPUsUntouched...), ch.GPUsChanged...)
+		slices.Sort(rec.GPUsUntouched)
+	}
+	return rec
 }
 
 // handOn releases the slot of a superseded change (d.superseded), once

@@ -27,7 +27,7 @@ func (d *Daemon) leaveIfLost(a *attempt, oc outcome) outcome {
 	if !a.touched {
 		n = a.v.inventory()
 	}
-	rec := d.record(a.ch, record.StateFailed, reason, d.Clock.Now(), n)
+	rec := stoppedRecord(d.record(a.ch, record.StateFailed, reason, d.Clock.Now(), n), a.ch)
 	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", false)
 	d.Metrics.SetLastFailure(reason)
 	if other := d.recordedSince(a.ch); other != nil {
