@@ -108,6 +108,7 @@ func TestSupersededChangeEndsBeforeHandOff(t *testing.T) {
 		t.Errorf("A's abandoned change finished at %s, %s after B began its disruption at %s: two nodes disrupted under --max-concurrent 1",
 			recA.FinishedAt.Format(time.RFC3339Nano), recA.FinishedAt.Sub(*recB.DisruptedAt), recB.DisruptedAt.Format(time.RFC3339Nano))
 	}
+	t.Logf("A's abandoned change finished %s before B began its disruption", recB.DisruptedAt.Sub(recA.FinishedAt))
 	if most := record.MaxDisrupted(append(histA, History(t, GetNode(t, c, nodeB))...)); most != 1 {
 		t.Errorf("%d nodes disrupted at once with --max-concurrent 1", most)
 	}
