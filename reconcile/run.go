@@ -46,7 +46,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer w.Stop()
-	d.nodeNow = w.Node
 	ready := func() {
 		d.ready.Store(true)
 		_ = d.notify().Ready()
@@ -133,6 +132,7 @@ func (d *Daemon) pass(ctx context.Context, node func() (*Node, bool), start, ret
 	pctx, cancel := context.WithCancelCause(ctx)
 	d.setSupersede(func() { cancel(errSuperseded) })
 	defer func() { d.setSupersede(nil); cancel(nil) }()
+	d.nodeNow = node
 	n, seen := node()
 	if !seen {
 		return outSuccess, false // our Node is not in the cache (yet)
