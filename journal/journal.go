@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
+
+	"github.com/migagent/mig-agent/record"
 )
 
 // Phase is where a change stands, journaled before each step so a crash or
@@ -150,6 +153,28 @@ var ErrCorrupt = errors.New("corrupt journal")
 type Journal struct {
 	path  string
 	State State
+	// err is the error of the last Save or Probe (nil: it worked).
+	err atomic.Pointer[error]
+}
+
+// Err is the error of the last Save or Probe, nil when it worked: a
+// journal that cannot be written stops a change before anything is
+// touched, and keeps the agent from counting as ready.
+func (j *Journal) Err() error {
+	if p := j.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// noted keeps err as the outcome of the last write, and returns it.
+func (j *Journal) noted(err error) error {
+	if err == nil {
+		j.err.Store(nil)
+	} else {
+		j.err.Store(&err)
+	}
+	return err
 }
 
 // Open loads the journal from dir, creating dir if needed.
@@ -179,9 +204,9 @@ func (j *Journal) Path() string { return j.path }
 func (j *Journal) Save() error {
 	data, err := json.MarshalIndent(&j.State, "", "  ")
 	if err != nil {
-		return err
+		return j.noted(err)
 	}
-	return WriteFileAtomic(j.path, data, 0o640)
+	return j.noted(WriteFileAtomic(j.path, data, 0o640))
 }
 
 // WriteFileAtomic writes data to path through a temporary file in the same
@@ -233,7 +258,8 @@ type RebootMark struct {
 
 // Probe checks that the journal's directory takes a write (a read-only or
 // full file system fails here), without touching the journal itself.
-func (j *Journal) Probe() error {
+func (j *Journal) Probe() (err error) {
+	defer func() { j.noted(err) }()
 	f, err := os.CreateTemp(filepath.Dir(j.path), ".probe.*")
 	if err != nil {
 		return err
@@ -269,4 +295,32 @@ func upgrade(st *State, data []byte) {
 	}
 	st.RebootFor = &RebootMark{Config: st.Change.Config, BootID: old.Change.RebootBootID,
 		Requested: old.Change.RebootRequested || old.Change.Rebooted}
+}
+
+// Record is the audit record of ch (nil: of no change) ending now with
+// result and reason, as far as the journal knows it: what was asked, by
+// whom, what changed and what was evicted. The caller adds what the
+// journal does not hold (the agent and driver versions, the geometry,
+// whether a reboot was made).
+func (ch *Change) Record(result, reason string, now time.Time) record.ChangeRecord {
+	rec := record.ChangeRecord{Result: result, Reason: reason, FinishedAt: now.UTC(),
+		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
+	if ch == nil {
+		return rec
+	}
+	rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
+	rec.ConfigHash, rec.ConfigSource, rec.PreviousConfigHash = ch.Hash, ch.Source, ch.PreviousHash
+	rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
+	rec.RequestedBySource = ch.RequestedBySource
+	rec.AffectedBy, rec.DisruptedAt, rec.ServedBy = ch.AffectedBy, ch.DisruptedAt, ch.ServedBy
+	if ch.GPUsChanged != nil {
+		rec.GPUsChanged = ch.GPUsChanged
+	}
+	if ch.GPUsUntouched != nil {
+		rec.GPUsUntouched = ch.GPUsUntouched
+	}
+	if ch.Evicted != nil {
+		rec.EvictedPods = ch.Evicted
+	}
+	return rec
 }

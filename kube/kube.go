@@ -187,9 +187,13 @@ func (k *Cluster) snapshot(n *corev1.Node) *reconcile.Node {
 // Transient implements reconcile.Cluster.
 func (k *Cluster) Transient(err error) bool { return apierr.Transient(err) }
 
-// SetState sets the state label (and nothing else).
+// SetState sets the state label (and nothing else); "" removes it.
 func (k *Cluster) SetState(ctx context.Context, state string) error {
-	return k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: state}}})
+	var v any = state
+	if state == "" {
+		v = nil // a merge patch's null removes the key
+	}
+	return k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: v}}})
 }
 
 // patchNode merge-patches the Node as the agent (field manager mig-agent).

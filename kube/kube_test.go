@@ -211,3 +211,24 @@ func TestPreflightTaintFromCachedNode(t *testing.T) {
 		t.Fatalf("stale copy: err %v, %d GETs, %d updates; want nil, 1, 2", err, gets, updates)
 	}
 }
+
+// SetState("") removes the state label (a merge patch's null), where any
+// other value sets it: the label removed mid-change leaves no state.
+func TestSetStateEmptyRemovesLabel(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"other": "x"}}})
+	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	if err := k.SetState(ctx, record.StatePending); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := k.getNode(ctx); n.Labels[record.LabelState] != record.StatePending {
+		t.Fatalf("labels %v, want the state pending", n.Labels)
+	}
+	if err := k.SetState(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := k.getNode(ctx)
+	if v, has := n.Labels[record.LabelState]; has || n.Labels["other"] != "x" {
+		t.Fatalf("labels %v (state %q): want the state label removed, the others kept", n.Labels, v)
+	}
+}

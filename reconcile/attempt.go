@@ -147,12 +147,18 @@ func (d *Daemon) attempt(ctx context.Context, node *Node, req Request, v *view) 
 	defer func() {
 		// The slot is held until the outcome is recorded (a failure
 		// restores the node first). A change parked by a shutdown keeps it,
-		// as a reboot does: its node is disrupted until the agent, back, ends it.
-		if a.slot != nil {
-			a.slot.Release(oc == outParked && !errors.Is(context.Cause(ctx), errSuperseded))
+		// as a reboot does: its node is disrupted until the agent, back,
+		// ends it. A superseded one keeps it until the next pass has ended
+		// it (abandon, handOn).
+		switch {
+		case a.slot == nil:
+		case oc == outParked && errors.Is(context.Cause(ctx), errSuperseded):
+			d.superseded = a.slot
+		default:
+			a.slot.Release(oc == outParked)
 		}
 	}()
-	return d.conclude(a, a.run())
+	return d.leaveIfLost(a, d.conclude(a, a.run()))
 }
 
 // run is the checklist. Each step's time is logged at debug level ("step

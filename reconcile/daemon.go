@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/apihealth"
 	"github.com/migagent/mig-agent/internal/backoff"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/nvmlx"
@@ -66,10 +67,8 @@ type Daemon struct {
 	stateDecided bool
 	// published is the generated config text last written to the ConfigMap.
 	published string
-	// journalErr is the error of the last journal write (nil: it worked).
-	journalErr atomic.Pointer[error]
-	// apiDown: the API server did not answer the Node watch (apihealth.go).
-	apiDown atomic.Bool
+	// api: whether the API server answers (the Node watch, a probe).
+	api apihealth.Health
 	// fileErr is why the config file did not read at the last pass (reload.go).
 	fileErr error
 	// unusableSeen is the set of unusable GPUs last reported (noteUnusable).
@@ -80,6 +79,12 @@ type Daemon struct {
 	badMoves atomic.Int64
 	// lifted: the startup taints are off the Node.
 	lifted bool
+
+	// superseded is the rollout slot of a change a newer request stopped:
+	// handed on once that change is ended (handOn).
+	superseded Slot
+	// nodeNow is the Node as the watch shows it now (nil: no watch yet).
+	nodeNow func() (*Node, bool)
 
 	mu         sync.Mutex
 	cancelPass context.CancelFunc // stops the reconcile pass in progress
@@ -257,6 +262,7 @@ func (d *Daemon) reconcile(ctx context.Context, node *Node, start, retry bool, v
 	// A label set to "" is a request too: it fails with a reason (attempt).
 	if !req.Asked {
 		d.labelRemoved(ctx, v)
+		d.handOn(false)
 		return outSuccess
 	}
 	if req.Seq != d.removals {
@@ -268,6 +274,8 @@ func (d *Daemon) reconcile(ctx context.Context, node *Node, start, retry bool, v
 	if j.Change != nil && j.Change.Config != desired {
 		d.abandon(ctx, j.Change, fmt.Sprintf("the desired config changed to %q", desired), v.inventory())
 	}
+	// The same change asked again: its attempt takes its own slot again.
+	d.handOn(j.Change != nil)
 	if j.Failing != desired {
 		j.ClearBackoff()
 	}
@@ -337,7 +345,6 @@ func (d *Daemon) saveJournal() {
 	if err != nil {
 		d.Log.Error("writing the journal failed", "path", d.Journal.Path(), "err", err)
 	}
-	d.setJournalErr(err)
 	d.crashHook()
 }
 
@@ -400,6 +407,9 @@ func (d *Daemon) labelRemoved(ctx context.Context, v *view) {
 	j := &d.Journal.State
 	if j.Change != nil {
 		d.abandon(ctx, j.Change, "the desired config label was removed", v.inventory())
+		// Nothing is asked now: no state is true of the node (neither the
+		// change's pending nor a failure of a request no one makes).
+		d.setState(ctx, "")
 	}
 	j.ClearBackoff()
 	// Its next value is a new request: it may reboot once.

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -107,27 +108,10 @@ func (d *Daemon) failure(ctx context.Context, node *Node, ch *journal.Change, se
 // record builds the audit record of the change, with the geometry of n (the
 // GPUs as just read; nil reads them now).
 func (d *Daemon) record(ch *journal.Change, result, reason string, now time.Time, n *gpus.Inventory) record.ChangeRecord {
-	rec := record.ChangeRecord{Result: result, Reason: reason, FinishedAt: now.UTC(), AgentVersion: d.Version,
-		GPUsChanged: []int{}, GPUsUntouched: []int{}, EvictedPods: []string{}}
+	rec := ch.Record(result, reason, now)
+	rec.AgentVersion, rec.Reboot = d.Version, ch != nil && (d.rebooted(ch) || result == record.StateRebooting)
 	if drv, err := d.GPU.DriverVersion(); err == nil {
 		rec.DriverVersion = drv
-	}
-	if ch != nil {
-		rec.Config, rec.PreviousConfig, rec.StartedAt = ch.Config, ch.PreviousConfig, ch.StartedAt.UTC()
-		rec.ConfigHash, rec.ConfigSource, rec.PreviousConfigHash = ch.Hash, ch.Source, ch.PreviousHash
-		rec.RequestedBy, rec.RequestedVia, rec.RequestedAt = ch.RequestedBy, ch.RequestedVia, ch.RequestedAt
-		rec.RequestedBySource = ch.RequestedBySource
-		rec.Reboot = d.rebooted(ch) || result == record.StateRebooting
-		rec.AffectedBy, rec.DisruptedAt, rec.ServedBy = ch.AffectedBy, ch.DisruptedAt, ch.ServedBy
-		if ch.GPUsChanged != nil {
-			rec.GPUsChanged = ch.GPUsChanged
-		}
-		if ch.GPUsUntouched != nil {
-			rec.GPUsUntouched = ch.GPUsUntouched
-		}
-		if ch.Evicted != nil {
-			rec.EvictedPods = ch.Evicted
-		}
 	}
 	if n == nil {
 		n, _ = d.discover() // refreshes the GPU metrics too
@@ -176,12 +160,31 @@ func (d *Daemon) abandon(ctx context.Context, ch *journal.Change, why string, n 
 	d.saveJournal()
 	// The trail shows the request that never finished, and why. The state
 	// label is left to the request that follows.
-	rec := d.record(ch, record.StateFailed, "abandoned: "+why, d.Clock.Now(), n)
+	rec := stoppedRecord(d.record(ch, record.StateFailed, "abandoned: "+why, d.Clock.Now(), n), ch)
+	// The state label stays as it is: it belongs to the request that follows.
+	_ = d.end(ctx, nil, "", rec, EventNormal, record.ReasonAbandoned, fmt.Sprintf("abandoned MIG config %q: %s; GPUs %v changed, %d pods evicted",
+		ch.Config, why, rec.GPUsChanged, len(rec.EvictedPods)))
+	// Recorded, restored: its slot goes on only now, so that its record
+	// ends before the next node's disruption begins.
+	d.handOn(false)
+}
+
+// stoppedRecord is rec of a change stopped unfinished: one stopped before
+// any GPU step (planned, never applied) lists no GPU as changed.
+func stoppedRecord(rec record.ChangeRecord, ch *journal.Change) record.ChangeRecord {
 	if !nvmlStarted(ch.Phase) {
-		// Planned, never applied: no GPU was changed.
 		rec.GPUsChanged, rec.GPUsUntouched = []int{}, append(append([]int{}, ch.GPUsUntouched...), ch.GPUsChanged...)
 		slices.Sort(rec.GPUsUntouched)
 	}
-	// The state label stays as it is: it belongs to the request that follows.
-	_ = d.end(ctx, nil, "", rec, "", "", "")
+	return rec
+}
+
+// handOn releases the slot of a superseded change (d.superseded), once
+// that change is ended (handed on), or, keep, when it goes on (kept for its
+// next attempt to take again).
+func (d *Daemon) handOn(keep bool) {
+	if s := d.superseded; s != nil {
+		d.superseded = nil
+		s.Release(keep)
+	}
 }

@@ -3,8 +3,10 @@ package reconcile_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/journal"
@@ -202,7 +204,8 @@ func TestCoreSuccessNeedsItsRecord(t *testing.T) {
 // A change stopped by a shutdown (SIGTERM: the pass's context ends, not
 // superseded) mid-eviction keeps its rollout slot: parked, not released,
 // for the node stays disrupted until the agent, back, ends the change. A
-// superseded change releases it (its next pass takes one again if it must).
+// superseded change holds it until the next pass has ended it (restored,
+// recorded), and hands it on only then.
 func TestCoreShutdownKeepsSlot(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -229,12 +232,84 @@ func TestCoreShutdownKeepsSlot(t *testing.T) {
 			if ch := c.d.Journal.State.Change; ch == nil || ch.Phase != journal.PhaseDraining || !c.disrupt.Tainted {
 				t.Fatalf("journal change %+v, tainted %v: want the change parked mid-drain", ch, c.disrupt.Tainted)
 			}
-			wantKept, wantReleased := 1, 0
+			wantKept := 1
 			if tc.supersede {
-				wantKept, wantReleased = 0, 1
+				wantKept = 0
 			}
-			if slots.Kept != wantKept || slots.Released != wantReleased {
-				t.Fatalf("slot kept %d, released %d times; want kept %d, released %d", slots.Kept, slots.Released, wantKept, wantReleased)
+			if slots.Kept != wantKept || slots.Released != 0 {
+				t.Fatalf("slot kept %d, released %d times; want kept %d, released 0", slots.Kept, slots.Released, wantKept)
+			}
+			if !tc.supersede {
+				return
+			}
+			// The next pass abandons the change: the slot goes on after
+			// its taint is lifted and its record written.
+			c.disrupt.DuringEvict = nil
+			var recorded, tainted, first bool
+			slots.OnRelease = func(keep bool) {
+				if !keep && !first { // the superseded change's slot; then the new change's
+					first = true
+					last := c.cluster.Last()
+					recorded = last.Config == "all-1g.18gb" && strings.HasPrefix(last.Reason, "abandoned")
+					tainted = c.disrupt.Tainted
+				}
+			}
+			c.d.Pass(context.Background(), func() (*reconcile.Node, bool) { return c.cluster.Seen(), true }, false, false)
+			if slots.Released < 1 || !recorded || tainted {
+				t.Fatalf("the superseded change's slot: released %d times, its abandoned record written before %v, the node tainted then %v; want released after the record, untainted (records %+v)",
+					slots.Released, recorded, tainted, c.cluster.Records)
+			}
+		})
+	}
+}
+
+// The node taken by another agent mid-drain (the run's context ends with
+// journal.ErrAnotherAgent as its cause): the change is recorded failed
+// with the loss and a MigNodeLeaseLost Event, and nothing is undone (the
+// taint stays for the new holder; the journal keeps the change). When the
+// new holder has already written a record since this change started, that
+// record stays the newest: only the Event says it.
+func TestCoreNodeLostMidDrain(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		theirRecord bool
+	}{{"records", false}, {"not over the new holder's record", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCore(t, "h200x2", nvmlsim.Options{}, "")
+			c.applied(t, "all-balanced")
+			c.runPods(t, "1g.18gb", 1)
+			c.cluster.SetLabel("all-1g.18gb")
+			ctx, stop := context.WithCancelCause(context.Background())
+			defer stop(nil)
+			lost := fmt.Errorf("%w on node n: Lease held by %q", journal.ErrAnotherAgent, "other")
+			c.disrupt.DuringEvict = func() {
+				if tc.theirRecord {
+					c.cluster.Update(func(n *reconcile.Node) {
+						theirs := record.ChangeRecord{Config: "all-1g.18gb", Result: record.StatePending, StartedAt: c.clock.Now().Add(time.Second),
+							FinishedAt: c.clock.Now().Add(2 * time.Second)}
+						n.History = append([]record.ChangeRecord{theirs}, n.History...)
+					})
+				}
+				stop(lost)
+			}
+			before := len(c.cluster.Records)
+			c.d.Pass(ctx, func() (*reconcile.Node, bool) { return c.cluster.Seen(), true }, false, false)
+			if ch := c.d.Journal.State.Change; ch == nil || ch.Phase != journal.PhaseDraining || !c.disrupt.Tainted {
+				t.Fatalf("journal change %+v, tainted %v: want the change kept, the node left tainted", ch, c.disrupt.Tainted)
+			}
+			if c.cluster.Count(record.ReasonNodeLost) != 1 {
+				t.Errorf("events %v, want one %s", c.cluster.Events, record.ReasonNodeLost)
+			}
+			if tc.theirRecord {
+				if len(c.cluster.Records) != before {
+					t.Errorf("a record written over the new holder's: %+v", c.cluster.Last())
+				}
+				return
+			}
+			rec := c.cluster.Last()
+			if len(c.cluster.Records) != before+1 || rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "no longer holds its node") ||
+				len(rec.GPUsChanged) != 0 {
+				t.Errorf("record %+v, want the failed change naming the lost node, no GPU changed", rec)
 			}
 		})
 	}

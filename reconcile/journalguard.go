@@ -10,28 +10,11 @@ import (
 // change before anything is touched, with the state failed and the reason
 // in the record, an Event, the metrics and /readyz.
 
-// setJournalErr keeps the outcome of the last journal write for readiness.
-func (d *Daemon) setJournalErr(err error) {
-	if err == nil {
-		d.journalErr.Store(nil)
-		return
-	}
-	d.journalErr.Store(&err)
-}
-
-// journalError is the error of the last journal write, nil when it worked.
-func (d *Daemon) journalError() error {
-	if p := d.journalErr.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
 // mustJournal writes the journal and says whether it worked: a step that
 // could not be journaled must not start.
 func (d *Daemon) mustJournal() error {
 	d.saveJournal()
-	if err := d.journalError(); err != nil {
+	if err := d.Journal.Err(); err != nil {
 		return fmt.Errorf("the journal %s cannot be written, so nothing is changed: %w", d.Journal.Path(), err)
 	}
 	return nil
@@ -39,10 +22,10 @@ func (d *Daemon) mustJournal() error {
 
 // degraded says why the daemon is up but must not be counted ready.
 func (d *Daemon) degraded() error {
-	if d.apiDown.Load() {
+	if d.api.Down() {
 		return errors.New("not ready: the API server is unreachable")
 	}
-	if err := d.journalError(); err != nil {
+	if err := d.Journal.Err(); err != nil {
 		return fmt.Errorf("not ready: the journal %s cannot be written: %w", d.Journal.Path(), err)
 	}
 	return nil

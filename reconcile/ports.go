@@ -66,7 +66,7 @@ type Cluster interface {
 	Watch(ctx context.Context, h WatchHandlers) (*NodeWatch, error)
 	// Desired is the config node asks for (standalone: the selected one).
 	Desired(node *Node) Request
-	// SetState sets the state label (and nothing else).
+	// SetState sets the state label (and nothing else); "" removes it.
 	SetState(ctx context.Context, state string) error
 	// Record writes a change record and the state label together, on the
 	// Node as it is now. It does what it can to make the record land (a

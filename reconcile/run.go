@@ -23,7 +23,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if err := d.Journal.Probe(); err != nil {
 		d.Log.Error("the journal cannot be written; no change will be made until it can", "path", d.Journal.Path(), "err", err)
-		d.setJournalErr(err)
 	}
 	if d.openNVML() {
 		if n, err := d.discover(); err != nil {
@@ -33,6 +32,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		d.GPU.End()
 	}
+	d.api.Reachable, d.api.Probe, d.api.Clock, d.api.Log = d.Cluster.Reachable, d.Cluster.Probe, d.Clock, d.Log
 	trigger := make(chan struct{}, 1)
 	poke := func() {
 		select {
@@ -41,7 +41,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	}
 	w, err := d.Cluster.Watch(ctx, WatchHandlers{Changed: poke, Stale: d.supersede,
-		Error: func(err error) { d.setAPIDown(true, err) }})
+		Error: func(err error) { d.api.Set(true, err) }})
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go d.probeAPI(ctx)
+	go d.api.Run(ctx)
 	if !w.Sync(ctx) {
 		return nil
 	}
@@ -132,6 +132,7 @@ func (d *Daemon) pass(ctx context.Context, node func() (*Node, bool), start, ret
 	pctx, cancel := context.WithCancelCause(ctx)
 	d.setSupersede(func() { cancel(errSuperseded) })
 	defer func() { d.setSupersede(nil); cancel(nil) }()
+	d.nodeNow = node
 	n, seen := node()
 	if !seen {
 		return outSuccess, false // our Node is not in the cache (yet)

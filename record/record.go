@@ -136,6 +136,9 @@ const (
 	ReasonDrift            = "MigGeometryDrift"
 	ReasonResourcesTimeout = "MigResourcesTimeout"
 	ReasonManagerConflict  = "MigManagerConflict"
+	// ReasonAbandoned: a change stopped unfinished, its label changed or
+	// removed (Normal).
+	ReasonAbandoned = "MigConfigAbandoned"
 	// ReasonAllocationPathConflict: the node's GPUs are served by both the
 	// device plugin and the NVIDIA DRA driver (Warning, change refused).
 	ReasonAllocationPathConflict = "MigAllocationPathConflict"

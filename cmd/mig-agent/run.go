@@ -340,17 +340,19 @@ func holdNodeLease(ctx context.Context, d *reconcile.Daemon, client kclient.Inte
 		return nil, nil, err
 	}
 	d.Owner = nl
-	ctx, cancel := context.WithCancel(ctx)
+	// The loss is the run's cause of cancellation: a change in progress
+	// records it (reconcile's leaveIfLost), where a shutdown only parks.
+	ctx, cancel := context.WithCancelCause(ctx)
 	lost := make(chan error, 1)
 	go func() {
 		kerr := nl.Keep(ctx)
 		if kerr != nil {
 			log.Error("another agent holds this node; stopping", "err", kerr)
-			cancel()
+			cancel(kerr)
 		}
 		lost <- kerr
 	}()
-	return ctx, func() error { cancel(); return <-lost }, nil
+	return ctx, func() error { cancel(nil); return <-lost }, nil
 }
 
 // logHangups logs SIGHUP instead of dying of it (its default action): the

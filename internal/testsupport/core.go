@@ -365,6 +365,9 @@ type FakeSlots struct {
 	// Acquired, Checks, Released, Kept (released with keep) and Extended
 	// count the calls.
 	Acquired, Checks, Released, Kept, Extended int
+	// OnRelease, when set, is called at each Release, before it counts:
+	// a test sees there what was done before the slot went.
+	OnRelease func(keep bool)
 }
 
 var _ reconcile.Slots = (*FakeSlots)(nil)
@@ -404,6 +407,9 @@ func (s fakeSlot) Check(context.Context) error {
 }
 
 func (s fakeSlot) Release(keep bool) {
+	if s.f.OnRelease != nil {
+		s.f.OnRelease(keep)
+	}
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	if keep {
