@@ -18,6 +18,7 @@ import (
 
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -166,10 +167,17 @@ func TestPlannerReshapesIdleOptedInNode(t *testing.T) {
 	}
 	t.Logf("two 3g.71gb pods bound %s after the planner started", time.Since(start).Round(100*time.Millisecond))
 
-	// One change on the idle node, asked for by the planner.
+	// One change on the idle node, asked for by the planner: the label
+	// alone, written under the planner's field manager, as the API server
+	// recorded it.
 	n := GetNode(t, c, idle)
-	if n.Labels[record.LabelConfig] != "all-3g.71gb" || n.Annotations[record.AnnotationPlannerRequested] != "all-3g.71gb" {
-		t.Errorf("idle node: label %q, annotation %q", n.Labels[record.LabelConfig], n.Annotations[record.AnnotationPlannerRequested])
+	if m, _, _ := labelwriter.Of(n.ManagedFields, record.LabelConfig); n.Labels[record.LabelConfig] != "all-3g.71gb" || m != record.PlannerFieldManager {
+		t.Errorf("idle node: label %q written by %q", n.Labels[record.LabelConfig], m)
+	}
+	for k := range n.Annotations {
+		if strings.Contains(k, "planner") {
+			t.Errorf("idle node: the planner left the annotation %s", k)
+		}
 	}
 	if h := nodeHistory(t, c, idle); len(h) != 1 || h[0].Result != record.StateSuccess {
 		t.Errorf("idle node's history: %+v, want one successful change", h)
@@ -190,10 +198,10 @@ func TestPlannerReshapesIdleOptedInNode(t *testing.T) {
 		t.Errorf("idle node changed %d times, want once", len(h))
 	}
 	nb := GetNode(t, c, busy)
-	if nb.Labels[record.LabelConfig] != "all-1g.18gb" || nb.Annotations[record.AnnotationPlannerRequested] != "" || len(nodeHistory(t, c, busy)) != 1 {
+	if m, _, _ := labelwriter.Of(nb.ManagedFields, record.LabelConfig); nb.Labels[record.LabelConfig] != "all-1g.18gb" || m == record.PlannerFieldManager || len(nodeHistory(t, c, busy)) != 1 {
 		t.Errorf("the busy node was touched: label %q, annotations %v", nb.Labels[record.LabelConfig], nb.Annotations)
 	}
-	if no := GetNode(t, c, other); no.Labels[record.LabelConfig] != "" || no.Annotations[record.AnnotationPlannerRequested] != "" {
+	if no := GetNode(t, c, other); no.Labels[record.LabelConfig] != "" {
 		t.Errorf("the node that did not opt in was touched: %v %v", no.Labels, no.Annotations)
 	}
 	if _, err := c.CoreV1().Pods(work).Get(context.Background(), running.Name, metav1.GetOptions{}); err != nil {
@@ -224,7 +232,10 @@ func writeTrail(t testing.TB, c kubernetes.Interface, ns, node string, entries .
 
 // A change the planner asked for that would now evict (a pod landed on the
 // GPU since it decided) is refused by the agent: failed, with the reason,
-// and the pod stays, through the retries.
+// and the pod stays, through the retries. The agent knows the planner's
+// change by the field manager of the write that set the label; once a
+// person removes the label and sets it again, the change is theirs and the
+// agent evicts as it would for any person's change.
 func TestAgentRefusesPlannerChangeThatWouldEvict(t *testing.T) {
 	c := kubetest.Client(t)
 	dir := t.TempDir()
@@ -247,12 +258,16 @@ func TestAgentRefusesPlannerChangeThatWouldEvict(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// What the planner writes: the label and its annotation, at once.
-	patch := `{"metadata":{"labels":{"nvidia.com/mig.config":"all-3g.71gb"},"annotations":{"planner.migagent.io/requested":"all-3g.71gb"}}}`
-	if _, err := c.CoreV1().Nodes().Patch(context.Background(), node, "application/merge-patch+json", []byte(patch),
-		metav1.PatchOptions{FieldManager: "mig-agent-planner"}); err != nil {
-		t.Fatal(err)
+	// What the planner writes: the label alone, under its field manager.
+	setLabel := func(value, manager string) {
+		t.Helper()
+		patch := `{"metadata":{"labels":{"nvidia.com/mig.config":` + value + `}}}`
+		if _, err := c.CoreV1().Nodes().Patch(context.Background(), node, "application/merge-patch+json", []byte(patch),
+			metav1.PatchOptions{FieldManager: manager}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	setLabel(`"all-3g.71gb"`, record.PlannerFieldManager)
 	rec := WaitState(t, c, node, record.StateFailed, "all-3g.71gb", 60*time.Second)
 	if !strings.Contains(rec.Reason, "the planner asked for this change and it would evict running pods: refused") ||
 		!strings.Contains(rec.Reason, work+"/landed") {
@@ -267,5 +282,14 @@ func TestAgentRefusesPlannerChangeThatWouldEvict(t *testing.T) {
 	}
 	if s := GetNode(t, c, node).Labels[record.LabelState]; s != record.StateFailed {
 		t.Errorf("state %q after retries, want failed", s)
+	}
+
+	// A person takes the change over: the label removed and set again,
+	// under their own field manager. The agent evicts the pod for it.
+	setLabel("null", "kubectl-label")
+	setLabel(`"all-3g.71gb"`, "kubectl-label")
+	rec = WaitState(t, c, node, record.StateSuccess, "all-3g.71gb", 60*time.Second)
+	if len(rec.EvictedPods) != 1 || rec.EvictedPods[0] != work+"/landed" || rec.RequestedBy != "kubectl-label" {
+		t.Errorf("the person's change: evicted %v, requestedBy %q", rec.EvictedPods, rec.RequestedBy)
 	}
 }

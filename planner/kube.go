@@ -15,6 +15,7 @@ import (
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/profiles"
 	"github.com/migagent/mig-agent/record"
@@ -26,12 +27,6 @@ const (
 	LabelOptIn = "migagent.io/planner"
 	// OptInValue is the value that opts a node in.
 	OptInValue = "enabled"
-	// AnnotationRequested is the config the planner set the node's label to
-	// (written with the label); the agent refuses such a change, rather
-	// than evict, when it would take a device in use.
-	AnnotationRequested = record.AnnotationPlannerRequested
-	// AnnotationRequestedAt is when (RFC 3339): the hold time counts from it.
-	AnnotationRequestedAt = "planner.migagent.io/requested-at"
 	// LabelGPUProduct and LabelGPUCount are GPU Feature Discovery's labels:
 	// the model and the number of GPUs of the node.
 	LabelGPUProduct = "nvidia.com/gpu.product"
@@ -39,8 +34,10 @@ const (
 	// ResourcePrefix is the device plugin's resource of a MIG device, mixed
 	// strategy: nvidia.com/mig-<profile>.
 	ResourcePrefix = "nvidia.com/mig-"
-	// FieldManager names the planner's writes.
-	FieldManager = "mig-agent-planner"
+	// FieldManager names the planner's writes: the node's agent knows a
+	// change the planner asked for by it, in the managedFields entry that
+	// owns the label (or in the requester stamp's via).
+	FieldManager = record.PlannerFieldManager
 )
 
 // Event reasons on a pending pod.
@@ -156,8 +153,12 @@ func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, nam
 	// (a failed change is not: the agent retries it on its own).
 	n.InFlight = st.State == record.StatePending || st.State == record.StateRebooting ||
 		st.State != record.StateFailed && st.Desired != "" && st.Desired != n.Applied
-	if at, err := time.Parse(time.RFC3339, kn.Annotations[AnnotationRequestedAt]); err == nil {
-		n.PlannedAt = at
+	// When the planner set the label, as the API server recorded its write
+	// (the managedFields entry that owns the label is the planner's): the
+	// hold time holds across a restart or a new leader, with nothing
+	// written on the Node but the label.
+	if m, at, ok := labelwriter.Of(kn.ManagedFields, record.LabelConfig); ok && m == FieldManager && at != nil {
+		n.PlannedAt = *at
 	}
 	gpus, err := NodeGPUs(kn.Labels, st, spec)
 	if err != nil {
