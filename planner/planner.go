@@ -85,6 +85,18 @@ func (p *Planner) Round(ctx context.Context) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
+	if len(pods) == 0 {
+		// Nothing waits: the nodes are not read (two requests per
+		// opted-in node), and the pods remembered are gone.
+		out := Outcome{Unservable: map[string]string{}, Waiting: map[string]string{}}
+		p.notPlanned(nil, nil, p.Clock.Now())
+		if p.DryRun {
+			p.report(out)
+		} else {
+			p.Metrics.unservablePods(0)
+		}
+		return out, nil
+	}
 	nodes, err := Nodes(ctx, p.Client, p.Spec, p.Namespace)
 	if err != nil {
 		return Outcome{}, err

@@ -193,3 +193,20 @@ func TestPlannedAt(t *testing.T) {
 		t.Fatalf("PlannedAt with memory: %v, %v, %v", nodes[0].PlannedAt, nodes[1].PlannedAt, nodes[2].PlannedAt)
 	}
 }
+
+// A round with no pending pod reads nothing but the pods: one request,
+// whatever the number of opted-in nodes.
+func TestRoundIdleReadsOnlyPods(t *testing.T) {
+	p, c, _ := newTestPlanner(t, false, optedIn("n1"), optedIn("n2"))
+	p.Metrics = NewMetrics()
+	out, err := p.Round(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Decisions)+len(out.Unservable)+len(out.Waiting) != 0 {
+		t.Errorf("outcome %+v", out)
+	}
+	if a := c.Actions(); len(a) != 1 || a[0].GetVerb() != "list" || a[0].GetResource().Resource != "pods" {
+		t.Errorf("requests of an idle round: %v", a)
+	}
+}

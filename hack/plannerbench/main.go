@@ -309,6 +309,10 @@ func (b *bench) repeat(ctx context.Context, i int) (rep repeat, err error) {
 		return rep, fmt.Errorf("%w (%s)", err, tr.String())
 	}
 	bound := tr.times().bound
+	// The scheduler binds once the plugin's devices are in the Node's
+	// allocatable; the agent writes success once it has seen them there
+	// too, so success may come just after the binding.
+	_ = waitFor(30*time.Second, "the agent's success", func() bool { return !tr.times().success.IsZero() })
 	time.Sleep(time.Second) // the audit log is written as responses complete
 	evs, err := audit.Read(audit.LogPath(filepath.Dir(b.kubeconfig)), created, bound, audit.ByUserAgent(userAgent))
 	if err != nil {
