@@ -72,6 +72,8 @@ mig-configs:
 
 type options struct {
 	agent, out, sim string
+	logLevel        string
+	keep            bool
 	repeats         int
 	interval, idle  time.Duration
 }
@@ -84,6 +86,8 @@ func main() {
 	flag.IntVar(&o.repeats, "repeats", 5, "pods timed, each on a fresh node")
 	flag.DurationVar(&o.interval, "planner-interval", 5*time.Second, "the planner's --planner-interval (its default: 5s)")
 	flag.DurationVar(&o.idle, "idle", 30*time.Second, "how long the planner's idle requests are counted")
+	flag.StringVar(&o.logLevel, "log-level", "warn", "the agents' and the planner's --log-level (their logs are in the work dir)")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work dir (the processes' logs) and print its path")
 	flag.Parse()
 	err := run(context.Background(), o)
 	if err != nil {
@@ -122,7 +126,11 @@ func run(ctx context.Context, o options) (err error) {
 	if b.work, err = os.MkdirTemp("", "mig-agent-plannerbench-"); err != nil {
 		return err
 	}
-	defer os.RemoveAll(b.work)
+	if o.keep {
+		fmt.Fprintln(os.Stderr, "plannerbench: work dir", b.work)
+	} else {
+		defer os.RemoveAll(b.work)
+	}
 	b.cfgFile = filepath.Join(b.work, "config.yaml")
 	if err := os.WriteFile(b.cfgFile, []byte(configs), 0o600); err != nil {
 		return err
@@ -209,7 +217,7 @@ func (b *bench) startPlanner(ctx context.Context) (func(), error) {
 	b.metrics = "http://" + addr + "/metrics"
 	stop, err := b.startProcess(b.bin, "planner", "planner", "--kubeconfig", b.kubeconfig, "--namespace", agentNS, "-f", b.cfgFile,
 		"--allowed-configs", allowed, "--planner-interval", b.o.interval.String(), "--max-concurrent", "1",
-		"--metrics-address", addr, "--log-level", "warn")
+		"--metrics-address", addr, "--log-level", b.o.logLevel)
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +287,7 @@ func (b *bench) repeat(ctx context.Context, i int) (rep repeat, err error) {
 	stopAgent, err := b.startProcess(b.bin, node+"-agent", "run", "--node-name", node, "--kubeconfig", b.kubeconfig,
 		"--namespace", agentNS, "--nvml", "sim:"+b.o.sim, "--sim-state", simState, "--state-dir", filepath.Join(b.work, node+"-state"),
 		"--metrics-address", addr, "--reboot-method", "none", "-f", b.cfgFile, "--assignment-interval", "0",
-		"--pod-resources-socket", filepath.Join(b.work, "no-kubelet.sock"), "--log-level", "warn")
+		"--pod-resources-socket", filepath.Join(b.work, "no-kubelet.sock"), "--log-level", b.o.logLevel)
 	if err != nil {
 		return rep, err
 	}
