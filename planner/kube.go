@@ -50,40 +50,50 @@ const (
 var ErrUnknownModel = errors.New("unknown GPU model")
 
 // PendingPods lists the pods the scheduler found no node for
-// (PodScheduled=False, reason Unschedulable) that ask for MIG devices.
+// (PodScheduled=False, reason Unschedulable) that ask for MIG devices:
+// nvidia.com/mig-<profile> limits, or ResourceClaims of MigDeviceClass
+// whose selector names a profile.
 func PendingPods(ctx context.Context, c kclient.Interface) ([]Pod, error) {
 	list, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName="})
 	if err != nil {
 		return nil, fmt.Errorf("listing pending pods: %w", err)
 	}
-	var out []Pod
+	var pods []*corev1.Pod
+	var wants []map[string]int
 	for i := range list.Items {
-		if p, ok := pendingPod(&list.Items[i]); ok {
-			out = append(out, p)
+		p := &list.Items[i]
+		if _, ok := unschedulableSince(p); !ok {
+			continue
 		}
+		pods, wants = append(pods, p), append(wants, MigWants(p))
+	}
+	if err := addClaimWants(ctx, c, pods, wants); err != nil {
+		return nil, err
+	}
+	var out []Pod
+	for i, p := range pods {
+		if len(wants[i]) == 0 {
+			continue
+		}
+		since, _ := unschedulableSince(p)
+		out = append(out, Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Created: p.CreationTimestamp.Time,
+			Pending: since, Wants: wants[i]})
 	}
 	return out, nil
 }
 
-func pendingPod(p *corev1.Pod) (Pod, bool) {
+// unschedulableSince is since when the scheduler has found no node for p
+// (ok false: it found one, has not tried, or p is going).
+func unschedulableSince(p *corev1.Pod) (time.Time, bool) {
 	if p.Spec.NodeName != "" || p.DeletionTimestamp != nil {
-		return Pod{}, false
+		return time.Time{}, false
 	}
-	var since time.Time
-	unschedulable := false
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			unschedulable, since = true, c.LastTransitionTime.Time
+			return c.LastTransitionTime.Time, true
 		}
 	}
-	if !unschedulable {
-		return Pod{}, false
-	}
-	wants := MigWants(p)
-	if len(wants) == 0 {
-		return Pod{}, false
-	}
-	return Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Created: p.CreationTimestamp.Time, Pending: since, Wants: wants}, true
+	return time.Time{}, false
 }
 
 // MigWants counts the MIG devices a pod's containers ask for, by profile
