@@ -293,3 +293,63 @@ func TestAgentRefusesPlannerChangeThatWouldEvict(t *testing.T) {
 		t.Errorf("the person's change: evicted %v, requestedBy %q", rec.EvictedPods, rec.RequestedBy)
 	}
 }
+
+// On the DRA path: a pod whose ResourceClaim (made from its template by
+// the real resourceclaim-controller) asks, under the driver's
+// mig.nvidia.com DeviceClass, for a 3g.71gb device that the node does not
+// announce is bound on the opted-in node the planner reshaped: the real
+// kube-scheduler allocates the claim once the DRA plugin stand-in,
+// restarted by the agent, announces the new devices.
+func TestPlannerServesDRAClaim(t *testing.T) {
+	c := kubetest.Client(t)
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte(plannerConfigs), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, gfdLabels(1, map[string]string{"migagent.io/planner": "enabled"}))
+	drv, work := kubetest.NewName(t, "dra"), kubetest.NewName(t, "ml")
+	kubetest.CreateNamespace(t, drv)
+	kubetest.CreateNamespace(t, work)
+	kl := kubetest.StartKubelet(t, c, node)
+	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket(),
+		"--resource-wait-timeout", "60s", "--assignment-interval", "0"}}).Fill(t)
+	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
+	WaitFor(t, 60*time.Second, "the DRA plugin to run", dp.Running)
+	reportCapacity(t, c, node)
+	ensureMIGDeviceClass(t, c)
+	kubetest.StartControllers(t, "resourceclaim-controller")
+	kubetest.StartScheduler(t)
+
+	// The node in all-1g.18gb, by its agent: its record gives the planner
+	// the geometry.
+	StartAgent(t, o)
+	SelectConfig(t, c, node, "all-1g.18gb")
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
+
+	big := profileClaimPod(t, c, work, "big", "3g.71gb")
+	waitUnschedulable(t, c, big, 2*time.Second)
+	port := freePort(t)
+	start := time.Now()
+	startProcess(t, []string{"planner", "--kubeconfig", o.Kubeconfig, "--namespace", o.Namespace, "-f", cfg,
+		"--allowed-configs", "all-1g.18gb,all-3g.71gb", "--planner-interval", "500ms", "--lease-duration", "15s",
+		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port)}, fmt.Sprintf("http://127.0.0.1:%d", port))
+	dev := waitBound(t, c, big, node, 120*time.Second)
+	if !strings.Contains(dev, "3g71gb") {
+		t.Errorf("claim allocated device %s; want a 3g.71gb device", dev)
+	}
+	t.Logf("the 3g.71gb claim allocated %s, pod bound %s after the planner started", dev, time.Since(start).Round(100*time.Millisecond))
+	if ev := podEvents(t, c, big, "MigGeometryPlanned"); len(ev) != 1 || !strings.Contains(ev[0].Message, "config all-3g.71gb") {
+		t.Errorf("MigGeometryPlanned Events %v", ev)
+	}
+	// The agent reports success once the plugin's slices announce exactly
+	// the new devices (the scheduler may allocate before).
+	rec := WaitState(t, c, node, record.StateSuccess, "all-3g.71gb", 60*time.Second)
+	if rec.RequestedBy != record.PlannerFieldManager || rec.ServedBy != record.ServedByDRA || len(rec.EvictedPods) != 0 {
+		t.Errorf("record requestedBy %q servedBy %q evicted %v; want the planner's change, served by DRA, no eviction",
+			rec.RequestedBy, rec.ServedBy, rec.EvictedPods)
+	}
+	if h := nodeHistory(t, c, node); len(h) != 2 {
+		t.Errorf("%d records, want 2 (the person's all-1g.18gb, the planner's all-3g.71gb)", len(h))
+	}
+}
