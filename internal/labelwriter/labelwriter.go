@@ -31,7 +31,7 @@ func Of(entries []metav1.ManagedFieldsEntry, label string) (manager string, at *
 	}
 	var hits []hit
 	for _, mf := range entries {
-		if mf.FieldsV1 == nil || !ownsLabel(mf.FieldsV1.Raw, label) {
+		if mf.FieldsV1 == nil || !ownsLabel(mf.FieldsV1.GetRawBytes(), label) {
 			continue
 		}
 		h := hit{manager: mf.Manager}
