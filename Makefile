@@ -58,6 +58,7 @@ bench: build
 	$(GO) test -run '^$$' -bench . -benchmem ./geometry ./profiles
 	$(GO) run ./hack/bench
 	$(GO) run ./hack/assignbench
+	$(GO) run ./hack/plannerbench
 	@echo "fleet figures (K agents on one API server, --max-concurrent N): make fleet-bench (docs/fleet.md)"
 
 # The fleet bench: FLEET_K simulated nodes (each a real mig-agent process on

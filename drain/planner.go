@@ -2,12 +2,15 @@ package drain
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -17,10 +20,7 @@ import (
 var ErrPlannerWouldEvict = errors.New("the planner asked for this change and it would evict running pods: refused")
 
 // plannerRefuses is ErrPlannerWouldEvict when pods would be evicted by a
-// change the planner asked for: the Node's annotation
-// planner.migagent.io/requested names the config its label asks for (the
-// planner writes both at once; a person who sets the label to another
-// config asks for a change of their own).
+// change the planner asked for (PlannerAsked).
 func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {
 	if len(pods) == 0 {
 		return nil
@@ -33,9 +33,30 @@ func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {
 		}
 	}
 	want := n.Labels[record.LabelConfig]
-	if want == "" || n.Annotations[record.AnnotationPlannerRequested] != want {
+	how, asked := PlannerAsked(n, want)
+	if want == "" || !asked {
 		return nil
 	}
-	return fmt.Errorf("%w (config %s; it would evict %s; remove the annotation %s to let the agent evict)",
-		ErrPlannerWouldEvict, want, strings.Join(pods, ", "), record.AnnotationPlannerRequested)
+	return fmt.Errorf("%w (config %s; it would evict %s; %s; to let the agent evict, remove the label %s and set it again yourself)",
+		ErrPlannerWouldEvict, want, strings.Join(pods, ", "), how, record.LabelConfig)
+}
+
+// PlannerAsked says whether the planner wrote want, the value of node's
+// desired label, and how the agent knows: the managedFields entry that owns
+// the label is the planner's field manager (record.PlannerFieldManager), or
+// the requester stamp for that value names it as the write's field manager.
+// Either is a name the client chose, and it is trusted in one direction
+// only: a write that claims to be the planner's makes the agent refuse to
+// evict for it, never evict more. Anyone who may write the label can stop a
+// change anyway, by setting another value.
+func PlannerAsked(node *corev1.Node, want string) (string, bool) {
+	if m, _, ok := labelwriter.Of(node.ManagedFields, record.LabelConfig); ok && m == record.PlannerFieldManager {
+		return "the label was last written by the field manager " + m, true
+	}
+	var s record.RequesterStamp
+	if raw, ok := node.Annotations[record.AnnotationRequestedBy]; ok && json.Unmarshal([]byte(raw), &s) == nil &&
+		s.Config == want && s.Via == record.PlannerFieldManager {
+		return fmt.Sprintf("the requester stamp names %s writing it as %s", s.User, s.Via), true
+	}
+	return "", false
 }

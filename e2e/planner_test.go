@@ -18,6 +18,7 @@ import (
 
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -166,10 +167,17 @@ func TestPlannerReshapesIdleOptedInNode(t *testing.T) {
 	}
 	t.Logf("two 3g.71gb pods bound %s after the planner started", time.Since(start).Round(100*time.Millisecond))
 
-	// One change on the idle node, asked for by the planner.
+	// One change on the idle node, asked for by the planner: the label
+	// alone, written under the planner's field manager, as the API server
+	// recorded it.
 	n := GetNode(t, c, idle)
-	if n.Labels[record.LabelConfig] != "all-3g.71gb" || n.Annotations[record.AnnotationPlannerRequested] != "all-3g.71gb" {
-		t.Errorf("idle node: label %q, annotation %q", n.Labels[record.LabelConfig], n.Annotations[record.AnnotationPlannerRequested])
+	if m, _, _ := labelwriter.Of(n.ManagedFields, record.LabelConfig); n.Labels[record.LabelConfig] != "all-3g.71gb" || m != record.PlannerFieldManager {
+		t.Errorf("idle node: label %q written by %q", n.Labels[record.LabelConfig], m)
+	}
+	for k := range n.Annotations {
+		if strings.Contains(k, "planner") {
+			t.Errorf("idle node: the planner left the annotation %s", k)
+		}
 	}
 	if h := nodeHistory(t, c, idle); len(h) != 1 || h[0].Result != record.StateSuccess {
 		t.Errorf("idle node's history: %+v, want one successful change", h)
@@ -190,10 +198,10 @@ func TestPlannerReshapesIdleOptedInNode(t *testing.T) {
 		t.Errorf("idle node changed %d times, want once", len(h))
 	}
 	nb := GetNode(t, c, busy)
-	if nb.Labels[record.LabelConfig] != "all-1g.18gb" || nb.Annotations[record.AnnotationPlannerRequested] != "" || len(nodeHistory(t, c, busy)) != 1 {
+	if m, _, _ := labelwriter.Of(nb.ManagedFields, record.LabelConfig); nb.Labels[record.LabelConfig] != "all-1g.18gb" || m == record.PlannerFieldManager || len(nodeHistory(t, c, busy)) != 1 {
 		t.Errorf("the busy node was touched: label %q, annotations %v", nb.Labels[record.LabelConfig], nb.Annotations)
 	}
-	if no := GetNode(t, c, other); no.Labels[record.LabelConfig] != "" || no.Annotations[record.AnnotationPlannerRequested] != "" {
+	if no := GetNode(t, c, other); no.Labels[record.LabelConfig] != "" {
 		t.Errorf("the node that did not opt in was touched: %v %v", no.Labels, no.Annotations)
 	}
 	if _, err := c.CoreV1().Pods(work).Get(context.Background(), running.Name, metav1.GetOptions{}); err != nil {
@@ -224,7 +232,10 @@ func writeTrail(t testing.TB, c kubernetes.Interface, ns, node string, entries .
 
 // A change the planner asked for that would now evict (a pod landed on the
 // GPU since it decided) is refused by the agent: failed, with the reason,
-// and the pod stays, through the retries.
+// and the pod stays, through the retries. The agent knows the planner's
+// change by the field manager of the write that set the label; once a
+// person removes the label and sets it again, the change is theirs and the
+// agent evicts as it would for any person's change.
 func TestAgentRefusesPlannerChangeThatWouldEvict(t *testing.T) {
 	c := kubetest.Client(t)
 	dir := t.TempDir()
@@ -247,12 +258,16 @@ func TestAgentRefusesPlannerChangeThatWouldEvict(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// What the planner writes: the label and its annotation, at once.
-	patch := `{"metadata":{"labels":{"nvidia.com/mig.config":"all-3g.71gb"},"annotations":{"planner.migagent.io/requested":"all-3g.71gb"}}}`
-	if _, err := c.CoreV1().Nodes().Patch(context.Background(), node, "application/merge-patch+json", []byte(patch),
-		metav1.PatchOptions{FieldManager: "mig-agent-planner"}); err != nil {
-		t.Fatal(err)
+	// What the planner writes: the label alone, under its field manager.
+	setLabel := func(value, manager string) {
+		t.Helper()
+		patch := `{"metadata":{"labels":{"nvidia.com/mig.config":` + value + `}}}`
+		if _, err := c.CoreV1().Nodes().Patch(context.Background(), node, "application/merge-patch+json", []byte(patch),
+			metav1.PatchOptions{FieldManager: manager}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	setLabel(`"all-3g.71gb"`, record.PlannerFieldManager)
 	rec := WaitState(t, c, node, record.StateFailed, "all-3g.71gb", 60*time.Second)
 	if !strings.Contains(rec.Reason, "the planner asked for this change and it would evict running pods: refused") ||
 		!strings.Contains(rec.Reason, work+"/landed") {
@@ -267,5 +282,74 @@ func TestAgentRefusesPlannerChangeThatWouldEvict(t *testing.T) {
 	}
 	if s := GetNode(t, c, node).Labels[record.LabelState]; s != record.StateFailed {
 		t.Errorf("state %q after retries, want failed", s)
+	}
+
+	// A person takes the change over: the label removed and set again,
+	// under their own field manager. The agent evicts the pod for it.
+	setLabel("null", "kubectl-label")
+	setLabel(`"all-3g.71gb"`, "kubectl-label")
+	rec = WaitState(t, c, node, record.StateSuccess, "all-3g.71gb", 60*time.Second)
+	if len(rec.EvictedPods) != 1 || rec.EvictedPods[0] != work+"/landed" || rec.RequestedBy != "kubectl-label" {
+		t.Errorf("the person's change: evicted %v, requestedBy %q", rec.EvictedPods, rec.RequestedBy)
+	}
+}
+
+// On the DRA path: a pod whose ResourceClaim (made from its template by
+// the real resourceclaim-controller) asks, under the driver's
+// mig.nvidia.com DeviceClass, for a 3g.71gb device that the node does not
+// announce is bound on the opted-in node the planner reshaped: the real
+// kube-scheduler allocates the claim once the DRA plugin stand-in,
+// restarted by the agent, announces the new devices.
+func TestPlannerServesDRAClaim(t *testing.T) {
+	c := kubetest.Client(t)
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte(plannerConfigs), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, gfdLabels(1, map[string]string{"migagent.io/planner": "enabled"}))
+	drv, work := kubetest.NewName(t, "dra"), kubetest.NewName(t, "ml")
+	kubetest.CreateNamespace(t, drv)
+	kubetest.CreateNamespace(t, work)
+	kl := kubetest.StartKubelet(t, c, node)
+	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket(),
+		"--resource-wait-timeout", "60s", "--assignment-interval", "0"}}).Fill(t)
+	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
+	WaitFor(t, 60*time.Second, "the DRA plugin to run", dp.Running)
+	reportCapacity(t, c, node)
+	ensureMIGDeviceClass(t, c)
+	kubetest.StartControllers(t, "resourceclaim-controller")
+	kubetest.StartScheduler(t)
+
+	// The node in all-1g.18gb, by its agent: its record gives the planner
+	// the geometry.
+	StartAgent(t, o)
+	SelectConfig(t, c, node, "all-1g.18gb")
+	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
+
+	big := profileClaimPod(t, c, work, "big", "3g.71gb")
+	waitUnschedulable(t, c, big, 2*time.Second)
+	port := freePort(t)
+	start := time.Now()
+	startProcess(t, []string{"planner", "--kubeconfig", o.Kubeconfig, "--namespace", o.Namespace, "-f", cfg,
+		"--allowed-configs", "all-1g.18gb,all-3g.71gb", "--planner-interval", "500ms", "--lease-duration", "15s",
+		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port)}, fmt.Sprintf("http://127.0.0.1:%d", port))
+	dev := waitBound(t, c, big, node, 120*time.Second)
+	if !strings.Contains(dev, "3g71gb") {
+		t.Errorf("claim allocated device %s; want a 3g.71gb device", dev)
+	}
+	t.Logf("the 3g.71gb claim allocated %s, pod bound %s after the planner started", dev, time.Since(start).Round(100*time.Millisecond))
+	if ev := podEvents(t, c, big, "MigGeometryPlanned"); len(ev) != 1 || !strings.Contains(ev[0].Message, "config all-3g.71gb") {
+		t.Errorf("MigGeometryPlanned Events %v", ev)
+	}
+	// The agent reports success once the plugin's slices announce exactly
+	// the new devices (the scheduler may allocate before).
+	rec := WaitState(t, c, node, record.StateSuccess, "all-3g.71gb", 60*time.Second)
+	if rec.RequestedBy != record.PlannerFieldManager || rec.ServedBy != record.ServedByDRA || len(rec.EvictedPods) != 0 {
+		t.Errorf("record requestedBy %q servedBy %q evicted %v; want the planner's change, served by DRA, no eviction",
+			rec.RequestedBy, rec.ServedBy, rec.EvictedPods)
+	}
+	if h := nodeHistory(t, c, node); len(h) != 2 {
+		t.Errorf("%d records, want 2 (the person's all-1g.18gb, the planner's all-3g.71gb)", len(h))
 	}
 }

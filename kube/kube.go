@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"reflect"
-	"sort"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -271,33 +270,12 @@ func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
 }
 
 // RequestedBy names the field manager that last set the desired label, read
-// from the Node's managedFields, and when.
+// from the Node's managedFields, and when; record.RequesterUnknown when no
+// entry owns it.
 func RequestedBy(node *corev1.Node) (string, *time.Time) {
-	key := fmt.Sprintf(`"f:%s"`, record.LabelConfig)
-	type hit struct {
-		manager string
-		at      *time.Time
+	manager, at, ok := labelwriter.Of(node.ManagedFields, record.LabelConfig)
+	if !ok {
+		return record.RequesterUnknown, nil
 	}
-	var hits []hit
-	for _, mf := range node.ManagedFields {
-		if mf.FieldsV1 == nil || !strings.Contains(mf.FieldsV1.GetRawString(), key) {
-			continue
-		}
-		h := hit{manager: mf.Manager}
-		if mf.Time != nil {
-			t := mf.Time.UTC()
-			h.at = &t
-		}
-		hits = append(hits, h)
-	}
-	if len(hits) == 0 {
-		return "unknown", nil
-	}
-	sort.SliceStable(hits, func(a, b int) bool {
-		if hits[a].at == nil || hits[b].at == nil {
-			return hits[b].at == nil && hits[a].at != nil
-		}
-		return hits[a].at.After(*hits[b].at)
-	})
-	return hits[0].manager, hits[0].at
+	return manager, at
 }

@@ -26,14 +26,7 @@ import (
 
 // RequesterStamp is the value of record.AnnotationRequestedBy, as the policy
 // writes it.
-type RequesterStamp struct {
-	// User is request.userInfo.username of the write.
-	User string `json:"user"`
-	// Via is the write's fieldManager parameter ("" when it sent none).
-	Via string `json:"via"`
-	// Config is the value of the desired label that the write set.
-	Config string `json:"config"`
-}
+type RequesterStamp = record.RequesterStamp
 
 // Requester is who asked for a desired config, as a record names it.
 type Requester struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/profiles"
 	"github.com/migagent/mig-agent/record"
@@ -26,12 +27,6 @@ const (
 	LabelOptIn = "migagent.io/planner"
 	// OptInValue is the value that opts a node in.
 	OptInValue = "enabled"
-	// AnnotationRequested is the config the planner set the node's label to
-	// (written with the label); the agent refuses such a change, rather
-	// than evict, when it would take a device in use.
-	AnnotationRequested = record.AnnotationPlannerRequested
-	// AnnotationRequestedAt is when (RFC 3339): the hold time counts from it.
-	AnnotationRequestedAt = "planner.migagent.io/requested-at"
 	// LabelGPUProduct and LabelGPUCount are GPU Feature Discovery's labels:
 	// the model and the number of GPUs of the node.
 	LabelGPUProduct = "nvidia.com/gpu.product"
@@ -39,8 +34,10 @@ const (
 	// ResourcePrefix is the device plugin's resource of a MIG device, mixed
 	// strategy: nvidia.com/mig-<profile>.
 	ResourcePrefix = "nvidia.com/mig-"
-	// FieldManager names the planner's writes.
-	FieldManager = "mig-agent-planner"
+	// FieldManager names the planner's writes: the node's agent knows a
+	// change the planner asked for by it, in the managedFields entry that
+	// owns the label (or in the requester stamp's via).
+	FieldManager = record.PlannerFieldManager
 )
 
 // Event reasons on a pending pod.
@@ -53,40 +50,50 @@ const (
 var ErrUnknownModel = errors.New("unknown GPU model")
 
 // PendingPods lists the pods the scheduler found no node for
-// (PodScheduled=False, reason Unschedulable) that ask for MIG devices.
+// (PodScheduled=False, reason Unschedulable) that ask for MIG devices:
+// nvidia.com/mig-<profile> limits, or ResourceClaims of MigDeviceClass
+// whose selector names a profile.
 func PendingPods(ctx context.Context, c kclient.Interface) ([]Pod, error) {
 	list, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName="})
 	if err != nil {
 		return nil, fmt.Errorf("listing pending pods: %w", err)
 	}
-	var out []Pod
+	var pods []*corev1.Pod
+	var wants []map[string]int
 	for i := range list.Items {
-		if p, ok := pendingPod(&list.Items[i]); ok {
-			out = append(out, p)
+		p := &list.Items[i]
+		if _, ok := unschedulableSince(p); !ok {
+			continue
 		}
+		pods, wants = append(pods, p), append(wants, MigWants(p))
+	}
+	if err := addClaimWants(ctx, c, pods, wants); err != nil {
+		return nil, err
+	}
+	var out []Pod
+	for i, p := range pods {
+		if len(wants[i]) == 0 {
+			continue
+		}
+		since, _ := unschedulableSince(p)
+		out = append(out, Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Created: p.CreationTimestamp.Time,
+			Pending: since, Wants: wants[i]})
 	}
 	return out, nil
 }
 
-func pendingPod(p *corev1.Pod) (Pod, bool) {
+// unschedulableSince is since when the scheduler has found no node for p
+// (ok false: it found one, has not tried, or p is going).
+func unschedulableSince(p *corev1.Pod) (time.Time, bool) {
 	if p.Spec.NodeName != "" || p.DeletionTimestamp != nil {
-		return Pod{}, false
+		return time.Time{}, false
 	}
-	var since time.Time
-	unschedulable := false
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			unschedulable, since = true, c.LastTransitionTime.Time
+			return c.LastTransitionTime.Time, true
 		}
 	}
-	if !unschedulable {
-		return Pod{}, false
-	}
-	wants := MigWants(p)
-	if len(wants) == 0 {
-		return Pod{}, false
-	}
-	return Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Created: p.CreationTimestamp.Time, Pending: since, Wants: wants}, true
+	return time.Time{}, false
 }
 
 // MigWants counts the MIG devices a pod's containers ask for, by profile
@@ -156,8 +163,12 @@ func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, nam
 	// (a failed change is not: the agent retries it on its own).
 	n.InFlight = st.State == record.StatePending || st.State == record.StateRebooting ||
 		st.State != record.StateFailed && st.Desired != "" && st.Desired != n.Applied
-	if at, err := time.Parse(time.RFC3339, kn.Annotations[AnnotationRequestedAt]); err == nil {
-		n.PlannedAt = at
+	// When the planner set the label, as the API server recorded its write
+	// (the managedFields entry that owns the label is the planner's): the
+	// hold time holds across a restart or a new leader, with nothing
+	// written on the Node but the label.
+	if m, at, ok := labelwriter.Of(kn.ManagedFields, record.LabelConfig); ok && m == FieldManager && at != nil {
+		n.PlannedAt = *at
 	}
 	gpus, err := NodeGPUs(kn.Labels, st, spec)
 	if err != nil {

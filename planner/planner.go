@@ -50,9 +50,10 @@ type Planner struct {
 	// Identity names the planner in its Events.
 	Identity string
 
-	planned    map[string]planned // pod UID → the change that serves it
-	unservable map[string]string  // pod UID → the reason its Event gave
-	seq        int64              // Events written: their names differ
+	planned    map[string]planned   // pod UID → the change that serves it
+	changed    map[string]time.Time // node → when this planner last set its label
+	unservable map[string]string    // pod UID → the reason its Event gave
+	seq        int64                // Events written: their names differ
 }
 
 type planned struct {
@@ -78,17 +79,30 @@ func (p *Planner) Run(ctx context.Context) error {
 // writes the Events.
 func (p *Planner) Round(ctx context.Context) (Outcome, error) {
 	if p.planned == nil {
-		p.planned, p.unservable = map[string]planned{}, map[string]string{}
+		p.planned, p.unservable, p.changed = map[string]planned{}, map[string]string{}, map[string]time.Time{}
 	}
 	pods, err := PendingPods(ctx, p.Client)
 	if err != nil {
 		return Outcome{}, err
+	}
+	if len(pods) == 0 {
+		// Nothing waits: the nodes are not read (two requests per
+		// opted-in node), and the pods remembered are gone.
+		out := Outcome{Unservable: map[string]string{}, Waiting: map[string]string{}}
+		p.notPlanned(nil, nil, p.Clock.Now())
+		if p.DryRun {
+			p.report(out)
+		} else {
+			p.Metrics.unservablePods(0)
+		}
+		return out, nil
 	}
 	nodes, err := Nodes(ctx, p.Client, p.Spec, p.Namespace)
 	if err != nil {
 		return Outcome{}, err
 	}
 	now := p.Clock.Now()
+	p.remember(nodes)
 	pods = p.notPlanned(pods, nodes, now)
 	out := Decide(p.Spec, nodes, pods, now, p.Options)
 	if p.DryRun {
@@ -102,6 +116,16 @@ func (p *Planner) Round(ctx context.Context) (Outcome, error) {
 	}
 	p.explain(ctx, pods, out)
 	return out, nil
+}
+
+// remember sets each node's PlannedAt to when this planner changed it, where
+// that is newer than the write of the label the API server recorded.
+func (p *Planner) remember(nodes []*Node) {
+	for _, n := range nodes {
+		if at, ok := p.changed[n.Name]; ok && at.After(n.PlannedAt) {
+			n.PlannedAt = at
+		}
+	}
 }
 
 // notPlanned drops the pods a change already under way serves, and
@@ -138,12 +162,11 @@ func (p *Planner) notPlanned(pods []Pod, nodes []*Node, now time.Time) []Pod {
 	return out
 }
 
-// apply sets node's label to the decision's config, with the annotations
-// that mark the change as the planner's.
+// apply sets node's label to the decision's config, and nothing else: the
+// write's field manager (FieldManager) marks the change as the planner's.
 func (p *Planner) apply(ctx context.Context, d Decision, now time.Time) error {
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"labels":      map[string]string{record.LabelConfig: d.Config},
-		"annotations": map[string]string{AnnotationRequested: d.Config, AnnotationRequestedAt: now.UTC().Format(time.RFC3339)},
+		"labels": map[string]string{record.LabelConfig: d.Config},
 	}})
 	if err != nil {
 		return err
@@ -151,6 +174,7 @@ func (p *Planner) apply(ctx context.Context, d Decision, now time.Time) error {
 	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, d.Node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
 		return fmt.Errorf("setting %s=%s on node %s: %w", record.LabelConfig, d.Config, d.Node, err)
 	}
+	p.changed[d.Node] = now
 	p.Log.Info("planner changed a node's geometry", "node", d.Node, "config", d.Config, "gpus", d.GPUs, "pods", len(d.Pods), "why", d.Why)
 	p.Metrics.decision("changed")
 	msg := fmt.Sprintf("node %s, GPU(s) %s, config %s: %s", d.Node, ints(d.GPUs), d.Config, d.Why)

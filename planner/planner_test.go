@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
@@ -75,8 +76,9 @@ func TestRoundDryRun(t *testing.T) {
 	}
 }
 
-// A round sets the label and the planner's annotations, writes the Events;
-// the next rounds repeat neither the change nor the Unservable Event.
+// A round sets the label and nothing else, under the planner's field
+// manager, writes the Events; the next rounds repeat neither the change nor
+// the Unservable Event.
 func TestRoundAppliesOnce(t *testing.T) {
 	p, c, _ := newTestPlanner(t, false, optedIn("n1"), pendingPodObj("a", "3g.71gb"), pendingPodObj("b", "7g.141gb"))
 	p.Metrics = NewMetrics()
@@ -86,7 +88,7 @@ func TestRoundAppliesOnce(t *testing.T) {
 		}
 	}
 	n, _ := c.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
-	if n.Labels[record.LabelConfig] != "first-3g" || n.Annotations[AnnotationRequested] != "first-3g" || n.Annotations[AnnotationRequestedAt] == "" {
+	if n.Labels[record.LabelConfig] != "first-3g" || len(n.Annotations) != 0 {
 		t.Errorf("node: labels %v annotations %v", n.Labels, n.Annotations)
 	}
 	if ev := events(t, c, ReasonPlanned); len(ev) != 1 || !strings.Contains(ev[0].Message, "node n1, GPU(s) 0, config first-3g") {
@@ -103,6 +105,10 @@ func TestRoundAppliesOnce(t *testing.T) {
 	for _, a := range c.Actions() {
 		if a.GetVerb() == "patch" && a.GetResource().Resource == "nodes" {
 			patches++
+			pa := a.(k8stesting.PatchActionImpl)
+			if pa.PatchOptions.FieldManager != record.PlannerFieldManager || string(pa.Patch) != `{"metadata":{"labels":{"nvidia.com/mig.config":"first-3g"}}}` {
+				t.Errorf("patch %s as %q, want the label alone as %s", pa.Patch, pa.PatchOptions.FieldManager, record.PlannerFieldManager)
+			}
 		}
 	}
 	if patches != 1 {
@@ -160,5 +166,47 @@ func TestRoundCountsUnappliedLabelInFlight(t *testing.T) {
 	n, _ := c.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
 	if n.Labels[record.LabelConfig] != "" {
 		t.Errorf("n1 changed: %v", n.Labels)
+	}
+}
+
+// When the planner last changed a node is when the API server recorded its
+// write of the label (the managedFields entry of FieldManager that owns
+// it), or, newer, what this planner remembers; a person's write of the
+// label is not the planner's change.
+func TestPlannedAt(t *testing.T) {
+	owns := metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config":{}}}}`)
+	at := metav1.NewTime(time.Unix(4900, 0))
+	byPlanner, byPerson := optedIn("n1"), optedIn("n2")
+	byPlanner.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: FieldManager, Operation: metav1.ManagedFieldsOperationUpdate, Time: &at, FieldsV1: owns}}
+	byPerson.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl-label", Operation: metav1.ManagedFieldsOperationUpdate, Time: &at, FieldsV1: owns}}
+	p, _, _ := newTestPlanner(t, false, byPlanner, byPerson, optedIn("n3"))
+	nodes, err := Nodes(context.Background(), p.Client, p.Spec, p.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 3 || !nodes[0].PlannedAt.Equal(at.Time) || !nodes[1].PlannedAt.IsZero() || !nodes[2].PlannedAt.IsZero() {
+		t.Fatalf("PlannedAt: %v", nodes)
+	}
+	p.changed = map[string]time.Time{"n1": time.Unix(4950, 0), "n3": time.Unix(4960, 0)}
+	p.remember(nodes)
+	if !nodes[0].PlannedAt.Equal(time.Unix(4950, 0)) || !nodes[1].PlannedAt.IsZero() || !nodes[2].PlannedAt.Equal(time.Unix(4960, 0)) {
+		t.Fatalf("PlannedAt with memory: %v, %v, %v", nodes[0].PlannedAt, nodes[1].PlannedAt, nodes[2].PlannedAt)
+	}
+}
+
+// A round with no pending pod reads nothing but the pods: one request,
+// whatever the number of opted-in nodes.
+func TestRoundIdleReadsOnlyPods(t *testing.T) {
+	p, c, _ := newTestPlanner(t, false, optedIn("n1"), optedIn("n2"))
+	p.Metrics = NewMetrics()
+	out, err := p.Round(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Decisions)+len(out.Unservable)+len(out.Waiting) != 0 {
+		t.Errorf("outcome %+v", out)
+	}
+	if a := c.Actions(); len(a) != 1 || a[0].GetVerb() != "list" || a[0].GetResource().Resource != "pods" {
+		t.Errorf("requests of an idle round: %v", a)
 	}
 }

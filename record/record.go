@@ -184,12 +184,12 @@ const (
 const (
 	// AnnotationRequestedBy is the requester stamp: a JSON RequesterStamp.
 	AnnotationRequestedBy = "migagent.io/requested-by"
-	// AnnotationPlannerRequested is the config the planner (`mig-agent
-	// planner`) set nvidia.com/mig.config to, written with the label: the
-	// agent refuses such a change, rather than evict, when it would take a
-	// device in use. Outside migagent.io/: the admission policy
-	// mig-agent-records keeps those keys to the node's agent.
-	AnnotationPlannerRequested = "planner.migagent.io/requested"
+	// PlannerFieldManager is the field manager of every write of `mig-agent
+	// planner`: the agent knows a change the planner asked for by it (the
+	// managedFields entry that owns the desired label, or the requester
+	// stamp's via), and refuses such a change, rather than evict, when it
+	// would take a device in use.
+	PlannerFieldManager = "mig-agent-planner"
 	// RequesterUnknown is requestedBy when neither the stamp nor
 	// managedFields name who set the label.
 	RequesterUnknown = "unknown"
@@ -198,6 +198,18 @@ const (
 	// RequesterStandalone is requestedBy in standalone mode.
 	RequesterStandalone = "standalone"
 )
+
+// RequesterStamp is the value of AnnotationRequestedBy, as the admission
+// policy mig-agent-requester writes it on every write that sets the desired
+// label to a new value.
+type RequesterStamp struct {
+	// User is request.userInfo.username of the write.
+	User string `json:"user"`
+	// Via is the write's fieldManager parameter ("" when it sent none).
+	Via string `json:"via"`
+	// Config is the value of the desired label that the write set.
+	Config string `json:"config"`
+}
 
 // Where a record's requestedBy comes from (requestedBySource).
 const (

@@ -16,6 +16,7 @@ import (
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/planner"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -77,7 +78,7 @@ func newPlanner(s *settings.Settings, cmd *cobra.Command) (*planner.Planner, err
 	if s.Namespace == "" {
 		s.Namespace = podNamespace()
 	}
-	client, err := statusClient(s.Kubeconfig)
+	client, err := plannerClient(s.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +90,21 @@ func newPlanner(s *settings.Settings, cmd *cobra.Command) (*planner.Planner, err
 		Out: cmd.OutOrStdout(), Log: log, Clock: clock.RealClock{}, Identity: host,
 		Options: planner.Options{Allowed: slices.Clone(s.AllowedConfigs), MaxConcurrent: max(s.MaxConcurrent, 1), HoldTime: s.HoldTime},
 	}, nil
+}
+
+// plannerClient is the planner's API client: its requests carry the user
+// agent mig-agent-planner/VERSION, so that audit logs (and the bench) tell
+// them from the agents'.
+func plannerClient(kubeconfig string) (kclient.Interface, error) {
+	if kubeconfig == "" {
+		kubeconfig = os.Getenv("KUBECONFIG")
+	}
+	cfg, err := kubeConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	cfg.UserAgent = "mig-agent-planner/" + version
+	return kclient.New(cfg)
 }
 
 // runPlanner serves the planner's metrics and plans while it holds the

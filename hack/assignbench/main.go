@@ -381,6 +381,7 @@ type fatal string
 var _ kubetest.TB = (*runner)(nil)
 
 func (r *runner) Helper()          {}
+func (r *runner) Failed() bool     { return false }
 func (r *runner) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
 func (r *runner) Errorf(f string, a ...any) {
 	fmt.Fprintf(os.Stderr, "kubelet stand-in: "+f+"\n", a...)

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -76,7 +75,7 @@ type PluginGPU struct {
 //     five minutes (endpointStopGracePeriod, types.go) ends, longer than any
 //     test. A resource the new plugin advertises again gets its new count.
 type DevicePlugin struct {
-	t        testing.TB
+	t        TB
 	client   kubernetes.Interface
 	node     string
 	ns       string
@@ -172,7 +171,7 @@ func (p *DevicePlugin) SetStatusSync(period time.Duration) {
 // the node lifecycle controller do), and plays the plugin until the test
 // ends. read enumerates the node's GPUs;
 // strategy is the plugin's MIG strategy (none, single, mixed).
-func StartDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, strategy string, read func() ([]PluginGPU, error)) *DevicePlugin {
+func StartDevicePlugin(t TB, client kubernetes.Interface, node, ns, strategy string, read func() ([]PluginGPU, error)) *DevicePlugin {
 	t.Helper()
 	return StartSharingDevicePlugin(t, client, node, ns, strategy, PluginConfig{}, read)
 }
@@ -183,7 +182,7 @@ func StartDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, stra
 // /available-configs, DEFAULT_CONFIG, FALLBACK_STRATEGIES=empty), and the
 // plugin, when it starts, shares its devices as that config says
 // (sharingOf).
-func StartSharingDevicePlugin(t testing.TB, client kubernetes.Interface, node, ns, strategy string, cfg PluginConfig, read func() ([]PluginGPU, error)) *DevicePlugin {
+func StartSharingDevicePlugin(t TB, client kubernetes.Interface, node, ns, strategy string, cfg PluginConfig, read func() ([]PluginGPU, error)) *DevicePlugin {
 	t.Helper()
 	p := &DevicePlugin{t: t, client: client, node: node, ns: ns, strategy: strategy, read: read, cfg: cfg,
 		capacity: map[string]int64{}, healthy: map[string]int64{}}
@@ -225,7 +224,7 @@ func StartSharingDevicePlugin(t testing.TB, client kubernetes.Interface, node, n
 // readyForDaemonSet labels node for a test's DaemonSet (nodeLabel, and
 // labels it does not carry yet) and reports it Ready, lifting the
 // not-ready taint, as the kubelet and the node lifecycle controller do.
-func readyForDaemonSet(t testing.TB, client kubernetes.Interface, node string, labels map[string]string) {
+func readyForDaemonSet(t TB, client kubernetes.Interface, node string, labels map[string]string) {
 	t.Helper()
 	ctx := context.Background()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -275,7 +274,7 @@ func readyForDaemonSet(t testing.TB, client kubernetes.Interface, node string, l
 // (start the daemon when its pod is bound, stop it and remove the pod when
 // it is deleted or evicted).
 type podLoop struct {
-	t           testing.TB
+	t           TB
 	client      kubernetes.Interface
 	node, ns    string
 	start, stop func(ctx context.Context, pod *corev1.Pod)
@@ -287,7 +286,7 @@ type podLoop struct {
 // runDaemonSet creates ds (its pod template labelled nodeLabel=node) and
 // runs its pods on node until the test ends; then the DaemonSet and its
 // pods are deleted.
-func runDaemonSet(t testing.TB, client kubernetes.Interface, node string, ds *appsv1.DaemonSet,
+func runDaemonSet(t TB, client kubernetes.Interface, node string, ds *appsv1.DaemonSet,
 	start, stop func(ctx context.Context, pod *corev1.Pod)) *podLoop {
 	t.Helper()
 	ctx := context.Background()
@@ -593,7 +592,7 @@ func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
 
 // markRunning sets a daemon pod Running and Ready, as the kubelet does once
 // its container started.
-func markRunning(ctx context.Context, t testing.TB, client kubernetes.Interface, pod *corev1.Pod) {
+func markRunning(ctx context.Context, t TB, client kubernetes.Interface, pod *corev1.Pod) {
 	now := metav1.Now()
 	pod = pod.DeepCopy()
 	pod.Status.Phase = corev1.PodRunning

@@ -40,6 +40,7 @@ type TB interface {
 	Errorf(format string, args ...any)
 	Fatalf(format string, args ...any)
 	Logf(format string, args ...any)
+	Failed() bool
 }
 
 var _ TB = testing.TB(nil)

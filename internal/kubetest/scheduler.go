@@ -37,6 +37,13 @@ profiles:
 - schedulerName: %s
 `
 
+// SchedulerConfig is the KubeSchedulerConfiguration of the scheduler
+// StartScheduler runs, against the API server of kubeconfig: for a program
+// (hack/plannerbench) that runs the same scheduler outside a test.
+func SchedulerConfig(kubeconfig string) string {
+	return fmt.Sprintf(schedulerConfig, kubeconfig, SchedulerName)
+}
+
 // stopGrace is how long a server started here has to end after SIGTERM.
 const stopGrace = 15 * time.Second
 
@@ -72,7 +79,7 @@ func StartScheduler(t testing.TB) {
 	bin := kubeBinary(t, "--with-scheduler")
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "scheduler.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(schedulerConfig, Kubeconfig(), SchedulerName)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(SchedulerConfig(Kubeconfig())), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// --secure-port 0: no serving (and so no delegated authn/authz).
