@@ -13,10 +13,10 @@ import (
 // authenticated; the agent learns it from the stamp that the admission
 // policy mig-agent-requester (packaging/kubernetes/requester-policy.yaml)
 // writes on every write that sets the label to a new value. Without the
-// policy, the Node's managedFields may name the field manager of the write
-// (a name the client chooses, and the API server keeps no entry for a
-// label set by a plain patch or update of a Node that was never
-// server-side applied); failing both, the requester is unknown.
+// policy, the Node's managedFields name the field manager of the write
+// (a name the client chooses: the API server records one for updates and
+// patches too, operation Update, unless a client cleared the Node's
+// managedFields); failing both, the requester is unknown.
 //
 // A stamp that is there but does not parse, or names no user, is no
 // reason to believe a client-chosen name: the requester is unknown then,
