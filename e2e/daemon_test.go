@@ -237,6 +237,22 @@ func nodeEvents(t testing.TB, c kubernetes.Interface, node, reason string) []cor
 	return list.Items
 }
 
+// eventuallyNodeEvents waits up to 10 s for an Event about node with
+// reason and returns those there are (none when the wait ran out): an
+// Event is posted after the record and the state label it reports, so a
+// read at once may come before it on a loaded machine.
+func eventuallyNodeEvents(t testing.TB, c kubernetes.Interface, node, reason string) []corev1.Event {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		evs := nodeEvents(t, c, node, reason)
+		if len(evs) > 0 || time.Now().After(deadline) {
+			return evs
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // rawRecord reads the last-change annotation as a generic JSON object.
 func rawRecord(t testing.TB, n *corev1.Node) map[string]any {
 	t.Helper()

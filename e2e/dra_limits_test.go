@@ -67,7 +67,7 @@ mig-configs:
 	if rec.ServedBy != record.ServedByDRA {
 		t.Errorf("servedBy %q", rec.ServedBy)
 	}
-	if len(nodeEvents(t, c, node, record.ReasonInvalid)) == 0 {
+	if len(eventuallyNodeEvents(t, c, node, record.ReasonInvalid)) == 0 {
 		t.Errorf("no %s Event", record.ReasonInvalid)
 	}
 	if got := announced(t, c, node); len(got) != len(slices) {

@@ -260,7 +260,7 @@ func TestDRAPathRefusals(t *testing.T) {
 		StartAgent(t, o)
 		SelectConfig(t, c, node, "all-1g.18gb")
 		flExpectFailed(t, c, node, "all-1g.18gb", o.SimState, before, "served by both the device plugin and the NVIDIA DRA driver")
-		if len(nodeEvents(t, c, node, record.ReasonAllocationPathConflict)) == 0 {
+		if len(eventuallyNodeEvents(t, c, node, record.ReasonAllocationPathConflict)) == 0 {
 			t.Errorf("no %s Event", record.ReasonAllocationPathConflict)
 		}
 	})

@@ -308,7 +308,7 @@ func TestPackagingLeaseEventPolicyAgents(t *testing.T) {
 		if log := strings.ToLower(agents[i].Log()); strings.Contains(log, "forbidden") {
 			t.Errorf("agent of %s was refused something:\n%s", n, agents[i].Log())
 		}
-		if len(nodeEvents(t, admin, n, record.ReasonApplied)) == 0 {
+		if len(eventuallyNodeEvents(t, admin, n, record.ReasonApplied)) == 0 {
 			t.Errorf("no %s Event on %s", record.ReasonApplied, n)
 		}
 	}

@@ -93,6 +93,9 @@ func TestStartupTaintLiftedAfterSuccess(t *testing.T) {
 	if seen[first] != record.StateSuccess+"+untainted" || !slices.Contains(seen[:first], record.StatePending+"+tainted") {
 		t.Fatalf("the Node's versions (state+taint): %v; the taint must stay through pending and go only with success", seen)
 	}
+	WaitFor(t, 10*time.Second, "the "+record.ReasonStartupTaintsRemoved+" Event", func() bool {
+		return len(flEvents(t, c, node, record.ReasonStartupTaintsRemoved)) > 0
+	})
 	if len(flEvents(t, c, node, record.ReasonStartupTaintsRemoved)) != 1 {
 		t.Errorf("no %s Event", record.ReasonStartupTaintsRemoved)
 	}
