@@ -41,9 +41,22 @@ func typicalRecord(i int, pods int) record.ChangeRecord {
 		ServedBy: record.ServedByDevicePlugin, Geometry: geo}
 }
 
+// FootprintBefore is what the records added to a Node after the 20
+// changes of TestNodeFootprintAfterTwentyChanges when the Node held them
+// whole (every pod named, the geometry in each history entry, no
+// ConfigMap): 28,738 bytes.
+const footprintBefore = 28738
+
+// footprintBound is the most the records may add to a Node after those 20
+// changes now: 16 history entries that hold every field a record has
+// (docs/reference.md) take about 740 bytes each with their sha256
+// digests, the last change about 1.7 KiB, the condition about 0.3 KiB.
+const footprintBound = 15 << 10
+
 // The bytes the agent adds to its Node after 20 changes, each evicting 8
-// pods of a usual name length (make bench reports the same figure on the
-// real API server).
+// pods of a usual name length: within footprintBound (about half of
+// footprintBefore); the last change within 2 KiB; the ConfigMap holds the
+// same 16 records whole, every pod named.
 func TestNodeFootprintAfterTwentyChanges(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "u1"}})
@@ -54,12 +67,25 @@ func TestNodeFootprintAfterTwentyChanges(t *testing.T) {
 		}
 	}
 	n, _ := k.getNode(ctx)
-	total := 0
-	for _, key := range record.RecordAnnotations {
-		if v, ok := n.Annotations[key]; ok {
-			total += len(key) + len(v)
-		}
+	got := Footprint(n)
+	t.Logf("the Node after 20 changes: %d bytes (last-change %d, history %d); before the light form: %d",
+		got, len(n.Annotations[record.AnnotationLastChange]), len(n.Annotations[record.AnnotationHistory]), footprintBefore)
+	if got > footprintBound {
+		t.Errorf("the records add %d bytes to the Node, bound %d", got, footprintBound)
 	}
-	t.Logf("the Node after 20 changes: %d bytes (last-change %d, history %d)", total,
-		len(n.Annotations[record.AnnotationLastChange]), len(n.Annotations[record.AnnotationHistory]))
+	if l := len(n.Annotations[record.AnnotationLastChange]); l > 2<<10 {
+		t.Errorf("the last change takes %d bytes on the Node, want at most 2 KiB", l)
+	}
+	whole, _, found, err := ReadHistory(ctx, k.Client, "mig-agent", "n1")
+	if err != nil || !found || len(whole) != record.HistoryMaxRecords {
+		t.Fatalf("the history ConfigMap: %d records, found %v, %v", len(whole), found, err)
+	}
+	if len(whole[0].EvictedPods) != 8 || whole[0].Geometry == nil || whole[0].FullRecord != "" {
+		t.Errorf("the ConfigMap's newest record is not whole: %+v", whole[0])
+	}
+	hist := record.Trail(n.Annotations)
+	if len(hist) != record.HistoryMaxRecords || hist[0].EvictedPodCount != 8 || len(hist[0].EvictedPods) != 0 ||
+		hist[0].FullRecord != "ConfigMap mig-agent/n1-mig-history" || hist[0].Geometry != nil {
+		t.Errorf("the Node's newest history entry: %+v", hist[0])
+	}
 }

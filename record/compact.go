@@ -31,8 +31,9 @@ const (
 	// of a usual name length.
 	NodeLastChangePodBytes = 1 << 10
 	// NodeHistoryPodBytes is the same for each record of the history on
-	// the Node: the first two pods of a usual name length.
-	NodeHistoryPodBytes = 128
+	// the Node: an empty list, the pods counted (the last change names
+	// them, the history ConfigMap names them all).
+	NodeHistoryPodBytes = 2
 	// NodeHistoryReason bounds the reason of a record of the history on
 	// the Node, in bytes.
 	NodeHistoryReason = 256
