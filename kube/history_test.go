@@ -140,3 +140,35 @@ func LastChangeOf(t *testing.T, n *corev1.Node) record.ChangeRecord {
 	}
 	return r
 }
+
+// `mig-agent status` with the history ConfigMap: the Node's light records
+// are replaced by their whole form, the last change too.
+func TestStatusWithHistory(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "u1"}})
+	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Namespace: "ns", Clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	for i := range 3 {
+		if err := k.Record(ctx, typicalRecord(i, 40), record.StateSuccess); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := mustNode(t, k)
+	light, _ := StatusFromNode(n)
+	if len(light.History) != 3 || len(light.History[1].EvictedPods) != 0 || len(light.LastChange.EvictedPods) == 40 {
+		t.Fatalf("the Node's records are not light: %+v", light.History[1])
+	}
+	whole, _, found, err := ReadHistory(ctx, k.Client, "ns", "n1")
+	if err != nil || !found {
+		t.Fatal(found, err)
+	}
+	st, _ := StatusWithHistory(n, whole, "ConfigMap ns/n1-mig-history")
+	if len(st.History) != 3 || len(st.History[1].EvictedPods) != 40 || len(st.LastChange.EvictedPods) != 40 ||
+		st.HistoryFrom != "ConfigMap ns/n1-mig-history" || len(st.GPUs) != 8 {
+		t.Errorf("status with the whole history: %d records, %d pods in the second, %d in the last change, from %q, %d GPUs",
+			len(st.History), len(st.History[1].EvictedPods), len(st.LastChange.EvictedPods), st.HistoryFrom, len(st.GPUs))
+	}
+	var b strings.Builder
+	if err := WriteStatusText(&b, st); err != nil || !strings.Contains(b.String(), "whole, from ConfigMap ns/n1-mig-history") {
+		t.Errorf("status text: %v\n%s", err, b.String())
+	}
+}
