@@ -27,9 +27,9 @@ const (
 // Bounds of the records on the Node (OnNode, InNodeHistory).
 const (
 	// NodeLastChangePodBytes is how much the evicted pods' names may take
-	// in the last change on the Node (their JSON, in bytes): about 16 pods
-	// of a usual name length.
-	NodeLastChangePodBytes = 1 << 10
+	// in the last change on the Node (their JSON, in bytes): about 30 pods
+	// of a usual name length, a whole GPU's or two of MIG devices.
+	NodeLastChangePodBytes = 2 << 10
 	// NodeHistoryPodBytes is the same for each record of the history on
 	// the Node: an empty list, the pods counted (the last change names
 	// them, the history ConfigMap names them all).
