@@ -49,7 +49,7 @@ func TestLightNodeHistory(t *testing.T) {
 	gpus := disProfiles(t, o.Sim, o.SimState)
 	var want []string
 	for r := range 40 {
-		p := kl.RunPod(t, ns, fmt.Sprintf("trainer-%02d", r), map[string]string{"nvidia.com/gpu": "1"},
+		p := kl.RunPod(t, ns, fmt.Sprintf("llama-finetune-worker-7d9f8b6c5-%02d", r), map[string]string{"nvidia.com/gpu": "1"},
 			map[string][]string{"nvidia.com/gpu": {fmt.Sprintf("%s::%d", gpus[0].UUID, r)}}, disOwner("train"))
 		want = append(want, ns+"/"+p.Name)
 	}

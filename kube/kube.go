@@ -188,13 +188,11 @@ func (k *Cluster) snapshot(n *corev1.Node) *reconcile.Node {
 func (k *Cluster) Transient(err error) bool { return apierr.Transient(err) }
 
 // SetState sets the state label (and nothing else).
-// The condition MIGConfigReady follows it.
+// The condition MIGConfigReady is written just before it, so that whoever
+// sees the label sees the condition too.
 func (k *Cluster) SetState(ctx context.Context, state string) error {
-	if err := k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: state}}}); err != nil {
-		return err
-	}
 	k.setCondition(ctx, state, nil)
-	return nil
+	return k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: state}}})
 }
 
 // patchNode merge-patches the Node as the agent (field manager mig-agent).

@@ -92,12 +92,14 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 // the history (bounded to record.HistoryMaxRecords and
 // record.HistoryMaxBytes), together with the state label, in one patch on
 // node as read just before, in its light form where ref (the history
-// ConfigMap) holds it whole; then the condition MIGConfigReady. Once
+// ConfigMap) holds it whole; the condition MIGConfigReady before it. Once
 // written, the record is logged whole (the agent's own trail of every
 // record), and each record that the history bound dropped (the
 // ConfigMap's, droppedWhole, where it holds the history) leaves a log line
 // and an Event (retire): a record leaves the history, never the trail.
 func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state, ref string, droppedWhole []json.RawMessage) error {
+	// The condition first: whoever sees the state label sees it too.
+	k.setCondition(ctx, state, &rec)
 	dropped, err := k.recordNode(ctx, node, rec, state, ref)
 	if err != nil {
 		return err
@@ -105,7 +107,6 @@ func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.Ch
 	if ref != "" {
 		dropped = droppedWhole
 	}
-	k.setCondition(ctx, state, &rec)
 	raw, _ := json.Marshal(rec)
 	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
 		"requestedVia", rec.RequestedVia, "record", string(raw))
