@@ -168,7 +168,7 @@ func TestStatusWithHistory(t *testing.T) {
 			len(st.History), len(st.History[1].EvictedPods), len(st.LastChange.EvictedPods), st.HistoryFrom, len(st.GPUs))
 	}
 	var b strings.Builder
-	if err := WriteStatusText(&b, st); err != nil || !strings.Contains(b.String(), "whole, from ConfigMap ns/n1-mig-history") {
+	if err := WriteStatusText(&b, st); err != nil || !strings.Contains(b.String(), "History (newest first):\n  (the records whole, from ConfigMap ns/n1-mig-history)") {
 		t.Errorf("status text: %v\n%s", err, b.String())
 	}
 }

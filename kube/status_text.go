@@ -145,10 +145,9 @@ func writeLastChange(w io.Writer, r *record.ChangeRecord) {
 
 // writeHistory writes the history as a table, newest first.
 func writeHistory(w io.Writer, history []record.ChangeRecord, from string) {
+	fmt.Fprintf(w, "\nHistory (newest first):\n")
 	if from != "" {
-		fmt.Fprintf(w, "\nHistory (newest first, whole, from %s):\n", clean(from))
-	} else {
-		fmt.Fprintf(w, "\nHistory (newest first):\n")
+		fmt.Fprintf(w, "  (the records whole, from %s)\n", clean(from))
 	}
 	if len(history) == 0 {
 		fmt.Fprintf(w, "  none recorded\n")
