@@ -75,6 +75,20 @@ func TestLightNodeHistory(t *testing.T) {
 		t.Errorf("history entry on the Node: %+v", hist)
 	}
 
+	// Light, but with every field a record has.
+	var rawHist []map[string]any
+	if err := json.Unmarshal([]byte(n.Annotations[record.AnnotationHistory]), &rawHist); err != nil || len(rawHist) != 1 {
+		t.Fatalf("history annotation: %v", err)
+	}
+	for _, k := range []string{"config", "previousConfig", "result", "startedAt", "finishedAt", "gpusChanged", "gpusUntouched",
+		"evictedPods", "reboot", "agentVersion", "driverVersion", "configHash", "configSource", "requestedBy", "requestedAt"} {
+		if _, ok := rawHist[0][k]; !ok {
+			t.Errorf("the history entry on the Node has no %q", k)
+		}
+	}
+	if _, ok := rawHist[0]["evictedPods"].([]any); !ok {
+		t.Errorf("evictedPods of the history entry is %v, want an array", rawHist[0]["evictedPods"])
+	}
 	cm, err := c.CoreV1().ConfigMaps(o.Namespace).Get(ctx, record.HistoryConfigMapName(node), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the history ConfigMap: %v", err)
