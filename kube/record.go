@@ -61,6 +61,8 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 			return k.recordOn(ctx, fresh, r, st, ref, droppedWhole)
 		})
 	}
+	// The condition first: whoever sees the state label sees it too.
+	k.setCondition(ctx, k.conditionState(ctx, state), &rec)
 	err := write(rec)
 	if err == nil {
 		return nil
@@ -92,14 +94,12 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 // the history (bounded to record.HistoryMaxRecords and
 // record.HistoryMaxBytes), together with the state label, in one patch on
 // node as read just before, in its light form where ref (the history
-// ConfigMap) holds it whole; the condition MIGConfigReady before it. Once
+// ConfigMap) holds it whole. Once
 // written, the record is logged whole (the agent's own trail of every
 // record), and each record that the history bound dropped (the
 // ConfigMap's, droppedWhole, where it holds the history) leaves a log line
 // and an Event (retire): a record leaves the history, never the trail.
 func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state, ref string, droppedWhole []json.RawMessage) error {
-	// The condition first: whoever sees the state label sees it too.
-	k.setCondition(ctx, state, &rec)
 	dropped, err := k.recordNode(ctx, node, rec, state, ref)
 	if err != nil {
 		return err
@@ -174,6 +174,18 @@ func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.
 		return nil, err
 	}
 	return dropped, nil
+}
+
+// conditionState is the state a record write leaves: state, or where it
+// is "" the Node's state label (pending when it has none).
+func (k *Cluster) conditionState(ctx context.Context, state string) string {
+	if state != "" {
+		return state
+	}
+	if n, err := k.CachedNode(ctx); err == nil && n.Labels[record.LabelState] != "" {
+		return n.Labels[record.LabelState]
+	}
+	return record.StatePending
 }
 
 // historyParses reports whether the Node's history annotation is valid
