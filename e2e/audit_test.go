@@ -197,6 +197,9 @@ func TestAuditRequester(t *testing.T) {
 			records, "only the mig-agent of node " + probe + " may change its records and state (" + record.AnnotationLastChange + "); " + bob.name + " may not"},
 		{"bob writes the history through the status", bob.c, true, auditAnnotation(record.AnnotationHistory, "[]"),
 			records, "(" + record.AnnotationHistory + ")"},
+		{"bob writes the condition MIGConfigReady", bob.c, true, map[string]any{"status": map[string]any{"conditions": []map[string]any{
+			{"type": record.ConditionConfigReady, "status": "True", "reason": "Success", "message": "forged"}}}},
+			records, "(condition " + record.ConditionConfigReady + ")"},
 		{"bob sets the state label", bob.c, false, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: record.StateSuccess}}},
 			records, "(" + record.LabelState + ")"},
 		{"bob writes the stamp", bob.c, false, auditAnnotation(record.AnnotationRequestedBy, `{"user":"`+alice.name+`","via":"","config":"probe-forged"}`),

@@ -471,10 +471,17 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 	t.Logf("policy %s enforced %s after the test started waiting", in.policy, time.Since(start).Round(time.Millisecond))
 
 	operand := drain.Operands()[0].Label
+	readyPatch := func(status string) []byte {
+		return []byte(`{"status":{"conditions":[{"type":"` + record.ConditionConfigReady + `","status":"` + status + `","reason":"Pending","message":"e2e"}]}}`)
+	}
 	allowed := []struct {
 		name string
 		do   func() error
 	}{
+		{"its condition MIGConfigReady", func() error {
+			_, err := c.CoreV1().Nodes().PatchStatus(context.Background(), nodeA, readyPatch("False"))
+			return err
+		}},
 		{"own state label and audit annotations", func() error {
 			return pkgMergePatch(c, nodeA, map[string]any{"metadata": map[string]any{
 				"labels":      map[string]any{record.LabelState: record.StatePending},
@@ -496,6 +503,19 @@ func pkgCheckPolicy(t *testing.T, in *pkgInstall) {
 		name string
 		do   func() error
 	}{
+		{"the condition MIGConfigReady of another node", func() error {
+			_, err := c.CoreV1().Nodes().PatchStatus(context.Background(), nodeB, readyPatch("True"))
+			return err
+		}},
+		{"its capacity, in a status patch", func() error {
+			_, err := c.CoreV1().Nodes().PatchStatus(context.Background(), nodeA, []byte(`{"status":{"capacity":{"nvidia.com/gpu":"8"}}}`))
+			return err
+		}},
+		{"another condition, in a status patch", func() error {
+			_, err := c.CoreV1().Nodes().PatchStatus(context.Background(), nodeA,
+				[]byte(`{"status":{"conditions":[{"type":"Ready","status":"False","reason":"e2e","message":"e2e"}]}}`))
+			return err
+		}},
 		{"another node's state label", func() error { return pkgMergePatch(c, nodeB, pkgLabels(record.LabelState, "success")) }},
 		{"the desired config label", func() error { return pkgMergePatch(c, nodeA, pkgLabels(record.LabelConfig, "all-disabled")) }},
 		{"another label", func() error { return pkgMergePatch(c, nodeA, pkgLabels("example.com/team", "web")) }},

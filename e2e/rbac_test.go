@@ -233,6 +233,7 @@ func TestRBAC(t *testing.T) {
 	allowed := []rbacAccess{
 		{verb: "get", resource: "nodes"}, {verb: "list", resource: "nodes"}, {verb: "watch", resource: "nodes"},
 		{verb: "patch", resource: "nodes"}, {verb: "update", resource: "nodes"},
+		{verb: "patch", resource: "nodes", subresource: "status"},
 		{verb: "get", resource: "pods", namespace: other}, {verb: "list", resource: "pods"}, {verb: "watch", resource: "pods"},
 		{verb: "create", resource: "pods", subresource: "eviction", namespace: other},
 		{verb: "get", group: "policy", resource: "poddisruptionbudgets", namespace: other},
@@ -256,7 +257,7 @@ func TestRBAC(t *testing.T) {
 	}
 	denied := []rbacAccess{
 		{verb: "create", resource: "nodes"}, {verb: "delete", resource: "nodes"},
-		{verb: "patch", resource: "nodes", subresource: "status"},
+		{verb: "update", resource: "nodes", subresource: "status"},
 		{verb: "create", resource: "pods", namespace: other}, {verb: "delete", resource: "pods", namespace: other},
 		{verb: "update", resource: "pods", namespace: other}, {verb: "deletecollection", resource: "pods", namespace: other},
 		{verb: "get", resource: "secrets", namespace: rbacNamespace}, {verb: "list", resource: "secrets"},
@@ -381,6 +382,13 @@ func TestRBAC(t *testing.T) {
 	assertGeometry(t, o, "all-balanced", "")
 	if _, err := c.CoreV1().ConfigMaps(rbacNamespace).Get(ctx, node+"-mig-config", metav1.GetOptions{}); err != nil {
 		t.Errorf("ConfigMap: %v", err)
+	}
+	if cm, err := c.CoreV1().ConfigMaps(rbacNamespace).Get(ctx, record.HistoryConfigMapName(node), metav1.GetOptions{}); err != nil ||
+		!strings.Contains(cm.Data[record.HistoryConfigMapKey], workload.Name) {
+		t.Errorf("history ConfigMap: %v", err)
+	}
+	if cond := lnCondition(GetNode(t, c, node)); cond == nil || cond.Status != corev1.ConditionTrue {
+		t.Errorf("condition %s: %+v", record.ConditionConfigReady, cond)
 	}
 	lease, err := c.CoordinationV1().Leases(rbacNamespace).Get(ctx, lease.SlotLeaseName(0), metav1.GetOptions{})
 	if err != nil {

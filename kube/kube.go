@@ -187,7 +187,10 @@ func (k *Cluster) snapshot(n *corev1.Node) *reconcile.Node {
 func (k *Cluster) Transient(err error) bool { return apierr.Transient(err) }
 
 // SetState sets the state label (and nothing else); "" removes it.
+// The condition MIGConfigReady is written just before it, so that whoever
+// sees the label sees the condition too.
 func (k *Cluster) SetState(ctx context.Context, state string) error {
+	k.setCondition(ctx, state, nil)
 	var v any = state
 	if state == "" {
 		v = nil // a merge patch's null removes the key

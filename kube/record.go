@@ -35,6 +35,9 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 	// Whatever a name, a pod list or an error says, a bounded record lands
 	// and never pushes more than its share out of the history.
 	rec = rec.Bounded()
+	// The whole record first, off the Node; the Node gets its light form
+	// when that landed, else the record whole.
+	ref, droppedWhole := k.keepWhole(ctx, rec)
 	var node *corev1.Node
 	write := func(r record.ChangeRecord) error {
 		return k.retry(ctx, func() error {
@@ -55,9 +58,11 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 					st = record.StatePending
 				}
 			}
-			return k.recordOn(ctx, fresh, r, st)
+			return k.recordOn(ctx, fresh, r, st, ref, droppedWhole)
 		})
 	}
+	// The condition first: whoever sees the state label sees it too.
+	k.setCondition(ctx, k.conditionState(ctx, state), &rec)
 	err := write(rec)
 	if err == nil {
 		return nil
@@ -88,14 +93,19 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 // recordOn writes a change record as the last change and at the head of
 // the history (bounded to record.HistoryMaxRecords and
 // record.HistoryMaxBytes), together with the state label, in one patch on
-// node as read just before. Once written, the record is logged whole (the
-// agent's own trail of every record), and each record that the history
-// bound dropped leaves a log line and an Event (retire): a record leaves
-// the Node, never the trail.
-func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) error {
-	dropped, err := k.RecordRetiring(ctx, node, rec, state)
+// node as read just before, in its light form where ref (the history
+// ConfigMap) holds it whole. Once
+// written, the record is logged whole (the agent's own trail of every
+// record), and each record that the history bound dropped (the
+// ConfigMap's, droppedWhole, where it holds the history) leaves a log line
+// and an Event (retire): a record leaves the history, never the trail.
+func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state, ref string, droppedWhole []json.RawMessage) error {
+	dropped, err := k.recordNode(ctx, node, rec, state, ref)
 	if err != nil {
 		return err
+	}
+	if ref != "" {
+		dropped = droppedWhole
 	}
 	raw, _ := json.Marshal(rec)
 	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
@@ -111,9 +121,22 @@ func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.Ch
 // bound dropped from the history (oldest last) when the write succeeded.
 // A history that is not a JSON array is kept aside, not dropped.
 func (k *Cluster) RecordRetiring(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) ([]json.RawMessage, error) {
-	last, err := json.Marshal(rec)
+	return k.recordNode(ctx, node, rec, state, "")
+}
+
+// recordNode is RecordRetiring with the record in its light form on the
+// Node (record.OnNode as the last change, record.InNodeHistory in the
+// history) where ref holds it whole; "" writes it whole.
+func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state, ref string) ([]json.RawMessage, error) {
+	last, err := json.Marshal(rec.OnNode(ref))
 	if err != nil {
 		return nil, err
+	}
+	entry := last
+	if ref != "" {
+		if entry, err = json.Marshal(rec.InNodeHistory(ref)); err != nil {
+			return nil, err
+		}
 	}
 	var hist []json.RawMessage
 	aside := ""
@@ -125,7 +148,7 @@ func (k *Cluster) RecordRetiring(ctx context.Context, node *corev1.Node, rec rec
 			}
 		}
 	}
-	hist = append([]json.RawMessage{last}, hist...)
+	hist = append([]json.RawMessage{entry}, hist...)
 	var dropped []json.RawMessage
 	if len(hist) > record.HistoryMaxRecords {
 		hist, dropped = hist[:record.HistoryMaxRecords], hist[record.HistoryMaxRecords:]
@@ -151,6 +174,18 @@ func (k *Cluster) RecordRetiring(ctx context.Context, node *corev1.Node, rec rec
 		return nil, err
 	}
 	return dropped, nil
+}
+
+// conditionState is the state a record write leaves: state, or where it
+// is "" the Node's state label (pending when it has none).
+func (k *Cluster) conditionState(ctx context.Context, state string) string {
+	if state != "" {
+		return state
+	}
+	if n, err := k.CachedNode(ctx); err == nil && n.Labels[record.LabelState] != "" {
+		return n.Labels[record.LabelState]
+	}
+	return record.StatePending
 }
 
 // historyParses reports whether the Node's history annotation is valid

@@ -45,8 +45,12 @@ type Status struct {
 	// missing or not a valid record.
 	LastChange *record.ChangeRecord `json:"lastChange,omitempty"`
 	// History is the annotation migagent.io/history, newest first, without
-	// the entries that are not valid records.
+	// the entries that are not valid records; or, where the history
+	// ConfigMap holds them (HistoryFrom), the same records whole.
 	History []record.ChangeRecord `json:"history"`
+	// HistoryFrom names where History and LastChange were read whole:
+	// "ConfigMap <namespace>/<node>-mig-history"; empty: the Node.
+	HistoryFrom string `json:"historyFrom,omitempty"`
 	// Notes says what could not be read and why, for a person.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -87,6 +91,15 @@ type GPUGeometry struct {
 // Missing or malformed annotations are not an error: Status holds what could
 // be read and a note for each problem. The only error is ErrNoNode.
 func StatusFromNode(node *corev1.Node) (*Status, error) {
+	return StatusWithHistory(node, nil, "")
+}
+
+// StatusWithHistory is StatusFromNode with the history read whole from
+// the history ConfigMap (whole, newest first, as ReadHistory returns it;
+// from names it): the Node's light records are replaced by their whole
+// form, the last change too when it is the ConfigMap's newest. A nil
+// whole reads the Node alone.
+func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from string) (*Status, error) {
 	if node == nil {
 		return nil, ErrNoNode
 	}
@@ -134,6 +147,12 @@ func StatusFromNode(node *corev1.Node) (*Status, error) {
 		s.History = append(s.History, recs...)
 	}
 
+	if whole != nil {
+		s.History, s.HistoryFrom = whole, from
+		if l := s.LastChange; l != nil && len(whole) > 0 && sameRecord(*l, whole[0]) {
+			s.LastChange = &whole[0]
+		}
+	}
 	// Newest first: the last change, then the history.
 	records := s.History
 	if s.LastChange != nil {
@@ -161,6 +180,12 @@ func StatusFromNode(node *corev1.Node) (*Status, error) {
 		break
 	}
 	return s, nil
+}
+
+// sameRecord says whether a and b are one record, one of them in its light
+// form: the same config, result and times.
+func sameRecord(a, b record.ChangeRecord) bool {
+	return a.Config == b.Config && a.Result == b.Result && a.StartedAt.Equal(b.StartedAt) && a.FinishedAt.Equal(b.FinishedAt)
 }
 
 // geometry turns a record's Geometry map into rows sorted by GPU index.

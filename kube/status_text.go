@@ -21,7 +21,7 @@ func WriteStatusText(w io.Writer, s *Status) error {
 	writeSummary(ew, s)
 	writeGeometry(ew, s)
 	writeLastChange(ew, s.LastChange)
-	writeHistory(ew, s.History)
+	writeHistory(ew, s.History, s.HistoryFrom)
 	if len(s.Notes) > 0 {
 		fmt.Fprintf(ew, "\nNotes:\n")
 		for _, n := range s.Notes {
@@ -116,7 +116,11 @@ func writeLastChange(w io.Writer, r *record.ChangeRecord) {
 	row("Finished", fin)
 	row("GPUs changed", formatInts(r.GPUsChanged))
 	row("GPUs untouched", formatInts(r.GPUsUntouched))
-	row("Evicted pods", orDash(strings.Join(r.EvictedPods, ", ")))
+	pods := orDash(strings.Join(r.EvictedPods, ", "))
+	if r.EvictedPodsOmitted > 0 {
+		pods += fmt.Sprintf(" (+%d more, not named here)", r.EvictedPodsOmitted)
+	}
+	row("Evicted pods", pods)
 	if r.AffectedBy != "" {
 		row("Pods found by", clean(r.AffectedBy))
 	}
@@ -140,8 +144,11 @@ func writeLastChange(w io.Writer, r *record.ChangeRecord) {
 }
 
 // writeHistory writes the history as a table, newest first.
-func writeHistory(w io.Writer, history []record.ChangeRecord) {
+func writeHistory(w io.Writer, history []record.ChangeRecord, from string) {
 	fmt.Fprintf(w, "\nHistory (newest first):\n")
+	if from != "" {
+		fmt.Fprintf(w, "  (the records whole, from %s)\n", clean(from))
+	}
 	if len(history) == 0 {
 		fmt.Fprintf(w, "  none recorded\n")
 		return
@@ -150,7 +157,7 @@ func writeHistory(w io.Writer, history []record.ChangeRecord) {
 	fmt.Fprintf(tw, "  FINISHED\tCONFIG\tRESULT\tGPUS CHANGED\tEVICTED PODS\tREQUESTED BY\tREASON\n")
 	for _, r := range history {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(r.FinishedAt), orDash(r.Config),
-			orDash(r.Result), formatInts(r.GPUsChanged), podList(r.EvictedPods, 2),
+			orDash(r.Result), formatInts(r.GPUsChanged), podList(r.EvictedPods, 2, r.EvictedPodsOmitted),
 			requester(r.RequestedBy, r.RequestedVia, r.RequestedBySource), orDash(r.Reason))
 	}
 	_ = tw.Flush()
@@ -258,11 +265,16 @@ func formatInts(xs []int) string {
 }
 
 // podList shows at most n pod names and how many more there are.
-func podList(pods []string, n int) string {
-	if len(pods) <= n {
-		return orDash(strings.Join(pods, ","))
+func podList(pods []string, n, omitted int) string {
+	more := omitted + max(len(pods)-n, 0)
+	pods = pods[:min(n, len(pods))]
+	switch {
+	case more == 0:
+		return orDash(clean(strings.Join(pods, ",")))
+	case len(pods) == 0:
+		return fmt.Sprintf("%d, not named here", more)
 	}
-	return clean(strings.Join(pods[:n], ",")) + fmt.Sprintf(" +%d more", len(pods)-n)
+	return clean(strings.Join(pods, ",")) + fmt.Sprintf(" +%d more", more)
 }
 
 // profileSummary is "1x 3g.71gb, 2x 1g.18gb" in the order the profiles

@@ -54,6 +54,21 @@ const (
 	StateFailed    = "failed"
 )
 
+// The Node condition that mirrors the state label: status True on success,
+// False with the reason of the other states, Unknown when no config is
+// asked any more (docs/reference.md).
+const (
+	ConditionConfigReady     = "MIGConfigReady"
+	ConditionReasonSuccess   = "Success"
+	ConditionReasonPending   = "Pending"
+	ConditionReasonRebooting = "Rebooting"
+	ConditionReasonFailed    = "Failed"
+	// ConditionReasonNotRequested: the desired label was removed; status
+	// Unknown, nothing is asked of the GPUs.
+	ConditionReasonNotRequested = "NotRequested"
+	MaxConditionMessage         = 512
+)
+
 // History bounds (docs/reference.md#labels-and-annotations-on-the-node).
 const (
 	HistoryMaxRecords = 16
@@ -78,11 +93,17 @@ type ChangeRecord struct {
 	EvictedPods   []string   `json:"evictedPods"`
 	// EvictedPodsOmitted counts the evicted pods beyond MaxRecordPodBytes
 	// that EvictedPods does not name (the agent's log and its Events do).
-	EvictedPodsOmitted int    `json:"evictedPodsOmitted,omitempty"`
-	Reboot             bool   `json:"reboot"`
-	AgentVersion       string `json:"agentVersion"`
-	DriverVersion      string `json:"driverVersion"`
-	ConfigHash         string `json:"configHash"`
+	EvictedPodsOmitted int `json:"evictedPodsOmitted,omitempty"`
+	// EvictedPodCount is how many pods the change evicted, named or not.
+	EvictedPodCount int `json:"evictedPodCount,omitempty"`
+	// FullRecord says where the whole record is when this one, on the
+	// Node, leaves something out (FullRecordRef): the pods it does not
+	// name, the geometry, a reason cut short.
+	FullRecord    string `json:"fullRecord,omitempty"`
+	Reboot        bool   `json:"reboot"`
+	AgentVersion  string `json:"agentVersion"`
+	DriverVersion string `json:"driverVersion"`
+	ConfigHash    string `json:"configHash"`
 	// PreviousConfigHash is the configHash applied before the change; with
 	// config equal to previousConfig, it tells a changed definition of the
 	// same config (a new request) apart.
@@ -179,6 +200,9 @@ const (
 	ReasonRecordFailed = "MigRecordFailed"
 	// ReasonHistoryUnparsable is the Event reason of a history kept aside.
 	ReasonHistoryUnparsable = "MigHistoryUnparsable"
+	// ReasonHistoryUnwritable is the Event reason of a record that the
+	// history ConfigMap refused: the Node keeps it whole.
+	ReasonHistoryUnwritable = "MigHistoryUnwritable"
 )
 
 const (
@@ -273,16 +297,12 @@ func (r ChangeRecord) Bounded() ChangeRecord {
 	r.DriverVersion = BoundText(r.DriverVersion, MaxRecordField)
 	r.RequestedBySource = BoundText(r.RequestedBySource, MaxRecordField)
 	if r.EvictedPods != nil {
-		pods, size := []string{}, 2 // []
-		for i, p := range r.EvictedPods {
-			p = BoundText(p, MaxRecordPod)
-			if size += len(p) + 3; size > MaxRecordPodBytes { // "p",
-				r.EvictedPodsOmitted += len(r.EvictedPods) - i
-				break
-			}
-			pods = append(pods, p)
+		if r.EvictedPodCount == 0 {
+			r.EvictedPodCount = len(r.EvictedPods) + r.EvictedPodsOmitted
 		}
-		r.EvictedPods = pods
+		var cut int
+		r.EvictedPods, cut = capPods(r.EvictedPods, MaxRecordPodBytes)
+		r.EvictedPodsOmitted += cut
 	}
 	if len(r.GPUsUnusable) > 0 {
 		u := slices.Clone(r.GPUsUnusable)

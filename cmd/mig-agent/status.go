@@ -8,11 +8,13 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/record"
 )
 
 func statusCmd() *cobra.Command {
@@ -39,12 +41,12 @@ func statusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := kube.StatusFromNode(node)
-			if err != nil {
-				return err
-			}
 			if namespace == "" {
 				namespace = podNamespace()
+			}
+			st, err := statusOf(cmd.Context(), client, namespace, node)
+			if err != nil {
+				return err
 			}
 			held := heldNow(cmd.Context(), client, namespace, nodeName, st)
 			if format == "json" {
@@ -61,6 +63,33 @@ func statusCmd() *cobra.Command {
 	c.Flags().StringVar(&namespace, "namespace", "", "the agent's namespace, where the assignment trail's ConfigMap lives (default the pod's own, else mig-agent)")
 	c.Flags().StringVarP(&format, "output", "o", "text", "text or json")
 	return c
+}
+
+// statusOf reads the status of node with its history whole from the
+// history ConfigMap where there is one; where it cannot be read, the
+// Node's light records, and a note that says why.
+func statusOf(ctx context.Context, client kclient.Interface, namespace string, node *corev1.Node) (*kube.Status, error) {
+	whole, bad, found, herr := kube.ReadHistory(context.WithoutCancel(ctx), client, namespace, node.Name)
+	var st *kube.Status
+	var err error
+	if herr == nil && found {
+		st, err = kube.StatusWithHistory(node, whole, record.FullRecordRef(namespace, node.Name))
+	} else {
+		st, err = kube.StatusFromNode(node)
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case herr != nil:
+		st.Notes = append(st.Notes, "history ConfigMap: "+herr.Error()+"; the history is the Node's")
+	case !found:
+		st.Notes = append(st.Notes, fmt.Sprintf("no history ConfigMap %s in namespace %s: the history is the Node's", record.HistoryConfigMapName(node.Name), namespace))
+	}
+	for _, b := range bad {
+		st.Notes = append(st.Notes, fmt.Sprintf("%s: entry %d is not a valid change record: %v", record.FullRecordRef(namespace, node.Name), b.Index, b.Err))
+	}
+	return st, nil
 }
 
 // statusWithAssignments is `status -o json`: the node's status and the

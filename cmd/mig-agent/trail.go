@@ -12,8 +12,10 @@ import (
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 )
 
@@ -33,11 +35,25 @@ func newTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvml
 		}},
 		Store:    &assign.ConfigMapStore{Client: client, Namespace: s.Namespace, Node: s.NodeName},
 		Pods:     &assign.KubePods{Client: client, Node: s.NodeName, Clock: clock.RealClock{}},
-		Records:  assign.NodeRecords(readNode),
+		Records:  changeRecords(client, s.Namespace, s.NodeName, readNode),
 		Metrics:  m,
 		Clock:    clock.RealClock{},
 		Log:      log.With("component", "assignments"),
 		Interval: s.AssignmentInterval,
+	}
+}
+
+// changeRecords are the node's change records, newest first: whole from
+// the history ConfigMap (their geometry names the change that made a
+// device), else as the Node holds them.
+func changeRecords(client kclient.Interface, namespace, node string,
+	readNode func(context.Context) (*corev1.Node, error)) func(context.Context) []record.ChangeRecord {
+	onNode := assign.NodeRecords(readNode)
+	return func(ctx context.Context) []record.ChangeRecord {
+		if recs, _, found, err := kube.ReadHistory(ctx, client, namespace, node); err == nil && found && len(recs) > 0 {
+			return recs
+		}
+		return onNode(ctx)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -350,6 +351,12 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 	r.LabelToPendingMsMedian, r.LabelToSuccessMsMedian = median(r.LabelToPendingMs), median(r.LabelToSuccessMs)
 	r.LabelToPendingSpread, r.LabelToSuccessSpread = spreadOf(r.LabelToPendingMs), spreadOf(r.LabelToSuccessMs)
 	r.Steps = steps.medians()
+	if nd, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil {
+		r.NodeRecordBytes = kube.Footprint(nd)
+	}
+	if cm, err := c.CoreV1().ConfigMaps(benchNamespace).Get(ctx, record.HistoryConfigMapName(node), metav1.GetOptions{}); err == nil {
+		r.HistoryConfigMapBytes = len(cm.Data[record.HistoryConfigMapKey])
+	}
 	return p, nil
 }
 

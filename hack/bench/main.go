@@ -71,6 +71,13 @@ type results struct {
 	IdleRequests          map[string]int `json:"idleRequests"`
 	IdleExcluded          map[string]int `json:"idleExcluded"`
 
+	// NodeRecordBytes is what the agent's records add to the Node after the
+	// timed label changes (kube.Footprint: the record annotations and the
+	// condition MIGConfigReady); HistoryConfigMapBytes the history that
+	// the ConfigMap <node>-mig-history holds whole then.
+	NodeRecordBytes       int `json:"nodeRecordBytes"`
+	HistoryConfigMapBytes int `json:"historyConfigMapBytes"`
+
 	Targets map[string]bool `json:"targets"`
 }
 
@@ -190,6 +197,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	r.Targets["rssAnonMiB<=10"] = r.RSSAnonMiB <= 10
 	r.Targets["binaryBytes<32MB"] = r.BinaryBytes < 32e6
 	r.Targets["idleApiRequestsPerMin<1"] = r.IdleAPIRequestsPerMin < 1
+	r.Targets["nodeRecordBytes<=15KiB"] = r.NodeRecordBytes <= 15<<10
 
 	// Merged into the file: the fleet bench's section stays.
 	if err := writeMerged(o.out, r); err != nil {
@@ -228,6 +236,8 @@ func printTable(w io.Writer, r *results) {
 	for _, st := range r.Steps {
 		fmt.Fprintf(tw, "  step %s (median)\t%.1f ms\t\t\n", st.Step, st.MsMedian)
 	}
+	fmt.Fprintf(tw, "bytes the records add to the Node after %d changes\t%d\t≤ 15 KiB %s\t\n", len(r.LabelToSuccessMs), r.NodeRecordBytes, verdict(r.Targets["nodeRecordBytes<=15KiB"]))
+	fmt.Fprintf(tw, "  the whole history, in its ConfigMap\t%d\t\t\n", r.HistoryConfigMapBytes)
 	fmt.Fprintf(tw, "NVML mutations, mig-agent (%d transitions)\t%d\t= minimum %s\t\n", len(r.NVMLTransitions), r.NVMLMutationsOurs, verdict(r.Targets["nvmlMutationsOurs==nvmlMutationsMinimum"]))
 	fmt.Fprintf(tw, "NVML mutations, minimum\t%d\t\t\n", r.NVMLMutationsMinimum)
 	fmt.Fprintf(tw, "NVML mutations, teardown (mig-parted)\t%d\t\t\n", r.NVMLMutationsTeardown)

@@ -1,0 +1,175 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/record"
+)
+
+// The whole history off the Node: the ConfigMap <node>-mig-history in the
+// agent's namespace holds the newest record.HistoryMaxRecords change
+// records whole (the pods they evicted, all named; the geometry; the whole
+// reason), newest first, while the Node's annotations hold them in their
+// light form (record.OnNode, record.InNodeHistory). Owned by the Node as
+// <node>-mig-config is: it lives as long as the Node's annotations do.
+// Only the node's own agent may write or delete it (the admission policy
+// mig-agent-history), so a record there is as hard to forge or erase as
+// one on the Node.
+
+// ErrHistoryConflict: the history ConfigMap kept changing under the agent's
+// writes.
+var ErrHistoryConflict = errors.New("the history ConfigMap changed under every write")
+
+// keepWhole puts rec at the head of the history ConfigMap, retried through
+// an API server outage. It returns where the whole record now is
+// (record.FullRecordRef) and the records the ConfigMap's bound dropped;
+// "" when it could not be written (logged, with a Warning Event): the
+// Node then keeps the record whole.
+func (k *Cluster) keepWhole(ctx context.Context, rec record.ChangeRecord) (string, []json.RawMessage) {
+	if k.Namespace == "" {
+		return "", nil
+	}
+	var dropped []json.RawMessage
+	err := k.retry(ctx, func() error {
+		var err error
+		dropped, err = k.saveWhole(ctx, rec)
+		return err
+	})
+	if err != nil {
+		name := record.HistoryConfigMapName(k.Node)
+		k.log().Warn("the whole change record could not be kept in the history ConfigMap; the Node keeps it whole",
+			"configMap", name, "namespace", k.Namespace, "err", err)
+		k.warn(ctx, nil, record.ReasonHistoryUnwritable, fmt.Sprintf(
+			"the %s record of config %q could not be written to ConfigMap %s/%s (%v); the Node's annotations keep it whole",
+			rec.Result, rec.Config, k.Namespace, name, err))
+		return "", nil
+	}
+	return record.FullRecordRef(k.Namespace, k.Node), dropped
+}
+
+// saveWhole writes rec at the head of the history ConfigMap (created when
+// missing: owned by the Node, and started with the records of the Node's
+// history, which an agent of before kept only there), bounded to
+// record.HistoryMaxRecords, and returns the records the bound dropped. A
+// history that is not a JSON array is kept aside under
+// record.HistoryConfigMapUnparsableKey. An update that conflicts (an
+// earlier write of its own whose answer was lost) reads it again.
+func (k *Cluster) saveWhole(ctx context.Context, rec record.ChangeRecord) ([]json.RawMessage, error) {
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	cms := k.Client.CoreV1().ConfigMaps(k.Namespace)
+	name := record.HistoryConfigMapName(k.Node)
+	for range 3 {
+		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			dropped, err := k.createHistory(ctx, raw)
+			if apierrors.IsAlreadyExists(err) {
+				continue
+			}
+			return dropped, err
+		}
+		if err != nil {
+			return nil, err
+		}
+		cm = cm.DeepCopy()
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		entries, err := record.SplitHistory(cm.Data[record.HistoryConfigMapKey])
+		if err != nil {
+			k.log().Warn("the history in the ConfigMap is not a JSON array; keeping it aside", "configMap", name,
+				"keptIn", record.HistoryConfigMapUnparsableKey)
+			cm.Data[record.HistoryConfigMapUnparsableKey] = cm.Data[record.HistoryConfigMapKey]
+			entries = nil
+		}
+		hist, dropped := headOf(raw, entries)
+		cm.Data[record.HistoryConfigMapKey] = string(hist)
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "mig-agent"})
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return dropped, nil
+	}
+	return nil, ErrHistoryConflict
+}
+
+// createHistory creates the history ConfigMap with raw at its head and the
+// records of the Node's history after it.
+func (k *Cluster) createHistory(ctx context.Context, raw json.RawMessage) ([]json.RawMessage, error) {
+	node, err := k.CachedNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var seed []json.RawMessage
+	for _, e := range nodeHistory(node) {
+		if _, err := record.Decode(e); err == nil {
+			seed = append(seed, e)
+		}
+	}
+	hist, dropped := headOf(raw, seed)
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: record.HistoryConfigMapName(k.Node), Namespace: k.Namespace,
+			Labels:          map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: k.Node},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}},
+		Data: map[string]string{record.HistoryConfigMapKey: string(hist)},
+	}
+	if _, err := k.Client.CoreV1().ConfigMaps(k.Namespace).Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"}); err != nil {
+		return nil, err
+	}
+	return dropped, nil
+}
+
+// nodeHistory is the entries of node's history annotation (none when it
+// does not parse).
+func nodeHistory(node *corev1.Node) []json.RawMessage {
+	if node == nil {
+		return nil
+	}
+	entries, _ := record.SplitHistory(node.Annotations[record.AnnotationHistory])
+	return entries
+}
+
+// headOf puts raw at the head of entries, keeps the newest
+// record.HistoryMaxRecords and returns them as JSON with those dropped
+// (oldest last).
+func headOf(raw json.RawMessage, entries []json.RawMessage) ([]byte, []json.RawMessage) {
+	hist := append([]json.RawMessage{raw}, entries...)
+	var dropped []json.RawMessage
+	if len(hist) > record.HistoryMaxRecords {
+		hist, dropped = hist[:record.HistoryMaxRecords], hist[record.HistoryMaxRecords:]
+	}
+	out, _ := json.Marshal(hist)
+	return out, dropped
+}
+
+// ReadHistory reads node's whole history from its ConfigMap in namespace,
+// newest first (`mig-agent status`, the assignment trail); found is false
+// where there is no such ConfigMap. Entries that are not valid records
+// are left out and reported in bad.
+func ReadHistory(ctx context.Context, client kclient.Interface, namespace, node string) (recs []record.ChangeRecord, bad []record.BadEntry, found bool, err error) {
+	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, record.HistoryConfigMapName(node), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil, false, nil
+	}
+	if err != nil {
+		return nil, nil, false, err
+	}
+	recs, bad, err = record.DecodeHistory(cm.Data[record.HistoryConfigMapKey])
+	if err != nil {
+		return nil, nil, true, fmt.Errorf("ConfigMap %s/%s, key %s: %w", namespace, cm.Name, record.HistoryConfigMapKey, err)
+	}
+	return recs, bad, true, nil
+}
