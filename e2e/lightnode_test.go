@@ -70,7 +70,7 @@ func TestLightNodeHistory(t *testing.T) {
 		t.Errorf("the last change takes %d bytes on the Node", len(raw))
 	}
 	hist := History(t, n)
-	if len(hist) != 1 || hist[0].EvictedPodCount != 40 || len(hist[0].EvictedPods) != 0 || hist[0].Geometry != nil ||
+	if len(hist) != 1 || hist[0].EvictedPodCount != 40 || len(hist[0].EvictedPods) == 0 || len(hist[0].EvictedPods)+hist[0].EvictedPodsOmitted != 40 || hist[0].Geometry != nil ||
 		hist[0].FullRecord != ref || hist[0].RequestedBy == "" || hist[0].ConfigHash != last.ConfigHash {
 		t.Errorf("history entry on the Node: %+v", hist)
 	}

@@ -31,9 +31,10 @@ const (
 	// of a usual name length, a whole GPU's or two of MIG devices.
 	NodeLastChangePodBytes = 2 << 10
 	// NodeHistoryPodBytes is the same for each record of the history on
-	// the Node: an empty list, the pods counted (the last change names
-	// them, the history ConfigMap names them all).
-	NodeHistoryPodBytes = 2
+	// the Node: the first few pods (about four of a usual name length, so
+	// a change that evicts a few names them all there, as every record
+	// does), the rest counted; the history ConfigMap names them all.
+	NodeHistoryPodBytes = 320
 	// NodeHistoryReason bounds the reason of a record of the history on
 	// the Node, in bytes.
 	NodeHistoryReason = 256
