@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -31,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/internal/benchfile"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/internal/kubetest/audit"
 	"github.com/migagent/mig-agent/record"
@@ -84,25 +84,17 @@ func main() {
 	flag.DurationVar(&o.window, "window", 2*time.Minute, "how long each phase is measured")
 	flag.DurationVar(&o.interval, "assignment-interval", 10*time.Second, "the agent's --assignment-interval with the trail on")
 	flag.Parse()
-	tb := &runner{}
+	tb := &kubetest.Runner{Name: "kubelet stand-in"}
 	err := run(context.Background(), o, tb)
-	tb.close()
+	tb.Close()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "assignbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, o options, tb *runner) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			f, ok := r.(fatal)
-			if !ok {
-				panic(r)
-			}
-			err = errors.New(string(f))
-		}
-	}()
+func run(ctx context.Context, o options, tb *kubetest.Runner) (err error) {
+	defer kubetest.Recover(&err)
 	if o.pods < 1 || o.pods > 55 {
 		return fmt.Errorf("-pods %d: want 1 to 55", o.pods)
 	}
@@ -252,7 +244,7 @@ func measure(ctx context.Context, o options, bin, kubeconfig, simState, stateDir
 type churn struct {
 	c      kubernetes.Interface
 	kl     *kubetest.Kubelet
-	tb     *runner
+	tb     *kubetest.Runner
 	free   []string
 	pods   []*corev1.Pod
 	device map[string]string // pod name → device
@@ -357,39 +349,6 @@ func printResults(r *results) {
 	}
 }
 
-// merge writes r under "assignments" of the results file, keeping its
-// other keys.
-func merge(path string, r *results) error {
-	doc := map[string]any{}
-	if b, err := os.ReadFile(path); err == nil {
-		_ = json.Unmarshal(b, &doc)
-	}
-	doc["assignments"] = r
-	b, err := json.MarshalIndent(doc, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
-
-// runner lets the kubelet stand-in run outside a test (kubetest.TB).
-type runner struct{ cleanups []func() }
-
-// fatal is a Fatalf of the stand-in, recovered in run.
-type fatal string
-
-var _ kubetest.TB = (*runner)(nil)
-
-func (r *runner) Helper()          {}
-func (r *runner) Failed() bool     { return false }
-func (r *runner) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
-func (r *runner) Errorf(f string, a ...any) {
-	fmt.Fprintf(os.Stderr, "kubelet stand-in: "+f+"\n", a...)
-}
-func (r *runner) Fatalf(f string, a ...any) { panic(fatal(fmt.Sprintf(f, a...))) }
-func (r *runner) Logf(string, ...any)       {}
-func (r *runner) close() {
-	for i := len(r.cleanups) - 1; i >= 0; i-- {
-		r.cleanups[i]()
-	}
-}
+// merge writes r under "assignments" of the results file, keeping its other
+// keys.
+func merge(path string, r *results) error { return benchfile.MergeKey(path, "assignments", r) }

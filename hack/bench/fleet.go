@@ -951,28 +951,6 @@ func printFleet(w io.Writer, r *fleetResults) {
 	}
 }
 
-// mergeResults writes the keys of sections into the JSON object in path,
-// keeping every other key: `make bench` and `make fleet-bench` each own
-// theirs in one bench-results.json.
-func mergeResults(path string, sections map[string]json.RawMessage) error {
-	doc := map[string]json.RawMessage{}
-	if raw, err := os.ReadFile(path); err == nil {
-		if err := json.Unmarshal(raw, &doc); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-	} else if !os.IsNotExist(err) {
-		return err
-	}
-	for k, v := range sections {
-		doc[k] = v
-	}
-	out, err := json.MarshalIndent(doc, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(out, '\n'), 0o644)
-}
-
 func parseInts(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/migagent/mig-agent/internal/benchfile"
 )
 
 // results is bench-results.json.
@@ -366,7 +368,7 @@ func fleetMain(ctx context.Context, o options, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := mergeResults(o.out, map[string]json.RawMessage{"fleet": data}); err != nil {
+	if err := benchfile.Merge(o.out, map[string]json.RawMessage{"fleet": data}); err != nil {
 		return err
 	}
 	printFleet(w, res)
@@ -388,5 +390,5 @@ func writeMerged(path string, v any) error {
 	if err := json.Unmarshal(data, &fields); err != nil {
 		return err
 	}
-	return mergeResults(path, fields)
+	return benchfile.Merge(path, fields)
 }

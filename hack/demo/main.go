@@ -85,17 +85,9 @@ func run(ctx context.Context, bin string, t0 time.Time) (err error) {
 		return err
 	}
 	defer os.RemoveAll(work)
-	tb := &runner{}
-	defer tb.close()
-	defer func() {
-		if r := recover(); r != nil {
-			f, ok := r.(fatal)
-			if !ok {
-				panic(r)
-			}
-			err = errors.New(string(f))
-		}
-	}()
+	tb := &kubetest.Runner{Name: "kubelet stand-in"}
+	defer tb.Close()
+	defer kubetest.Recover(&err)
 	simState, cfgFile := filepath.Join(work, "sim-state.json"), filepath.Join(work, "mig-config.yaml")
 	if err := os.WriteFile(cfgFile, []byte(configYML), 0o644); err != nil {
 		return err
@@ -497,26 +489,4 @@ func (t *table) draw() {
 		t.drawn = bytes.Count(b.Bytes(), []byte("\n"))
 	}
 	_, _ = t.out.Write(b.Bytes())
-}
-
-// runner lets the kubelet stand-in run outside a test (kubetest.TB).
-type runner struct{ cleanups []func() }
-
-// fatal is a Fatalf of the stand-in, recovered in run.
-type fatal string
-
-var _ kubetest.TB = (*runner)(nil)
-
-func (r *runner) Helper()          {}
-func (r *runner) Failed() bool     { return false }
-func (r *runner) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
-func (r *runner) Errorf(f string, a ...any) {
-	fmt.Fprintf(os.Stderr, "kubelet stand-in: "+f+"\n", a...)
-}
-func (r *runner) Fatalf(f string, a ...any) { panic(fatal(fmt.Sprintf(f, a...))) }
-func (r *runner) Logf(string, ...any)       {}
-func (r *runner) close() {
-	for i := len(r.cleanups) - 1; i >= 0; i-- {
-		r.cleanups[i]()
-	}
 }

@@ -15,9 +15,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -39,6 +37,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/internal/benchfile"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/internal/kubetest/audit"
 )
@@ -107,15 +106,7 @@ type bench struct {
 }
 
 func run(ctx context.Context, o options) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			f, ok := r.(fatal)
-			if !ok {
-				panic(r)
-			}
-			err = errors.New(string(f))
-		}
-	}()
+	defer kubetest.Recover(&err)
 	if o.repeats < 1 {
 		return fmt.Errorf("-repeats %d: want at least 1", o.repeats)
 	}
@@ -272,8 +263,8 @@ func (b *bench) startProcess(bin, name string, args ...string) (func(), error) {
 // repeat times one pod on a fresh node: created → unschedulable → label
 // set by the planner → the agent's success → bound.
 func (b *bench) repeat(ctx context.Context, i int) (rep repeat, err error) {
-	tb := &runner{}
-	defer tb.close()
+	tb := &kubetest.Runner{Name: "device plugin stand-in"}
+	defer tb.Close()
 	node := fmt.Sprintf("bench-planner-%d", i+1)
 	if err := b.newNode(ctx, node); err != nil {
 		return rep, err
@@ -464,41 +455,4 @@ func tail(s string, n int) string {
 
 // merge writes r under "planner" of the results file, keeping its other
 // keys.
-func merge(path string, r *results) error {
-	doc := map[string]any{}
-	if b, err := os.ReadFile(path); err == nil {
-		_ = json.Unmarshal(b, &doc)
-	}
-	doc["planner"] = r
-	b, err := json.MarshalIndent(doc, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
-
-// runner lets the device plugin stand-in run outside a test (kubetest.TB).
-type runner struct {
-	cleanups []func()
-	log      bytes.Buffer
-}
-
-// fatal is a Fatalf of the stand-in, recovered in run.
-type fatal string
-
-var _ kubetest.TB = (*runner)(nil)
-
-func (r *runner) Helper()          {}
-func (r *runner) Failed() bool     { return false }
-func (r *runner) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
-func (r *runner) Errorf(f string, a ...any) {
-	fmt.Fprintf(os.Stderr, "device plugin stand-in: "+f+"\n", a...)
-}
-func (r *runner) Fatalf(f string, a ...any) { panic(fatal(fmt.Sprintf(f, a...))) }
-func (r *runner) Logf(f string, a ...any)   { fmt.Fprintf(&r.log, f+"\n", a...) }
-func (r *runner) close() {
-	for i := len(r.cleanups) - 1; i >= 0; i-- {
-		r.cleanups[i]()
-	}
-	r.cleanups = nil
-}
+func merge(path string, r *results) error { return benchfile.MergeKey(path, "planner", r) }
