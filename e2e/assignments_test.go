@@ -132,11 +132,7 @@ func trailStop(t *testing.T, c kubernetes.Interface, p *corev1.Pod) {
 
 func TestAssignmentTrail(t *testing.T) {
 	c := kubetest.Client(t)
-	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, nil)
-	kl := kubetest.StartKubelet(t, c, node)
-	ns := kubetest.NewName(t, "ns")
-	kubetest.CreateNamespace(t, ns)
+	node, kl, ns := kubeletNode(t)
 	o := &Opts{Node: node, Sim: "h200x1", Extra: []string{"--pod-resources-socket", kl.Socket(), "--assignment-interval", "500ms"}}
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
@@ -309,11 +305,7 @@ func TestAssignmentTrailPolicy(t *testing.T) {
 // the device named by UUID and profile through the slice.
 func TestAssignmentTrailDRA(t *testing.T) {
 	c := kubetest.Client(t)
-	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, nil)
-	kl := kubetest.StartKubelet(t, c, node)
-	ns := kubetest.NewName(t, "ns")
-	kubetest.CreateNamespace(t, ns)
+	node, kl, ns := kubeletNode(t)
 	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"--pod-resources-socket", kl.Socket(), "--assignment-interval", "500ms"}}).Fill(t)
 	if _, errOut, code := RunCLI(t, "apply", "-c", "all-1g.18gb", "--nvml", "sim:"+o.Sim, "--sim-state", o.SimState); code != 0 {
 		t.Fatalf("apply: exit %d: %s", code, errOut)

@@ -24,11 +24,7 @@ import (
 func TestBudgetRecordMustFit(t *testing.T) {
 	c := kubetest.Client(t)
 	ctx := context.Background()
-	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, nil)
-	kl := kubetest.StartKubelet(t, c, node)
-	ns := kubetest.NewName(t, "ns")
-	kubetest.CreateNamespace(t, ns)
+	node, kl, ns := kubeletNode(t)
 	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"--retry-backoff-max", "5s"}}).Fill(t)
 	gpu := disProfiles(t, o.Sim, o.SimState)[0]
 	kl.RunPod(t, ns, "train", map[string]string{"nvidia.com/gpu": "1"},

@@ -25,10 +25,8 @@ func changeEndStart(t *testing.T, podNS, nodeA string) {
 	t.Helper()
 	c := kubetest.Client(t)
 	SelectConfig(t, c, nodeA, "all-1g.18gb")
-	WaitFor(t, 30*time.Second, "A evicting its pod", func() bool {
-		p, err := c.CoreV1().Pods(podNS).Get(context.Background(), "train-"+nodeA, metav1.GetOptions{})
-		return err == nil && p.DeletionTimestamp != nil && hasTaint(GetNode(t, c, nodeA).Spec.Taints)
-	})
+	waitEvicting(t, podNS, nodeA)
+	WaitFor(t, 10*time.Second, "A's taint", func() bool { return hasTaint(GetNode(t, c, nodeA).Spec.Taints) })
 }
 
 // abandonedRecord is the newest record of config whose reason starts with

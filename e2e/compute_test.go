@@ -57,11 +57,7 @@ func ciDevices(t testing.TB, spec, state string, gpu int) []ciDevice {
 // (one per GPU instance and compute instance pair).
 func TestComputeInstanceChangeEvictsOnlyItsPods(t *testing.T) {
 	c := kubetest.Client(t)
-	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, nil)
-	kl := kubetest.StartKubelet(t, c, node)
-	ns := kubetest.NewName(t, "ns")
-	kubetest.CreateNamespace(t, ns)
+	node, kl, ns := kubeletNode(t)
 	cfg := disConfig(t, `version: v1
 mig-configs:
   two:

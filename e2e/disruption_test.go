@@ -146,17 +146,24 @@ func disSetPDB(t testing.TB, c kubernetes.Interface, ns, name string, allowed in
 	}
 }
 
+// kubeletNode makes a Node with its kubelet stand-in (PodResources at
+// kl.Socket()) and a namespace for its pods.
+func kubeletNode(t *testing.T) (node string, kl *kubetest.Kubelet, ns string) {
+	t.Helper()
+	node = kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, nil)
+	kl = kubetest.StartKubelet(t, kubetest.Client(t), node)
+	ns = kubetest.NewName(t, "ns")
+	kubetest.CreateNamespace(t, ns)
+	return node, kl, ns
+}
+
 // disEightGPUs sets up an H200x8 node with MIG off and two pods
 // time-sliced on every GPU (device ids "GPU-<uuid>::0" and "::1", as
 // NVIDIA's device plugin hands out shared GPUs). It returns the agent's
 // options (not started), the namespace and the kubelet.
 func disEightGPUs(t *testing.T, withSocket bool) (*Opts, string, *kubetest.Kubelet) {
-	c := kubetest.Client(t)
-	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, nil)
-	kl := kubetest.StartKubelet(t, c, node)
-	ns := kubetest.NewName(t, "ns")
-	kubetest.CreateNamespace(t, ns)
+	node, kl, ns := kubeletNode(t)
 	o := (&Opts{Node: node, Sim: "h200x8"}).Fill(t)
 	gpus := disProfiles(t, o.Sim, o.SimState)
 	if len(gpus) != 8 {
@@ -265,11 +272,7 @@ func TestDisruptionWithoutPodResourcesEvictsAllGPUPods(t *testing.T) {
 // instances; the pods on instances that stay keep running.
 func TestDisruptionOnlyDestroyedMIGDevices(t *testing.T) {
 	c := kubetest.Client(t)
-	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, nil)
-	kl := kubetest.StartKubelet(t, c, node)
-	ns := kubetest.NewName(t, "ns")
-	kubetest.CreateNamespace(t, ns)
+	node, kl, ns := kubeletNode(t)
 	cfg := disConfig(t, `version: v1
 mig-configs:
   gpu0-mixed:

@@ -59,14 +59,9 @@ func fpStartPlugin(t testing.TB, node string, o *Opts, cfg kubetest.PluginConfig
 	return dp
 }
 
-// Two GPUs swap roles (MIG off ↔ 7×1g.18gb): nvidia.com/gpu 1 and
-// nvidia.com/mig-1g.18gb 7 before and after. No success while no plugin
-// pod came back; success once the new one runs and advertises.
-func TestFreshPluginSwapWaitsForNewPlugin(t *testing.T) {
-	c := kubetest.Client(t)
-	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
-	file := fpConfigs(t, `  before:
+// fpSwap are two configs in which two H200s swap roles, the Node's
+// figures the same before and after: nvidia.com/gpu 1, mig-1g.18gb 7.
+const fpSwap = `  before:
   - devices: [0]
     mig-enabled: false
   - devices: [1]
@@ -78,7 +73,16 @@ func TestFreshPluginSwapWaitsForNewPlugin(t *testing.T) {
     mig-devices: {"1g.18gb": 7}
   - devices: [1]
     mig-enabled: false
-`)
+`
+
+// Two GPUs swap roles (MIG off ↔ 7×1g.18gb): nvidia.com/gpu 1 and
+// nvidia.com/mig-1g.18gb 7 before and after. No success while no plugin
+// pod came back; success once the new one runs and advertises.
+func TestFreshPluginSwapWaitsForNewPlugin(t *testing.T) {
+	c := kubetest.Client(t)
+	node := kubetest.NewName(t, "node")
+	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
+	file := fpConfigs(t, fpSwap)
 	state := flPrepareSim(t, "h200x2", "before", "-f", file)
 	o := (&Opts{Node: node, Sim: "h200x2", SimState: state}).Fill(t)
 	same := map[string]int64{"nvidia.com/gpu": 1, "nvidia.com/mig-1g.18gb": 7}
@@ -148,19 +152,7 @@ func TestFreshPluginNeverBackIsNoSuccess(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
 	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
-	file := fpConfigs(t, `  before:
-  - devices: [0]
-    mig-enabled: false
-  - devices: [1]
-    mig-enabled: true
-    mig-devices: {"1g.18gb": 7}
-  after:
-  - devices: [0]
-    mig-enabled: true
-    mig-devices: {"1g.18gb": 7}
-  - devices: [1]
-    mig-enabled: false
-`)
+	file := fpConfigs(t, fpSwap)
 	state := flPrepareSim(t, "h200x2", "before", "-f", file)
 	o := (&Opts{Node: node, Sim: "h200x2", SimState: state}).Fill(t)
 	dp := fpStartPlugin(t, node, o, kubetest.PluginConfig{}, map[string]int64{"nvidia.com/gpu": 1, "nvidia.com/mig-1g.18gb": 7})

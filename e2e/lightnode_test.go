@@ -40,11 +40,7 @@ func lnCondition(n *corev1.Node) *corev1.NodeCondition {
 func TestLightNodeHistory(t *testing.T) {
 	c := kubetest.Client(t)
 	ctx := context.Background()
-	node := kubetest.NewName(t, "node")
-	kubetest.CreateNode(t, node, nil)
-	kl := kubetest.StartKubelet(t, c, node)
-	ns := kubetest.NewName(t, "ns")
-	kubetest.CreateNamespace(t, ns)
+	node, kl, ns := kubeletNode(t)
 	o := (&Opts{Node: node, Sim: "h200x8"}).Fill(t)
 	gpus := disProfiles(t, o.Sim, o.SimState)
 	var want []string

@@ -31,10 +31,7 @@ func TestSlotHolderPausedMidChange(t *testing.T) {
 	start(nodeB, false)
 
 	SelectConfig(t, c, nodeA, "all-1g.18gb")
-	WaitFor(t, 30*time.Second, "A evicting its pod", func() bool {
-		p, err := c.CoreV1().Pods(podNS).Get(ctx, "train-"+nodeA, metav1.GetOptions{})
-		return err == nil && p.DeletionTimestamp != nil
-	})
+	waitEvicting(t, podNS, nodeA)
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -108,6 +105,17 @@ func slotPair(t *testing.T) (ns, podNS string, start func(node string, pod bool)
 	return ns, podNS, start
 }
 
+// waitEvicting waits until the agent of node, started by slotPair with its
+// pod, is evicting that pod (which takes its time: the change is mid-drain).
+func waitEvicting(t *testing.T, podNS, node string) {
+	t.Helper()
+	c := kubetest.Client(t)
+	WaitFor(t, 30*time.Second, "the agent of "+node+" evicting its pod", func() bool {
+		p, err := c.CoreV1().Pods(podNS).Get(context.Background(), "train-"+node, metav1.GetOptions{})
+		return err == nil && p.DeletionTimestamp != nil
+	})
+}
+
 // Finding 1 with the real binary: A, killed (SIGKILL) while evicting,
 // stays down for three lease durations; B, labelled meanwhile, does not
 // take the slot while A's node is mid-change (tainted, pending). A,
@@ -121,10 +129,7 @@ func TestSlotHolderKilledMidChange(t *testing.T) {
 	a, oa := start(nodeA, true)
 	start(nodeB, false)
 	SelectConfig(t, c, nodeA, "all-1g.18gb")
-	WaitFor(t, 30*time.Second, "A evicting its pod", func() bool {
-		p, err := c.CoreV1().Pods(podNS).Get(ctx, "train-"+nodeA, metav1.GetOptions{})
-		return err == nil && p.DeletionTimestamp != nil
-	})
+	waitEvicting(t, podNS, nodeA)
 	a.Kill()
 	SelectConfig(t, c, nodeB, "all-1g.18gb")
 	time.Sleep(9 * time.Second)

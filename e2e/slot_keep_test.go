@@ -31,10 +31,7 @@ func TestSlotHolderStoppedMidChange(t *testing.T) {
 	a, oa := start(nodeA, true)
 	start(nodeB, false)
 	SelectConfig(t, c, nodeA, "all-1g.18gb")
-	WaitFor(t, 30*time.Second, "A evicting its pod", func() bool {
-		p, err := c.CoreV1().Pods(podNS).Get(ctx, "train-"+nodeA, metav1.GetOptions{})
-		return err == nil && p.DeletionTimestamp != nil
-	})
+	waitEvicting(t, podNS, nodeA)
 	SelectConfig(t, c, nodeB, "all-1g.18gb")
 	waitQueued(t, ns, nodeB)
 	if code := a.Stop(); code != 0 {
@@ -81,10 +78,7 @@ func TestSlotDeletedMidChange(t *testing.T) {
 			a, _ := start(nodeA, true)
 			start(nodeB, false)
 			SelectConfig(t, c, nodeA, "all-1g.18gb")
-			WaitFor(t, 30*time.Second, "A evicting its pod", func() bool {
-				p, err := c.CoreV1().Pods(podNS).Get(ctx, "train-"+nodeA, metav1.GetOptions{})
-				return err == nil && p.DeletionTimestamp != nil
-			})
+			waitEvicting(t, podNS, nodeA)
 			SelectConfig(t, c, nodeB, "all-1g.18gb")
 			waitQueued(t, ns, nodeB)
 			leases := c.CoordinationV1().Leases(ns)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
@@ -45,12 +46,30 @@ func newTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvml
 
 // changeRecords are the node's change records, newest first: whole from
 // the history ConfigMap (their geometry names the change that made a
-// device), else as the Node holds them.
+// device), else as the Node holds them. The ConfigMap is read again only
+// when the Node's last change differs from the one it was read for (the
+// agent writes the ConfigMap before the Node), so that polls without a new
+// change read only the Node's cached copy.
 func changeRecords(client kclient.Interface, namespace, node string,
 	readNode func(context.Context) (*corev1.Node, error)) func(context.Context) []record.ChangeRecord {
 	onNode := assign.NodeRecords(readNode)
+	var (
+		mu     sync.Mutex
+		readAt string // the Node's last change when cached was read
+		cached []record.ChangeRecord
+	)
 	return func(ctx context.Context) []record.ChangeRecord {
+		last := ""
+		if n, err := readNode(ctx); err == nil && n != nil {
+			last = n.Annotations[record.AnnotationLastChange]
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if last != "" && last == readAt {
+			return cached
+		}
 		if recs, _, found, err := kube.ReadHistory(ctx, client, namespace, node); err == nil && found && len(recs) > 0 {
+			readAt, cached = last, recs
 			return recs
 		}
 		return onNode(ctx)
