@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -145,7 +146,7 @@ func run(ctx context.Context, o options, tb *kubetest.Runner) (err error) {
 		return err
 	}
 	kl := kubetest.StartKubelet(tb, c, node)
-	r := &results{Date: time.Now().UTC().Format(time.RFC3339), Pods: o.pods, ChurnEvery: o.churnEvery.String(), CPUs: cpus(), LoadAvg: loadAvg()}
+	r := &results{Date: time.Now().UTC().Format(time.RFC3339), Pods: o.pods, ChurnEvery: o.churnEvery.String(), CPUs: runtime.NumCPU(), LoadAvg: benchfile.LoadAvg()}
 	ch := &churn{c: c, kl: kl, tb: tb, free: uuids}
 	for range o.pods {
 		ch.start()
@@ -315,21 +316,6 @@ func cpuSeconds(pid int) float64 {
 	u, _ := strconv.ParseFloat(f[11], 64)
 	k, _ := strconv.ParseFloat(f[12], 64)
 	return (u + k) / 100
-}
-
-func loadAvg() float64 {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
-
-func cpus() int {
-	b, _ := os.ReadFile("/proc/cpuinfo")
-	return strings.Count(string(b), "processor\t:")
 }
 
 func printResults(r *results) {

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/internal/benchfile"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/record"
 )
@@ -302,7 +303,7 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 		close(events)
 	}()
 	steps := &stepTimes{ms: map[string][]float64{}}
-	r.LoadAvgBefore = loadAvg()
+	r.LoadAvgBefore = benchfile.LoadAvg()
 	for i := range n {
 		target := "all-balanced"
 		if i%2 == 1 {
@@ -347,7 +348,7 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 			}
 		}
 	}
-	r.LoadAvgAfter = loadAvg()
+	r.LoadAvgAfter = benchfile.LoadAvg()
 	r.LabelToPendingMsMedian, r.LabelToSuccessMsMedian = median(r.LabelToPendingMs), median(r.LabelToSuccessMs)
 	r.LabelToPendingSpread, r.LabelToSuccessSpread = spreadOf(r.LabelToPendingMs), spreadOf(r.LabelToSuccessMs)
 	r.Steps = steps.medians()

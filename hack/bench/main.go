@@ -288,20 +288,6 @@ func spreadOf(xs []float64) spread {
 	return spread{P25: rank(0.25), P75: rank(0.75), Min: s[0], Max: s[len(s)-1]}
 }
 
-// loadAvg is the 1-minute load average (0 when unreadable).
-func loadAvg() float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(data))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
-
 func gitCommit() string {
 	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -162,7 +163,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	defer stopPlanner()
 	r := &results{Date: time.Now().UTC().Format(time.RFC3339), Sim: "sim:" + o.sim, PlannerInterval: o.interval.String(),
-		CPUs: cpus(), LoadAvgBefore: loadAvg()}
+		CPUs: runtime.NumCPU(), LoadAvgBefore: benchfile.LoadAvg()}
 	for i := range o.repeats {
 		rep, err := b.repeat(ctx, i)
 		if err != nil {
@@ -175,7 +176,7 @@ func run(ctx context.Context, o options) (err error) {
 	if r.IdleRequests, r.IdleAPIRequestsPerMin, err = b.idle(); err != nil {
 		return err
 	}
-	r.LoadAvgAfter = loadAvg()
+	r.LoadAvgAfter = benchfile.LoadAvg()
 	r.summarize()
 	r.print(os.Stdout)
 	return merge(o.out, r)

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 )
 
 // Merge writes the keys of sections into the JSON object in path, keeping
@@ -38,4 +40,19 @@ func MergeKey(path, key string, v any) error {
 		return err
 	}
 	return Merge(path, map[string]json.RawMessage{key: data})
+}
+
+// LoadAvg is the machine's 1-minute load average (/proc/loadavg; 0 when
+// unreadable), which each bench reports beside its figures.
+func LoadAvg() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }

@@ -7,10 +7,9 @@ import (
 	"os"
 )
 
-// Runner is the TB of a program that runs the stand-ins outside a test
-// (the demo, the benches): Errorf writes to stderr under Name, Logf to Log
-// (nil: dropped), Fatalf panics with an error that Recover returns, and
-// the Cleanup functions run at Close, newest first, as a test's do.
+// Runner is the TB of a program that runs the stand-ins (the demo, the
+// benches): Errorf to stderr under Name, Logf to Log (nil: dropped), Fatalf
+// a panic that Recover returns, Cleanup's functions at Close, newest first.
 type Runner struct {
 	Name     string
 	Log      io.Writer
@@ -40,11 +39,9 @@ func (r *Runner) Close() {
 	for i := len(r.cleanups) - 1; i >= 0; i-- {
 		r.cleanups[i]()
 	}
-	r.cleanups = nil
 }
 
-// Recover, deferred by the function that runs the stand-ins, turns a
-// Runner's Fatalf into *err; any other panic goes on.
+// Recover, deferred, turns a Runner's Fatalf into *err; any other panic goes on.
 func Recover(err *error) {
 	if r := recover(); r != nil {
 		f, ok := r.(runnerFatal)
