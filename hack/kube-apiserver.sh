@@ -457,8 +457,18 @@ do_start() {
 		# kubelets (PDB status, ownerRef GC, namespace deletion, default SAs).
 		local extra_kcm
 		read -r -a extra_kcm <<<"${KUBE_TEST_KCM_ARGS:-}"
+		# StaleControllerConsistencyDaemonSet (beta, on by default since 1.36)
+		# makes the DaemonSet controller skip a sync until its pod informer has
+		# seen its own last pod write (pkg/controller/daemon syncDaemonSet,
+		# consistencyStore.EnsureReady). Under the scenario tests' load on 2
+		# cores that informer was seen stuck behind such a write for over a
+		# minute ("read version: 4675 is not as new as written version: 4912
+		# for group resource pods", retried with backoff), so the DaemonSet never
+		# replaced the plugin pod a test waited for. Off, the controller syncs
+		# from its cache with its expectations, as every release before 1.36.
 		launch "$STATE_DIR" kube-controller-manager "$KCM" --kubeconfig "$KUBECONFIG_PATH" \
 			--controllers "$controllers" --leader-elect=false --secure-port 0 \
+			--feature-gates StaleControllerConsistencyDaemonSet=false \
 			--use-service-account-credentials=false "${extra_kcm[@]}"
 		sleep 1
 		alive "$(<"$STATE_DIR/kube-controller-manager.pid")" || { show_log "$STATE_DIR/kube-controller-manager.log"; die "kube-controller-manager exited"; }
