@@ -43,7 +43,7 @@ mig-configs:
 `)
 	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--resource-wait-timeout", "60s"}}).Fill(t)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
-	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Running() && len(announced(t, c, node)) == 2 })
+	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && len(announced(t, c, node)) == 2 })
 	// The stand-in publishes what NVIDIA's plugin does: attributes and
 	// capacities (nvidiadra.Details).
 	list, err := c.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})

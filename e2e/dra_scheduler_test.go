@@ -227,7 +227,7 @@ mig-configs:
 	}
 	before := draDevices(t, o)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
-	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Running() && slices.Equal(announced(t, c, node), names(before)) })
+	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && slices.Equal(announced(t, c, node), names(before)) })
 	reportCapacity(t, c, node)
 	ensureMIGDeviceClass(t, c)
 	kubetest.StartControllers(t, "resourceclaim-controller")

@@ -156,7 +156,7 @@ mig-configs:
 	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket(),
 		"--resource-wait-timeout", "60s"}}).Fill(t)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
-	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Running() && len(announced(t, c, node)) == 2 })
+	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && len(announced(t, c, node)) == 2 })
 
 	StartAgent(t, o)
 	SelectConfig(t, c, node, "before")
@@ -247,7 +247,7 @@ func TestDRAPathRefusals(t *testing.T) {
 		kubetest.CreateNamespace(t, drv)
 		o := (&Opts{Node: node, Sim: "h200x2", Extra: extra}).Fill(t)
 		dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
-		WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Running() && len(announced(t, c, node)) == 2 })
+		WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && len(announced(t, c, node)) == 2 })
 		return node, o
 	}
 	t.Run("both paths", func(t *testing.T) {
@@ -255,7 +255,7 @@ func TestDRAPathRefusals(t *testing.T) {
 		gpuop := kubetest.NewName(t, "gpu-operator")
 		kubetest.CreateNamespace(t, gpuop)
 		dp := kubetest.StartDevicePlugin(t, c, node, gpuop, "mixed", pluginReader(t, o))
-		WaitFor(t, 60*time.Second, "the device plugin to advertise", func() bool { return dp.Running() && allocatable(t, c, node)["nvidia.com/gpu"] == 2 })
+		WaitFor(t, 60*time.Second, "the device plugin to advertise", func() bool { return dp.Counted() && allocatable(t, c, node)["nvidia.com/gpu"] == 2 })
 		before := flReadSim(t, o.SimState)
 		StartAgent(t, o)
 		SelectConfig(t, c, node, "all-1g.18gb")

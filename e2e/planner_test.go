@@ -315,7 +315,7 @@ func TestPlannerServesDRAClaim(t *testing.T) {
 	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket(),
 		"--resource-wait-timeout", "60s", "--assignment-interval", "0"}}).Fill(t)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
-	WaitFor(t, 60*time.Second, "the DRA plugin to run", dp.Running)
+	WaitFor(t, 60*time.Second, "the DRA plugin to run, counted by its DaemonSet", dp.Counted)
 	reportCapacity(t, c, node)
 	ensureMIGDeviceClass(t, c)
 	kubetest.StartControllers(t, "resourceclaim-controller")

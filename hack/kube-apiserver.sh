@@ -48,7 +48,7 @@
 #   KUBE_TEST_APISERVER_ARGS  extra kube-apiserver flags (split on whitespace)
 #   KUBE_TEST_ETCD_ARGS       extra etcd flags (split on whitespace)
 #   KUBE_TEST_KCM_ARGS        extra kube-controller-manager flags (split on whitespace;
-#                          e.g. --v=4 logs the DaemonSet controller's every sync)
+#                          the controller manager runs at -v=4 already)
 #   KUBE_TEST_READY_TIMEOUT   seconds to wait for /readyz (default 120)
 #   KUBE_TEST_KEEP_DIR=1   keep the state dir (logs) on stop
 #   KUBE_TEST_AUDIT        what the API server's audit log (DIR/audit.log, JSON lines,
@@ -466,10 +466,12 @@ do_start() {
 		# for group resource pods", retried with backoff), so the DaemonSet never
 		# replaced the plugin pod a test waited for. Off, the controller syncs
 		# from its cache with its expectations, as every release before 1.36.
+		# -v=4: the DaemonSet controller logs each pod it sees added or
+		# deleted and each sync, which a failed test shows (kubetest explain).
 		launch "$STATE_DIR" kube-controller-manager "$KCM" --kubeconfig "$KUBECONFIG_PATH" \
 			--controllers "$controllers" --leader-elect=false --secure-port 0 \
 			--feature-gates StaleControllerConsistencyDaemonSet=false \
-			--use-service-account-credentials=false "${extra_kcm[@]}"
+			--use-service-account-credentials=false -v=4 "${extra_kcm[@]}"
 		sleep 1
 		alive "$(<"$STATE_DIR/kube-controller-manager.pid")" || { show_log "$STATE_DIR/kube-controller-manager.log"; die "kube-controller-manager exited"; }
 		log "kube-controller-manager running controllers: $controllers"

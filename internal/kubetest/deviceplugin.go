@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -50,16 +52,11 @@ type PluginGPU struct {
 // nvidia.com/gpu.deploy.device-plugin=true and deletes it when the label is
 // paused, and it creates a new one when the pod is evicted.
 //
-//   - Scheduling: the DaemonSet controller creates pods that name their node
-//     in a required node affinity on metadata.name; like kube-scheduler,
-//     this binds such a pod when it tolerates the node's NoSchedule and
-//     NoExecute taints, and, like kube-scheduler, tries a pod it could not
-//     place again when the node changes (its scheduling queue moves
-//     unschedulable pods back on a Node update, pkg/scheduler/backend/queue
-//     MoveAllToActiveOrBackoffQueue; here: the node is read again every
-//     200 ms until the pod is bound or gone). A pod the DaemonSet makes
-//     while the agent's taint is still on (operand labels restored a moment
-//     before the taint is lifted) is bound once the taint goes.
+//   - Scheduling: the DaemonSet controller's pods name their node in a
+//     required node affinity; like kube-scheduler, this binds such a pod
+//     when it tolerates the node's NoSchedule and NoExecute taints, and
+//     tries again when the node changes (pkg/scheduler/backend/queue
+//     MoveAllToActiveOrBackoffQueue; here: every 200 ms until bound or gone).
 //   - The plugin: when its pod runs, it enumerates the GPUs once (read), and
 //     advertises per MIG strategy what NVIDIA's does: resource managers are
 //     built once, in startPlugins (k8s-device-plugin
@@ -82,7 +79,7 @@ type DevicePlugin struct {
 	strategy string
 	read     func() ([]PluginGPU, error)
 	cfg      PluginConfig
-	ds       string // the DaemonSet's name
+	loop     *podLoop
 
 	mu      sync.Mutex
 	running string // UID of the pod whose plugin runs, "" none
@@ -216,8 +213,7 @@ func StartSharingDevicePlugin(t TB, client kubernetes.Interface, node, ns, strat
 		c := &ds.Spec.Template.Spec.Containers[0]
 		c.Env = append(c.Env, corev1.EnvVar{Name: "CONFIG_FILE", Value: cfg.HostConfigFile})
 	}
-	p.ds = ds.Name
-	runDaemonSet(t, client, node, ds, p.start, p.stop)
+	p.loop = runDaemonSet(t, client, node, ds, p.start, p.stop)
 	return p
 }
 
@@ -274,10 +270,10 @@ func readyForDaemonSet(t TB, client kubernetes.Interface, node string, labels ma
 // (start the daemon when its pod is bound, stop it and remove the pod when
 // it is deleted or evicted).
 type podLoop struct {
-	t           TB
-	client      kubernetes.Interface
-	node, ns    string
-	start, stop func(ctx context.Context, pod *corev1.Pod)
+	t            TB
+	client       kubernetes.Interface
+	node, ns, ds string // ds: the DaemonSet's name
+	start, stop  func(ctx context.Context, pod *corev1.Pod)
 
 	mu      sync.Mutex
 	waiting map[types.UID]bool // pods not placed yet, retried as the node changes
@@ -294,7 +290,7 @@ func runDaemonSet(t TB, client kubernetes.Interface, node string, ds *appsv1.Dae
 	if _, err := client.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create DaemonSet %s/%s: %v", ns, ds.Name, err)
 	}
-	p := &podLoop{t: t, client: client, node: node, ns: ns, start: start, stop: stop}
+	p := &podLoop{t: t, client: client, node: node, ns: ns, ds: ds.Name, start: start, stop: stop}
 	loopCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -327,10 +323,8 @@ func runDaemonSet(t TB, client kubernetes.Interface, node string, ds *appsv1.Dae
 	return p
 }
 
-// explain logs, for a failed test, what the DaemonSet controller and the
-// stand-ins made of the DaemonSet: its status and Events (the controller
-// records SuccessfulCreate, FailedCreate, FailedPlacement on it), its pods
-// and the node's taints, so that a pod that never ran says why.
+// explain logs what the DaemonSet controller and the stand-ins made of
+// the DaemonSet (status, Events, pods, taints, the controller's log).
 func (p *podLoop) explain(ctx context.Context, name string) {
 	var b strings.Builder
 	if ds, err := p.client.AppsV1().DaemonSets(p.ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
@@ -356,6 +350,13 @@ func (p *podLoop) explain(ctx context.Context, name string) {
 	if n, err := p.client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{}); err == nil {
 		fmt.Fprintf(&b, "  node %s taints %v\n", p.node, n.Spec.Taints)
 	}
+	if log, err := os.ReadFile(filepath.Join(StateDir(), "kube-controller-manager.log")); err == nil {
+		lines := slices.DeleteFunc(strings.Split(string(log), "\n"), func(l string) bool {
+			return !(strings.Contains(l, p.ns) || strings.HasPrefix(l, "E") || strings.HasPrefix(l, "W")) || // errors, warnings: a stalled watch
+				strings.Contains(l, "Nodes needing daemon pods") || strings.Contains(l, "Pods to delete for")
+		})
+		fmt.Fprintf(&b, "  kube-controller-manager on %s, and its warnings (last 30 lines):\n    %s\n", p.ns, strings.Join(lines[max(0, len(lines)-30):], "\n    "))
+	}
 	p.mu.Lock()
 	fmt.Fprintf(&b, "  pods the scheduler stand-in waits to place: %d", len(p.waiting))
 	p.mu.Unlock()
@@ -377,23 +378,18 @@ func (p *DevicePlugin) Running() bool {
 }
 
 // Counted reports whether a plugin pod runs on the node and the DaemonSet
-// controller counts it in the DaemonSet's status (currentNumberScheduled,
-// for the DaemonSet's latest generation): its informer has seen the pod it
-// created. On a real node the device plugin has run long before a MIG
-// change; a test that changes the geometry at once could restart the pod
-// before the controller saw it, and the controller takes a pod it first
-// sees already being deleted for no creation of its own (addPod in
-// kubernetes pkg/controller/daemon/daemon_controller.go), then waits out
-// its expectations for minutes before it makes another. Seen once in the
-// e2e suite, most likely so: the controller's pod cache was behind its own
-// create (its consistency check failed for 0.9 s), the agent restarted
-// the pod 0.3 s after it was made, and the DaemonSet's status said
-// current 0 for the 90 s that followed.
-func (p *DevicePlugin) Counted() bool {
-	if !p.Running() {
-		return false
-	}
-	ds, err := p.client.AppsV1().DaemonSets(p.ns).Get(context.Background(), p.ds, metav1.GetOptions{})
+// controller counts it (podLoop.counted).
+func (p *DevicePlugin) Counted() bool { return p.Running() && p.loop.counted() }
+
+// counted reports whether the DaemonSet controller counts the DaemonSet's
+// pod (currentNumberScheduled, latest generation): its informer saw the
+// pod. A pod it first sees already being deleted is no creation of its
+// own (addPod, kubernetes pkg/controller/daemon/daemon_controller.go): it
+// waits out its expectations for minutes before it makes another. So a
+// test waits for it before a change restarts the plugin (seen under load:
+// pod restarted 0.3 s after it was made, current 0 for the next 90 s).
+func (l *podLoop) counted() bool {
+	ds, err := l.client.AppsV1().DaemonSets(l.ns).Get(context.Background(), l.ds, metav1.GetOptions{})
 	if err != nil {
 		return false
 	}

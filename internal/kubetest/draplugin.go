@@ -57,6 +57,7 @@ type DRAPlugin struct {
 	client kubernetes.Interface
 	node   string
 	read   func() ([]NVIDIADevice, error)
+	loop   *podLoop
 
 	mu      sync.Mutex
 	running string // UID of the pod whose plugin runs, "" none
@@ -101,7 +102,7 @@ func StartDRAPluginNamed(t testing.TB, client kubernetes.Interface, node, ns, na
 			},
 		},
 	}
-	runDaemonSet(t, client, node, ds, p.start, p.stop)
+	p.loop = runDaemonSet(t, client, node, ds, p.start, p.stop)
 	t.Cleanup(p.stopController)
 	return p
 }
@@ -112,6 +113,9 @@ func (p *DRAPlugin) Starts() int {
 	defer p.mu.Unlock()
 	return p.starts
 }
+
+// Counted reports whether a plugin pod runs and its DaemonSet counts it.
+func (p *DRAPlugin) Counted() bool { return p.Running() && p.loop.counted() }
 
 // Running reports whether a plugin pod runs on the node now.
 func (p *DRAPlugin) Running() bool {
