@@ -676,11 +676,11 @@ func (d *Daemon) afterApply(ctx context.Context, node *Node, ch *journal.Change,
 	d.saveJournal()
 	// The stale device plugins are restarted before the disruption is
 	// lifted: their successors start as the node takes clients again.
-	failed := d.restartPlugins(ctx, node, ch)
+	restarted, failed := d.restartPlugins(ctx, node, ch)
 	d.restore(ctx, ch)
 	var converged *bool
 	if failed == "" {
-		converged, failed = d.refresh(ctx, node, ch, applied.After)
+		converged, failed = d.refresh(ctx, node, ch, applied.After, len(restarted) > 0)
 	} else { // kept as a failed refresh: its retry restarts them again
 		d.advance(ch, journal.PhaseRefreshing)
 		d.saveJournal()
@@ -705,16 +705,19 @@ func (d *Daemon) afterApply(ctx context.Context, node *Node, ch *journal.Change,
 // the new geometry (Disruptor.WaitResources). It returns whether they converged
 // (nil: not awaited) or, when they did not, the failure reason: the change
 // stays journaled, and its retry restarts the device plugin again.
-func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory) (converged *bool, failed string) {
+// restarted: the pass restarted plugin pods before it.
+func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, restarted bool) (converged *bool, failed string) {
 	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 {
 		return nil, ""
 	}
 	d.advance(ch, journal.PhaseRefreshing)
 	d.saveJournal()
 	// A retry restarts here what the last wait found not advertising.
-	if failed := d.restartPlugins(ctx, node, ch); failed != "" {
+	again, failed := d.restartPlugins(ctx, node, ch)
+	if failed != "" {
 		return nil, failed
 	}
+	restarted = restarted || len(again) > 0
 	if d.S.ResourceWaitTimeout <= 0 {
 		return nil, ""
 	}
@@ -738,29 +741,38 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	}
 	// Whatever runs now did not advertise the geometry: the retry
 	// restarts it again.
+	hint := "is the device plugin running on this node?"
+	if ch.ServedBy == record.ServedByDRA {
+		hint = "is the NVIDIA DRA driver's kubelet plugin running on this node?"
+	}
 	if d.S.RestartDevicePlugin { // listed only to be restarted: their figures never count
-		ch.StalePlugins, _ = d.Disrupt.DevicePlugins(ctx)
+		var listErr error
+		ch.StalePlugins, listErr = d.Disrupt.DevicePlugins(ctx)
+		if restarted && listErr == nil && len(ch.StalePlugins) == 0 {
+			hint = "no plugin pod is on this node now: the one restarted was not replaced; its DaemonSet makes the new one " +
+				"(is kube-controller-manager's DaemonSet controller running, and does the pod tolerate the node's taints?)"
+		}
 	}
 	d.saveJournal()
 	if ch.ServedBy == record.ServedByDRA {
-		return &ok, fmt.Sprintf("the GPUs hold config %q, but the node's %s ResourceSlices did not announce exactly its devices within %s "+
-			"(is the NVIDIA DRA driver's kubelet plugin running on this node?): %v", ch.Config, "gpu.nvidia.com", d.S.ResourceWaitTimeout, err)
+		return &ok, fmt.Sprintf("the GPUs hold config %q, but the node's %s ResourceSlices did not announce exactly its devices within %s (%s): %v",
+			ch.Config, "gpu.nvidia.com", d.S.ResourceWaitTimeout, hint, err)
 	}
-	return &ok, fmt.Sprintf("the GPUs hold config %q, but the Node's allocatable did not show exactly its resources within %s "+
-		"(is the device plugin running on this node?): %v", ch.Config, d.S.ResourceWaitTimeout, err)
+	return &ok, fmt.Sprintf("the GPUs hold config %q, but the Node's allocatable did not show exactly its resources within %s (%s): %v",
+		ch.Config, d.S.ResourceWaitTimeout, hint, err)
 }
 
 // restartPlugins restarts the change's stale device plugins
-// (ch.StalePlugins), once: it returns the failure reason, or "".
-func (d *Daemon) restartPlugins(ctx context.Context, node *Node, ch *journal.Change) (failed string) {
+// (ch.StalePlugins), once: it returns the pods restarted, or the failure
+// reason.
+func (d *Daemon) restartPlugins(ctx context.Context, node *Node, ch *journal.Change) (restarted []string, failed string) {
 	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 || !d.S.RestartDevicePlugin || len(ch.StalePlugins) == 0 {
-		return ""
+		return nil, ""
 	}
 	_ = d.notify().Status("restarting the device plugin")
-	var restarted []string
 	err := d.retryAPI(ctx, func() (err error) { restarted, err = d.Disrupt.RestartDevicePlugins(ctx, ch.StalePlugins); return err })
 	if err != nil {
-		return "restarting the device plugin: " + err.Error()
+		return nil, "restarting the device plugin: " + err.Error()
 	}
 	ch.StalePlugins = nil
 	d.saveJournal()
@@ -768,7 +780,7 @@ func (d *Daemon) restartPlugins(ctx context.Context, node *Node, ch *journal.Cha
 		d.event(ctx, node, EventNormal, record.ReasonDevicePluginRestarted,
 			fmt.Sprintf("restarted %s so that they advertise the new MIG devices", strings.Join(restarted, ", ")))
 	}
-	return ""
+	return restarted, ""
 }
 
 // preflight proves the rights to record the change before anything is

@@ -837,5 +837,27 @@ func TestCoreAllocationPath(t *testing.T) {
 		if c.cluster.Count(record.ReasonResourcesTimeout) != 1 {
 			t.Fatalf("events %v", c.cluster.Events)
 		}
+		if strings.Contains(rec.Reason, "was not replaced") {
+			t.Errorf("reason blames a plugin pod that was never restarted: %s", rec.Reason)
+		}
+	})
+	// The plugin restarted after the change and its DaemonSet made no new
+	// pod: the reason says so, not "is it running?".
+	t.Run("plugin not replaced", func(t *testing.T) {
+		c := newCore(t, "h200x2", nvmlsim.Options{}, "")
+		c.applied(t, "all-balanced")
+		c.disrupt.Plugins = []string{"gpu-operator/nvidia-device-plugin-daemonset-x/uid-dp"}
+		c.disrupt.NotReplaced = true
+		no := false
+		c.disrupt.Converge = &no
+		c.cluster.SetLabel("all-1g.18gb")
+		if oc := c.pass(true, false); oc == reconcile.OutSuccess {
+			t.Fatal("success without the resources converging")
+		}
+		rec := c.cluster.Last()
+		if len(c.disrupt.Restarted) != 1 || !strings.Contains(rec.Reason, "no plugin pod is on this node now: the one restarted was not replaced") ||
+			!strings.Contains(rec.Reason, "the Node's allocatable did not show exactly its resources") {
+			t.Fatalf("restarts %v, record %+v", c.disrupt.Restarted, rec)
+		}
 	})
 }

@@ -182,6 +182,9 @@ type FakeDisruptor struct {
 	// whether the node was tainted at each of them.
 	Restarted        [][]string
 	RestartedTainted []bool
+	// NotReplaced: a restart leaves no plugin pod (the DaemonSet makes
+	// none), so DevicePlugins lists none after it.
+	NotReplaced bool
 	// Path and Conflict are what ServedBy answers; Converge is what
 	// WaitResources answers (nil: true).
 	Path, Conflict string
@@ -270,6 +273,9 @@ func (f *FakeDisruptor) RestartDevicePlugins(_ context.Context, pods []string) (
 	defer f.mu.Unlock()
 	f.Restarted = append(f.Restarted, slices.Clone(pods))
 	f.RestartedTainted = append(f.RestartedTainted, f.Tainted)
+	if f.NotReplaced {
+		f.Plugins = nil
+	}
 	return pods, nil
 }
 
