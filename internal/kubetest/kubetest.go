@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -100,23 +101,21 @@ func Main(m *testing.M) int {
 	rc := m.Run()
 	if rc != 0 {
 		// The controller manager's log goes with the state dir; a failed run
-		// keeps its end, where a DaemonSet that did not act says why.
+		// keeps its last warnings, where a DaemonSet that did not act says why.
 		showTail(filepath.Join(stateDir, "kube-controller-manager.log"), 80)
 	}
 	return rc
 }
 
-// showTail copies the last n lines of the file at path to stderr.
+// showTail copies the last n lines but klog's info lines of path to stderr.
 func showTail(path string, n int) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kubetest: %v\n", err)
 		return
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
+	lines := slices.DeleteFunc(strings.Split(strings.TrimRight(string(b), "\n"), "\n"), func(l string) bool { return strings.HasPrefix(l, "I") })
+	lines = lines[max(0, len(lines)-n):]
 	fmt.Fprintf(os.Stderr, "kubetest: ---- last %d lines of %s:\n%s\n", len(lines), path, strings.Join(lines, "\n"))
 }
 
