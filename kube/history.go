@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,19 +29,26 @@ import (
 // writes.
 var ErrHistoryConflict = errors.New("the history ConfigMap changed under every write")
 
+// wholeKept is where a change's whole record went: ref
+// (record.FullRecordRef, "" when it could not be written), the records the
+// ConfigMap's bound dropped, and the keys (recordKey) of those it holds.
+type wholeKept struct {
+	ref     string
+	dropped []json.RawMessage
+	held    map[string]bool
+}
+
 // keepWhole puts rec at the head of the history ConfigMap, retried through
-// an API server outage. It returns where the whole record now is
-// (record.FullRecordRef) and the records the ConfigMap's bound dropped;
-// "" when it could not be written (logged, with a Warning Event): the
-// Node then keeps the record whole.
-func (k *Cluster) keepWhole(ctx context.Context, rec record.ChangeRecord) (string, []json.RawMessage) {
+// an API server outage. Where it could not be written (logged, with a
+// Warning Event) the ref is "": the Node then keeps the record whole.
+func (k *Cluster) keepWhole(ctx context.Context, rec record.ChangeRecord) wholeKept {
 	if k.Namespace == "" {
-		return "", nil
+		return wholeKept{}
 	}
-	var dropped []json.RawMessage
+	var w wholeKept
 	err := k.retry(ctx, func() error {
 		var err error
-		dropped, err = k.saveWhole(ctx, rec)
+		w.dropped, w.held, err = k.saveWhole(ctx, rec)
 		return err
 	})
 	if err != nil {
@@ -50,36 +58,38 @@ func (k *Cluster) keepWhole(ctx context.Context, rec record.ChangeRecord) (strin
 		k.warn(ctx, nil, record.ReasonHistoryUnwritable, fmt.Sprintf(
 			"the %s record of config %q could not be written to ConfigMap %s/%s (%v); the Node's annotations keep it whole",
 			rec.Result, rec.Config, k.Namespace, name, err))
-		return "", nil
+		return wholeKept{}
 	}
-	return record.FullRecordRef(k.Namespace, k.Node), dropped
+	w.ref = record.FullRecordRef(k.Namespace, k.Node)
+	return w
 }
 
 // saveWhole writes rec at the head of the history ConfigMap (created when
 // missing: owned by the Node, and started with the records of the Node's
 // history, which an agent of before kept only there), bounded to
-// record.HistoryMaxRecords, and returns the records the bound dropped. A
+// record.HistoryMaxRecords, and returns the records the bound dropped and
+// the keys of those it holds. A
 // history that is not a JSON array is kept aside under
 // record.HistoryConfigMapUnparsableKey. An update that conflicts (an
 // earlier write of its own whose answer was lost) reads it again.
-func (k *Cluster) saveWhole(ctx context.Context, rec record.ChangeRecord) ([]json.RawMessage, error) {
+func (k *Cluster) saveWhole(ctx context.Context, rec record.ChangeRecord) ([]json.RawMessage, map[string]bool, error) {
 	raw, err := json.Marshal(rec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cms := k.Client.CoreV1().ConfigMaps(k.Namespace)
 	name := record.HistoryConfigMapName(k.Node)
 	for range 3 {
 		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			dropped, err := k.createHistory(ctx, raw)
+			dropped, held, err := k.createHistory(ctx, raw)
 			if apierrors.IsAlreadyExists(err) {
 				continue
 			}
-			return dropped, err
+			return dropped, held, err
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cm = cm.DeepCopy()
 		if cm.Data == nil {
@@ -92,26 +102,26 @@ func (k *Cluster) saveWhole(ctx context.Context, rec record.ChangeRecord) ([]jso
 			cm.Data[record.HistoryConfigMapUnparsableKey] = cm.Data[record.HistoryConfigMapKey]
 			entries = nil
 		}
-		hist, dropped := headOf(raw, entries)
+		hist, held, dropped := headOf(raw, entries)
 		cm.Data[record.HistoryConfigMapKey] = string(hist)
 		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "mig-agent"})
 		if apierrors.IsConflict(err) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return dropped, nil
+		return dropped, held, nil
 	}
-	return nil, ErrHistoryConflict
+	return nil, nil, ErrHistoryConflict
 }
 
 // createHistory creates the history ConfigMap with raw at its head and the
 // records of the Node's history after it.
-func (k *Cluster) createHistory(ctx context.Context, raw json.RawMessage) ([]json.RawMessage, error) {
+func (k *Cluster) createHistory(ctx context.Context, raw json.RawMessage) ([]json.RawMessage, map[string]bool, error) {
 	node, err := k.CachedNode(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var seed []json.RawMessage
 	for _, e := range nodeHistory(node) {
@@ -119,7 +129,7 @@ func (k *Cluster) createHistory(ctx context.Context, raw json.RawMessage) ([]jso
 			seed = append(seed, e)
 		}
 	}
-	hist, dropped := headOf(raw, seed)
+	hist, held, dropped := headOf(raw, seed)
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: record.HistoryConfigMapName(k.Node), Namespace: k.Namespace,
 			Labels:          map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: k.Node},
@@ -127,9 +137,9 @@ func (k *Cluster) createHistory(ctx context.Context, raw json.RawMessage) ([]jso
 		Data: map[string]string{record.HistoryConfigMapKey: string(hist)},
 	}
 	if _, err := k.Client.CoreV1().ConfigMaps(k.Namespace).Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return dropped, nil
+	return dropped, held, nil
 }
 
 // nodeHistory is the entries of node's history annotation (none when it
@@ -143,16 +153,28 @@ func nodeHistory(node *corev1.Node) []json.RawMessage {
 }
 
 // headOf puts raw at the head of entries, keeps the newest
-// record.HistoryMaxRecords and returns them as JSON with those dropped
-// (oldest last).
-func headOf(raw json.RawMessage, entries []json.RawMessage) ([]byte, []json.RawMessage) {
+// record.HistoryMaxRecords and returns them as JSON, with their keys
+// (recordKey) and those dropped (oldest last).
+func headOf(raw json.RawMessage, entries []json.RawMessage) ([]byte, map[string]bool, []json.RawMessage) {
 	hist := append([]json.RawMessage{raw}, entries...)
 	var dropped []json.RawMessage
 	if len(hist) > record.HistoryMaxRecords {
 		hist, dropped = hist[:record.HistoryMaxRecords], hist[record.HistoryMaxRecords:]
 	}
 	out, _ := json.Marshal(hist)
-	return out, dropped
+	held := map[string]bool{}
+	for _, e := range hist {
+		if r, err := record.Decode(e); err == nil {
+			held[recordKey(r)] = true
+		}
+	}
+	return out, held, dropped
+}
+
+// recordKey names a record in both histories, the Node's and the
+// ConfigMap's: when it started and finished, its config and its result.
+func recordKey(r record.ChangeRecord) string {
+	return r.StartedAt.UTC().Format(time.RFC3339Nano) + " " + r.FinishedAt.UTC().Format(time.RFC3339Nano) + " " + r.Config + " " + r.Result
 }
 
 // ReadHistory reads node's whole history from its ConfigMap in namespace,

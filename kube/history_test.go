@@ -172,3 +172,84 @@ func TestStatusWithHistory(t *testing.T) {
 		t.Errorf("status text: %v\n%s", err, b.String())
 	}
 }
+
+// A Node upgraded from an agent that kept its records whole on the Node
+// turns light at the first change: the ConfigMap starts with those records
+// whole, and the Node's entries for them become light ones that point to
+// it. An entry the ConfigMap does not hold (this agent's, written whole
+// while the ConfigMap refused it) stays whole on the Node: nothing of a
+// record is ever only in neither place.
+func TestUpgradedNodeTurnsLight(t *testing.T) {
+	ctx := context.Background()
+	var olds []record.ChangeRecord
+	for i := range 3 {
+		olds = append(olds, typicalRecord(10-i, 40))
+	}
+	oldJSON, _ := json.Marshal(olds)
+	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "u1",
+		Annotations: map[string]string{record.AnnotationHistory: string(oldJSON)}}})
+	refuse := true
+	c.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if refuse {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "configmaps"}, "n1-mig-history", nil)
+		}
+		return false, nil, nil
+	})
+	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Namespace: "ns", Clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+	before := len(mustNode(t, k).Annotations[record.AnnotationHistory])
+
+	// The ConfigMap refused: the new record is whole on the Node, the old
+	// ones stay whole.
+	if err := k.Record(ctx, typicalRecord(11, 40), record.StateSuccess); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range record.Trail(mustNode(t, k).Annotations) {
+		if r.FullRecord != "" || len(r.EvictedPods) != 40 {
+			t.Fatalf("entry %d light while the ConfigMap holds nothing: %+v", i, r)
+		}
+	}
+	// The ConfigMap writable: it starts with the Node's four records whole,
+	// and all five turn light on the Node.
+	refuse = false
+	if err := k.Record(ctx, typicalRecord(12, 40), record.StateSuccess); err != nil {
+		t.Fatal(err)
+	}
+	whole, _, _, err := ReadHistory(ctx, k.Client, "ns", "n1")
+	if err != nil || len(whole) != 5 {
+		t.Fatalf("the ConfigMap holds %d records (%v), want 5", len(whole), err)
+	}
+	for i, r := range whole {
+		if len(r.EvictedPods) != 40 || r.FullRecord != "" {
+			t.Errorf("ConfigMap record %d not whole: %d pods, fullRecord %q", i, len(r.EvictedPods), r.FullRecord)
+		}
+	}
+	n := mustNode(t, k)
+	onNode := record.Trail(n.Annotations)
+	if len(onNode) != 5 {
+		t.Fatalf("the Node's history has %d entries, want 5", len(onNode))
+	}
+	for i, r := range onNode {
+		if r.FullRecord != "ConfigMap ns/n1-mig-history" || r.EvictedPodCount != 40 || len(r.EvictedPods) == 40 || r.Geometry != nil ||
+			!r.StartedAt.Equal(whole[i].StartedAt) || r.Config != whole[i].Config {
+			t.Errorf("Node entry %d not the light form of ConfigMap record %d: %+v", i, i, r)
+		}
+	}
+	if after := len(n.Annotations[record.AnnotationHistory]); after >= before {
+		t.Errorf("the Node's history is %d bytes with five records, %d with the three whole ones before", after, before)
+	}
+
+	// Refused again: the new whole entry stays whole when, later, the
+	// ConfigMap takes records again (it never held that one).
+	refuse = true
+	if err := k.Record(ctx, typicalRecord(13, 40), record.StateSuccess); err != nil {
+		t.Fatal(err)
+	}
+	refuse = false
+	if err := k.Record(ctx, typicalRecord(14, 40), record.StateSuccess); err != nil {
+		t.Fatal(err)
+	}
+	onNode = record.Trail(mustNode(t, k).Annotations)
+	if len(onNode) < 2 || onNode[0].FullRecord == "" || onNode[1].FullRecord != "" || len(onNode[1].EvictedPods) != 40 {
+		t.Errorf("the entry only the Node holds was made light, or the newest was not: %+v", onNode[:2])
+	}
+}

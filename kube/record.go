@@ -37,7 +37,7 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 	rec = rec.Bounded()
 	// The whole record first, off the Node; the Node gets its light form
 	// when that landed, else the record whole.
-	ref, droppedWhole := k.keepWhole(ctx, rec)
+	whole := k.keepWhole(ctx, rec)
 	var node *corev1.Node
 	write := func(r record.ChangeRecord) error {
 		return k.retry(ctx, func() error {
@@ -58,7 +58,7 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 					st = record.StatePending
 				}
 			}
-			return k.recordOn(ctx, fresh, r, st, ref, droppedWhole)
+			return k.recordOn(ctx, fresh, r, st, whole)
 		})
 	}
 	// The condition first: whoever sees the state label sees it too.
@@ -93,19 +93,19 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 // recordOn writes a change record as the last change and at the head of
 // the history (bounded to record.HistoryMaxRecords and
 // record.HistoryMaxBytes), together with the state label, in one patch on
-// node as read just before, in its light form where ref (the history
-// ConfigMap) holds it whole. Once
-// written, the record is logged whole (the agent's own trail of every
-// record), and each record that the history bound dropped (the
-// ConfigMap's, droppedWhole, where it holds the history) leaves a log line
-// and an Event (retire): a record leaves the history, never the trail.
-func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state, ref string, droppedWhole []json.RawMessage) error {
-	dropped, err := k.recordNode(ctx, node, rec, state, ref)
+// node as read just before, in its light form where the history ConfigMap
+// holds it whole (whole.ref). Once written, the record is logged whole (the
+// agent's own trail of every record), and each record that the history
+// bound dropped (the ConfigMap's, whole.dropped, where it holds the
+// history) leaves a log line and an Event (retire): a record leaves the
+// history, never the trail.
+func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string, whole wholeKept) error {
+	dropped, err := k.recordNode(ctx, node, rec, state, whole)
 	if err != nil {
 		return err
 	}
-	if ref != "" {
-		dropped = droppedWhole
+	if whole.ref != "" {
+		dropped = whole.dropped
 	}
 	raw, _ := json.Marshal(rec)
 	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
@@ -121,13 +121,17 @@ func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.Ch
 // bound dropped from the history (oldest last) when the write succeeded.
 // A history that is not a JSON array is kept aside, not dropped.
 func (k *Cluster) RecordRetiring(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string) ([]json.RawMessage, error) {
-	return k.recordNode(ctx, node, rec, state, "")
+	return k.recordNode(ctx, node, rec, state, wholeKept{})
 }
 
 // recordNode is RecordRetiring with the record in its light form on the
 // Node (record.OnNode as the last change, record.InNodeHistory in the
-// history) where ref holds it whole; "" writes it whole.
-func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state, ref string) ([]json.RawMessage, error) {
+// history) where whole.ref holds it whole; "" writes it whole. The entries
+// the Node keeps whole (an older agent's, or this one's while the
+// ConfigMap could not be written) turn light too once the ConfigMap holds
+// them (whole.held): an upgraded Node is light from its first change.
+func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string, whole wholeKept) ([]json.RawMessage, error) {
+	ref := whole.ref
 	last, err := json.Marshal(rec.OnNode(ref))
 	if err != nil {
 		return nil, err
@@ -145,6 +149,13 @@ func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.
 			if err := json.Unmarshal([]byte(raw), &hist); err != nil {
 				// Not ours to drop: kept aside, and a new history starts.
 				hist, aside = nil, record.Truncate(raw, record.HistoryMaxBytes)
+			}
+		}
+	}
+	for i, e := range hist {
+		if r, err := record.Decode(e); err == nil && r.FullRecord == "" && whole.held[recordKey(r)] {
+			if light, err := json.Marshal(r.InNodeHistory(ref)); err == nil {
+				hist[i] = light
 			}
 		}
 	}
