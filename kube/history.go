@@ -172,7 +172,8 @@ func headOf(raw json.RawMessage, entries []json.RawMessage) ([]byte, map[string]
 }
 
 // recordKey names a record in both histories, the Node's and the
-// ConfigMap's: when it started and finished, its config and its result.
+// ConfigMap's, whole or light: when it started and finished, its config
+// and its result (sameRecord compares by it).
 func recordKey(r record.ChangeRecord) string {
 	return r.StartedAt.UTC().Format(time.RFC3339Nano) + " " + r.FinishedAt.UTC().Format(time.RFC3339Nano) + " " + r.Config + " " + r.Result
 }

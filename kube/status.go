@@ -183,10 +183,8 @@ func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from stri
 }
 
 // sameRecord says whether a and b are one record, one of them in its light
-// form: the same config, result and times.
-func sameRecord(a, b record.ChangeRecord) bool {
-	return a.Config == b.Config && a.Result == b.Result && a.StartedAt.Equal(b.StartedAt) && a.FinishedAt.Equal(b.FinishedAt)
-}
+// form: the same recordKey.
+func sameRecord(a, b record.ChangeRecord) bool { return recordKey(a) == recordKey(b) }
 
 // geometry turns a record's Geometry map into rows sorted by GPU index.
 func (s *Status) geometry(g map[string][]string) []GPUGeometry {

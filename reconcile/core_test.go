@@ -824,13 +824,7 @@ func TestCoreAllocationPath(t *testing.T) {
 		if rec := c.cluster.Last(); rec.ServedBy != record.ServedByDRA {
 			t.Fatalf("record servedBy %q", rec.ServedBy)
 		}
-		no := false
-		c.disrupt.Converge = &no
-		c.cluster.SetLabel("all-1g.18gb")
-		if oc := c.pass(true, false); oc == reconcile.OutSuccess {
-			t.Fatal("success without the slices converging")
-		}
-		rec := c.cluster.Last()
+		rec := neverConverges(t, c)
 		if !strings.Contains(rec.Reason, "gpu.nvidia.com ResourceSlices did not announce exactly its devices") || rec.ServedBy != record.ServedByDRA {
 			t.Fatalf("record %+v", rec)
 		}
@@ -848,16 +842,23 @@ func TestCoreAllocationPath(t *testing.T) {
 		c.applied(t, "all-balanced")
 		c.disrupt.Plugins = []string{"gpu-operator/nvidia-device-plugin-daemonset-x/uid-dp"}
 		c.disrupt.NotReplaced = true
-		no := false
-		c.disrupt.Converge = &no
-		c.cluster.SetLabel("all-1g.18gb")
-		if oc := c.pass(true, false); oc == reconcile.OutSuccess {
-			t.Fatal("success without the resources converging")
-		}
-		rec := c.cluster.Last()
+		rec := neverConverges(t, c)
 		if len(c.disrupt.Restarted) != 1 || !strings.Contains(rec.Reason, "no plugin pod is on this node now: the one restarted was not replaced") ||
 			!strings.Contains(rec.Reason, "the Node's allocatable did not show exactly its resources") {
 			t.Fatalf("restarts %v, record %+v", c.disrupt.Restarted, rec)
 		}
 	})
+}
+
+// neverConverges asks c for all-1g.18gb with the resources never showing
+// it, and returns the record the pass ends with (not a success).
+func neverConverges(t *testing.T, c *core) record.ChangeRecord {
+	t.Helper()
+	no := false
+	c.disrupt.Converge = &no
+	c.cluster.SetLabel("all-1g.18gb")
+	if oc := c.pass(true, false); oc == reconcile.OutSuccess {
+		t.Fatal("success without the resources converging")
+	}
+	return c.cluster.Last()
 }

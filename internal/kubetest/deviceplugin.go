@@ -310,7 +310,7 @@ func runDaemonSet(t TB, client kubernetes.Interface, node string, ds *appsv1.Dae
 		cctx, ccancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer ccancel()
 		if t.Failed() {
-			p.explain(cctx, ds.Name)
+			p.explain(cctx)
 		}
 		_ = client.AppsV1().DaemonSets(ns).Delete(cctx, ds.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationOrphan)})
 		pods, _ := client.CoreV1().Pods(ns).List(cctx, metav1.ListOptions{LabelSelector: nodeLabel + "=" + node})
@@ -325,18 +325,18 @@ func runDaemonSet(t TB, client kubernetes.Interface, node string, ds *appsv1.Dae
 
 // explain logs what the DaemonSet controller and the stand-ins made of
 // the DaemonSet (status, Events, pods, taints, the controller's log).
-func (p *podLoop) explain(ctx context.Context, name string) {
+func (p *podLoop) explain(ctx context.Context) {
 	var b strings.Builder
-	if ds, err := p.client.AppsV1().DaemonSets(p.ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
-		fmt.Fprintf(&b, "DaemonSet %s/%s: %v\n", p.ns, name, err)
+	if ds, err := p.client.AppsV1().DaemonSets(p.ns).Get(ctx, p.ds, metav1.GetOptions{}); err != nil {
+		fmt.Fprintf(&b, "DaemonSet %s/%s: %v\n", p.ns, p.ds, err)
 	} else {
 		s := ds.Status
-		fmt.Fprintf(&b, "DaemonSet %s/%s: generation %d observed %d, desired %d current %d ready %d misscheduled %d\n", p.ns, name,
+		fmt.Fprintf(&b, "DaemonSet %s/%s: generation %d observed %d, desired %d current %d ready %d misscheduled %d\n", p.ns, p.ds,
 			ds.Generation, s.ObservedGeneration, s.DesiredNumberScheduled, s.CurrentNumberScheduled, s.NumberReady, s.NumberMisscheduled)
 	}
 	if evs, err := p.client.CoreV1().Events(p.ns).List(ctx, metav1.ListOptions{}); err == nil {
 		for _, e := range evs.Items {
-			if e.InvolvedObject.Kind == "DaemonSet" && e.InvolvedObject.Name == name {
+			if e.InvolvedObject.Kind == "DaemonSet" && e.InvolvedObject.Name == p.ds {
 				fmt.Fprintf(&b, "  event %s %s x%d (last %s): %s\n", e.Type, e.Reason, e.Count, e.LastTimestamp.UTC().Format(time.RFC3339), e.Message)
 			}
 		}
