@@ -352,10 +352,10 @@ func (p *podLoop) explain(ctx context.Context) {
 	}
 	if log, err := os.ReadFile(filepath.Join(StateDir(), "kube-controller-manager.log")); err == nil {
 		lines := slices.DeleteFunc(strings.Split(string(log), "\n"), func(l string) bool {
-			return !(strings.Contains(l, p.ns) || strings.HasPrefix(l, "E") || strings.HasPrefix(l, "W")) || // errors, warnings: a stalled watch
+			return !(strings.Contains(l, p.ns) || strings.Contains(l, p.node) || strings.HasPrefix(l, "E") || strings.HasPrefix(l, "W")) ||
 				strings.Contains(l, "Nodes needing daemon pods") || strings.Contains(l, "Pods to delete for")
 		})
-		fmt.Fprintf(&b, "  kube-controller-manager on %s, and its warnings (last 30 lines):\n    %s\n", p.ns, strings.Join(lines[max(0, len(lines)-30):], "\n    "))
+		fmt.Fprintf(&b, "  kube-controller-manager on %s and node %s, and its warnings (last 30 lines):\n    %s\n", p.ns, p.node, strings.Join(lines[max(0, len(lines)-30):], "\n    "))
 	}
 	p.mu.Lock()
 	fmt.Fprintf(&b, "  pods the scheduler stand-in waits to place: %d", len(p.waiting))
