@@ -18,12 +18,22 @@ FUZZ_GEOMETRY ?= 30000x
 FUZZ_PROFILES ?= 250000x
 STATICCHECK ?= v0.8.2
 
-.PHONY: all build test unit fuzz check bench fleet-bench demo package release release-test clean
+.PHONY: all build simlib test unit fuzz check bench fleet-bench demo package release release-test clean
 
 all: build
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/mig-agent ./cmd/mig-agent
+
+# The simulator as NVIDIA's NVML library, for NVIDIA's own binaries and
+# mig-agent's --nvml real path (docs/testing.md, "NVIDIA's stack on
+# simulated MIG GPUs"): bin/libnvidia-ml.so.1 answers over the state file
+# MIG_AGENT_SIM_STATE names; bin/sim-node runs a command in a mount
+# namespace that looks like a GPU node for that state.
+simlib:
+	$(GO) build -buildmode=c-shared -trimpath -ldflags '-s -w -extldflags -Wl,-soname,libnvidia-ml.so.1' \
+		-o bin/libnvidia-ml.so.1 ./nvmlx/simlib
+	rm -f bin/libnvidia-ml.so.h
 
 # Every test (packages one at a time: -p 1 keeps the scenario tests, which
 # run real servers and the GPU Operator, from competing for 2 cores): units, fuzz targets briefly, and the integration and scenario

@@ -71,3 +71,36 @@ func ByName(name string) (nvml.Return, bool) {
 	}
 	return 0, false
 }
+
+// prose is what the driver's nvmlErrorString says for the codes a caller
+// most often prints (libnvidia-ml's own strings).
+var prose = map[nvml.Return]string{
+	nvml.SUCCESS:                      "Success",
+	nvml.ERROR_UNINITIALIZED:          "Uninitialized",
+	nvml.ERROR_INVALID_ARGUMENT:       "Invalid Argument",
+	nvml.ERROR_NOT_SUPPORTED:          "Not Supported",
+	nvml.ERROR_NO_PERMISSION:          "Insufficient Permissions",
+	nvml.ERROR_ALREADY_INITIALIZED:    "Already Initialized",
+	nvml.ERROR_NOT_FOUND:              "Not Found",
+	nvml.ERROR_INSUFFICIENT_SIZE:      "Insufficient Size",
+	nvml.ERROR_DRIVER_NOT_LOADED:      "Driver Not Loaded",
+	nvml.ERROR_TIMEOUT:                "Timeout",
+	nvml.ERROR_LIBRARY_NOT_FOUND:      "NVML Shared Library Not Found",
+	nvml.ERROR_FUNCTION_NOT_FOUND:     "Function Not Found",
+	nvml.ERROR_GPU_IS_LOST:            "GPU is lost",
+	nvml.ERROR_RESET_REQUIRED:         "GPU requires restart",
+	nvml.ERROR_IN_USE:                 "In use by another client",
+	nvml.ERROR_MEMORY:                 "Insufficient Memory",
+	nvml.ERROR_NO_DATA:                "No data",
+	nvml.ERROR_INSUFFICIENT_RESOURCES: "Ran out of critical resources, other than memory",
+	nvml.ERROR_UNKNOWN:                "Unknown Error",
+}
+
+// Prose is nvmlErrorString's text for r: the driver's words where known,
+// else Name.
+func Prose(r nvml.Return) string {
+	if s, ok := prose[r]; ok {
+		return s
+	}
+	return Name(r)
+}

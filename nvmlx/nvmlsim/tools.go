@@ -23,7 +23,8 @@ import (
 // plugin's start-up enumeration without DynamicMIG (cmd/gpu-kubelet-plugin/
 // nvlib.go GetPerGpuAllocatableDevices, getGpuInfo, getMigDevices,
 // walkMigDevices), "nvlib" = go-nvlib pkg/nvlib/device/device.go, which both
-// call, "cdi" = the plugin's CDI spec cache warm-up at start, for every full
+// call, "dp" = NVIDIA's k8s-device-plugin v0.17.4 and GPU Feature
+// Discovery naming MIG devices through go-nvlib v0.7.4, "cdi" = the plugin's CDI spec cache warm-up at start, for every full
 // GPU it announces (device_state.go: cdi.WarmupDevSpecCache; cdi.go:
 // GetDeviceSpecsByUUIDCached), through nvidia-container-toolkit's pkg/nvcdi
 // (lib-nvml.go getDeviceSpecGeneratorsForIDs: Init, DeviceGetHandleByUUID,
@@ -66,6 +67,7 @@ import (
 //	Device.GetIndex                             cdi     full-gpu-nvml.go: newFullGPUDeviceSpecGeneratorFromNVMLDevice; mig-device-nvml.go (parent and MIG handle)
 //	Device.GetGpuInstanceId                     dra     nvlib.go: getMigDevices (MIG handle)
 //	Device.GetComputeInstanceId                 dra     nvlib.go: getMigDevices (MIG handle)
+//	Device.GetAttributes                        dp      go-nvlib mig_device.go: GetProfile (MemorySizeMB names the MIG device)
 //	GpuInstance.GetInfo                         dra     nvlib.go: getMigDevices (placement, profile id)
 //	GpuInstance.GetComputeInstanceProfileInfo   mp dra  mig.go: WalkComputeInstances; config.go: SetMigConfig; nvlib.go: getMigDevices
 //	GpuInstance.GetComputeInstances             mp      mig.go: WalkComputeInstances
@@ -302,4 +304,45 @@ func simDriverPlacement(g *simGPU, m *profiles.Model, p *profiles.Profile) (prof
 		}
 	}
 	return best, bestCost >= 0
+}
+
+// GetAttributes is a MIG device's share of its GPU (nvml.h
+// nvmlDeviceGetAttributes_v2, which "only supports MIG device handles": a
+// GPU handle gets NOT_SUPPORTED): the GPU instance's memory, slices and
+// engines, which its compute instances share, and the compute instance's
+// slices with their part of the multiprocessors. NVIDIA's device plugin and
+// GPU Feature Discovery name a MIG device from it (go-nvlib
+// pkg/nvlib/device/mig_device.go GetProfile: NewMigProfile from
+// MemorySizeMB and the parent's total memory).
+func (d *simDevice) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
+	var out nvml.DeviceAttributes
+	if d.mig == nil {
+		return out, nvml.ERROR_NOT_SUPPORTED
+	}
+	return out, d.with(func(g *simGPU, m *profiles.Model) nvml.Return {
+		gi, ci := findGI(g, d.mig.gi), findCI(g, d.mig.gi, d.mig.ci)
+		if gi == nil || ci == nil {
+			return nvml.ERROR_INVALID_ARGUMENT // the MIG device is gone: a stale handle
+		}
+		p, ok := m.Catalogue.ByID(gi.ProfileID)
+		if !ok {
+			return nvml.ERROR_UNKNOWN
+		}
+		cp, ok := computeByID(p, ci.ProfileID)
+		if !ok {
+			return nvml.ERROR_UNKNOWN
+		}
+		out = nvml.DeviceAttributes{
+			MultiprocessorCount:       uint32(p.Multiprocessors * cp.Slices / max(p.Slices, 1)),
+			SharedCopyEngineCount:     uint32(p.CopyEngines),
+			SharedDecoderCount:        uint32(p.Decoders),
+			SharedEncoderCount:        uint32(p.Encoders),
+			SharedJpegCount:           uint32(p.JPEGs),
+			SharedOfaCount:            uint32(p.OFAs),
+			GpuInstanceSliceCount:     uint32(p.Slices),
+			ComputeInstanceSliceCount: uint32(cp.Slices),
+			MemorySizeMB:              p.MemoryMiB,
+		}
+		return nvml.SUCCESS
+	})
 }
