@@ -34,6 +34,7 @@ simlib:
 	$(GO) build -buildmode=c-shared -trimpath -ldflags '-s -w -extldflags -Wl,-soname,libnvidia-ml.so.1' \
 		-o bin/libnvidia-ml.so.1 ./nvmlx/simlib
 	rm -f bin/libnvidia-ml.so.h
+	$(GO) build -trimpath -ldflags '-s -w' -o bin/sim-node ./nvmlx/simnode
 
 # Every test (packages one at a time: -p 1 keeps the scenario tests, which
 # run real servers and the GPU Operator, from competing for 2 cores): units, fuzz targets briefly, and the integration and scenario

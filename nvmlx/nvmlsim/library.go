@@ -394,7 +394,8 @@ func (d *simDevice) GetName() (string, nvml.Return) {
 	return out, d.with(func(_ *simGPU, m *profiles.Model) nvml.Return { out = m.Name; return nvml.SUCCESS })
 }
 
-// GetPciInfo gives bus id, device id and subsystem id.
+// GetPciInfo gives bus id (in both of nvmlPciInfo_t's forms), domain,
+// bus, device, device id and subsystem id.
 func (d *simDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) {
 	var out nvml.PciInfo
 	return out, d.with(func(g *simGPU, m *profiles.Model) nvml.Return {
@@ -402,15 +403,35 @@ func (d *simDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) {
 		for i := range min(len(g.PCIBusID), len(out.BusId)-1) {
 			out.BusId[i] = int8(g.PCIBusID[i])
 		}
+		if a, ok := parsePCIBusID(g.PCIBusID); ok {
+			out.Domain, out.Bus, out.Device = uint32(a.domain), uint32(a.bus), uint32(a.device)
+			legacy := fmt.Sprintf("%04x:%02x:%02x.%x", a.domain, a.bus, a.device, a.function)
+			for i := range min(len(legacy), len(out.BusIdLegacy)-1) {
+				out.BusIdLegacy[i] = int8(legacy[i])
+			}
+		}
 		return nvml.SUCCESS
 	})
 }
 
-// GetMemoryInfo gives the total memory.
+// GetMemoryInfo gives the total memory: the GPU's, or for a MIG device
+// handle its GPU instance's (nvml.h nvmlDeviceGetMemoryInfo takes both).
 func (d *simDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	var out nvml.Memory
-	return out, d.with(func(_ *simGPU, m *profiles.Model) nvml.Return {
-		out = nvml.Memory{Total: m.MemoryBytes, Free: m.MemoryBytes}
+	return out, d.with(func(g *simGPU, m *profiles.Model) nvml.Return {
+		total := m.MemoryBytes
+		if d.mig != nil {
+			gi, ci := findGI(g, d.mig.gi), findCI(g, d.mig.gi, d.mig.ci)
+			if gi == nil || ci == nil {
+				return nvml.ERROR_INVALID_ARGUMENT // the MIG device is gone: a stale handle
+			}
+			p, ok := m.Catalogue.ByID(gi.ProfileID)
+			if !ok {
+				return nvml.ERROR_UNKNOWN
+			}
+			total = p.MemoryMiB << 20
+		}
+		out = nvml.Memory{Total: total, Free: total}
 		return nvml.SUCCESS
 	})
 }

@@ -61,7 +61,7 @@ var (
 // library opens the simulator once per process from the environment.
 func library() (*nvmlsim.Lib, error) {
 	openOnce.Do(func() {
-		spec, state := os.Getenv(envSpec), os.Getenv(envState)
+		spec, state := getenv(envSpec), getenv(envState)
 		if spec == "" && state != "" {
 			spec, errOpen = nvmlsim.SpecOfState(state)
 			if errOpen != nil {
@@ -73,9 +73,23 @@ func library() (*nvmlsim.Lib, error) {
 			errOpen = fmt.Errorf("set %s (for example h200x2) and %s (the state file mig-agent --sim-state uses)", envSpec, envState)
 			return
 		}
-		theLib, errOpen = nvmlsim.New(spec, nvmlsim.Options{StatePath: state, Faults: os.Getenv(envFaults)}, stderr)
+		theLib, errOpen = nvmlsim.New(spec, nvmlsim.Options{StatePath: state, Faults: getenv(envFaults)}, stderr)
 	})
 	return theLib, errOpen
+}
+
+// getenv reads the process's environment as it is now, through the C
+// library: a Go runtime in a shared library keeps the environment the
+// process started with, and a program may set these before its first
+// nvmlInit (a Go program's os.Setenv reaches the C library's).
+func getenv(key string) string {
+	k := C.CString(key)
+	defer C.free(unsafe.Pointer(k))
+	v := C.getenv(k)
+	if v == nil {
+		return ""
+	}
+	return C.GoString(v)
 }
 
 // --- handles -------------------------------------------------------------------
@@ -229,7 +243,7 @@ func simlibMissing(name *C.char) {
 		return
 	}
 	missingSeen[n] = true
-	if !strings.HasPrefix(os.Getenv("MIG_AGENT_SIM_QUIET"), "1") {
+	if !strings.HasPrefix(getenv("MIG_AGENT_SIM_QUIET"), "1") {
 		fmt.Fprintf(os.Stderr, "mig-agent simulated NVML: %s is not simulated: NVML_ERROR_NOT_SUPPORTED\n", n)
 	}
 }
