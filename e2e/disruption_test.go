@@ -25,6 +25,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/dbustest"
 	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/simlibtest"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -270,7 +271,21 @@ func TestDisruptionWithoutPodResourcesEvictsAllGPUPods(t *testing.T) {
 
 // A2: a change inside a MIG GPU evicts only the pods on the destroyed
 // instances; the pods on instances that stay keep running.
-func TestDisruptionOnlyDestroyedMIGDevices(t *testing.T) {
+func TestDisruptionOnlyDestroyedMIGDevices(t *testing.T) { onlyDestroyedMIGDevices(t, "") }
+
+// TestAgentOverNVMLLibraryEvictsOnlyDestroyedMIGDevices is the same change
+// with the agent on its production NVML path: --nvml real over the
+// simulator built as libnvidia-ml.so.1 (make simlib), the cgo code that
+// runs on customers' nodes; the test reads the GPUs through the in-process
+// simulator on the same state file, as a second process on one driver.
+func TestAgentOverNVMLLibraryEvictsOnlyDestroyedMIGDevices(t *testing.T) {
+	onlyDestroyedMIGDevices(t, simlibtest.Library(t))
+}
+
+// onlyDestroyedMIGDevices: GPU 0 goes from seven 1g.18gb to four and a
+// 3g.71gb; only the pods on the three destroyed devices are evicted, the
+// others keep their devices (same UUIDs), GPU 1 is untouched.
+func onlyDestroyedMIGDevices(t *testing.T, library string) {
 	c := kubetest.Client(t)
 	node, kl, ns := kubeletNode(t)
 	cfg := disConfig(t, `version: v1
@@ -286,7 +301,7 @@ mig-configs:
       mig-devices:
         "1g.18gb": 7
 `)
-	o := &Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket()}}
+	o := &Opts{Node: node, Sim: "h200x2", Library: library, Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket()}}
 	StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
 	WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 30*time.Second)

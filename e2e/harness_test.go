@@ -97,6 +97,10 @@ type Opts struct {
 	// Wrapper, when set, is a command line the binary and its arguments
 	// are appended to (e.g. unshare, to run it in a mount namespace).
 	Wrapper []string
+	// Library, when set, is the simulator built as libnvidia-ml.so.1
+	// (simlibtest.Library): the agent runs its production NVML path,
+	// --nvml real --nvml-library, over Sim and SimState.
+	Library string
 }
 
 func freePort(t testing.TB) int {
@@ -146,13 +150,27 @@ func StartAgent(t testing.TB, o *Opts) *Agent {
 	t.Helper()
 	o.Fill(t)
 	port := freePort(t)
-	args := []string{"run", "--node-name", o.Node, "--kubeconfig", o.Kubeconfig, "--namespace", o.Namespace,
-		"--nvml", "sim:" + o.Sim, "--sim-state", o.SimState, "--state-dir", o.StateDir,
+	args := []string{"run", "--node-name", o.Node, "--kubeconfig", o.Kubeconfig, "--namespace", o.Namespace}
+	args = append(args, o.nvmlArgs()...)
+	args = append(args, "--state-dir", o.StateDir,
 		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "--reboot-method", "none",
 		"--drift-interval", "1s", "--eviction-retry-delay", "1s", "--resource-wait-timeout", "0",
-		"--pod-resources-socket", filepath.Join(t.TempDir(), "no-kubelet.sock")}
+		"--pod-resources-socket", filepath.Join(t.TempDir(), "no-kubelet.sock"))
 	args = append(args, o.Extra...)
-	return startWrapped(t, o.Wrapper, args, fmt.Sprintf("http://127.0.0.1:%d", port))
+	a := newAgent(t, o.Wrapper, args, fmt.Sprintf("http://127.0.0.1:%d", port))
+	if o.Library != "" {
+		a.cmd.Env = append(a.cmd.Env, "MIG_AGENT_SIM="+o.Sim, "MIG_AGENT_SIM_STATE="+o.SimState, "MIG_AGENT_SIM_QUIET=1")
+	}
+	return a.start()
+}
+
+// nvmlArgs selects the agent's NVML: the in-process simulator, or the
+// production path over the simulator built as a library.
+func (o *Opts) nvmlArgs() []string {
+	if o.Library != "" {
+		return []string{"--nvml", "real", "--nvml-library", o.Library}
+	}
+	return []string{"--nvml", "sim:" + o.Sim, "--sim-state", o.SimState}
 }
 
 // StartCommand runs the binary with args in the background.
@@ -162,11 +180,21 @@ func startProcess(t testing.TB, args []string, metrics string) *Agent {
 
 // startWrapped is startProcess with the binary run through wrapper.
 func startWrapped(t testing.TB, wrapper, args []string, metrics string) *Agent {
+	return newAgent(t, wrapper, args, metrics).start()
+}
+
+// newAgent prepares the process; start starts it.
+func newAgent(t testing.TB, wrapper, args []string, metrics string) *Agent {
 	a := &Agent{t: t, Args: args, log: &syncBuffer{}, done: make(chan struct{}), Metrics: metrics}
 	argv := append(append(append([]string{}, wrapper...), binary()), args...)
 	a.cmd = exec.Command(argv[0], argv[1:]...)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	a.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET=")
+	return a
+}
+
+func (a *Agent) start() *Agent {
+	t, args := a.t, a.Args
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
