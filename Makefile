@@ -39,14 +39,16 @@ simlib:
 # Every test (packages one at a time: -p 1 keeps the scenario tests, which
 # run real servers and the GPU Operator, from competing for 2 cores): units, fuzz targets briefly, and the integration and scenario
 # tests on a real kube-apiserver + etcd (built once, cached in ~/.cache), a
-# real dbus-daemon and the GPU Operator's own controller (built once from its
-# Go module, cached in ~/.cache/gpu-operator-test). The Kubernetes binaries
+# real dbus-daemon, the GPU Operator's own controller and NVIDIA's device
+# plugin and GPU Feature Discovery (built once from their Go modules, cached
+# in ~/.cache/gpu-operator-test and ~/.cache/nvidia-device-plugin-test). The Kubernetes binaries
 # (kube-apiserver, kube-controller-manager, kube-scheduler) and etcd are built
 # up front, so that no test's timeout pays for their first build.
 test: build
 	bash hack/ensure-dbus.sh
 	bash hack/kube-apiserver.sh build --with-controller-manager --with-scheduler >/dev/null
 	bash hack/gpu-operator.sh build
+	bash hack/nvidia-device-plugin.sh build >/dev/null
 	$(GO) test -count=1 -p 1 -timeout 40m ./...
 	$(MAKE) fuzz
 	cd packaging/monitoring && $(GO) test -count=1 ./...

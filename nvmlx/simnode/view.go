@@ -168,8 +168,24 @@ func pciFiles(g gpu, driverDir string) []file {
 		{Path: dir + "resource", Content: "0x0000000000000000 0x0000000000ffffff 0x0000000000040200\n" +
 			"0x0000000000000000 0x0000000000000000 0x0000000000000000\n"},
 		{Path: dir + "reset", Content: ""},
+		{Path: dir + "config", Content: configSpace(g)},
 		{Path: dir + "driver", Link: driverDir},
 	}
+}
+
+// configSpace is the GPU's 256-byte PCI configuration header: ids and
+// class, and no capability list (status bit 4 clear), so that go-nvlib's
+// nvpci, which GPU Feature Discovery asks whether the GPU is a vGPU, finds
+// no NVIDIA vendor capability: a bare-metal GPU's answer.
+func configSpace(g gpu) string {
+	b := make([]byte, 256)
+	le16 := func(at int, v uint16) { b[at], b[at+1] = byte(v), byte(v>>8) }
+	le16(0x00, 0x10de)
+	le16(0x02, g.DeviceID)
+	b[0x0a], b[0x0b] = 0x02, 0x03 // sub-class 3D controller, class display
+	le16(0x2c, uint16(g.SubsysID&0xffff))
+	le16(0x2e, uint16(g.SubsysID>>16))
+	return string(b)
 }
 
 // devFiles are the driver's device nodes for the GPUs: /dev/nvidiactl,
