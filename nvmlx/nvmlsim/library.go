@@ -421,13 +421,9 @@ func (d *simDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	return out, d.with(func(g *simGPU, m *profiles.Model) nvml.Return {
 		total := m.MemoryBytes
 		if d.mig != nil {
-			gi, ci := findGI(g, d.mig.gi), findCI(g, d.mig.gi, d.mig.ci)
-			if gi == nil || ci == nil {
-				return nvml.ERROR_INVALID_ARGUMENT // the MIG device is gone: a stale handle
-			}
-			p, ok := m.Catalogue.ByID(gi.ProfileID)
-			if !ok {
-				return nvml.ERROR_UNKNOWN
+			p, _, ret := d.migProfiles(g, m)
+			if ret != nvml.SUCCESS {
+				return ret
 			}
 			total = p.MemoryMiB << 20
 		}

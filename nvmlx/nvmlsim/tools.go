@@ -320,17 +320,9 @@ func (d *simDevice) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 		return out, nvml.ERROR_NOT_SUPPORTED
 	}
 	return out, d.with(func(g *simGPU, m *profiles.Model) nvml.Return {
-		gi, ci := findGI(g, d.mig.gi), findCI(g, d.mig.gi, d.mig.ci)
-		if gi == nil || ci == nil {
-			return nvml.ERROR_INVALID_ARGUMENT // the MIG device is gone: a stale handle
-		}
-		p, ok := m.Catalogue.ByID(gi.ProfileID)
-		if !ok {
-			return nvml.ERROR_UNKNOWN
-		}
-		cp, ok := computeByID(p, ci.ProfileID)
-		if !ok {
-			return nvml.ERROR_UNKNOWN
+		p, cp, ret := d.migProfiles(g, m)
+		if ret != nvml.SUCCESS {
+			return ret
 		}
 		out = nvml.DeviceAttributes{
 			MultiprocessorCount:       uint32(p.Multiprocessors * cp.Slices / max(p.Slices, 1)),
@@ -345,4 +337,23 @@ func (d *simDevice) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 		}
 		return nvml.SUCCESS
 	})
+}
+
+// migProfiles are the GPU instance and compute instance profiles of MIG
+// device handle d on g; INVALID_ARGUMENT when the device is gone (a stale
+// handle).
+func (d *simDevice) migProfiles(g *simGPU, m *profiles.Model) (*profiles.Profile, *profiles.ComputeProfile, nvml.Return) {
+	gi, ci := findGI(g, d.mig.gi), findCI(g, d.mig.gi, d.mig.ci)
+	if gi == nil || ci == nil {
+		return nil, nil, nvml.ERROR_INVALID_ARGUMENT
+	}
+	p, ok := m.Catalogue.ByID(gi.ProfileID)
+	if !ok {
+		return nil, nil, nvml.ERROR_UNKNOWN
+	}
+	cp, ok := computeByID(p, ci.ProfileID)
+	if !ok {
+		return nil, nil, nvml.ERROR_UNKNOWN
+	}
+	return p, cp, nvml.SUCCESS
 }
