@@ -377,7 +377,7 @@ enforceNodeAllocatable: []
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://%s
-podLogsDirectory: %s
+podLogsDir: %s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:
@@ -526,7 +526,7 @@ func (n *Node) PodResourcesSocket() string {
 func (n *Node) DevicePluginDir() string { return pluginapi.DevicePluginPath }
 
 // ContainerLog returns what a container of a pod wrote so far, read from
-// the kubelet's pod log directory (podLogsDirectory/NS_NAME_UID/CONTAINER).
+// the kubelet's pod log directory (podLogsDir/NS_NAME_UID/CONTAINER).
 func (n *Node) ContainerLog(pod *corev1.Pod, container string) (string, error) {
 	dir := filepath.Join(n.podLogs, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container)
 	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
