@@ -245,6 +245,13 @@ func kubeletBinary(t testing.TB, root string) string {
 // node's directory, pods' network namespaces included
 // (netns_mounts_under_state_dir), but the shims' sockets
 // (/run/containerd/s, named by a hash of this socket's address).
+// restrict_oom_score_adj: these machines' root lacks CAP_SYS_RESOURCE in
+// its bounding set, so no process may lower its oom_score_adj below 0, and
+// the kubelet asks -998 for every pod sandbox (and -997 for Guaranteed
+// containers): runc init died with "failed to update
+// /proc/self/oom_score_adj: Permission denied", which containerd reports
+// as "can't get final child's PID from pipe: EOF". The option clamps the
+// value to containerd's own.
 const containerdConfig = `version = 2
 root = %[1]q
 state = %[2]q
@@ -266,6 +273,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = %[6]q
   enable_selinux = false
   netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -400,7 +408,7 @@ func (n *Node) startKubelet(bin string) error {
 		return err
 	}
 	p, err := n.run("kubelet", bin, "--config", conf, "--kubeconfig", kubetest.Kubeconfig(),
-		"--root-dir", n.kubeletRoot, "--hostname-override", n.Name, "--node-ip", "127.0.0.1", "--v", "2")
+		"--root-dir", n.kubeletRoot, "--hostname-override", n.Name, "--v", "2")
 	if err != nil {
 		return err
 	}
@@ -607,6 +615,12 @@ func (n *Node) stop() {
 		}
 	}
 	_ = exec.Command("ip", "link", "del", n.bridge).Run()
+	// containerd's default cgroup parent for the CRI's namespace (the
+	// kubelet gives none without cgroupsPerQOS): removed when empty.
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
+	for _, d := range dirs {
+		_ = os.Remove(d)
+	}
 	writeSysctls(t, n.sysctls)
 	if err := n.Client.CoreV1().Nodes().Delete(context.Background(), n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Logf("realnode: delete node %s: %v", n.Name, err)
