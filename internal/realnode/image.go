@@ -15,16 +15,21 @@ import (
 	"time"
 )
 
-// Images the node holds: nothing can be pulled here, so both are built by
-// the harness from internal/realnode/pause and imported into containerd's
-// k8s.io namespace before the kubelet starts.
+// Images the node holds: nothing can be pulled here, so they are built by
+// the harness from internal/realnode/pause and internal/realnode/deviceplugin
+// and imported into containerd's k8s.io namespace before the kubelet
+// starts.
 const (
 	// PauseImage is containerd's sandbox image (sandbox_image).
 	PauseImage = "mig-agent.test/pause:1"
 	// SleepImage is for test pods: the same program (it sleeps until
-	// SIGTERM and prints its arguments and REALNODE_* variables first).
-	// Pods must say imagePullPolicy Never or IfNotPresent.
+	// SIGTERM and prints its arguments and REALNODE_* and NVIDIA_*
+	// variables first). Pods must say imagePullPolicy Never or
+	// IfNotPresent.
 	SleepImage = "mig-agent.test/sleep:1"
+	// PluginImage runs internal/realnode/deviceplugin (entrypoint
+	// /deviceplugin; args RESOURCE DEVICE-ID...).
+	PluginImage = "mig-agent.test/device-plugin:1"
 )
 
 // ImageFile is one file of an image built by WriteImage.
@@ -40,84 +45,105 @@ type ImageFile struct {
 // io.containerd.image.name annotation). Only the standard library: no
 // daemon, no registry.
 func WriteImage(out, ref string, entrypoint []string, files []ImageFile) error {
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	dirs := map[string]bool{}
-	mtime := time.Unix(0, 0)
-	for _, f := range files {
-		b, err := os.ReadFile(f.Src)
-		if err != nil {
-			return fmt.Errorf("image %s: %w", ref, err)
-		}
-		name := strings.TrimPrefix(filepath.Clean(f.Path), "/")
-		for d := filepath.Dir(name); d != "."; d = filepath.Dir(d) {
-			if dirs[d] {
-				continue
-			}
-			dirs[d] = true
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: mtime}); err != nil {
-				return err
-			}
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: f.Mode, Size: int64(len(b)), ModTime: mtime}); err != nil {
-			return err
-		}
-		if _, err := tw.Write(b); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
+	layer, err := layerTar(files)
+	if err != nil {
+		return fmt.Errorf("image %s: %w", ref, err)
 	}
 	blobs := map[string][]byte{}
-	put := func(b []byte) (string, int) {
+	put := func(b []byte) map[string]any {
 		sum := sha256.Sum256(b)
 		d := "sha256:" + hex.EncodeToString(sum[:])
 		blobs[d] = b
-		return d, len(b)
+		return map[string]any{"digest": d, "size": len(b)}
 	}
-	layerDigest, layerSize := put(layer.Bytes())
+	layerDesc := put(layer)
+	layerDesc["mediaType"] = "application/vnd.oci.image.layer.v1.tar"
 	config, err := json.Marshal(map[string]any{
 		"architecture": runtime.GOARCH,
 		"os":           "linux",
 		"config":       map[string]any{"Entrypoint": entrypoint, "Env": []string{"PATH=/"}},
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": []any{layerDesc["digest"]}},
 	})
 	if err != nil {
 		return err
 	}
-	configDigest, configSize := put(config)
+	configDesc := put(config)
+	configDesc["mediaType"] = "application/vnd.oci.image.config.v1+json"
 	manifest, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        map[string]any{"mediaType": "application/vnd.oci.image.config.v1+json", "digest": configDigest, "size": configSize},
-		"layers":        []any{map[string]any{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layerDigest, "size": layerSize}},
+		"config":        configDesc,
+		"layers":        []any{layerDesc},
 	})
 	if err != nil {
 		return err
 	}
-	manifestDigest, manifestSize := put(manifest)
+	manifestDesc := put(manifest)
+	manifestDesc["mediaType"] = "application/vnd.oci.image.manifest.v1+json"
+	manifestDesc["platform"] = map[string]string{"architecture": runtime.GOARCH, "os": "linux"}
 	_, tag, _ := strings.Cut(ref[strings.LastIndex(ref, "/")+1:], ":")
+	manifestDesc["annotations"] = map[string]string{"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": tag}
 	index, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.index.v1+json",
-		"manifests": []any{map[string]any{
-			"mediaType": "application/vnd.oci.image.manifest.v1+json",
-			"digest":    manifestDigest, "size": manifestSize,
-			"platform":    map[string]string{"architecture": runtime.GOARCH, "os": "linux"},
-			"annotations": map[string]string{"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": tag},
-		}},
+		"manifests":     []any{manifestDesc},
 	})
 	if err != nil {
 		return err
 	}
+	if err := writeArchive(out, index, blobs); err != nil {
+		return fmt.Errorf("image %s: %w", ref, err)
+	}
+	return nil
+}
+
+// epoch is every file's modification time: the same files give the same
+// image.
+var epoch = time.Unix(0, 0)
+
+// layerTar is an uncompressed layer holding files and their parent
+// directories.
+func layerTar(files []ImageFile) ([]byte, error) {
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	dirs := map[string]bool{}
+	for _, f := range files {
+		b, err := os.ReadFile(f.Src)
+		if err != nil {
+			return nil, err
+		}
+		name := strings.TrimPrefix(filepath.Clean(f.Path), "/")
+		var parents []string
+		for d := filepath.Dir(name); d != "." && !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+			parents = append([]string{d}, parents...)
+		}
+		for _, d := range parents {
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: epoch}); err != nil {
+				return nil, err
+			}
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: f.Mode, Size: int64(len(b)), ModTime: epoch}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(b); err != nil {
+			return nil, err
+		}
+	}
+	err := tw.Close()
+	return layer.Bytes(), err
+}
+
+// writeArchive writes the OCI layout (oci-layout, index.json, blobs) as a
+// tar file.
+func writeArchive(out string, index []byte, blobs map[string][]byte) error {
 	f, err := os.Create(out)
 	if err != nil {
 		return err
 	}
 	aw := tar.NewWriter(f)
 	add := func(name string, b []byte) error {
-		if err := aw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(b)), ModTime: mtime}); err != nil {
+		if err := aw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(b)), ModTime: epoch}); err != nil {
 			return err
 		}
 		_, err := aw.Write(b)
@@ -138,21 +164,19 @@ func WriteImage(out, ref string, entrypoint []string, files []ImageFile) error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("image %s: %w", ref, err)
-	}
-	return nil
+	return err
 }
 
-// buildPause builds internal/realnode/pause, static, into dir and returns
-// its path. moduleRoot is the directory of the project's go.mod.
-func buildPause(moduleRoot, dir string) (string, error) {
-	out := filepath.Join(dir, "pause")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "./internal/realnode/pause")
+// buildPrograms builds internal/realnode/pause and
+// internal/realnode/deviceplugin, static, into dir. moduleRoot is the
+// directory of the project's go.mod.
+func buildPrograms(moduleRoot, dir string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", dir+"/",
+		"./internal/realnode/pause", "./internal/realnode/deviceplugin")
 	cmd.Dir = moduleRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./internal/realnode/pause: %w\n%s", err, b)
+		return fmt.Errorf("go build ./internal/realnode/pause ./internal/realnode/deviceplugin: %w\n%s", err, b)
 	}
-	return out, nil
+	return nil
 }

@@ -63,6 +63,8 @@ const (
 	readyTimeout = 2 * time.Minute
 	// lockTimeout bounds the wait for another test's kubelet to end.
 	lockTimeout = 10 * time.Minute
+	// checkpoint is the kubelet device manager's checkpoint.
+	checkpoint = pluginapi.DevicePluginPath + "kubelet_internal_checkpoint"
 )
 
 // Node is a real kubelet over a real containerd, registered as Name.
@@ -109,6 +111,9 @@ func Start(t testing.TB) *Node {
 		t.Fatalf("realnode: %v", err)
 	}
 	lock(t)
+	// The device manager's checkpoint lives in the fixed directory: a
+	// fresh node starts without the last node's allocations.
+	_ = os.Remove(checkpoint)
 	dir, err := os.MkdirTemp("", "realnode-")
 	if err != nil {
 		t.Fatal(err)
@@ -123,8 +128,7 @@ func Start(t testing.TB) *Node {
 	t.Cleanup(n.stop)
 	t0 := time.Now()
 	kubelet := kubeletBinary(t, root)
-	pause, err := buildPause(root, dir)
-	if err != nil {
+	if err := buildPrograms(root, dir); err != nil {
 		t.Fatal(err)
 	}
 	n.Timings.Build = time.Since(t0)
@@ -134,8 +138,8 @@ func Start(t testing.TB) *Node {
 	}
 	n.Timings.Containerd = time.Since(t0)
 	t0 = time.Now()
-	for _, ref := range []string{PauseImage, SleepImage} {
-		if err := n.importImage(ref, pause); err != nil {
+	for ref, prog := range map[string]string{PauseImage: "pause", SleepImage: "pause", PluginImage: "deviceplugin"} {
+		if err := n.importImage(ref, prog); err != nil {
 			t.Fatalf("image %s: %v", ref, err)
 		}
 	}
@@ -333,11 +337,13 @@ func (n *Node) startContainerd() error {
 	})
 }
 
-// importImage writes ref as an OCI archive holding the pause program and
-// imports it into the CRI's namespace (k8s.io), unpacked for overlayfs.
-func (n *Node) importImage(ref, pause string) error {
+// importImage writes ref as an OCI archive holding the program prog (built
+// into Dir) as its entrypoint, and imports it into the CRI's namespace
+// (k8s.io), unpacked for overlayfs.
+func (n *Node) importImage(ref, prog string) error {
 	archive := filepath.Join(n.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".oci.tar")
-	if err := WriteImage(archive, ref, []string{"/pause"}, []ImageFile{{Path: "/pause", Src: pause, Mode: 0o755}}); err != nil {
+	files := []ImageFile{{Path: "/" + prog, Src: filepath.Join(n.Dir, prog), Mode: 0o755}}
+	if err := WriteImage(archive, ref, []string{"/" + prog}, files); err != nil {
 		return err
 	}
 	return n.ctr("images", "import", archive)
@@ -622,6 +628,7 @@ func (n *Node) stop() {
 		_ = os.Remove(d)
 	}
 	writeSysctls(t, n.sysctls)
+	_ = os.Remove(checkpoint)
 	if err := n.Client.CoreV1().Nodes().Delete(context.Background(), n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Logf("realnode: delete node %s: %v", n.Name, err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/internal/realnode"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/utils/ptr"
 )
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
@@ -231,5 +233,73 @@ func waitAllocatable(ctx context.Context, t *testing.T, c kubernetes.Interface, 
 			t.Fatalf("node %s allocatable %s never %d: %v", node, res, want, last)
 		case <-time.After(200 * time.Millisecond):
 		}
+	}
+}
+
+// TestRealKubeletDaemonSetPlugin: a device plugin runs as a DaemonSet pod
+// on the real node, the way NVIDIA's does (privileged, the kubelet's
+// device-plugin directory mounted from the host at the same path); the
+// DaemonSet controller makes its pod, the kubelet runs it, the plugin
+// registers from inside its container, and a pod asking for two devices
+// gets both through the plugin's Allocate.
+func TestRealKubeletDaemonSetPlugin(t *testing.T) {
+	kubetest.StartScheduler(t)
+	n := realnode.Start(t)
+	c := n.Client
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := kubetest.NewName(t, "ns")
+	kubetest.CreateNamespace(t, ns)
+	const res = "example.com/gadget"
+
+	labels := map[string]string{"app": "gadget-plugin"}
+	dir := n.DevicePluginDir()
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gadget-plugin"},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					// The DaemonSet controller leaves binding to the
+					// scheduler; the test's scheduler binds only its
+					// own profile's pods.
+					SchedulerName: kubetest.SchedulerName,
+					NodeSelector:  map[string]string{corev1.LabelHostname: n.Name},
+					Tolerations:   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					Containers: []corev1.Container{{
+						Name: "plugin", Image: realnode.PluginImage, ImagePullPolicy: corev1.PullNever,
+						Args:            []string{res, "g0", "g1", "g2"},
+						SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+						VolumeMounts:    []corev1.VolumeMount{{Name: "device-plugin", MountPath: dir}},
+					}},
+					Volumes: []corev1.Volume{{Name: "device-plugin", VolumeSource: corev1.VolumeSource{
+						HostPath: &corev1.HostPathVolumeSource{Path: dir},
+					}}},
+					TerminationGracePeriodSeconds: ptr.To[int64](5),
+				},
+			},
+		},
+	}
+	t0 := time.Now()
+	if _, err := c.AppsV1().DaemonSets(ns).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllocatable(ctx, t, c, n.Name, res, 3)
+	t.Logf("%s=3 in the Node's allocatable %s after the DaemonSet's creation", res, time.Since(t0).Round(time.Millisecond))
+
+	pod := n.Pod(ns, "two", kubetest.SchedulerName)
+	pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{res: resource.MustParse("2")}
+	pod, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod = waitRunning(ctx, t, c, pod)
+	waitLog(ctx, t, n, pod, "sleep", "REALNODE_DEVICES=g")
+	log, _ := n.ContainerLog(pod, "sleep")
+	_, devs, _ := strings.Cut(log, "REALNODE_DEVICES=")
+	devs, _, _ = strings.Cut(devs, "\n")
+	if got := strings.Split(devs, ","); len(got) != 2 {
+		t.Fatalf("the container got devices %q from Allocate, want two of g0,g1,g2", devs)
 	}
 }

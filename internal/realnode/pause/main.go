@@ -1,14 +1,14 @@
-// Command pause is the one program of the images internal/realnode builds
-// for the real kubelet: the pod sandbox image (containerd's sandbox_image,
+// Command pause is the program of the images internal/realnode builds for
+// the real kubelet's pods: the pod sandbox image (containerd's sandbox_image,
 // what registry.k8s.io/pause is elsewhere: nothing can be pulled here) and
 // the test pods' container. It sleeps until SIGTERM or SIGINT and exits 0,
 // so a pod it runs ends at once when the kubelet stops it. Built static
 // (CGO_ENABLED=0): the image holds this file alone.
 //
-// It first prints its arguments (one line) and every REALNODE_* variable of
-// its environment to stdout, so that a test reads in the container's log
-// what the kubelet gave it (a device plugin's Allocate answers with
-// environment variables).
+// It first prints its arguments (one line) and every REALNODE_* and
+// NVIDIA_* variable of its environment to stdout, so that a test reads in
+// the container's log what the kubelet gave it (a device plugin's Allocate
+// answers with environment variables).
 package main
 
 import (
@@ -24,7 +24,7 @@ func main() {
 		fmt.Println(strings.Join(os.Args[1:], " "))
 	}
 	for _, e := range os.Environ() {
-		if strings.HasPrefix(e, "REALNODE_") {
+		if strings.HasPrefix(e, "REALNODE_") || strings.HasPrefix(e, "NVIDIA_") {
 			fmt.Println(e)
 		}
 	}
