@@ -180,3 +180,39 @@ func buildPrograms(moduleRoot, dir string) error {
 	}
 	return nil
 }
+
+// BinaryFiles returns the files of an image that runs the program bin as
+// dst: bin itself and, for a dynamically linked program (a cgo one, such
+// as NVIDIA's device plugin, which dlopens libnvidia-ml.so.1 through
+// go-nvml), every shared library ldd resolves for it on this machine,
+// dynamic loader included, each at the path ldd prints (the loader finds
+// them there in the image: /lib/x86_64-linux-gnu is in glibc's default
+// search path). A library loaded with dlopen is not in ldd's list: add it
+// to the image (or mount it) yourself.
+func BinaryFiles(bin, dst string) ([]ImageFile, error) {
+	files := []ImageFile{{Path: dst, Src: bin, Mode: 0o755}}
+	out, err := exec.Command("ldd", bin).CombinedOutput()
+	if err != nil {
+		// ldd exits 1 for a static program ("not a dynamic executable").
+		if strings.Contains(string(out), "not a dynamic executable") || strings.Contains(string(out), "statically linked") {
+			return files, nil
+		}
+		return nil, fmt.Errorf("ldd %s: %w: %s", bin, err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		var lib string
+		switch {
+		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+			lib = f[2] // libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)
+		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+			lib = f[0] // /lib64/ld-linux-x86-64.so.2 (0x...)
+		case len(f) >= 3 && f[1] == "=>" && f[2] == "not":
+			return nil, fmt.Errorf("ldd %s: %s", bin, strings.TrimSpace(line))
+		default:
+			continue // linux-vdso.so.1 (0x...): the kernel's
+		}
+		files = append(files, ImageFile{Path: lib, Src: lib, Mode: 0o755})
+	}
+	return files, nil
+}

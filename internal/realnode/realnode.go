@@ -337,13 +337,20 @@ func (n *Node) startContainerd() error {
 	})
 }
 
-// importImage writes ref as an OCI archive holding the program prog (built
-// into Dir) as its entrypoint, and imports it into the CRI's namespace
-// (k8s.io), unpacked for overlayfs.
+// importImage imports the program prog (built into Dir) as the image ref,
+// its entrypoint.
 func (n *Node) importImage(ref, prog string) error {
-	archive := filepath.Join(n.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".oci.tar")
 	files := []ImageFile{{Path: "/" + prog, Src: filepath.Join(n.Dir, prog), Mode: 0o755}}
-	if err := WriteImage(archive, ref, []string{"/" + prog}, files); err != nil {
+	return n.ImportImage(ref, []string{"/" + prog}, files)
+}
+
+// ImportImage writes the image ref (files, entrypoint) as an OCI archive
+// and imports it into the node's containerd, in the CRI's namespace
+// (k8s.io), unpacked for overlayfs: pods on the node can run it with
+// imagePullPolicy Never. BinaryFiles gives the files of a program.
+func (n *Node) ImportImage(ref string, entrypoint []string, files []ImageFile) error {
+	archive := filepath.Join(n.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".oci.tar")
+	if err := WriteImage(archive, ref, entrypoint, files); err != nil {
 		return err
 	}
 	return n.ctr("images", "import", archive)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -252,6 +254,28 @@ func TestRealKubeletDaemonSetPlugin(t *testing.T) {
 	kubetest.CreateNamespace(t, ns)
 	const res = "example.com/gadget"
 
+	// The plugin built with cgo, linked to this machine's glibc, as
+	// NVIDIA's is: its image holds the libraries ldd finds.
+	bin := filepath.Join(t.TempDir(), "deviceplugin")
+	build := exec.Command("go", "build", "-o", bin, "./internal/realnode/deviceplugin")
+	build.Dir = "../.."
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build the plugin with cgo: %v\n%s", err, out)
+	}
+	files, err := realnode.BinaryFiles(bin, "/deviceplugin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 3 {
+		t.Fatalf("the cgo plugin links no shared library (%v): this test wants a dynamic program", files)
+	}
+	const image = "mig-agent.test/device-plugin:cgo"
+	if err := n.ImportImage(image, []string{"/deviceplugin"}, files); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("image %s: %d files (the plugin and its libraries)", image, len(files))
+
 	labels := map[string]string{"app": "gadget-plugin"}
 	dir := n.DevicePluginDir()
 	ds := &appsv1.DaemonSet{
@@ -268,7 +292,7 @@ func TestRealKubeletDaemonSetPlugin(t *testing.T) {
 					NodeSelector:  map[string]string{corev1.LabelHostname: n.Name},
 					Tolerations:   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 					Containers: []corev1.Container{{
-						Name: "plugin", Image: realnode.PluginImage, ImagePullPolicy: corev1.PullNever,
+						Name: "plugin", Image: image, ImagePullPolicy: corev1.PullNever,
 						Args:            []string{res, "g0", "g1", "g2"},
 						SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 						VolumeMounts:    []corev1.VolumeMount{{Name: "device-plugin", MountPath: dir}},
@@ -290,7 +314,7 @@ func TestRealKubeletDaemonSetPlugin(t *testing.T) {
 
 	pod := n.Pod(ns, "two", kubetest.SchedulerName)
 	pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{res: resource.MustParse("2")}
-	pod, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	pod, err = c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
