@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# ensure-containerd.sh: make sure containerd, runc and the CNI plugins are
-# installed, for the tests that run a real kubelet (internal/realnode).
-# Idempotent: does nothing when containerd, ctr, runc and /usr/lib/cni/loopback
-# are already there. Installs Debian's containerd, runc and
-# containernetworking-plugins packages with apt-get, as root. Quiet when it
+# ensure-containerd.sh: make sure containerd, runc, the CNI plugins and ip
+# are installed, for the tests that run a real kubelet (internal/realnode).
+# Idempotent: does nothing when containerd, ctr, runc, ip and the CNI
+# plugins bridge, host-local and loopback are already there. Installs
+# Debian's containerd, runc, containernetworking-plugins and iproute2
+# packages with apt-get, as root. Quiet when it
 # works; on failure apt's own error lines are shown. Nothing is started or
 # enabled: the tests run containerd themselves, with a private config.
 # Exit status non-zero when something is still missing.
@@ -18,6 +19,7 @@ missing() {
 	command -v containerd >/dev/null 2>&1 || m+=(containerd)
 	command -v ctr >/dev/null 2>&1 || m+=(ctr)
 	command -v runc >/dev/null 2>&1 || m+=(runc)
+	command -v ip >/dev/null 2>&1 || m+=(ip)
 	[[ -x $CNI_DIR/loopback && -x $CNI_DIR/host-local && -x $CNI_DIR/bridge ]] || m+=("$CNI_DIR/{loopback,host-local,bridge}")
 	echo "${m[*]}"
 }
@@ -37,13 +39,13 @@ if [[ "$(id -u)" -ne 0 ]]; then
 	if command -v sudo >/dev/null 2>&1; then
 		sudo=(sudo -n)
 	else
-		log "missing: $m, and not root (no sudo): install containerd, runc and containernetworking-plugins" >&2
+		log "missing: $m, and not root (no sudo): install containerd, runc, containernetworking-plugins and iproute2" >&2
 		exit 1
 	fi
 fi
 
 command -v apt-get >/dev/null 2>&1 || {
-	log "missing: $m, and no apt-get to install containerd, runc and containernetworking-plugins with" >&2
+	log "missing: $m, and no apt-get to install containerd, runc, containernetworking-plugins and iproute2 with" >&2
 	exit 1
 }
 
@@ -59,7 +61,7 @@ apt_quiet() {
 	fi
 }
 
-log "missing: $m; installing containerd runc containernetworking-plugins with apt-get"
+log "missing: $m; installing containerd runc containernetworking-plugins iproute2 with apt-get"
 apt_quiet apt-get update -qq
 # --no-install-recommends: Debian's containerd recommends nothing the tests use.
 # policy-rc.d keeps the package from starting containerd as a host service.
@@ -71,7 +73,7 @@ if [[ ! -e $policy ]]; then
 	made_policy=1
 fi
 rc=0
-(apt_quiet apt-get install -y -qq --no-install-recommends containerd runc containernetworking-plugins) || rc=$?
+(apt_quiet apt-get install -y -qq --no-install-recommends containerd runc containernetworking-plugins iproute2) || rc=$?
 [[ -z $made_policy ]] || "${sudo[@]}" rm -f "$policy"
 ((rc == 0)) || exit "$rc"
 

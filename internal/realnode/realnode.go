@@ -179,7 +179,7 @@ func Check() error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing %s: run `bash %s` (Debian's containerd, runc, containernetworking-plugins)",
+		return fmt.Errorf("missing %s: run `bash %s` (Debian's containerd, runc, containernetworking-plugins, iproute2)",
 			strings.Join(missing, ", "), EnsureScript)
 	}
 	return nil
