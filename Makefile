@@ -41,12 +41,15 @@ simlib:
 # tests on a real kube-apiserver + etcd (built once, cached in ~/.cache), a
 # real dbus-daemon, the GPU Operator's own controller and NVIDIA's device
 # plugin and GPU Feature Discovery (built once from their Go modules, cached
-# in ~/.cache/gpu-operator-test and ~/.cache/nvidia-device-plugin-test). The Kubernetes binaries
-# (kube-apiserver, kube-controller-manager, kube-scheduler) and etcd are built
-# up front, so that no test's timeout pays for their first build.
+# in ~/.cache/gpu-operator-test and ~/.cache/nvidia-device-plugin-test). The
+# Kubernetes binaries (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet) and etcd are built up front, so that no test's
+# timeout pays for their first build. The real kubelet (internal/realnode)
+# runs over Debian's containerd and runc.
 test: build
 	bash hack/ensure-dbus.sh
-	bash hack/kube-apiserver.sh build --with-controller-manager --with-scheduler >/dev/null
+	bash hack/ensure-containerd.sh
+	bash hack/kube-apiserver.sh build --with-controller-manager --with-scheduler --with-kubelet >/dev/null
 	bash hack/gpu-operator.sh build
 	bash hack/nvidia-device-plugin.sh build >/dev/null
 	$(GO) test -count=1 -p 1 -timeout 40m ./...

@@ -4,17 +4,18 @@
 #
 # No kubelet; controllers only on request (see --with-controller-manager); the
 # scheduler is only built here (--with-scheduler): tests start it themselves
-# with a profile of their own (internal/kubetest StartScheduler).
+# with a profile of their own (internal/kubetest StartScheduler); so is the
+# kubelet (--with-kubelet), which internal/realnode runs over containerd.
 # Binaries are built from the published Go modules k8s.io/kubernetes and
 # go.etcd.io/etcd/server/v3 through the Go module proxy (the only thing needed
 # from the network), once, and cached; later starts need no network at all.
 #
 # Usage:
-#   kube-apiserver.sh build [--with-controller-manager] [--with-scheduler]
+#   kube-apiserver.sh build [--with-controller-manager] [--with-scheduler] [--with-kubelet]
 #         Build (or reuse cached) binaries: kube-apiserver, etcd, and on request
-#         kube-controller-manager and kube-scheduler, all from the same
+#         kube-controller-manager, kube-scheduler and kubelet, all from the same
 #         k8s.io/kubernetes module and version. Prints their paths, one per line,
-#         in that order.
+#         in that order. The kubelet's first build takes about 7 min on 2 cores.
 #   kube-apiserver.sh cached
 #         Exit 0 when kube-apiserver and etcd are built (start will not build).
 #   kube-apiserver.sh start [-k|--kubeconfig FILE] [-d|--dir DIR] [--owner-pid PID]
@@ -37,7 +38,7 @@
 #   KUBE_TEST_K8S_VERSION  k8s.io/kubernetes module version   (default v1.37.2)
 #   KUBE_TEST_ETCD_VERSION go.etcd.io/etcd/server/v3 version   (default v3.7.3)
 #   KUBE_TEST_APISERVER_BIN, KUBE_TEST_ETCD_BIN, KUBE_TEST_KCM_BIN,
-#   KUBE_TEST_SCHEDULER_BIN  use these binaries instead of building
+#   KUBE_TEST_SCHEDULER_BIN, KUBE_TEST_KUBELET_BIN  use these binaries instead of building
 #   (No ETCD_* names on purpose: etcd reads every ETCD_<FLAG> variable as a
 #   flag, e.g. ETCD_VERSION=x acts as --version. They are removed from etcd's
 #   environment.)
@@ -174,18 +175,21 @@ EOF
 	log "built $bindir/etcd in $((SECONDS - t0))s"
 }
 
-# ensure_binaries [with_kcm [with_sched]]: sets APISERVER, ETCD (and KCM,
-# SCHEDULER) to usable binaries.
+# ensure_binaries [with_kcm [with_sched [with_kubelet]]]: sets APISERVER, ETCD
+# (and KCM, SCHEDULER, KUBELET) to usable binaries.
 ensure_binaries() {
-	local with_kcm=${1:-} with_sched=${2:-} cmds=()
+	local with_kcm=${1:-} with_sched=${2:-} with_kubelet=${3:-} cmds=()
 	APISERVER=${KUBE_TEST_APISERVER_BIN:-$(kube_bin_dir)/kube-apiserver}
 	ETCD=${KUBE_TEST_ETCD_BIN:-$(etcd_bin_dir)/etcd}
 	KCM=${KUBE_TEST_KCM_BIN:-$(kube_bin_dir)/kube-controller-manager}
 	SCHEDULER=${KUBE_TEST_SCHEDULER_BIN:-$(kube_bin_dir)/kube-scheduler}
+	KUBELET=${KUBE_TEST_KUBELET_BIN:-$(kube_bin_dir)/kubelet}
 	[[ -n ${KUBE_TEST_APISERVER_BIN:-} || -x $APISERVER ]] || cmds+=(kube-apiserver)
 	[[ -z $with_kcm || -n ${KUBE_TEST_KCM_BIN:-} || -x $KCM ]] || cmds+=(kube-controller-manager)
 	[[ -z $with_sched || -n ${KUBE_TEST_SCHEDULER_BIN:-} || -x $SCHEDULER ]] || cmds+=(kube-scheduler)
-	if [[ ! -x $APISERVER || ! -x $ETCD || (-n $with_kcm && ! -x $KCM) || (-n $with_sched && ! -x $SCHEDULER) ]]; then
+	[[ -z $with_kubelet || -n ${KUBE_TEST_KUBELET_BIN:-} || -x $KUBELET ]] || cmds+=(kubelet)
+	if [[ ! -x $APISERVER || ! -x $ETCD || (-n $with_kcm && ! -x $KCM) || (-n $with_sched && ! -x $SCHEDULER) ||
+		(-n $with_kubelet && ! -x $KUBELET) ]]; then
 		mkdir -p "$CACHE_DIR"
 		# One builder at a time (parallel test jobs may all call start).
 		exec 9>"$CACHE_DIR/.build.lock"
@@ -198,6 +202,7 @@ ensure_binaries() {
 	[[ -x $ETCD ]] || die "no etcd at $ETCD"
 	[[ -z $with_kcm || -x $KCM ]] || die "no kube-controller-manager at $KCM"
 	[[ -z $with_sched || -x $SCHEDULER ]] || die "no kube-scheduler at $SCHEDULER"
+	[[ -z $with_kubelet || -x $KUBELET ]] || die "no kubelet at $KUBELET"
 }
 
 # ---------------------------------------------------------------- running --
@@ -503,19 +508,21 @@ cached)
 	[[ -x ${KUBE_TEST_APISERVER_BIN:-$(kube_bin_dir)/kube-apiserver} && -x ${KUBE_TEST_ETCD_BIN:-$(etcd_bin_dir)/etcd} ]]
 	;;
 build)
-	kcm="" sched=""
+	kcm="" sched="" kubelet=""
 	while (($#)); do
 		case $1 in
 		--with-controller-manager) kcm=1 ;;
 		--with-scheduler) sched=1 ;;
+		--with-kubelet) kubelet=1 ;;
 		*) die "unknown build option: $1" ;;
 		esac
 		shift
 	done
-	ensure_binaries "$kcm" "$sched"
+	ensure_binaries "$kcm" "$sched" "$kubelet"
 	printf '%s\n' "$APISERVER" "$ETCD"
 	[[ -z $kcm ]] || echo "$KCM"
 	[[ -z $sched ]] || echo "$SCHEDULER"
+	[[ -z $kubelet ]] || echo "$KUBELET"
 	;;
 start)
 	do_start "$@"

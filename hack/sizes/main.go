@@ -3,7 +3,8 @@
 // over -max-pkg lines or a function of the product's packages over
 // -max-func lines. The product is what users run: the function limit leaves
 // out the tools under hack/ and the test harnesses (internal/kubetest,
-// internal/dbustest); the package limit holds for every package.
+// internal/dbustest, internal/realnode); the package limit holds for every
+// package.
 //
 //	go run ./hack/sizes [-max-pkg 2500] [-max-func 100] [-top 15]
 package main
@@ -145,7 +146,7 @@ func recvName(e ast.Expr) string {
 // product reports whether the file at path is part of what users run.
 func product(path string) bool {
 	path = filepath.ToSlash(filepath.Clean(path))
-	for _, p := range []string{"hack/", "internal/kubetest/", "internal/dbustest/"} {
+	for _, p := range []string{"hack/", "internal/kubetest/", "internal/dbustest/", "internal/realnode/"} {
 		if strings.HasPrefix(path, p) || strings.Contains(path, "/"+p) {
 			return false
 		}
