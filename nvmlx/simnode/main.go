@@ -117,6 +117,11 @@ func parent(o options) int {
 	}
 	// The namespace's tmpfs is mounted here; on the host it stays an empty
 	// directory, removed when the command ends.
+	// A container image may have no /tmp.
+	if err := os.MkdirAll(os.TempDir(), 0o1777); err != nil {
+		fmt.Fprintln(os.Stderr, "sim-node:", err)
+		return 1
+	}
 	stage, err := os.MkdirTemp("", "sim-node-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sim-node:", err)

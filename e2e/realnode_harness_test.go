@@ -1,0 +1,297 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/internal/realnode"
+	"github.com/migagent/mig-agent/internal/simlibtest"
+)
+
+// The real node: a real kubelet over containerd (internal/realnode) on
+// simulated GPUs, with NVIDIA's own device plugin v0.17.4, unmodified, as
+// the GPU Operator v25.3.4 deploys it (assets/state-device-plugin/
+// 0500_daemonset.yaml: a privileged DaemonSet pod labelled
+// app=nvidia-device-plugin-daemonset on nodes labelled
+// nvidia.com/gpu.deploy.device-plugin=true, the kubelet's device-plugin
+// directory mounted, PASS_DEVICE_SPECS, FAIL_ON_INIT_ERROR,
+// DEVICE_LIST_STRATEGY=envvar, DEVICE_ID_STRATEGY=uuid). Its container
+// runs the plugin through sim-node over the simulator built as
+// libnvidia-ml.so.1, on the state file the agent changes: the plugin sees
+// the new geometry only when it starts again, as on a real node.
+//
+// Two departures from the Operator's pod, both because no driver runs
+// here: the plugin finds libnvidia-ml.so.1 on sim-node's loader path
+// rather than under /driver-root, and NVIDIA_DEV_ROOT names a host
+// directory that holds the driver's device nodes (what a containerized
+// driver's /run/nvidia/driver is), so that the kubelet can hand the
+// devices the plugin names to a container.
+
+// realGPUNode is a real node with simulated GPUs and NVIDIA's plugin.
+type realGPUNode struct {
+	*realnode.Node
+	Spec, State, Lib string
+	// PluginNS holds the plugin's DaemonSet ("gpu-operator").
+	PluginNS string
+	// DevRoot holds dev/nvidia* on the host for the containers.
+	DevRoot string
+	// PluginConfig, when set, is the plugin's config file (its sharing
+	// section: time-slicing), mounted from a ConfigMap as CONFIG_FILE.
+	PluginConfig string
+}
+
+// pluginLabels are the GPU Operator's labels of the device plugin's pods.
+var pluginLabels = map[string]string{"app": "nvidia-device-plugin-daemonset"}
+
+// startRealGPUNode starts a real node whose GPUs (spec) hold config of
+// file (applied through the library before the plugin starts), and
+// NVIDIA's device plugin with strategy (mixed or single); it returns when
+// the plugin's resources are in the Node's allocatable.
+func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig string) *realGPUNode {
+	t.Helper()
+	plugin := nvidiaBin(t, "nvidia-device-plugin")
+	kubetest.StartScheduler(t)
+	n := &realGPUNode{Node: realnode.Start(t), Spec: spec, Lib: simlibtest.Library(t), PluginNS: "gpu-operator", PluginConfig: pluginConfig}
+	n.State = filepath.Join(n.Dir, "sim", "state.json")
+	n.DevRoot = filepath.Join(n.Dir, "driver")
+	if err := os.MkdirAll(filepath.Dir(n.State), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n.cli(t, "apply", "-f", file, "-c", config)
+	// The driver's device nodes, as sim-node shows them, copied to the
+	// host directory the plugin names as its dev root.
+	cp := exec.Command(simlibtest.SimNode(t), "--state", n.State, "--spec", spec, "--",
+		"sh", "-c", `mkdir -p "$1/dev" && cp -a /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia-caps /dev/nvidia[0-9]* "$1/dev/"`, "sh", n.DevRoot)
+	if out, err := cp.CombinedOutput(); err != nil {
+		t.Fatalf("device nodes for the dev root: %v\n%s", err, out)
+	}
+	n.importPluginImage(t, plugin)
+	c := n.Client
+	untaintReady(t, n.Node)
+	kubetest.CreateNamespace(t, n.PluginNS)
+	SetLabel(t, c, n.Name, "nvidia.com/gpu.deploy.device-plugin", "true", "")
+	n.createPluginDaemonSet(t, strategy)
+	return n
+}
+
+// untaintReady removes the taint node.kubernetes.io/not-ready:NoSchedule
+// from the Ready node, as kube-controller-manager's node lifecycle
+// controller does (pkg/controller/nodelifecycle, doNoScheduleTaintingPass):
+// the API server's NodeTaint admission puts it on every new Node, and the
+// tests' controller manager runs only the DaemonSet controller, so without
+// this no pod that tolerates only its own taints (the GPU Operator's
+// device plugin) would ever be placed on the node.
+func untaintReady(t *testing.T, n *realnode.Node) {
+	t.Helper()
+	ctx := context.Background()
+	node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(x corev1.Taint) bool {
+		return x.Key == corev1.TaintNodeNotReady && x.Effect == corev1.TaintEffectNoSchedule
+	})
+	if len(kept) == len(node.Spec.Taints) {
+		return
+	}
+	node.Spec.Taints = kept
+	if _, err := n.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("removing the not-ready taint of the Ready node: %v", err)
+	}
+}
+
+// cli runs the agent's CLI on the node's GPUs through the library.
+func (n *realGPUNode) cli(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(binary(), append(args, "--nvml", "real", "--nvml-library", n.Lib, "--log-level", "error")...)
+	cmd.Env = append(os.Environ(), "MIG_AGENT_SIM="+n.Spec, "MIG_AGENT_SIM_STATE="+n.State, "MIG_AGENT_SIM_QUIET=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mig-agent %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// pluginImage is NVIDIA's plugin with sim-node and the library.
+const pluginImage = "mig-agent.test/nvidia-device-plugin:v0.17.4"
+
+func (n *realGPUNode) importPluginImage(t *testing.T, plugin string) {
+	t.Helper()
+	var files []realnode.ImageFile
+	for _, b := range []struct{ src, dst string }{
+		{plugin, "/usr/bin/nvidia-device-plugin"},
+		{simlibtest.SimNode(t), "/usr/bin/sim-node"},
+		{n.Lib, "/usr/lib/mig-agent-sim/libnvidia-ml.so.1"},
+	} {
+		fs, err := realnode.BinaryFiles(b.src, b.dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fs {
+			if !slices.ContainsFunc(files, func(g realnode.ImageFile) bool { return g.Path == f.Path }) {
+				files = append(files, f)
+			}
+		}
+	}
+	entry := []string{"/usr/bin/sim-node", "--lib", "/usr/lib/mig-agent-sim", "--", "/usr/bin/nvidia-device-plugin"}
+	if err := n.ImportImage(pluginImage, entry, files); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (n *realGPUNode) createPluginDaemonSet(t *testing.T, strategy string) {
+	t.Helper()
+	ctx := context.Background()
+	env := []corev1.EnvVar{
+		{Name: "PASS_DEVICE_SPECS", Value: "true"}, {Name: "FAIL_ON_INIT_ERROR", Value: "true"},
+		{Name: "DEVICE_LIST_STRATEGY", Value: "envvar"}, {Name: "DEVICE_ID_STRATEGY", Value: "uuid"},
+		{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}, {Name: "NVIDIA_DRIVER_CAPABILITIES", Value: "all"},
+		{Name: "MIG_STRATEGY", Value: strategy}, {Name: "NVIDIA_DEV_ROOT", Value: n.DevRoot},
+		{Name: "MIG_AGENT_SIM", Value: n.Spec}, {Name: "MIG_AGENT_SIM_STATE", Value: "/sim/state.json"},
+		{Name: "MIG_AGENT_SIM_QUIET", Value: "1"},
+	}
+	dir := n.DevicePluginDir()
+	mounts := []corev1.VolumeMount{{Name: "device-plugin", MountPath: dir}, {Name: "sim", MountPath: "/sim"}}
+	volumes := []corev1.Volume{
+		{Name: "device-plugin", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}},
+		{Name: "sim", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: filepath.Dir(n.State)}}},
+	}
+	if n.PluginConfig != "" {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: n.PluginNS, Name: "device-plugin-config"},
+			Data: map[string]string{"config.yaml": n.PluginConfig}}
+		if _, err := n.Client.CoreV1().ConfigMaps(n.PluginNS).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		env = append(env, corev1.EnvVar{Name: "CONFIG_FILE", Value: "/config/config.yaml"})
+		mounts = append(mounts, corev1.VolumeMount{Name: "config", MountPath: "/config"})
+		volumes = append(volumes, corev1.Volume{Name: "config", VolumeSource: corev1.VolumeSource{
+			ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}})
+	}
+	ds := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: n.PluginNS, Name: "nvidia-device-plugin-daemonset", Labels: pluginLabels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: pluginLabels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: pluginLabels},
+				Spec: corev1.PodSpec{
+					SchedulerName: kubetest.SchedulerName,
+					NodeSelector:  map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true", corev1.LabelHostname: n.Name},
+					Tolerations:   []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+					Containers: []corev1.Container{{
+						Name: "nvidia-device-plugin", Image: pluginImage, ImagePullPolicy: corev1.PullNever,
+						Env: env, SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}, VolumeMounts: mounts,
+					}},
+					Volumes:                       volumes,
+					TerminationGracePeriodSeconds: ptr.To[int64](5),
+				},
+			},
+		},
+	}
+	if _, err := n.Client.AppsV1().DaemonSets(n.PluginNS).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitAllocatable waits until the Node's allocatable GPU resources
+// (nvidia.com/*) are exactly want.
+func (n *realGPUNode) waitAllocatable(t *testing.T, want map[string]int64, timeout time.Duration) {
+	t.Helper()
+	var last map[string]int64
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		node, err := n.Client.CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{})
+		if err != nil {
+			continue
+		}
+		if last = gpuAllocatable(node); fmt.Sprint(last) == fmt.Sprint(want) {
+			return
+		}
+	}
+	t.Errorf("node %s: allocatable GPU resources %v after %s, want %v", n.Name, last, timeout, want)
+	n.explainPlugin(t)
+	t.FailNow()
+}
+
+// explainPlugin logs what became of the plugin's DaemonSet and pods: their
+// status and the plugin's own log.
+func (n *realGPUNode) explainPlugin(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); err == nil {
+		t.Logf("node %s: taints %v, labels %v", n.Name, node.Spec.Taints, node.Labels)
+	}
+	if ds, err := n.Client.AppsV1().DaemonSets(n.PluginNS).Get(ctx, "nvidia-device-plugin-daemonset", metav1.GetOptions{}); err == nil {
+		t.Logf("plugin DaemonSet status: %+v", ds.Status)
+	}
+	pods, err := n.Client.CoreV1().Pods(n.PluginNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Logf("listing the plugin's pods: %v", err)
+		return
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		t.Logf("plugin pod %s on %q: phase %s, conditions %+v, containers %+v", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.Conditions, p.Status.ContainerStatuses)
+		if log, err := n.ContainerLog(p, "nvidia-device-plugin"); err == nil {
+			t.Logf("plugin pod %s log:\n%s", p.Name, log)
+		} else {
+			t.Logf("plugin pod %s log: %v", p.Name, err)
+		}
+	}
+}
+
+// gpuAllocatable is a Node's allocatable nvidia.com/* resources with a
+// count above 0 (a stopped plugin's resources stay at 0).
+func gpuAllocatable(node *corev1.Node) map[string]int64 {
+	out := map[string]int64{}
+	for name, q := range node.Status.Allocatable {
+		if strings.HasPrefix(string(name), "nvidia.com/") && q.Value() > 0 {
+			out[string(name)] = q.Value()
+		}
+	}
+	return out
+}
+
+// gpuPod makes a pod asking for one res, scheduled by the tests'
+// scheduler onto the node and owned by a ReplicaSet (that need not exist),
+// as a workload's pod is.
+func (n *realGPUNode) gpuPod(ns, name, res string) *corev1.Pod {
+	p := n.Pod(ns, name, kubetest.SchedulerName)
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(res): resource.MustParse("1")}
+	p.OwnerReferences = []metav1.OwnerReference{*disOwner("workload")}
+	return p
+}
+
+// podDevices maps each pod of ns the kubelet's PodResources lists to the
+// device ids it holds (MIG UUIDs, with DEVICE_ID_STRATEGY=uuid).
+func (n *realGPUNode) podDevices(t *testing.T, ns string) map[string][]string {
+	t.Helper()
+	list, err := n.ListPodResources(context.Background())
+	if err != nil {
+		t.Fatalf("the kubelet's PodResources List: %v", err)
+	}
+	out := map[string][]string{}
+	for _, pr := range list.PodResources {
+		if pr.Namespace != ns {
+			continue
+		}
+		for _, c := range pr.Containers {
+			for _, d := range c.Devices {
+				out[pr.Name] = append(out[pr.Name], d.DeviceIds...)
+			}
+		}
+	}
+	return out
+}
