@@ -85,6 +85,29 @@ var (
 	errUnknownOperand = errors.New("unknown operand")
 )
 
+// DefaultOperandNamespaces are where NVIDIA's installers put the
+// operands: the GPU Operator's documented namespace (helm install -n
+// gpu-operator), the device plugin chart's (nvidia-device-plugin), the DRA
+// driver chart's (nvidia-dra-driver-gpu), and kube-system, where the device
+// plugin's static manifest (nvidia-device-plugin.yml) runs it. With the
+// agent's own namespace they are --operand-namespace's default
+// (OperandNamespaces).
+var DefaultOperandNamespaces = []string{"gpu-operator", "nvidia-device-plugin", "nvidia-dra-driver-gpu", "kube-system"}
+
+// OperandNamespaces is the namespaces the agent takes operands from: given
+// (--operand-namespace), exactly those; else the agent's own namespace and
+// DefaultOperandNamespaces.
+func OperandNamespaces(given []string, own string) []string {
+	if len(given) > 0 {
+		return given
+	}
+	out := slices.Clone(DefaultOperandNamespaces)
+	if own != "" && !slices.Contains(out, own) {
+		out = append([]string{own}, out...)
+	}
+	return out
+}
+
 // Selectors are the parsed --operand-selector and --plugin-selector
 // settings: which pod of the node is which operand.
 type Selectors struct {
@@ -93,6 +116,67 @@ type Selectors struct {
 	// extra are --plugin-selector's: other pods restarted after a change,
 	// never taken for an operand.
 	extra []labels.Selector
+	// namespaces are where an operand may run (--operand-namespace, as
+	// OperandNamespaces resolves it); nil: any (tests only).
+	namespaces []string
+}
+
+// Within restricts s to operands in namespaces (OperandNamespaces) and
+// returns s.
+func (s *Selectors) Within(namespaces []string) *Selectors {
+	s.namespaces = slices.Clone(namespaces)
+	return s
+}
+
+// vet says why p, which a selector selects, is not taken for an operand
+// ("" it is): an operand is a pod a DaemonSet controls (its controller
+// ownerReference), in one of s.namespaces. Labels alone are anyone's: a
+// tenant who may create pods in its own namespace could label one
+// app=nvidia-device-plugin-daemonset and be restarted, waited for, or
+// block a change with its own PodDisruptionBudget.
+func (s *Selectors) vet(p *corev1.Pod) string {
+	if s.namespaces != nil && !slices.Contains(s.namespaces, p.Namespace) {
+		return "namespace " + p.Namespace + " is not an operand namespace (--operand-namespace: " + strings.Join(s.namespaces, ", ") + ")"
+	}
+	if ref := metav1.GetControllerOf(p); ref == nil || ref.Kind != "DaemonSet" {
+		return "not controlled by a DaemonSet"
+	}
+	return ""
+}
+
+// selected is the operand p's labels (or, for the DRA kubelet plugin,
+// its DaemonSet's program) make it ("" none), or "plugin-selector" where
+// only --plugin-selector selects it; before vet.
+func (s *Selectors) selected(p *corev1.Pod) string {
+	if r := s.claimed(p); r != "" {
+		return r
+	}
+	set := labels.Set(p.Labels)
+	for _, sel := range s.extra {
+		if sel.Matches(set) {
+			return "plugin-selector"
+		}
+	}
+	return ""
+}
+
+// Impostors are the pods of pods that a selector selects but vet refuses,
+// as "namespace/name (selected as X; why)", sorted: the agent ignores them
+// and warns, naming each.
+func (s *Selectors) Impostors(pods []corev1.Pod) []string {
+	var out []string
+	for i := range pods {
+		p := &pods[i]
+		as := s.selected(p)
+		if as == "" {
+			continue
+		}
+		if why := s.vet(p); why != "" {
+			out = append(out, fmt.Sprintf("%s/%s (selected as %s; %s)", p.Namespace, p.Name, as, why))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // parseSelector is labels.Parse (a test counts the calls).
@@ -155,8 +239,14 @@ func parseOne(sel string) (labels.Selector, error) {
 	return parsed, nil
 }
 
-// matches reports whether p is operand name by its selectors alone.
+// matches reports whether p is operand name by its selectors, and vet
+// takes it.
 func (s *Selectors) matches(name string, p *corev1.Pod) bool {
+	return s.labelled(name, p) && s.vet(p) == ""
+}
+
+// labelled reports whether p is operand name by its selectors alone.
+func (s *Selectors) labelled(name string, p *corev1.Pod) bool {
 	set := labels.Set(p.Labels)
 	for _, sel := range s.byOperand[name] {
 		if sel.Matches(set) {
@@ -172,16 +262,25 @@ func (s *Selectors) matches(name string, p *corev1.Pod) bool {
 // device plugin's chart gives both the same labels and names the GFD
 // DaemonSet <fullname>-gpu-feature-discovery, whose pods take its name.
 func (s *Selectors) roleOf(p *corev1.Pod) string {
+	if s.vet(p) != "" {
+		return ""
+	}
+	return s.claimed(p)
+}
+
+// claimed is roleOf before vet: the operand p's labels (or its
+// DaemonSet's program) say it is.
+func (s *Selectors) claimed(p *corev1.Pod) string {
 	switch {
-	case s.matches(OperandDRAPlugin, p) || isDRAKubeletPlugin(p):
+	case s.labelled(OperandDRAPlugin, p) || isDRAKubeletPlugin(p):
 		return OperandDRAPlugin
-	case s.matches(OperandGFD, p):
+	case s.labelled(OperandGFD, p):
 		return OperandGFD
-	case s.matches(OperandDevicePlugin, p) && strings.Contains(p.Name, "gpu-feature-discovery"):
+	case s.labelled(OperandDevicePlugin, p) && strings.Contains(p.Name, "gpu-feature-discovery"):
 		return OperandGFD
 	}
 	for _, name := range OperandNames {
-		if name != OperandDRAPlugin && name != OperandGFD && s.matches(name, p) {
+		if name != OperandDRAPlugin && name != OperandGFD && s.labelled(name, p) {
 			return name
 		}
 	}
@@ -198,6 +297,9 @@ func (s *Selectors) Is(name string) func(*corev1.Pod) bool {
 func (s *Selectors) restarted(p *corev1.Pod) bool {
 	if slices.Contains(restartedOperands, s.roleOf(p)) {
 		return true
+	}
+	if s.vet(p) != "" {
+		return false
 	}
 	set := labels.Set(p.Labels)
 	for _, sel := range s.extra {

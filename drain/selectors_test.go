@@ -3,13 +3,16 @@ package drain
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -24,6 +27,11 @@ import (
 )
 
 // defaultSelectors are the operand selectors with no setting.
+// daemonSetOwner is the controller reference of a pod a DaemonSet made.
+func daemonSetOwner(name string) []metav1.OwnerReference {
+	return []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: name, UID: "ds-" + types.UID(name), Controller: ptr.To(true)}}
+}
+
 func defaultSelectors(t *testing.T) *Selectors {
 	t.Helper()
 	s, err := ParseSelectors(nil, nil)
@@ -309,5 +317,67 @@ func TestPauseWaitsForSelectedOperands(t *testing.T) {
 	err = pauseOperands(ctx, c, testsupport.Discard(), "n1", saved, s, time.Second)
 	if !errors.Is(err, errOperandsTimeout) || !strings.Contains(err.Error(), "exporter") || strings.Contains(err.Error(), "plugin") {
 		t.Errorf("pause: %v", err)
+	}
+}
+
+// An operand is what it claims only as a DaemonSet's pod in an operand
+// namespace: a tenant's pod with the device plugin's labels (in its own
+// namespace, or with no controller) is ignored, and named as an impostor.
+func TestOperandsAreWhatTheyClaim(t *testing.T) {
+	s := defaultSelectors(t).Within(OperandNamespaces(nil, "mig-agent"))
+	dpLabels := map[string]string{"app": "nvidia-device-plugin-daemonset"}
+	real := readyPod("nvidia-device-plugin-daemonset-abc", "u1", dpLabels)
+	real.Namespace = "gpu-operator"
+	tenant := readyPod("poser", "u2", dpLabels)
+	tenant.Namespace = "team-a" // owned by "a DaemonSet" it may name itself
+	bare := readyPod("bare", "u3", dpLabels)
+	bare.Namespace, bare.OwnerReferences = "gpu-operator", nil
+	byRS := readyPod("byrs", "u4", dpLabels)
+	byRS.Namespace, byRS.OwnerReferences = "gpu-operator", []metav1.OwnerReference{*rsOwner("rs")}
+	own := readyPod("own", "u5", map[string]string{"app": "mig-reader"})
+	own.Namespace = "mig-agent"
+	for _, tc := range []struct {
+		p    *corev1.Pod
+		role string
+	}{{real, OperandDevicePlugin}, {tenant, ""}, {bare, ""}, {byRS, ""}} {
+		if got := s.roleOf(tc.p); got != tc.role {
+			t.Errorf("%s/%s: role %q, want %q", tc.p.Namespace, tc.p.Name, got, tc.role)
+		}
+		if got := s.restarted(tc.p); got != (tc.role != "") {
+			t.Errorf("%s/%s: restarted %v", tc.p.Namespace, tc.p.Name, got)
+		}
+	}
+	bad := s.Impostors([]corev1.Pod{*real, *tenant, *bare, *byRS, *own})
+	want := []string{
+		"gpu-operator/bare (selected as device-plugin; not controlled by a DaemonSet)",
+		"gpu-operator/byrs (selected as device-plugin; not controlled by a DaemonSet)",
+		"team-a/poser (selected as device-plugin; namespace team-a is not an operand namespace (--operand-namespace: mig-agent, gpu-operator, nvidia-device-plugin, nvidia-dra-driver-gpu, kube-system))",
+	}
+	if !slices.Equal(bad, want) {
+		t.Errorf("Impostors =\n%q\nwant\n%q", bad, want)
+	}
+	// Named namespaces replace the default, the agent's own included.
+	if got := OperandNamespaces([]string{"ops"}, "mig-agent"); !slices.Equal(got, []string{"ops"}) {
+		t.Errorf("OperandNamespaces(ops) = %v", got)
+	}
+	if got := OperandNamespaces(nil, "gpu-operator"); !slices.Equal(got, DefaultOperandNamespaces) {
+		t.Errorf("OperandNamespaces(nil, gpu-operator) = %v", got)
+	}
+}
+
+// A PodDisruptionBudget's 429 is told from the API server's throttling by
+// its cause.
+func TestBudgetRefused(t *testing.T) {
+	pdb := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	pdb.ErrStatus.Details.Causes = append(pdb.ErrStatus.Details.Causes, metav1.StatusCause{Type: policyv1.DisruptionBudgetCause,
+		Message: "The disruption budget guard needs 1 healthy pods and has 1 currently"})
+	if got := budgetRefused(fmt.Errorf("wrapped: %w", pdb)); !strings.Contains(got, "guard needs 1 healthy pods") {
+		t.Errorf("budgetRefused(PDB 429) = %q", got)
+	}
+	if got := budgetRefused(apierrors.NewTooManyRequests("slow down", 1)); got != "" {
+		t.Errorf("budgetRefused(throttle) = %q, want empty", got)
+	}
+	if got := budgetRefused(errors.New("x")); got != "" {
+		t.Errorf("budgetRefused(other) = %q", got)
 	}
 }

@@ -93,7 +93,7 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	if _, err := c.CoreV1().Pods(ns).Create(context.Background(), validator, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s", "--operand-namespace", ns)
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
 	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
@@ -142,7 +142,7 @@ func TestRenamedDevicePluginRestarted(t *testing.T) {
 	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
 	ns := kubetest.NewName(t, "gpu")
 	kubetest.CreateNamespace(t, ns)
-	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"--resource-wait-timeout", "60s",
+	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"--resource-wait-timeout", "60s", "--operand-namespace", ns,
 		"--operand-selector", "device-plugin=app=my-gpu-plugin"}}).Fill(t)
 	dp := kubetest.StartSharingDevicePlugin(t, c, node, ns, "mixed", kubetest.PluginConfig{App: "my-gpu-plugin"}, pluginReader(t, o))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
@@ -172,7 +172,7 @@ func TestStaleDevicePluginIsNoSuccess(t *testing.T) {
 	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
 	dp := kubetest.StartDevicePlugin(t, c, node, ns, "mixed", pluginReader(t, o))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
-	o.Extra = append(o.Extra, "--resource-wait-timeout", "3s", "--restart-device-plugin=false")
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "3s", "--restart-device-plugin=false", "--operand-namespace", ns)
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
 	rec := WaitState(t, c, node, record.StateFailed, "all-1g.18gb", 60*time.Second)
@@ -218,7 +218,7 @@ func TestSharingDevicePluginConverges(t *testing.T) {
 	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
 	dp := kubetest.StartSharingDevicePlugin(t, c, node, ns, "mixed", kubetest.PluginConfig{ConfigMap: cm.Name}, pluginReader(t, o))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
-	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s", "--operand-namespace", ns)
 	StartAgent(t, o)
 
 	SelectConfig(t, c, node, "all-1g.18gb")

@@ -58,6 +58,11 @@ type Settings struct {
 	// NAME=SELECTOR items, an operand named there losing its default
 	// selectors (drain.ParseSelectors reads them).
 	OperandSelectors []string
+	// OperandNamespaces are the namespaces the operands run in: a pod
+	// the selectors select is an operand only there, and only when a
+	// DaemonSet controls it (drain.OperandNamespaces gives the default:
+	// the agent's namespace and where NVIDIA's installers put them).
+	OperandNamespaces []string
 	// PluginSelectors are label selectors of other pods restarted after a
 	// change so that they see the new MIG devices, besides the operands.
 	PluginSelectors []string

@@ -63,6 +63,7 @@ var runSettings = []setting{
 	{"command-timeout", "", boundcmd.DefaultTimeout, "how long one external command of a change may run (the CDI step's nvidia-smi and nvidia-ctk, the CDI refresh unit's start, each hook); past it the command is killed and the change fails, naming the step", func(s *settings.Settings) any { return &s.CommandTimeout }},
 	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin, GPU Feature Discovery and DRA kubelet plugin pods so they see the new MIG devices", func(s *settings.Settings) any { return &s.RestartDevicePlugin }},
 	{"operand-selector", "", []string(nil), "NAME=SELECTOR: the label selector of an operand's pods on the node, NAME one of " + strings.Join(drain.OperandNames, ", ") + "; repeatable (a pod matching any of an operand's selectors is it); naming an operand replaces its default selectors, the others keep theirs", func(s *settings.Settings) any { return &s.OperandSelectors }},
+	{"operand-namespace", "", []string(nil), "a namespace the operands (and --plugin-selector's pods) run in; repeatable; a selected pod elsewhere, or one no DaemonSet controls, is ignored with a warning (default: the agent's namespace, " + strings.Join(drain.DefaultOperandNamespaces, ", ") + ")", func(s *settings.Settings) any { return &s.OperandNamespaces }},
 	{"plugin-selector", "", []string(nil), "label selector of other pods on the node restarted after a change so that they see the new MIG devices, besides the device plugin, GPU Feature Discovery, the validator and the DRA kubelet plugin; repeatable", func(s *settings.Settings) any { return &s.PluginSelectors }},
 	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *settings.Settings) any { return &s.PauseGPUOperator }},
 	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *settings.Settings) any { return &s.HostGPUClients }},
@@ -287,6 +288,7 @@ func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 		if s.Namespace == "" {
 			s.Namespace = podNamespace()
 		}
+		s.OperandNamespaces = drain.OperandNamespaces(s.OperandNamespaces, s.Namespace)
 	}
 	if err := r.err(); err != nil {
 		return nil, err
