@@ -120,7 +120,7 @@ func TestDecide(t *testing.T) {
 			unserv: map[string]string{"ml/a": WhyUnknownProfile}},
 		{name: "more than any config gives", nodes: []*Node{h200("n1", "", "")},
 			pods:   []Pod{pod("a", map[string]int{"3g.71gb": 5}, 0)},
-			unserv: map[string]string{"ml/a": WhyTooMany}},
+			unserv: map[string]string{"ml/a": WhyTooLarge}},
 		{name: "ties: node name", nodes: []*Node{h200("n2", "", ""), h200("n1", "", "")}, pods: []Pod{pod("a", want3g, 0)},
 			decisions: []string{"n1=first-3g gpus=[0] pods=[ml/a]"}},
 		{name: "max-concurrent: a node in flight uses the only slot", pods: []Pod{pod("a", want3g, 0)},

@@ -10,8 +10,16 @@
 // node's agent applies the change, within its rollout slots, and records
 // the planner's identity as the requester.
 //
-// It may import client-go (through internal/kclient), geometry, profiles,
-// record, kube (to read a node's records) and assign (to read its trail).
+// A pending pod counts only for the nodes it can be scheduled on (its node
+// selector, node affinity and tolerations, by the scheduler's own helpers
+// in k8s.io/component-helpers); its wants are bounded counts; a free device
+// serves one pod once; a running pod is a GPU user by the agent's own rule
+// (drain.RequestsGPU).
+//
+// It may import client-go (through internal/kclient), component-helpers'
+// scheduling helpers, geometry, profiles, record, kube (to read a node's
+// records), drain (the agent's rule of a GPU resource) and assign (to read
+// its trail).
 package planner
 
 import (

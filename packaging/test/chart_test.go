@@ -437,6 +437,9 @@ func TestFullOptions(t *testing.T) {
 			t.Errorf("planner args %s lack %s", planArgs, want)
 		}
 	}
+	if got := fmt.Sprint(get(plan, "spec", "template", "spec", "containers", 0, "env")); !strings.Contains(got, "name:NVIDIA_VISIBLE_DEVICES value:void") {
+		t.Errorf("planner env %s: want NVIDIA_VISIBLE_DEVICES=void (the planner gets no GPU)", got)
+	}
 	if got := get(plan, "spec", "template", "spec", "volumes", 0, "configMap", "name"); got != "gpu-mig-agent-settings" {
 		t.Errorf("planner mounts ConfigMap %v, want the chart's settings (migConfig)", got)
 	}
