@@ -213,9 +213,9 @@ type round struct {
 	all   []*candidate
 	// decided are the nodes a change of this round goes to.
 	decided map[*Node]bool
-	fit   map[string]map[string]string // pod UID → node → why it cannot land there (absent: it can)
-	now   time.Time
-	o     Options
+	fit     map[string]map[string]string // pod UID → node → why it cannot land there (absent: it can)
+	now     time.Time
+	o       Options
 }
 
 // fits says, per pod and node, why the pod cannot be scheduled there:
