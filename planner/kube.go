@@ -146,13 +146,18 @@ func usesGPU(p *corev1.Pod) bool { return drain.RequestsGPU(p) }
 // landsOn is a test of the nodes p can be scheduled on, by the
 // scheduler's own helpers: its node selector and required node affinity
 // (nodeaffinity.GetRequiredNodeAffinity), and the node's NoSchedule and
-// NoExecute taints against its tolerations. The agent's reconfiguring
-// taint is left out: it goes when the change is done.
+// NoExecute taints against its tolerations. Left out are the taints that
+// go by themselves: the agent's reconfiguring taint (when the change is
+// done) and those the node lifecycle controller sets for a passing
+// condition (node.kubernetes.io/not-ready, unreachable, memory-pressure,
+// ...; not node.kubernetes.io/unschedulable, a cordon someone chose).
 func landsOn(p *corev1.Pod) func(*corev1.Node) string {
 	aff := nodeaffinity.GetRequiredNodeAffinity(p)
 	tolerations := p.Spec.Tolerations
 	hard := func(t *corev1.Taint) bool {
-		return t.Key != record.TaintReconfiguring && (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute)
+		passing := t.Key == record.TaintReconfiguring ||
+			strings.HasPrefix(t.Key, "node.kubernetes.io/") && t.Key != corev1.TaintNodeUnschedulable
+		return !passing && (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute)
 	}
 	return func(n *corev1.Node) string {
 		if ok, err := aff.Match(n); err != nil || !ok {
