@@ -221,3 +221,46 @@ func TestPlannerNICPodIsNoGPUUser(t *testing.T) {
 	WaitFor(t, 20*time.Second, "the idle node reshaped beside the NIC pod", func() bool { return e.label(t, idle) != "" })
 	e.waitEvent(t, p, "MigGeometryPlanned", idle)
 }
+
+// A tenant cannot flap a node's geometry: deleting the pod the planner
+// reshaped a node for, and asking for another profile, changes nothing
+// within the hold time, idle node or not. (On b20dfeb the hold time did
+// not apply to an idle node: 45 changes in 61 s.)
+func TestPlannerChurnIsBounded(t *testing.T) {
+	e := ptSetup(t)
+	n := e.node(t, "node", nil)
+	o := (&Opts{Node: n, Sim: "h200x1", Namespace: e.agents, Extra: []string{"-f", e.cfg, "--assignment-interval", "0"}}).Fill(t)
+	StartAgent(t, o)
+	first := e.pending(t, "first", corev1.PodSpec{Containers: []corev1.Container{migContainer("a", "3g.71gb", "1")}})
+	e.startPlanner(t)
+	WaitFor(t, 20*time.Second, "the node reshaped for the first pod", func() bool { return e.label(t, n) == "all-3g.71gb" })
+	WaitState(t, e.c, n, record.StateSuccess, "all-3g.71gb", 60*time.Second)
+	if err := e.c.CoreV1().Pods(e.work).Delete(context.Background(), first.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.pending(t, "second", corev1.PodSpec{Containers: []corev1.Container{migContainer("a", "1g.18gb", "1")}})
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		if got := e.label(t, n); got != "all-3g.71gb" {
+			t.Fatalf("the idle node was changed again to %q within the hold time", got)
+		}
+	}
+}
+
+// A node whose agent never acts on the planner's label stops counting
+// against --max-concurrent after --node-act-timeout, and gets an Event:
+// another node is planned for. (On b20dfeb one silent node held the only
+// slot for ever.)
+func TestPlannerSilentNodeFreesSlot(t *testing.T) {
+	e := ptSetup(t)
+	silent := e.node(t, "silent", map[string]string{"pool": "s"})
+	other := e.node(t, "other", map[string]string{"pool": "o"})
+	e.pending(t, "a", corev1.PodSpec{NodeSelector: map[string]string{"pool": "s"}, Containers: []corev1.Container{migContainer("a", "3g.71gb", "1")}})
+	time.Sleep(1100 * time.Millisecond)
+	e.pending(t, "b", corev1.PodSpec{NodeSelector: map[string]string{"pool": "o"}, Containers: []corev1.Container{migContainer("a", "3g.71gb", "1")}})
+	e.startPlanner(t, "--node-act-timeout", "2s")
+	WaitFor(t, 20*time.Second, "the silent node labelled", func() bool { return e.label(t, silent) != "" })
+	WaitFor(t, 20*time.Second, "the other node labelled once the silent one stops counting", func() bool { return e.label(t, other) != "" })
+	WaitFor(t, 10*time.Second, "a MigPlannerNodeSilent Event on the silent node", func() bool {
+		return len(nodeEvents(t, e.c, silent, "MigPlannerNodeSilent")) == 1
+	})
+}

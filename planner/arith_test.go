@@ -165,3 +165,23 @@ func scaleInputs(nn, np int) ([]*Node, []Pod) {
 }
 
 func testSpecB() (*geometry.Spec, error) { return geometry.Parse([]byte(testConfig)) }
+
+// A node whose agent does not act on its label within ActTimeout is
+// silent: it stops counting against MaxConcurrent (another node is
+// changed) and is not planned for itself.
+func TestSilentNodeFreesItsSlot(t *testing.T) {
+	now := time.Unix(10000, 0)
+	o := Options{Allowed: []string{"first-3g"}, MaxConcurrent: 1, ActTimeout: 5 * time.Minute}
+	silent := with(h200("a", "", ""), func(n *Node) { n.InFlight, n.Desired, n.LabelAt = true, "first-3g", now.Add(-6*time.Minute) })
+	acting := with(h200("b", "", ""), func(n *Node) { n.InFlight, n.Changing, n.LabelAt = true, true, now.Add(-time.Hour) })
+	fresh := with(h200("c", "", ""), func(n *Node) { n.InFlight, n.LabelAt = true, now.Add(-time.Minute) })
+	got := Silence([]*Node{silent, acting, fresh}, now, o)
+	if len(got) != 1 || got[0] != silent || !silent.Silent || acting.Silent || fresh.Silent {
+		t.Fatalf("Silence = %v", got)
+	}
+	idle := h200("d", "", "")
+	out := Decide(testSpec(t), []*Node{silent, idle}, []Pod{pod("p", map[string]int{"3g.71gb": 1}, 0)}, now, o)
+	if len(out.Decisions) != 1 || out.Decisions[0].Node != "d" {
+		t.Errorf("decisions %+v, want d changed (the silent node holds no slot, and is not chosen)", out.Decisions)
+	}
+}

@@ -69,6 +69,13 @@ type Node struct {
 	// InFlight: a change is under way (state pending or rebooting, or the
 	// label differs from what was applied and has not failed).
 	InFlight bool
+	// Changing: the agent acts on the label (state pending or rebooting);
+	// LabelAt is when the label was last written (the Node's
+	// managedFields). Silent: in flight without Changing for longer than
+	// Options.ActTimeout since LabelAt (Silence sets it).
+	Changing bool
+	LabelAt  time.Time
+	Silent   bool
 	// InUse are the MIG devices held by running pods.
 	InUse []InUse
 	// Unlocated names running pods that hold GPU resources the node's agent
@@ -86,9 +93,6 @@ type Node struct {
 	obj *corev1.Node
 }
 
-// idle: nothing runs on the node's GPUs and no planned pod waits for it.
-func (n *Node) idle() bool { return len(n.InUse) == 0 && len(n.Unlocated) == 0 && n.Reserved == 0 }
-
 // Options bound the decisions.
 type Options struct {
 	// Allowed are the configs the planner may choose, in the order given.
@@ -97,8 +101,14 @@ type Options struct {
 	// (0: 1).
 	MaxConcurrent int
 	// HoldTime: a node the planner changed is not changed again within it,
-	// unless idle.
+	// idle or not (a tenant who deletes the pod it was changed for frees
+	// nothing early): at most one planner change per node per HoldTime.
 	HoldTime time.Duration
+	// ActTimeout: a node whose agent has not acted on its label (state
+	// pending or rebooting, or the config applied) this long after the
+	// label was written is silent: no longer in flight for MaxConcurrent,
+	// and not planned for until it acts (0: never).
+	ActTimeout time.Duration
 }
 
 // Decision is one change: node's label set to Config.
@@ -172,7 +182,7 @@ func Decide(spec *geometry.Spec, nodes []*Node, pods []Pod, now time.Time, o Opt
 	}
 	slots := max(o.MaxConcurrent, 1)
 	for _, n := range nodes {
-		if n.InFlight {
+		if n.InFlight && !n.Silent {
 			slots--
 		}
 	}
@@ -202,6 +212,19 @@ func Decide(spec *geometry.Spec, nodes []*Node, pods []Pod, now time.Time, o Opt
 			out.Unservable[p.Key()] = reason
 		} else {
 			out.Waiting[p.Key()] = reason
+		}
+	}
+	return out
+}
+
+// Silence marks the nodes in flight whose agent has not acted on the label
+// within o.ActTimeout (Node.Silent) and returns them.
+func Silence(nodes []*Node, now time.Time, o Options) []*Node {
+	var out []*Node
+	for _, n := range nodes {
+		if o.ActTimeout > 0 && n.InFlight && !n.Changing && !n.LabelAt.IsZero() && now.Sub(n.LabelAt) > o.ActTimeout {
+			n.Silent = true
+			out = append(out, n)
 		}
 	}
 	return out
@@ -366,8 +389,8 @@ func usable(c *candidate, now time.Time, o Options, slot bool) bool {
 	if len(c.gpus) == 0 {
 		return true
 	}
-	held := !c.node.PlannedAt.IsZero() && now.Sub(c.node.PlannedAt) < o.HoldTime && !c.node.idle()
-	return slot && !held && c.node.Reserved == 0
+	held := !c.node.PlannedAt.IsZero() && now.Sub(c.node.PlannedAt) < o.HoldTime
+	return slot && !held && c.node.Reserved == 0 && !c.node.Silent
 }
 
 // serves fills the candidate's free devices with the pods that can land on

@@ -49,6 +49,9 @@ const (
 const (
 	ReasonPlanned    = "MigGeometryPlanned"
 	ReasonUnservable = "MigGeometryUnservable"
+	// ReasonSilent (Warning, on a Node): its agent has not acted on the
+	// label within --node-act-timeout.
+	ReasonSilent = "MigPlannerNodeSilent"
 )
 
 // ErrUnknownModel: the node's GPU model is none that mig-agent knows.
@@ -199,14 +202,17 @@ func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, nam
 	}
 	// In flight: a change runs, or a label the agent has not acted on yet
 	// (a failed change is not: the agent retries it on its own).
-	n.InFlight = st.State == record.StatePending || st.State == record.StateRebooting ||
-		st.State != record.StateFailed && st.Desired != "" && st.Desired != n.Applied
+	n.Changing = st.State == record.StatePending || st.State == record.StateRebooting
+	n.InFlight = n.Changing || st.State != record.StateFailed && st.Desired != "" && st.Desired != n.Applied
 	// When the planner set the label, as the API server recorded its write
 	// (the managedFields entry that owns the label is the planner's): the
 	// hold time holds across a restart or a new leader, with nothing
 	// written on the Node but the label.
-	if m, at, ok := labelwriter.Of(kn.ManagedFields, record.LabelConfig); ok && m == FieldManager && at != nil {
-		n.PlannedAt = *at
+	if m, at, ok := labelwriter.Of(kn.ManagedFields, record.LabelConfig); ok && at != nil {
+		n.LabelAt = *at
+		if m == FieldManager {
+			n.PlannedAt = *at
+		}
 	}
 	gpus, err := NodeGPUs(kn.Labels, st, spec)
 	if err != nil {

@@ -107,8 +107,11 @@ type Settings struct {
 	// The planner (`mig-agent planner`): the configs of ConfigFile it may
 	// choose; how long a node it changed is not changed again unless idle;
 	// how often it plans; whether it only prints what it would do.
-	AllowedConfigs  []string
-	HoldTime        time.Duration
+	AllowedConfigs []string
+	HoldTime       time.Duration
+	// NodeActTimeout: a node whose agent has not acted on its label this
+	// long stops counting against the planner's --max-concurrent.
+	NodeActTimeout  time.Duration
 	PlannerInterval time.Duration
 	DryRun          bool
 }

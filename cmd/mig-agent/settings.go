@@ -101,7 +101,8 @@ var fileAliases = map[string]string{"startupTaints": "startup-taint"}
 // whose change it started and that are still under way).
 var plannerSettings = []setting{
 	{"allowed-configs", "", []string{}, "configs of -f the planner may choose (required)", func(s *settings.Settings) any { return &s.AllowedConfigs }},
-	{"hold-time", "", 10 * time.Minute, "a node the planner changed is not changed again within this time, unless idle", func(s *settings.Settings) any { return &s.HoldTime }},
+	{"hold-time", "", 10 * time.Minute, "a node the planner changed is not changed again within this time, idle or not: at most one planner change per node per hold time (0: no bound)", func(s *settings.Settings) any { return &s.HoldTime }},
+	{"node-act-timeout", "", 10 * time.Minute, "a node whose agent has not acted on its nvidia.com/mig.config this long after the write stops counting against --max-concurrent, gets a MigPlannerNodeSilent Event, and is not planned for until it acts (0: never)", func(s *settings.Settings) any { return &s.NodeActTimeout }},
 	{"planner-interval", "", 5 * time.Second, "how often the planner looks at pending pods", func(s *settings.Settings) any { return &s.PlannerInterval }},
 	{"dry-run", "", false, "print what the planner would change and why, once, and change nothing", func(s *settings.Settings) any { return &s.DryRun }},
 }
