@@ -29,9 +29,9 @@ import (
 // Labels and annotations the planner reads and writes.
 const (
 	// LabelOptIn on a Node lets the planner change its geometry.
-	LabelOptIn = "migagent.io/planner"
+	LabelOptIn = record.LabelPlannerOptIn
 	// OptInValue is the value that opts a node in.
-	OptInValue = "enabled"
+	OptInValue = record.PlannerOptInValue
 	// LabelGPUProduct and LabelGPUCount are GPU Feature Discovery's labels:
 	// the model and the number of GPUs of the node.
 	LabelGPUProduct = "nvidia.com/gpu.product"
