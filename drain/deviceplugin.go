@@ -42,7 +42,7 @@ func listDevicePlugins(ctx context.Context, client kclient.Interface, log *slog.
 	var out []string
 	for i := range pods {
 		p := &pods[i]
-		if sels.restarted(p) && p.DeletionTimestamp == nil {
+		if sels.Restarted(p) && p.DeletionTimestamp == nil {
 			out = append(out, p.Namespace+"/"+p.Name+"/"+string(p.UID))
 		}
 	}

@@ -178,7 +178,7 @@ func leaving(pods []corev1.Pod, ops []operand, sels *Selectors) []corev1.Pod {
 	for i := range pods {
 		p := &pods[i]
 		for _, op := range ops {
-			if _, ok := p.Spec.NodeSelector[op.Label]; ok && sels.matches(op.Operand, p) {
+			if _, ok := p.Spec.NodeSelector[op.Label]; ok && sels.Matches(op.Operand, p) {
 				out = append(out, *p)
 				break
 			}

@@ -14,12 +14,12 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/drain/operandsel"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/record"
@@ -91,7 +91,7 @@ func TestOperandRoles(t *testing.T) {
 	roles := func(s *Selectors) map[string]string {
 		out := map[string]string{}
 		for k, p := range pods {
-			out[k] = s.roleOf(p)
+			out[k] = s.RoleOf(p)
 		}
 		return out
 	}
@@ -127,7 +127,7 @@ func TestOperandRoles(t *testing.T) {
 			t.Errorf("%q accepted: %v", bad, err)
 		}
 	}
-	if _, err := ParseSelectors(nil, []string{""}); !errors.Is(err, errEmptySelector) || !strings.Contains(err.Error(), "plugin-selector") {
+	if _, err := ParseSelectors(nil, []string{""}); !errors.Is(err, operandsel.ErrEmptySelector) || !strings.Contains(err.Error(), "plugin-selector") {
 		t.Errorf("an empty plugin selector (every pod): %v", err)
 	}
 }
@@ -171,7 +171,7 @@ func TestDevicePluginsRestartSet(t *testing.T) {
 	}
 	k := &Disruptor{Client: clientset.Wrap(fake.NewClientset(objs...)), Log: testsupport.Discard(), Node: "n1",
 		Settings: &settings.Settings{OperandSelectors: []string{"validator="}}}
-	if _, err := k.DevicePlugins(context.Background()); !errors.Is(err, errEmptySelector) {
+	if _, err := k.DevicePlugins(context.Background()); !errors.Is(err, operandsel.ErrEmptySelector) {
 		t.Errorf("an empty selector (every pod) accepted: %v", err)
 	}
 }
@@ -180,9 +180,9 @@ func TestDevicePluginsRestartSet(t *testing.T) {
 // wait; a bad one is an error, never the defaults in its place.
 func TestSelectorsParsedOnce(t *testing.T) {
 	calls := 0
-	orig := parseSelector
-	t.Cleanup(func() { parseSelector = orig })
-	parseSelector = func(s string) (labels.Selector, error) { calls++; return orig(s) }
+	orig := parseSelectors
+	t.Cleanup(func() { parseSelectors = orig })
+	parseSelectors = func(operand, extra []string) (*Selectors, error) { calls++; return orig(operand, extra) }
 	ctx := context.Background()
 	c := fake.NewClientset(draSlice(), draChartPod("gpu-dra", "u-new"))
 	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}, PluginSettle: time.Millisecond}
@@ -195,8 +195,8 @@ func TestSelectorsParsedOnce(t *testing.T) {
 			t.Fatalf("the plugin of before announces: ok %v, err %v", ok, err)
 		}
 	}
-	if calls != len(DefaultOperandSelectors) {
-		t.Errorf("%d selectors parsed %d times", len(DefaultOperandSelectors), calls)
+	if calls != 1 {
+		t.Errorf("the selectors parsed %d times", calls)
 	}
 
 	bad := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1",
@@ -340,10 +340,10 @@ func TestOperandsAreWhatTheyClaim(t *testing.T) {
 		p    *corev1.Pod
 		role string
 	}{{real, OperandDevicePlugin}, {tenant, ""}, {bare, ""}, {byRS, ""}} {
-		if got := s.roleOf(tc.p); got != tc.role {
+		if got := s.RoleOf(tc.p); got != tc.role {
 			t.Errorf("%s/%s: role %q, want %q", tc.p.Namespace, tc.p.Name, got, tc.role)
 		}
-		if got := s.restarted(tc.p); got != (tc.role != "") {
+		if got := s.Restarted(tc.p); got != (tc.role != "") {
 			t.Errorf("%s/%s: restarted %v", tc.p.Namespace, tc.p.Name, got)
 		}
 	}
