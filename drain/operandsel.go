@@ -28,7 +28,9 @@ var (
 
 // ParseSelectors parses --operand-selector and --plugin-selector
 // (operandsel.ParseSelectors).
-func ParseSelectors(operand, extra []string) (*Selectors, error) { return parseSelectors(operand, extra) }
+func ParseSelectors(operand, extra []string) (*Selectors, error) {
+	return parseSelectors(operand, extra)
+}
 
 // OperandNamespaces is --operand-namespace resolved (operandsel).
 func OperandNamespaces(given []string, own string) []string {

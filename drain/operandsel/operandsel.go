@@ -185,7 +185,6 @@ func (s *Selectors) Impostors(pods []corev1.Pod) []string {
 	return out
 }
 
-
 // ParseSelectors parses operand (NAME=SELECTOR items; an operand named
 // there loses its DefaultOperandSelectors, the others keep theirs) and
 // extra (label selectors of other pods restarted after a change). A
