@@ -172,11 +172,11 @@ func holdsClaims(pods []podresources.Pod) bool {
 	return false
 }
 
-// requestsGPU reports whether pod requests (or limits) one of the device
+// RequestsGPU reports whether pod requests (or limits) one of the device
 // plugin's GPU resources (isGPUResource) in any container, init container
 // or at pod level; a pod on NVIDIA's NICs alone (nvidia.com/hostdev) does
-// not.
-func requestsGPU(pod *corev1.Pod) bool {
+// not. The planner takes a running pod for a GPU user by it too: one rule.
+func RequestsGPU(pod *corev1.Pod) bool {
 	has := func(r corev1.ResourceRequirements) bool {
 		for _, l := range []corev1.ResourceList{r.Requests, r.Limits} {
 			for name := range l {
@@ -348,7 +348,7 @@ func allGPUPods(ctx context.Context, client kclient.Interface, node, how string)
 	out := affectedPods{How: how}
 	for i := range pods {
 		p := &pods[i]
-		if requestsGPU(p) && !terminal(p) {
+		if RequestsGPU(p) && !terminal(p) {
 			out.Pods = append(out.Pods, *p)
 		}
 	}

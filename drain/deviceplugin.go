@@ -1,7 +1,9 @@
 package drain
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -23,8 +25,10 @@ import (
 // not terminating, as "namespace/name/uid". Take the list before the GPUs
 // change: those pods enumerated the old geometry. (Comparing creation
 // times with the time of the change instead would trust the node's clock
-// to agree with the API server's.)
-func listDevicePlugins(ctx context.Context, client kclient.Interface, node string, sels *Selectors) ([]string, error) {
+// to agree with the API server's.) A pod a selector selects that is no
+// operand (Selectors.Impostors: not a DaemonSet's, or outside the operand
+// namespaces) is left out and logged as a warning that names it.
+func listDevicePlugins(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, sels *Selectors) ([]string, error) {
 	if node == "" {
 		return nil, fmt.Errorf("list device plugins: %w", errNoNode)
 	}
@@ -32,10 +36,13 @@ func listDevicePlugins(ctx context.Context, client kclient.Interface, node strin
 	if err != nil {
 		return nil, err
 	}
+	if bad := sels.Impostors(pods); len(bad) > 0 {
+		log.Warn("pods selected as operands are not operands: ignored (not restarted)", "pods", bad)
+	}
 	var out []string
 	for i := range pods {
 		p := &pods[i]
-		if sels.restarted(p) && p.DeletionTimestamp == nil {
+		if sels.Restarted(p) && p.DeletionTimestamp == nil {
 			out = append(out, p.Namespace+"/"+p.Name+"/"+string(p.UID))
 		}
 	}
@@ -57,6 +64,30 @@ func NodePods(ctx context.Context, client kclient.Interface, node string) ([]cor
 		}
 		return list.Items, nil
 	})
+}
+
+// ErrOperandBudget: a PodDisruptionBudget refused the eviction of an
+// operand the agent restarts after a change (the API server's 429 with the
+// cause DisruptionBudget).
+var ErrOperandBudget = errors.New("a PodDisruptionBudget refuses the restart of an operand")
+
+// budgetRefused is the message of err's DisruptionBudget cause where err is
+// the Eviction API's 429 for a PodDisruptionBudget ("" otherwise: a 429
+// without that cause is the API server's throttling, retried as an outage).
+func budgetRefused(err error) string {
+	if !apierrors.IsTooManyRequests(err) {
+		return ""
+	}
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) || st.Status().Details == nil {
+		return ""
+	}
+	for _, c := range st.Status().Details.Causes {
+		if c.Type == policyv1.DisruptionBudgetCause {
+			return cmp.Or(c.Message, st.Status().Message)
+		}
+	}
+	return ""
 }
 
 // restartDevicePlugins evicts the pods of listDevicePlugins' list that still
@@ -82,6 +113,11 @@ func restartDevicePlugins(ctx context.Context, client kclient.Interface, log *sl
 		switch {
 		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
 			continue // gone, or replaced by a pod that reads the new geometry
+		case budgetRefused(err) != "":
+			// Not an outage to ride out: the budget's owner said no. The
+			// error does not wrap the 429, so no retry loop takes it for
+			// one; the change fails now and its retry waits its backoff.
+			return out, fmt.Errorf("%w: %s/%s: %s", ErrOperandBudget, ns, name, budgetRefused(err))
 		case err != nil:
 			return out, fmt.Errorf("evict device plugin pod %s/%s: %w", ns, name, err)
 		}

@@ -19,7 +19,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	ctx := context.Background()
 	mk := func(name string, labels map[string]string) *corev1.Pod {
 		return e.k.CreatePod(t, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: labels},
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: labels, OwnerReferences: daemonSetOwner(name)},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "x"}}},
 		})
 	}
@@ -31,7 +31,7 @@ func TestRestartDevicePlugins(t *testing.T) {
 	mk("workload", nil)
 	mk("validator", map[string]string{"app": "nvidia-operator-validator"})
 
-	pods, err := listDevicePlugins(ctx, e.a, e.node, defaultSelectors(t))
+	pods, err := listDevicePlugins(ctx, e.a, testLog(t), e.node, defaultSelectors(t))
 	if err != nil {
 		t.Fatal(err)
 	}

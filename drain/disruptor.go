@@ -64,6 +64,9 @@ type Disruptor struct {
 func (d *Disruptor) selectors() (*Selectors, error) {
 	d.selOnce.Do(func() {
 		d.sels, d.selErr = ParseSelectors(d.Settings.OperandSelectors, d.Settings.PluginSelectors)
+		if d.selErr == nil {
+			d.sels.Within(OperandNamespaces(d.Settings.OperandNamespaces, d.Settings.Namespace))
+		}
 	})
 	return d.sels, d.selErr
 }
@@ -147,7 +150,7 @@ func (d *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	pods, err := listDevicePlugins(ctx, d.Client, d.Node, sels)
+	pods, err := listDevicePlugins(ctx, d.Client, d.Log, d.Node, sels)
 	d.noteOld(pods)
 	return pods, err
 }

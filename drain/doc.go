@@ -14,7 +14,9 @@
 // nothing else.
 //
 // It learns which pod holds which device through drain/podresources (the
-// kubelet PodResources API), and imports client-go, dra, record and
+// kubelet PodResources API) and which pod is which operand through
+// drain/operandsel (a DaemonSet's pod in an operand namespace, matching the
+// selectors), and imports client-go, dra, record and
 // settings besides; it knows nothing of the reconcile core, NVML or the
 // geometry.
 package drain

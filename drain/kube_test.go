@@ -693,7 +693,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	// deploy label in the node selector.
 	operand := func(name, app, label string) {
 		e.k.CreatePod(t, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: map[string]string{"app": app}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Labels: map[string]string{"app": app}, OwnerReferences: daemonSetOwner(name)},
 			Spec: corev1.PodSpec{NodeSelector: map[string]string{label: "true"},
 				Containers: []corev1.Container{{Name: "main", Image: app}}},
 		})
@@ -767,7 +767,8 @@ func TestOperandsThatDoNotLeaveTimeOut(t *testing.T) {
 	e := newEnv(t, map[string]string{dp: "custom-value"})
 	ctx := context.Background()
 	e.k.CreatePod(t, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "stuck-plugin", Labels: map[string]string{"app": "nvidia-device-plugin-daemonset"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "stuck-plugin", Labels: map[string]string{"app": "nvidia-device-plugin-daemonset"},
+			OwnerReferences: daemonSetOwner("stuck-plugin")},
 		Spec: corev1.PodSpec{NodeSelector: map[string]string{dp: "true"},
 			Containers: []corev1.Container{{Name: "main", Image: "dp"}}},
 	})

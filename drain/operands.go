@@ -161,7 +161,7 @@ func pauseOperands(ctx context.Context, client kclient.Interface, log *slog.Logg
 	if wait <= 0 || len(ops) == 0 {
 		return nil
 	}
-	return waitOperandsGone(ctx, client, node, ops, sels, wait)
+	return waitOperandsGone(ctx, client, log, node, ops, sels, wait)
 }
 
 // leaving lists the pods of pods that pausing ops sends away: those an
@@ -178,7 +178,7 @@ func leaving(pods []corev1.Pod, ops []operand, sels *Selectors) []corev1.Pod {
 	for i := range pods {
 		p := &pods[i]
 		for _, op := range ops {
-			if _, ok := p.Spec.NodeSelector[op.Label]; ok && sels.matches(op.Operand, p) {
+			if _, ok := p.Spec.NodeSelector[op.Label]; ok && sels.Matches(op.Operand, p) {
 				out = append(out, *p)
 				break
 			}
@@ -187,8 +187,9 @@ func leaving(pods []corev1.Pod, ops []operand, sels *Selectors) []corev1.Pod {
 	return out
 }
 
-func waitOperandsGone(ctx context.Context, client kclient.Interface, node string, ops []operand, sels *Selectors,
+func waitOperandsGone(ctx context.Context, client kclient.Interface, log *slog.Logger, node string, ops []operand, sels *Selectors,
 	timeout time.Duration) error {
+	warned := false
 	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()}
 	var left []string
 	var lastErr error
@@ -200,6 +201,10 @@ func waitOperandsGone(ctx context.Context, client kclient.Interface, node string
 		if err != nil {
 			lastErr = err // the API server is briefly away; keep trying
 			return false, nil
+		}
+		if bad := sels.Impostors(list.Items); len(bad) > 0 && !warned {
+			warned = true
+			log.Warn("pods selected as operands are not operands: ignored (not waited for)", "pods", bad)
 		}
 		left = podNames(leaving(list.Items, ops, sels))
 		return len(left) == 0, nil

@@ -19,12 +19,17 @@ import (
 // planner decided). The planner's changes never evict: the agent refuses it.
 var ErrPlannerWouldEvict = errors.New("the planner asked for this change and it would evict running pods: refused")
 
-// plannerRefuses is ErrPlannerWouldEvict when pods would be evicted by a
-// change the planner asked for (PlannerAsked).
+// ErrPlannerNotOptedIn: the planner asked for the change (PlannerAsked) on
+// a node without the label migagent.io/planner=enabled. The planner never
+// does that; a token that writes as the planner on any Node (stolen, or
+// a client naming itself so) gets nothing applied.
+var ErrPlannerNotOptedIn = errors.New("the planner asked for this change on a node that has not opted in (label " +
+	record.LabelPlannerOptIn + "=" + record.PlannerOptInValue + "): refused")
+
+// plannerRefuses is ErrPlannerNotOptedIn when the planner asked for the
+// change on a node that has not opted in, and ErrPlannerWouldEvict when
+// pods would be evicted by a change the planner asked for (PlannerAsked).
 func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {
-	if len(pods) == 0 {
-		return nil
-	}
 	n := d.cachedNode(ctx)
 	if n == nil {
 		var err error
@@ -35,6 +40,12 @@ func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {
 	want := n.Labels[record.LabelConfig]
 	how, asked := PlannerAsked(n, want)
 	if want == "" || !asked {
+		return nil
+	}
+	if n.Labels[record.LabelPlannerOptIn] != record.PlannerOptInValue {
+		return fmt.Errorf("%w (config %s; %s; to apply it, set the label %s yourself)", ErrPlannerNotOptedIn, want, how, record.LabelConfig)
+	}
+	if len(pods) == 0 {
 		return nil
 	}
 	return fmt.Errorf("%w (config %s; it would evict %s; %s; to let the agent evict, remove the label %s and set it again yourself)",

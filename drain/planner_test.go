@@ -37,7 +37,10 @@ func TestPlannerRefusesToEvict(t *testing.T) {
 		stamp   string
 		pods    []string
 		refused bool
+		foreign bool // the node has not opted in
 	}{
+		{name: "planner, a node not opted in", label: "first-3g", fields: []metav1.ManagedFieldsEntry{wrote(record.PlannerFieldManager, 10)}, foreign: true},
+		{name: "a person, a node not opted in", label: "first-3g", fields: []metav1.ManagedFieldsEntry{wrote("kubectl-label", 10)}, foreign: true, pods: []string{"ml/run"}},
 		{name: "planner, pods", label: "first-3g", fields: []metav1.ManagedFieldsEntry{wrote(record.PlannerFieldManager, 10)}, pods: []string{"ml/run"}, refused: true},
 		{name: "planner, no pods", label: "first-3g", fields: []metav1.ManagedFieldsEntry{wrote(record.PlannerFieldManager, 10)}},
 		{name: "a person wrote it", label: "first-3g", fields: []metav1.ManagedFieldsEntry{wrote("kubectl-label", 10)}, pods: []string{"ml/run"}},
@@ -51,11 +54,18 @@ func TestPlannerRefusesToEvict(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{record.LabelConfig: tc.label}, ManagedFields: tc.fields}}
+			if !tc.foreign {
+				n.Labels[record.LabelPlannerOptIn] = record.PlannerOptInValue
+			}
 			if tc.stamp != "" {
 				n.Annotations = map[string]string{record.AnnotationRequestedBy: tc.stamp}
 			}
 			d := &Disruptor{Client: clientset.Wrap(fake.NewClientset(n)), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}}
 			err := d.plannerRefuses(context.Background(), tc.pods)
+			planners := tc.foreign && len(tc.fields) > 0 && tc.fields[0].Manager == record.PlannerFieldManager
+			if got := errors.Is(err, ErrPlannerNotOptedIn); got != planners {
+				t.Errorf("not opted in = %v (%v), want %v", got, err, planners)
+			}
 			if got := errors.Is(err, ErrPlannerWouldEvict); got != tc.refused {
 				t.Errorf("refused = %v (%v), want %v", got, err, tc.refused)
 			}

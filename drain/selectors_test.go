@@ -3,20 +3,23 @@ package drain
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/drain/operandsel"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/record"
@@ -24,6 +27,11 @@ import (
 )
 
 // defaultSelectors are the operand selectors with no setting.
+// daemonSetOwner is the controller reference of a pod a DaemonSet made.
+func daemonSetOwner(name string) []metav1.OwnerReference {
+	return []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: name, UID: "ds-" + types.UID(name), Controller: ptr.To(true)}}
+}
+
 func defaultSelectors(t *testing.T) *Selectors {
 	t.Helper()
 	s, err := ParseSelectors(nil, nil)
@@ -83,7 +91,7 @@ func TestOperandRoles(t *testing.T) {
 	roles := func(s *Selectors) map[string]string {
 		out := map[string]string{}
 		for k, p := range pods {
-			out[k] = s.roleOf(p)
+			out[k] = s.RoleOf(p)
 		}
 		return out
 	}
@@ -119,7 +127,7 @@ func TestOperandRoles(t *testing.T) {
 			t.Errorf("%q accepted: %v", bad, err)
 		}
 	}
-	if _, err := ParseSelectors(nil, []string{""}); !errors.Is(err, errEmptySelector) || !strings.Contains(err.Error(), "plugin-selector") {
+	if _, err := ParseSelectors(nil, []string{""}); !errors.Is(err, operandsel.ErrEmptySelector) || !strings.Contains(err.Error(), "plugin-selector") {
 		t.Errorf("an empty plugin selector (every pod): %v", err)
 	}
 }
@@ -163,7 +171,7 @@ func TestDevicePluginsRestartSet(t *testing.T) {
 	}
 	k := &Disruptor{Client: clientset.Wrap(fake.NewClientset(objs...)), Log: testsupport.Discard(), Node: "n1",
 		Settings: &settings.Settings{OperandSelectors: []string{"validator="}}}
-	if _, err := k.DevicePlugins(context.Background()); !errors.Is(err, errEmptySelector) {
+	if _, err := k.DevicePlugins(context.Background()); !errors.Is(err, operandsel.ErrEmptySelector) {
 		t.Errorf("an empty selector (every pod) accepted: %v", err)
 	}
 }
@@ -172,9 +180,9 @@ func TestDevicePluginsRestartSet(t *testing.T) {
 // wait; a bad one is an error, never the defaults in its place.
 func TestSelectorsParsedOnce(t *testing.T) {
 	calls := 0
-	orig := parseSelector
-	t.Cleanup(func() { parseSelector = orig })
-	parseSelector = func(s string) (labels.Selector, error) { calls++; return orig(s) }
+	orig := parseSelectors
+	t.Cleanup(func() { parseSelectors = orig })
+	parseSelectors = func(operand, extra []string) (*Selectors, error) { calls++; return orig(operand, extra) }
 	ctx := context.Background()
 	c := fake.NewClientset(draSlice(), draChartPod("gpu-dra", "u-new"))
 	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}, PluginSettle: time.Millisecond}
@@ -187,8 +195,8 @@ func TestSelectorsParsedOnce(t *testing.T) {
 			t.Fatalf("the plugin of before announces: ok %v, err %v", ok, err)
 		}
 	}
-	if calls != len(DefaultOperandSelectors) {
-		t.Errorf("%d selectors parsed %d times", len(DefaultOperandSelectors), calls)
+	if calls != 1 {
+		t.Errorf("the selectors parsed %d times", calls)
 	}
 
 	bad := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1",
@@ -309,5 +317,67 @@ func TestPauseWaitsForSelectedOperands(t *testing.T) {
 	err = pauseOperands(ctx, c, testsupport.Discard(), "n1", saved, s, time.Second)
 	if !errors.Is(err, errOperandsTimeout) || !strings.Contains(err.Error(), "exporter") || strings.Contains(err.Error(), "plugin") {
 		t.Errorf("pause: %v", err)
+	}
+}
+
+// An operand is what it claims only as a DaemonSet's pod in an operand
+// namespace: a tenant's pod with the device plugin's labels (in its own
+// namespace, or with no controller) is ignored, and named as an impostor.
+func TestOperandsAreWhatTheyClaim(t *testing.T) {
+	s := defaultSelectors(t).Within(OperandNamespaces(nil, "mig-agent"))
+	dpLabels := map[string]string{"app": "nvidia-device-plugin-daemonset"}
+	real := readyPod("nvidia-device-plugin-daemonset-abc", "u1", dpLabels)
+	real.Namespace = "gpu-operator"
+	tenant := readyPod("poser", "u2", dpLabels)
+	tenant.Namespace = "team-a" // owned by "a DaemonSet" it may name itself
+	bare := readyPod("bare", "u3", dpLabels)
+	bare.Namespace, bare.OwnerReferences = "gpu-operator", nil
+	byRS := readyPod("byrs", "u4", dpLabels)
+	byRS.Namespace, byRS.OwnerReferences = "gpu-operator", []metav1.OwnerReference{*rsOwner("rs")}
+	own := readyPod("own", "u5", map[string]string{"app": "mig-reader"})
+	own.Namespace = "mig-agent"
+	for _, tc := range []struct {
+		p    *corev1.Pod
+		role string
+	}{{real, OperandDevicePlugin}, {tenant, ""}, {bare, ""}, {byRS, ""}} {
+		if got := s.RoleOf(tc.p); got != tc.role {
+			t.Errorf("%s/%s: role %q, want %q", tc.p.Namespace, tc.p.Name, got, tc.role)
+		}
+		if got := s.Restarted(tc.p); got != (tc.role != "") {
+			t.Errorf("%s/%s: restarted %v", tc.p.Namespace, tc.p.Name, got)
+		}
+	}
+	bad := s.Impostors([]corev1.Pod{*real, *tenant, *bare, *byRS, *own})
+	want := []string{
+		"gpu-operator/bare (selected as device-plugin; not controlled by a DaemonSet)",
+		"gpu-operator/byrs (selected as device-plugin; not controlled by a DaemonSet)",
+		"team-a/poser (selected as device-plugin; namespace team-a is not an operand namespace (--operand-namespace: mig-agent, gpu-operator, nvidia-device-plugin, nvidia-dra-driver-gpu, kube-system))",
+	}
+	if !slices.Equal(bad, want) {
+		t.Errorf("Impostors =\n%q\nwant\n%q", bad, want)
+	}
+	// Named namespaces replace the default, the agent's own included.
+	if got := OperandNamespaces([]string{"ops"}, "mig-agent"); !slices.Equal(got, []string{"ops"}) {
+		t.Errorf("OperandNamespaces(ops) = %v", got)
+	}
+	if got := OperandNamespaces(nil, "gpu-operator"); !slices.Equal(got, DefaultOperandNamespaces) {
+		t.Errorf("OperandNamespaces(nil, gpu-operator) = %v", got)
+	}
+}
+
+// A PodDisruptionBudget's 429 is told from the API server's throttling by
+// its cause.
+func TestBudgetRefused(t *testing.T) {
+	pdb := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	pdb.ErrStatus.Details.Causes = append(pdb.ErrStatus.Details.Causes, metav1.StatusCause{Type: policyv1.DisruptionBudgetCause,
+		Message: "The disruption budget guard needs 1 healthy pods and has 1 currently"})
+	if got := budgetRefused(fmt.Errorf("wrapped: %w", pdb)); !strings.Contains(got, "guard needs 1 healthy pods") {
+		t.Errorf("budgetRefused(PDB 429) = %q", got)
+	}
+	if got := budgetRefused(apierrors.NewTooManyRequests("slow down", 1)); got != "" {
+		t.Errorf("budgetRefused(throttle) = %q, want empty", got)
+	}
+	if got := budgetRefused(errors.New("x")); got != "" {
+		t.Errorf("budgetRefused(other) = %q", got)
 	}
 }

@@ -119,7 +119,8 @@ var draPluginLabels = map[string]string{"app.kubernetes.io/name": "dra-driver-nv
 
 // readyPod is a plugin pod on n1, Running and Ready.
 func readyPod(name, uid string, labels map[string]string) *corev1.Pod {
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "nvidia-dra-driver-gpu", Name: name, UID: types.UID(uid), Labels: labels},
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "nvidia-dra-driver-gpu", Name: name, UID: types.UID(uid), Labels: labels,
+		OwnerReferences: daemonSetOwner(name)},
 		Spec:   corev1.PodSpec{NodeName: "n1"},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 }
@@ -127,7 +128,8 @@ func readyPod(name, uid string, labels map[string]string) *corev1.Pod {
 // The DRA kubelet plugin pod is one of the pods restarted after a change.
 func TestDevicePluginsListsDRAPlugin(t *testing.T) {
 	pod := func(name string, labels map[string]string) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "nvidia-dra-driver-gpu", Name: name, UID: "u-" + "x", Labels: labels},
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "nvidia-dra-driver-gpu", Name: name, UID: "u-" + "x", Labels: labels,
+			OwnerReferences: daemonSetOwner(name)},
 			Spec: corev1.PodSpec{NodeName: "n1"}}
 	}
 	c := fake.NewClientset(pod("dra-driver-nvidia-gpu-kubelet-plugin-x7k2p", map[string]string{

@@ -126,7 +126,7 @@ func TestRequestsGPU(t *testing.T) {
 		{"other vendor", corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: rl("amd.com/gpu")}}}}, false},
 	}
 	for _, tc := range tests {
-		if got := requestsGPU(&corev1.Pod{Spec: tc.spec}); got != tc.want {
+		if got := RequestsGPU(&corev1.Pod{Spec: tc.spec}); got != tc.want {
 			t.Errorf("%s: RequestsGPU = %v, want %v", tc.name, got, tc.want)
 		}
 	}

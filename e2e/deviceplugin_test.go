@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +15,33 @@ import (
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
 )
+
+// operandDaemonSet creates a DaemonSet app in ns whose pods run on node
+// only (labels app=app) and returns the pod the DaemonSet controller made
+// there, bound and running: an operand pod, as the GPU Operator's are.
+func operandDaemonSet(t *testing.T, c kubernetes.Interface, ns, node, app string) *corev1.Pod {
+	t.Helper()
+	labels := map[string]string{"app": app}
+	_, err := c.AppsV1().DaemonSets(ns).Create(context.Background(), &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: app},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+				Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+					NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+						{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}}},
+				Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+				TerminationGracePeriodSeconds: new(int64),
+				Containers:                    []corev1.Container{{Name: app, Image: "nvcr.io/nvidia/gpu-operator:v26.7.0"}}}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The DaemonSet controller makes the pod; the test binds it, as the
+	// scheduler would, and runs it, as the kubelet would.
+	return gpuOpBindOperandPod(t, c, ns, node, app)
+}
 
 // pluginReader enumerates the simulated GPUs for the device plugin stand-in:
 // a MIG device for each GPU instance `profiles` lists (each holds one
@@ -86,20 +114,16 @@ func TestDevicePluginRestartedAfterChange(t *testing.T) {
 	})
 	// The GPU Operator's validator runs on the node: NVIDIA's MIG manager
 	// restarts it after a change (restartValidatorPod); so does the agent.
-	validator := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nvidia-operator-validator-x",
-		Labels: map[string]string{"app": "nvidia-operator-validator"}},
-		Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: new(int64),
-			Containers: []corev1.Container{{Name: "nvidia-operator-validator", Image: "nvcr.io/nvidia/gpu-operator:v26.7.0"}}}}
-	if _, err := c.CoreV1().Pods(ns).Create(context.Background(), validator, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
+	// It is a DaemonSet's pod, as every operand is (the agent takes no
+	// other pod for one).
+	validator := operandDaemonSet(t, c, ns, node, "nvidia-operator-validator")
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s", "--operand-namespace", ns)
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
 	rec := WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", 90*time.Second)
 	WaitFor(t, 10*time.Second, "the validator pod restarted (evicted)", func() bool {
-		_, err := c.CoreV1().Pods(ns).Get(context.Background(), validator.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err)
+		p, err := c.CoreV1().Pods(ns).Get(context.Background(), validator.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) || err == nil && p.UID != validator.UID
 	})
 	want := map[string]int64{"nvidia.com/mig-1g.18gb": 14, "nvidia.com/gpu": 0}
 	if got := allocatable(t, c, node); !sameCounts(got, want) {
@@ -142,7 +166,7 @@ func TestRenamedDevicePluginRestarted(t *testing.T) {
 	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
 	ns := kubetest.NewName(t, "gpu")
 	kubetest.CreateNamespace(t, ns)
-	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"--resource-wait-timeout", "60s",
+	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"--resource-wait-timeout", "60s", "--operand-namespace", ns,
 		"--operand-selector", "device-plugin=app=my-gpu-plugin"}}).Fill(t)
 	dp := kubetest.StartSharingDevicePlugin(t, c, node, ns, "mixed", kubetest.PluginConfig{App: "my-gpu-plugin"}, pluginReader(t, o))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
@@ -172,7 +196,7 @@ func TestStaleDevicePluginIsNoSuccess(t *testing.T) {
 	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
 	dp := kubetest.StartDevicePlugin(t, c, node, ns, "mixed", pluginReader(t, o))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
-	o.Extra = append(o.Extra, "--resource-wait-timeout", "3s", "--restart-device-plugin=false")
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "3s", "--restart-device-plugin=false", "--operand-namespace", ns)
 	a := StartAgent(t, o)
 	SelectConfig(t, c, node, "all-1g.18gb")
 	rec := WaitState(t, c, node, record.StateFailed, "all-1g.18gb", 60*time.Second)
@@ -218,7 +242,7 @@ func TestSharingDevicePluginConverges(t *testing.T) {
 	o := (&Opts{Node: node, Sim: "h200x1"}).Fill(t)
 	dp := kubetest.StartSharingDevicePlugin(t, c, node, ns, "mixed", kubetest.PluginConfig{ConfigMap: cm.Name}, pluginReader(t, o))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
-	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s")
+	o.Extra = append(o.Extra, "--resource-wait-timeout", "60s", "--operand-namespace", ns)
 	StartAgent(t, o)
 
 	SelectConfig(t, c, node, "all-1g.18gb")

@@ -41,7 +41,7 @@ mig-configs:
       mig-devices:
         "3g.71gb": 2
 `)
-	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--resource-wait-timeout", "60s"}}).Fill(t)
+	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--resource-wait-timeout", "60s", "--operand-namespace", drv}}).Fill(t)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
 	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && len(announced(t, c, node)) == 2 })
 	// The stand-in publishes what NVIDIA's plugin does: attributes and

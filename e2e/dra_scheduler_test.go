@@ -220,7 +220,7 @@ mig-configs:
         "3g.71gb": 2
 `)
 	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket(),
-		"--resource-wait-timeout", "60s"}}).Fill(t)
+		"--resource-wait-timeout", "60s", "--operand-namespace", drv}}).Fill(t)
 	// The MIG devices exist before the driver starts (pre-created).
 	if _, errOut, code := RunCLI(t, "apply", "-f", cfg, "-c", "before", "--nvml", "sim:"+o.Sim, "--sim-state", o.SimState); code != 0 {
 		t.Fatalf("apply before: exit %d: %s", code, errOut)

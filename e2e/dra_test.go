@@ -154,7 +154,7 @@ mig-configs:
         "3g.71gb": 2
 `)
 	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket(),
-		"--resource-wait-timeout", "60s"}}).Fill(t)
+		"--resource-wait-timeout", "60s", "--operand-namespace", drv}}).Fill(t)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
 	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && len(announced(t, c, node)) == 2 })
 
@@ -245,7 +245,7 @@ func TestDRAPathRefusals(t *testing.T) {
 		kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
 		drv := kubetest.NewName(t, "dra")
 		kubetest.CreateNamespace(t, drv)
-		o := (&Opts{Node: node, Sim: "h200x2", Extra: extra}).Fill(t)
+		o := (&Opts{Node: node, Sim: "h200x2", Extra: append(extra, "--operand-namespace", drv)}).Fill(t)
 		dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
 		WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && len(announced(t, c, node)) == 2 })
 		return node, o
@@ -254,6 +254,7 @@ func TestDRAPathRefusals(t *testing.T) {
 		node, o := start(t)
 		gpuop := kubetest.NewName(t, "gpu-operator")
 		kubetest.CreateNamespace(t, gpuop)
+		o.Extra = append(o.Extra, "--operand-namespace", gpuop)
 		dp := kubetest.StartDevicePlugin(t, c, node, gpuop, "mixed", pluginReader(t, o))
 		WaitFor(t, 60*time.Second, "the device plugin to advertise", func() bool { return dp.Counted() && allocatable(t, c, node)["nvidia.com/gpu"] == 2 })
 		before := flReadSim(t, o.SimState)

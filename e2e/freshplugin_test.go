@@ -50,6 +50,7 @@ func fpStartPlugin(t testing.TB, node string, o *Opts, cfg kubetest.PluginConfig
 	c := kubetest.Client(t)
 	ns := kubetest.NewName(t, "gpu-operator")
 	kubetest.CreateNamespace(t, ns)
+	o.Extra = append(o.Extra, "--operand-namespace", ns)
 	dp := kubetest.StartSharingDevicePlugin(t, c, node, ns, "mixed", cfg, pluginReader(t, o))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run, counted by its DaemonSet", dp.Counted)
 	WaitFor(t, 30*time.Second, "the Node's allocatable to show the old geometry", func() bool {

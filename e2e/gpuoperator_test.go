@@ -421,7 +421,7 @@ func TestGPUOperator(t *testing.T) {
 		// once its deploy label is paused; the DaemonSet controller deletes
 		// it, and the test, as the kubelet, finishes that only after the
 		// operator went over the paused labels twice.
-		a, _ := pkgStartAgent(t, pin, node, "--nvml", "sim:h200x8")
+		a, _ := pkgStartAgent(t, pin, node, "--nvml", "sim:h200x8", "--operand-namespace", op.namespace)
 		WaitState(t, c, node, record.StateSuccess, "all-1g.18gb", changeTimeout)
 		dpPod := gpuOpBindOperandPod(t, c, op.namespace, node, kubetest.DevicePluginApp)
 

@@ -39,7 +39,7 @@ func TestDRANodeWithNetworkOperatorResources(t *testing.T) {
 	}
 	drv := kubetest.NewName(t, "dra")
 	kubetest.CreateNamespace(t, drv)
-	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"--resource-wait-timeout", "60s"}}).Fill(t)
+	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"--resource-wait-timeout", "60s", "--operand-namespace", drv}}).Fill(t)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
 	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && len(announced(t, c, node)) == 2 })
 	StartAgent(t, o)
@@ -68,7 +68,7 @@ func TestDRAPluginNameOverrideRestarted(t *testing.T) {
 	kubetest.CreateNode(t, node, map[string]string{"nvidia.com/mig.strategy": "mixed"})
 	drv := kubetest.NewName(t, "dra")
 	kubetest.CreateNamespace(t, drv)
-	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"--resource-wait-timeout", "60s"}}).Fill(t)
+	o := (&Opts{Node: node, Sim: "h200x2", Extra: []string{"--resource-wait-timeout", "60s", "--operand-namespace", drv}}).Fill(t)
 	dp := kubetest.StartDRAPluginNamed(t, c, node, drv, "gpu-dra", func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
 	WaitFor(t, 60*time.Second, "the DRA plugin to publish", func() bool { return dp.Counted() && len(announced(t, c, node)) == 2 })
 	StartAgent(t, o)

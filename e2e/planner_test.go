@@ -132,7 +132,7 @@ func TestPlannerReshapesIdleOptedInNode(t *testing.T) {
 
 	// The idle node: MIG off, the device plugin advertising the whole GPU.
 	oi := (&Opts{Node: idle, Sim: "h200x1", Namespace: ob.Namespace}).Fill(t)
-	oi.Extra = append(oi.Extra, "-f", cfg, "--assignment-interval", "0")
+	oi.Extra = append(oi.Extra, "-f", cfg, "--assignment-interval", "0", "--operand-namespace", ops)
 	dp := kubetest.StartDevicePlugin(t, c, idle, ops, "mixed", pluginReader(t, oi))
 	WaitFor(t, 60*time.Second, "the device plugin pod to run", dp.Counted)
 	StartAgent(t, oi)
@@ -313,7 +313,7 @@ func TestPlannerServesDRAClaim(t *testing.T) {
 	kubetest.CreateNamespace(t, work)
 	kl := kubetest.StartKubelet(t, c, node)
 	o := (&Opts{Node: node, Sim: "h200x1", Extra: []string{"-f", cfg, "--pod-resources-socket", kl.Socket(),
-		"--resource-wait-timeout", "60s", "--assignment-interval", "0"}}).Fill(t)
+		"--resource-wait-timeout", "60s", "--assignment-interval", "0", "--operand-namespace", drv}}).Fill(t)
 	dp := kubetest.StartDRAPlugin(t, c, node, drv, func() ([]kubetest.NVIDIADevice, error) { return draDevices(t, o), nil })
 	WaitFor(t, 60*time.Second, "the DRA plugin to run, counted by its DaemonSet", dp.Counted)
 	reportCapacity(t, c, node)

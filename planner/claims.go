@@ -62,11 +62,11 @@ func ClaimWants(claim *resourcev1.ResourceClaim) map[string]int {
 		if prof == "" {
 			continue
 		}
-		n := int(e.Count)
+		n := e.Count
 		if n <= 0 {
 			n = 1
 		}
-		wants[prof] += n
+		AddWant(wants, prof, n)
 	}
 	return wants
 }
@@ -118,7 +118,7 @@ func addClaimWants(ctx context.Context, c kclient.Interface, pods []*corev1.Pod,
 		for _, n := range names {
 			if cl, ok := byName[n]; ok {
 				for prof, k := range ClaimWants(cl) {
-					wants[i][prof] += k
+					AddWant(wants[i], prof, int64(k))
 				}
 			}
 		}

@@ -3,11 +3,14 @@ package planner
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/migagent/mig-agent/geometry"
 )
@@ -19,8 +22,28 @@ type Pod struct {
 	// Pending is since when the scheduler has found no node for it (the
 	// PodScheduled condition's last transition).
 	Pending time.Time
-	// Wants counts the MIG devices it asks for, by profile ("3g.71gb").
+	// Wants counts the MIG devices it asks for, by profile ("3g.71gb"),
+	// each count bounded by MaxWant (AddWant).
 	Wants map[string]int
+	// lands says why the pod cannot be scheduled on a node ("" it can):
+	// its node selector, required node affinity, and the node's taints
+	// against its tolerations (nil: anywhere).
+	lands func(*corev1.Node) string
+}
+
+// MaxWant bounds a pod's count of one profile: a sum that would pass it
+// stays at it. No node offers that many; a pod asking for it is
+// unservable, and said so.
+const MaxWant = 1 << 20
+
+// AddWant adds n devices of prof to w, bounded by MaxWant: limits that
+// would overflow a sum (two containers at 2^63-1 each) never wrap to a
+// negative want. n <= 0 adds nothing.
+func AddWant(w map[string]int, prof string, n int64) {
+	if n <= 0 {
+		return
+	}
+	w[prof] = int(min(int64(w[prof])+min(n, MaxWant), MaxWant))
 }
 
 // Key is "namespace/name".
@@ -46,6 +69,13 @@ type Node struct {
 	// InFlight: a change is under way (state pending or rebooting, or the
 	// label differs from what was applied and has not failed).
 	InFlight bool
+	// Changing: the agent acts on the label (state pending or rebooting);
+	// LabelAt is when the label was last written (the Node's
+	// managedFields). Silent: in flight without Changing for longer than
+	// Options.ActTimeout since LabelAt (Silence sets it).
+	Changing bool
+	LabelAt  time.Time
+	Silent   bool
 	// InUse are the MIG devices held by running pods.
 	InUse []InUse
 	// Unlocated names running pods that hold GPU resources the node's agent
@@ -59,10 +89,9 @@ type Node struct {
 	// Reserved counts pods planned onto it that are still pending.
 	PlannedAt time.Time
 	Reserved  int
+	// obj is the Node as read (nil: anything lands on it; tests).
+	obj *corev1.Node
 }
-
-// idle: nothing runs on the node's GPUs and no planned pod waits for it.
-func (n *Node) idle() bool { return len(n.InUse) == 0 && len(n.Unlocated) == 0 && n.Reserved == 0 }
 
 // Options bound the decisions.
 type Options struct {
@@ -72,8 +101,14 @@ type Options struct {
 	// (0: 1).
 	MaxConcurrent int
 	// HoldTime: a node the planner changed is not changed again within it,
-	// unless idle.
+	// idle or not (a tenant who deletes the pod it was changed for frees
+	// nothing early): at most one planner change per node per HoldTime.
 	HoldTime time.Duration
+	// ActTimeout: a node whose agent has not acted on its label (state
+	// pending or rebooting, or the config applied) this long after the
+	// label was written is silent: no longer in flight for MaxConcurrent,
+	// and not planned for until it acts (0: never).
+	ActTimeout time.Duration
 }
 
 // Decision is one change: node's label set to Config.
@@ -95,6 +130,8 @@ const (
 	WhyUnknownProfile = "no allowed config offers the profile on any opted-in node"
 	WhyWouldEvict     = "every allowed change that would serve it destroys a MIG device in use (it would evict a running pod)"
 	WhyTooMany        = "no allowed config gives enough free devices on any opted-in node"
+	WhyTooLarge       = "it asks for more devices of a profile than any allowed config offers on any opted-in node"
+	WhyNoFit          = "it cannot be scheduled on any opted-in node"
 )
 
 // Outcome is what one round decided.
@@ -117,15 +154,20 @@ type candidate struct {
 	gpus      []int
 	instances int
 	evicts    []string // in-use devices it would destroy
-	supply    map[string]int
+	// offers counts the MIG devices of the planned geometry by profile;
+	// supply those of them free (not in use, not yet given to a pending
+	// pod this round).
+	offers, supply map[string]int
 }
 
 // Decide plans one round: at most MaxConcurrent nodes in flight, each
 // change the one that serves the most pending pods (oldest first), then
 // touches the fewest GPUs, then the fewest instances, then the node name
-// and the config name, in that order. It never returns a change whose plan
-// destroys a device in use. It is pure: the same inputs give the same
-// outcome.
+// and the config name, in that order. A pod counts only for the nodes it
+// can be scheduled on. A free device serves one pending pod, once. It
+// never returns a change whose plan destroys a device in use. It is pure:
+// the same inputs give the same outcome. A round costs O(pods × candidates)
+// (times --max-concurrent for the changes).
 func Decide(spec *geometry.Spec, nodes []*Node, pods []Pod, now time.Time, o Options) Outcome {
 	out := Outcome{Unservable: map[string]string{}, Waiting: map[string]string{}}
 	pods = slices.Clone(pods)
@@ -140,43 +182,129 @@ func Decide(spec *geometry.Spec, nodes []*Node, pods []Pod, now time.Time, o Opt
 	}
 	slots := max(o.MaxConcurrent, 1)
 	for _, n := range nodes {
-		if n.InFlight {
+		if n.InFlight && !n.Silent {
 			slots--
 		}
 	}
 	cands, notes := candidates(spec, nodes, o.Allowed)
 	out.Notes = notes
-	left := pods
-	for len(left) > 0 {
-		best, served := pick(cands, left, now, o, slots > 0)
+	r := &round{cands: cands, all: cands, decided: map[*Node]bool{}, fit: fits(pods, nodes), now: now, o: o}
+	left := r.freeNow(pods, out.Waiting)
+	for slots > 0 && len(left) > 0 {
+		best, served := r.pick(left)
 		if best == nil {
 			break
 		}
-		if len(best.gpus) == 0 {
-			// A node already offers what these pods ask: nothing to change;
-			// the scheduler will place them.
-			for _, p := range served {
-				out.Waiting[p.Key()] = "node " + best.node.Name + " already offers it without a change"
-			}
-		} else {
-			out.Decisions = append(out.Decisions, Decision{Node: best.node.Name, Config: best.config, GPUs: best.gpus,
-				Instances: best.instances, Pods: served, Why: why(best, served)})
-			slots--
-			cands = slices.DeleteFunc(cands, func(c *candidate) bool { return c.node == best.node })
+		out.Decisions = append(out.Decisions, Decision{Node: best.node.Name, Config: best.config, GPUs: best.gpus,
+			Instances: best.instances, Pods: served, Why: why(best, served)})
+		slots--
+		r.decided[best.node] = true
+		r.cands = slices.DeleteFunc(slices.Clone(r.cands), func(c *candidate) bool { return c.node == best.node })
+		done := make(map[string]bool, len(served))
+		for _, p := range served {
+			done[p.UID] = true
 		}
-		left = slices.DeleteFunc(left, func(p Pod) bool { return slices.ContainsFunc(served, func(s Pod) bool { return s.UID == p.UID }) })
+		left = slices.DeleteFunc(left, func(p Pod) bool { return done[p.UID] })
 	}
 	for _, p := range left {
-		if _, done := out.Waiting[p.Key()]; !done {
-			reason, unservable := whyNot(spec, nodes, cands, p, now, o, slots > 0)
-			if unservable {
-				out.Unservable[p.Key()] = reason
-			} else {
-				out.Waiting[p.Key()] = reason
+		reason, unservable := r.whyNot(nodes, p, slots > 0)
+		if unservable {
+			out.Unservable[p.Key()] = reason
+		} else {
+			out.Waiting[p.Key()] = reason
+		}
+	}
+	return out
+}
+
+// Silence marks the nodes in flight whose agent has not acted on the label
+// within o.ActTimeout (Node.Silent) and returns them.
+func Silence(nodes []*Node, now time.Time, o Options) []*Node {
+	var out []*Node
+	for _, n := range nodes {
+		if o.ActTimeout > 0 && n.InFlight && !n.Changing && !n.LabelAt.IsZero() && now.Sub(n.LabelAt) > o.ActTimeout {
+			n.Silent = true
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// round is what one Decide works on.
+type round struct {
+	cands []*candidate // those still open to a change this round
+	all   []*candidate
+	// decided are the nodes a change of this round goes to.
+	decided map[*Node]bool
+	fit     map[string]map[string]string // pod UID → node → why it cannot land there (absent: it can)
+	now     time.Time
+	o       Options
+}
+
+// fits says, per pod and node, why the pod cannot be scheduled there:
+// O(pods × nodes), once per round.
+func fits(pods []Pod, nodes []*Node) map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for _, p := range pods {
+		if p.lands == nil {
+			continue
+		}
+		for _, n := range nodes {
+			if n.obj == nil {
+				continue
+			}
+			if why := p.lands(n.obj); why != "" {
+				if out[p.UID] == nil {
+					out[p.UID] = map[string]string{}
+				}
+				out[p.UID][n.Name] = why
 			}
 		}
 	}
 	return out
+}
+
+// lands: p may be scheduled on n.
+func (r *round) lands(p Pod, n *Node) bool { return r.fit[p.UID][n.Name] == "" }
+
+// freeNow gives each pod (oldest first) a free device that exists now, on
+// a node it can land on, where one is left: such a pod needs no change, the
+// scheduler places it. The device is then used up, on every candidate of
+// its node: it serves one pod, once. It returns the pods left.
+func (r *round) freeNow(pods []Pod, waiting map[string]string) []Pod {
+	var left []Pod
+	for _, p := range pods {
+		var got *candidate
+		for _, c := range r.cands {
+			if len(c.gpus) == 0 && usable(c, r.now, r.o, true) && r.lands(p, c.node) && enough(c.supply, p.Wants) {
+				got = c
+				break
+			}
+		}
+		if got == nil {
+			left = append(left, p)
+			continue
+		}
+		waiting[p.Key()] = "node " + got.node.Name + " already offers it without a change"
+		for _, c := range r.cands {
+			if c.node == got.node {
+				for prof, n := range p.Wants {
+					c.supply[prof] -= n
+				}
+			}
+		}
+	}
+	return left
+}
+
+// enough: free holds the devices wants asks for.
+func enough(free, wants map[string]int) bool {
+	for prof, n := range wants {
+		if free[prof] < n {
+			return false
+		}
+	}
+	return true
 }
 
 func why(c *candidate, served []Pod) string {
@@ -211,7 +339,7 @@ func candidates(spec *geometry.Spec, nodes []*Node, allowed []string) ([]*candid
 // candidateOf measures one plan: the GPUs and instances it touches, the
 // devices in use it destroys, the free devices per profile it leaves.
 func candidateOf(n *Node, cfg string, p *geometry.Plan) *candidate {
-	c := &candidate{node: n, config: cfg, supply: map[string]int{}}
+	c := &candidate{node: n, config: cfg, offers: map[string]int{}, supply: map[string]int{}}
 	type at struct{ gpu, start int }
 	destroyed := map[at]bool{}
 	for _, gp := range p.GPUs {
@@ -227,6 +355,7 @@ func candidateOf(n *Node, cfg string, p *geometry.Plan) *candidate {
 		}
 		for _, in := range gp.Desired {
 			for _, name := range computeNames(in) {
+				c.offers[name]++
 				c.supply[name]++
 			}
 		}
@@ -260,22 +389,17 @@ func usable(c *candidate, now time.Time, o Options, slot bool) bool {
 	if len(c.gpus) == 0 {
 		return true
 	}
-	held := !c.node.PlannedAt.IsZero() && now.Sub(c.node.PlannedAt) < o.HoldTime && !c.node.idle()
-	return slot && !held && c.node.Reserved == 0
+	held := !c.node.PlannedAt.IsZero() && now.Sub(c.node.PlannedAt) < o.HoldTime
+	return slot && !held && c.node.Reserved == 0 && !c.node.Silent
 }
 
-// serves fills the candidate's free devices with pods, oldest first.
-func serves(c *candidate, pods []Pod) []Pod {
-	free := maps(c.supply)
+// serves fills the candidate's free devices with the pods that can land on
+// its node, oldest first.
+func (r *round) serves(c *candidate, pods []Pod) []Pod {
+	free := maps.Clone(c.supply)
 	var out []Pod
 	for _, p := range pods {
-		ok := true
-		for prof, n := range p.Wants {
-			if free[prof] < n {
-				ok = false
-			}
-		}
-		if !ok {
+		if !r.lands(p, c.node) || !enough(free, p.Wants) {
 			continue
 		}
 		for prof, n := range p.Wants {
@@ -286,24 +410,15 @@ func serves(c *candidate, pods []Pod) []Pod {
 	return out
 }
 
-func maps(m map[string]int) map[string]int {
-	out := make(map[string]int, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
-}
-
-// pick is the best usable candidate for pods and the pods it serves. A
-// candidate that changes nothing and serves the oldest pod wins outright.
-func pick(cands []*candidate, pods []Pod, now time.Time, o Options, slot bool) (*candidate, []Pod) {
+// pick is the best usable change for pods and the pods it serves.
+func (r *round) pick(pods []Pod) (*candidate, []Pod) {
 	var best *candidate
 	var bestServed []Pod
-	for _, c := range cands {
-		if !usable(c, now, o, slot) {
+	for _, c := range r.cands {
+		if len(c.gpus) == 0 || !usable(c, r.now, r.o, true) {
 			continue
 		}
-		served := serves(c, pods)
+		served := r.serves(c, pods)
 		if len(served) == 0 {
 			continue
 		}
@@ -315,9 +430,6 @@ func pick(cands []*candidate, pods []Pod, now time.Time, o Options, slot bool) (
 }
 
 func better(a *candidate, as []Pod, b *candidate, bs []Pod) bool {
-	if (len(a.gpus) == 0) != (len(b.gpus) == 0) {
-		return len(a.gpus) == 0
-	}
 	return cmp.Or(
 		cmp.Compare(len(bs), len(as)),
 		cmp.Compare(len(a.gpus), len(b.gpus)),
@@ -329,25 +441,28 @@ func better(a *candidate, as []Pod, b *candidate, bs []Pod) bool {
 
 // whyNot says why no change serves p: unservable (no allowed change of any
 // opted-in node could, now or later, without evicting) or waiting.
-func whyNot(spec *geometry.Spec, nodes []*Node, cands []*candidate, p Pod, now time.Time, o Options, slot bool) (string, bool) {
-	var offered, evicting, blocked bool
+func (r *round) whyNot(nodes []*Node, p Pod, slot bool) (string, bool) {
+	var offered, large, evicting, blocked bool
 	var evicts []string
-	for _, c := range cands {
-		known := true
-		for prof := range p.Wants {
-			if c.supply[prof]+inUse(c.node, prof) <= 0 {
-				known = false
-			}
+	for _, c := range r.all {
+		if !r.lands(p, c.node) {
+			continue
+		}
+		known, fits := true, true
+		for prof, n := range p.Wants {
+			known = known && c.offers[prof] > 0
+			fits = fits && c.offers[prof] >= n
 		}
 		offered = offered || known
-		if len(serves(c, []Pod{p})) == 0 {
+		large = large || fits
+		if len(r.serves(c, []Pod{p})) == 0 {
 			continue
 		}
 		switch {
 		case len(c.evicts) > 0:
 			evicting = true
 			evicts = append(evicts, fmt.Sprintf("%s on %s: %s", c.config, c.node.Name, strings.Join(c.evicts, "; ")))
-		case !usable(c, now, o, slot):
+		case !usable(c, r.now, r.o, slot) || len(c.gpus) == 0 || r.decided[c.node]:
 			blocked = true
 		}
 	}
@@ -357,20 +472,27 @@ func whyNot(spec *geometry.Spec, nodes []*Node, cands []*candidate, p Pod, now t
 	case evicting:
 		slices.Sort(evicts)
 		return WhyWouldEvict + ": " + strings.Join(evicts, "; "), true
+	case !slices.ContainsFunc(nodes, func(n *Node) bool { return r.lands(p, n) }):
+		return WhyNoFit + ": " + r.noFit(p, nodes), true
 	case !offered:
 		return WhyUnknownProfile + " (" + wantsString(p.Wants) + ")", true
+	case !large:
+		return WhyTooLarge + " (" + wantsString(p.Wants) + ")", true
 	}
 	return WhyTooMany + " (" + wantsString(p.Wants) + ")", true
 }
 
-func inUse(n *Node, prof string) int {
-	k := 0
-	for _, u := range n.InUse {
-		if u.Profile == prof {
-			k++
+// noFit names, for the first few nodes, why p cannot land there.
+func (r *round) noFit(p Pod, nodes []*Node) string {
+	var parts []string
+	for _, n := range nodes {
+		if len(parts) == 3 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(nodes)-3))
+			break
 		}
+		parts = append(parts, n.Name+": "+r.fit[p.UID][n.Name])
 	}
-	return k
+	return strings.Join(parts, "; ")
 }
 
 func wantsString(w map[string]int) string {

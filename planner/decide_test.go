@@ -120,7 +120,7 @@ func TestDecide(t *testing.T) {
 			unserv: map[string]string{"ml/a": WhyUnknownProfile}},
 		{name: "more than any config gives", nodes: []*Node{h200("n1", "", "")},
 			pods:   []Pod{pod("a", map[string]int{"3g.71gb": 5}, 0)},
-			unserv: map[string]string{"ml/a": WhyTooMany}},
+			unserv: map[string]string{"ml/a": WhyTooLarge}},
 		{name: "ties: node name", nodes: []*Node{h200("n2", "", ""), h200("n1", "", "")}, pods: []Pod{pod("a", want3g, 0)},
 			decisions: []string{"n1=first-3g gpus=[0] pods=[ml/a]"}},
 		{name: "max-concurrent: a node in flight uses the only slot", pods: []Pod{pod("a", want3g, 0)},
@@ -145,9 +145,15 @@ func TestDecide(t *testing.T) {
 			})},
 			opts:      Options{HoldTime: 10 * time.Minute},
 			decisions: []string{"n1=all-3g.71gb gpus=[1] pods=[ml/a]"}},
-		{name: "hold time: an idle node may change again", pods: []Pod{pod("a", map[string]int{"1g.18gb": 1}, 0)},
+		{name: "hold time: an idle node is held too (deleting the pod frees nothing early)", pods: []Pod{pod("a", map[string]int{"1g.18gb": 1}, 0)},
 			nodes: []*Node{with(h200("n1", "3g.71gb@0 3g.71gb@4", ""), func(n *Node) {
 				n.Applied, n.PlannedAt = "first-3g", now.Add(-time.Minute)
+			})},
+			opts:    Options{HoldTime: 10 * time.Minute},
+			waiting: []string{"ml/a"}},
+		{name: "after the hold time an idle node may change again", pods: []Pod{pod("a", map[string]int{"1g.18gb": 1}, 0)},
+			nodes: []*Node{with(h200("n1", "3g.71gb@0 3g.71gb@4", ""), func(n *Node) {
+				n.Applied, n.PlannedAt = "first-3g", now.Add(-11*time.Minute)
 			})},
 			opts:      Options{HoldTime: 10 * time.Minute},
 			decisions: []string{"n1=all-1g.18gb gpus=[0 1] pods=[ml/a]"}},

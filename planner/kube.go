@@ -10,9 +10,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	schedcorev1 "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 
 	"github.com/migagent/mig-agent/assign"
+	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/labelwriter"
@@ -24,9 +29,9 @@ import (
 // Labels and annotations the planner reads and writes.
 const (
 	// LabelOptIn on a Node lets the planner change its geometry.
-	LabelOptIn = "migagent.io/planner"
+	LabelOptIn = record.LabelPlannerOptIn
 	// OptInValue is the value that opts a node in.
-	OptInValue = "enabled"
+	OptInValue = record.PlannerOptInValue
 	// LabelGPUProduct and LabelGPUCount are GPU Feature Discovery's labels:
 	// the model and the number of GPUs of the node.
 	LabelGPUProduct = "nvidia.com/gpu.product"
@@ -44,6 +49,9 @@ const (
 const (
 	ReasonPlanned    = "MigGeometryPlanned"
 	ReasonUnservable = "MigGeometryUnservable"
+	// ReasonSilent (Warning, on a Node): its agent has not acted on the
+	// label within --node-act-timeout.
+	ReasonSilent = "MigPlannerNodeSilent"
 )
 
 // ErrUnknownModel: the node's GPU model is none that mig-agent knows.
@@ -77,7 +85,7 @@ func PendingPods(ctx context.Context, c kclient.Interface) ([]Pod, error) {
 		}
 		since, _ := unschedulableSince(p)
 		out = append(out, Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Created: p.CreationTimestamp.Time,
-			Pending: since, Wants: wants[i]})
+			Pending: since, Wants: wants[i], lands: landsOn(p)})
 	}
 	return out, nil
 }
@@ -98,38 +106,71 @@ func unschedulableSince(p *corev1.Pod) (time.Time, bool) {
 
 // MigWants counts the MIG devices a pod's containers ask for, by profile
 // (init containers run one at a time: the largest of them counts, as the
-// scheduler counts them).
+// scheduler counts them). Counts are bounded (AddWant): limits that would
+// overflow a sum stay at MaxWant.
 func MigWants(p *corev1.Pod) map[string]int {
 	wants := map[string]int{}
 	for _, c := range p.Spec.Containers {
 		for r, q := range c.Resources.Limits {
-			if prof, ok := strings.CutPrefix(string(r), ResourcePrefix); ok && q.Value() > 0 {
-				wants[prof] += int(q.Value())
+			if prof, ok := strings.CutPrefix(string(r), ResourcePrefix); ok {
+				AddWant(wants, prof, quantity(q))
 			}
 		}
 	}
 	for _, c := range p.Spec.InitContainers {
 		for r, q := range c.Resources.Limits {
-			if prof, ok := strings.CutPrefix(string(r), ResourcePrefix); ok && int(q.Value()) > wants[prof] {
-				wants[prof] = int(q.Value())
+			if prof, ok := strings.CutPrefix(string(r), ResourcePrefix); ok {
+				init := map[string]int{}
+				AddWant(init, prof, quantity(q))
+				wants[prof] = max(wants[prof], init[prof])
+				if wants[prof] == 0 {
+					delete(wants, prof)
+				}
 			}
 		}
 	}
 	return wants
 }
 
-// usesGPU: the pod asks for any nvidia.com resource.
-func usesGPU(p *corev1.Pod) bool {
-	for _, cs := range [][]corev1.Container{p.Spec.Containers, p.Spec.InitContainers} {
-		for _, c := range cs {
-			for r := range c.Resources.Limits {
-				if strings.HasPrefix(string(r), "nvidia.com/") {
-					return true
-				}
-			}
-		}
+// quantity is q as a count of devices, at most MaxWant (a quantity too
+// large for an int64 too).
+func quantity(q resource.Quantity) int64 {
+	if q.CmpInt64(MaxWant) > 0 {
+		return MaxWant
 	}
-	return false
+	return q.Value()
+}
+
+// usesGPU: the pod asks for a GPU resource, by the agent's own rule
+// (drain.RequestsGPU: nvidia.com/gpu or nvidia.com/mig-*, not NVIDIA's
+// NICs' nvidia.com/hostdev or RDMA resources).
+func usesGPU(p *corev1.Pod) bool { return drain.RequestsGPU(p) }
+
+// landsOn is a test of the nodes p can be scheduled on, by the
+// scheduler's own helpers: its node selector and required node affinity
+// (nodeaffinity.GetRequiredNodeAffinity), and the node's NoSchedule and
+// NoExecute taints against its tolerations. Left out are the taints that
+// go by themselves: the agent's reconfiguring taint (when the change is
+// done) and those the node lifecycle controller sets for a passing
+// condition (node.kubernetes.io/not-ready, unreachable, memory-pressure,
+// ...; not node.kubernetes.io/unschedulable, a cordon someone chose).
+func landsOn(p *corev1.Pod) func(*corev1.Node) string {
+	aff := nodeaffinity.GetRequiredNodeAffinity(p)
+	tolerations := p.Spec.Tolerations
+	hard := func(t *corev1.Taint) bool {
+		passing := t.Key == record.TaintReconfiguring ||
+			strings.HasPrefix(t.Key, "node.kubernetes.io/") && t.Key != corev1.TaintNodeUnschedulable
+		return !passing && (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute)
+	}
+	return func(n *corev1.Node) string {
+		if ok, err := aff.Match(n); err != nil || !ok {
+			return "its node selector or node affinity does not match"
+		}
+		if t, found := schedcorev1.FindMatchingUntoleratedTaint(klog.Background(), n.Spec.Taints, tolerations, hard, false); found {
+			return "it does not tolerate the taint " + t.ToString()
+		}
+		return ""
+	}
 }
 
 // Nodes reads every opted-in node: its geometry from its agent's records,
@@ -155,20 +196,23 @@ func Nodes(ctx context.Context, c kclient.Interface, spec *geometry.Spec, namesp
 
 func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, namespace string, kn *corev1.Node) (*Node, error) {
 	st, _ := kube.StatusFromNode(kn)
-	n := &Node{Name: kn.Name, Desired: st.Desired}
+	n := &Node{Name: kn.Name, Desired: st.Desired, obj: kn}
 	if st.Applied != nil {
 		n.Applied = st.Applied.Config
 	}
 	// In flight: a change runs, or a label the agent has not acted on yet
 	// (a failed change is not: the agent retries it on its own).
-	n.InFlight = st.State == record.StatePending || st.State == record.StateRebooting ||
-		st.State != record.StateFailed && st.Desired != "" && st.Desired != n.Applied
+	n.Changing = st.State == record.StatePending || st.State == record.StateRebooting
+	n.InFlight = n.Changing || st.State != record.StateFailed && st.Desired != "" && st.Desired != n.Applied
 	// When the planner set the label, as the API server recorded its write
 	// (the managedFields entry that owns the label is the planner's): the
 	// hold time holds across a restart or a new leader, with nothing
 	// written on the Node but the label.
-	if m, at, ok := labelwriter.Of(kn.ManagedFields, record.LabelConfig); ok && m == FieldManager && at != nil {
-		n.PlannedAt = *at
+	if m, at, ok := labelwriter.Of(kn.ManagedFields, record.LabelConfig); ok && at != nil {
+		n.LabelAt = *at
+		if m == FieldManager {
+			n.PlannedAt = *at
+		}
 	}
 	gpus, err := NodeGPUs(kn.Labels, st, spec)
 	if err != nil {

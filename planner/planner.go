@@ -10,8 +10,16 @@
 // node's agent applies the change, within its rollout slots, and records
 // the planner's identity as the requester.
 //
-// It may import client-go (through internal/kclient), geometry, profiles,
-// record, kube (to read a node's records) and assign (to read its trail).
+// A pending pod counts only for the nodes it can be scheduled on (its node
+// selector, node affinity and tolerations, by the scheduler's own helpers
+// in k8s.io/component-helpers); its wants are bounded counts; a free device
+// serves one pod once; a running pod is a GPU user by the agent's own rule
+// (drain.RequestsGPU).
+//
+// It may import client-go (through internal/kclient), component-helpers'
+// scheduling helpers, geometry, profiles, record, kube (to read a node's
+// records), drain (the agent's rule of a GPU resource) and assign (to read
+// its trail).
 package planner
 
 import (
@@ -53,6 +61,7 @@ type Planner struct {
 	planned    map[string]planned   // pod UID → the change that serves it
 	changed    map[string]time.Time // node → when this planner last set its label
 	unservable map[string]string    // pod UID → the reason its Event gave
+	silent     map[string]time.Time // node → the label write its ReasonSilent Event was for
 	seq        int64                // Events written: their names differ
 }
 
@@ -80,6 +89,7 @@ func (p *Planner) Run(ctx context.Context) error {
 func (p *Planner) Round(ctx context.Context) (Outcome, error) {
 	if p.planned == nil {
 		p.planned, p.unservable, p.changed = map[string]planned{}, map[string]string{}, map[string]time.Time{}
+		p.silent = map[string]time.Time{}
 	}
 	pods, err := PendingPods(ctx, p.Client)
 	if err != nil {
@@ -103,6 +113,7 @@ func (p *Planner) Round(ctx context.Context) (Outcome, error) {
 	}
 	now := p.Clock.Now()
 	p.remember(nodes)
+	p.silence(ctx, nodes, now)
 	pods = p.notPlanned(pods, nodes, now)
 	out := Decide(p.Spec, nodes, pods, now, p.Options)
 	if p.DryRun {
@@ -128,6 +139,23 @@ func (p *Planner) remember(nodes []*Node) {
 	}
 }
 
+// silence marks the nodes whose agent has not acted on their label within
+// --node-act-timeout (Silence) and writes a Warning Event on each, once per
+// label write.
+func (p *Planner) silence(ctx context.Context, nodes []*Node, now time.Time) {
+	for _, n := range Silence(nodes, now, p.Options) {
+		if p.DryRun || p.silent[n.Name].Equal(n.LabelAt) {
+			continue
+		}
+		p.silent[n.Name] = n.LabelAt
+		msg := fmt.Sprintf("the node has not acted on %s=%s within %s of its write (is its agent running?): "+
+			"no longer counted against --max-concurrent, and not planned for until it acts", record.LabelConfig, n.Desired, p.Options.ActTimeout)
+		p.Log.Warn("planner: a node does not act on its label", "node", n.Name, "config", n.Desired, "since", n.LabelAt)
+		p.write(ctx, corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: n.Name}, metav1.NamespaceDefault,
+			corev1.EventTypeWarning, ReasonSilent, msg)
+	}
+}
+
 // notPlanned drops the pods a change already under way serves, and
 // remembers, per node, how many such pods still wait for it (Reserved):
 // the node is not idle while they do.
@@ -142,7 +170,7 @@ func (p *Planner) notPlanned(pods []Pod, nodes []*Node, now time.Time) []Pod {
 			continue
 		}
 		i := slices.IndexFunc(nodes, func(n *Node) bool { return n.Name == pl.node })
-		if i < 0 || (!nodes[i].InFlight && now.Sub(pl.at) > p.Options.HoldTime) {
+		if i < 0 || nodes[i].Silent || (!nodes[i].InFlight && now.Sub(pl.at) > p.Options.HoldTime) {
 			delete(p.planned, pod.UID) // its change is done and the scheduler still has no node: plan again
 			out = append(out, pod)
 			continue

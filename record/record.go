@@ -214,6 +214,11 @@ const (
 	// stamp's via), and refuses such a change, rather than evict, when it
 	// would take a device in use.
 	PlannerFieldManager = "mig-agent-planner"
+	// LabelPlannerOptIn = PlannerOptInValue on a Node lets the planner
+	// change its desired config; the agent applies a change the planner
+	// asked for only on such a node.
+	LabelPlannerOptIn = "migagent.io/planner"
+	PlannerOptInValue = "enabled"
 	// RequesterUnknown is requestedBy when neither the stamp nor
 	// managedFields name who set the label.
 	RequesterUnknown = "unknown"

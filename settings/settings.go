@@ -58,6 +58,11 @@ type Settings struct {
 	// NAME=SELECTOR items, an operand named there losing its default
 	// selectors (drain.ParseSelectors reads them).
 	OperandSelectors []string
+	// OperandNamespaces are the namespaces the operands run in: a pod
+	// the selectors select is an operand only there, and only when a
+	// DaemonSet controls it (drain.OperandNamespaces gives the default:
+	// the agent's namespace and where NVIDIA's installers put them).
+	OperandNamespaces []string
 	// PluginSelectors are label selectors of other pods restarted after a
 	// change so that they see the new MIG devices, besides the operands.
 	PluginSelectors []string
@@ -102,8 +107,11 @@ type Settings struct {
 	// The planner (`mig-agent planner`): the configs of ConfigFile it may
 	// choose; how long a node it changed is not changed again unless idle;
 	// how often it plans; whether it only prints what it would do.
-	AllowedConfigs  []string
-	HoldTime        time.Duration
+	AllowedConfigs []string
+	HoldTime       time.Duration
+	// NodeActTimeout: a node whose agent has not acted on its label this
+	// long stops counting against the planner's --max-concurrent.
+	NodeActTimeout  time.Duration
 	PlannerInterval time.Duration
 	DryRun          bool
 }

@@ -88,7 +88,8 @@ func newPlanner(s *settings.Settings, cmd *cobra.Command) (*planner.Planner, err
 	return &planner.Planner{
 		Client: client, Namespace: s.Namespace, Spec: spec, Interval: s.PlannerInterval, DryRun: s.DryRun,
 		Out: cmd.OutOrStdout(), Log: log, Clock: clock.RealClock{}, Identity: host,
-		Options: planner.Options{Allowed: slices.Clone(s.AllowedConfigs), MaxConcurrent: max(s.MaxConcurrent, 1), HoldTime: s.HoldTime},
+		Options: planner.Options{Allowed: slices.Clone(s.AllowedConfigs), MaxConcurrent: max(s.MaxConcurrent, 1), HoldTime: s.HoldTime,
+			ActTimeout: s.NodeActTimeout},
 	}, nil
 }
 
@@ -123,7 +124,7 @@ func runPlanner(ctx context.Context, s *settings.Settings, p *planner.Planner) e
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
-	p.Log.Info("planner starting", "version", version, "allowed", s.AllowedConfigs, "maxConcurrent", p.Options.MaxConcurrent, "holdTime", s.HoldTime)
+	p.Log.Info("planner starting", "version", version, "allowed", s.AllowedConfigs, "maxConcurrent", p.Options.MaxConcurrent, "holdTime", s.HoldTime, "nodeActTimeout", s.NodeActTimeout)
 	e := &planner.Elector{
 		Client: p.Client, Namespace: s.Namespace, Name: plannerLease, Identity: p.Identity + "-" + fmt.Sprint(os.Getpid()),
 		LeaseDuration: s.LeaseDuration, RenewDeadline: s.LeaseDuration * 2 / 3, RetryPeriod: max(s.LeaseDuration/6, time.Second),

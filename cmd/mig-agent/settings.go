@@ -63,6 +63,7 @@ var runSettings = []setting{
 	{"command-timeout", "", boundcmd.DefaultTimeout, "how long one external command of a change may run (the CDI step's nvidia-smi and nvidia-ctk, the CDI refresh unit's start, each hook); past it the command is killed and the change fails, naming the step", func(s *settings.Settings) any { return &s.CommandTimeout }},
 	{"restart-device-plugin", "", true, "after the GPUs changed, restart the node's device plugin, GPU Feature Discovery and DRA kubelet plugin pods so they see the new MIG devices", func(s *settings.Settings) any { return &s.RestartDevicePlugin }},
 	{"operand-selector", "", []string(nil), "NAME=SELECTOR: the label selector of an operand's pods on the node, NAME one of " + strings.Join(drain.OperandNames, ", ") + "; repeatable (a pod matching any of an operand's selectors is it); naming an operand replaces its default selectors, the others keep theirs", func(s *settings.Settings) any { return &s.OperandSelectors }},
+	{"operand-namespace", "", []string(nil), "a namespace the operands (and --plugin-selector's pods) run in; repeatable; a selected pod elsewhere, or one no DaemonSet controls, is ignored with a warning (default: the agent's namespace, " + strings.Join(drain.DefaultOperandNamespaces, ", ") + ")", func(s *settings.Settings) any { return &s.OperandNamespaces }},
 	{"plugin-selector", "", []string(nil), "label selector of other pods on the node restarted after a change so that they see the new MIG devices, besides the device plugin, GPU Feature Discovery, the validator and the DRA kubelet plugin; repeatable", func(s *settings.Settings) any { return &s.PluginSelectors }},
 	{"pause-gpu-operator", "", false, "pause the GPU Operator's operands (nvidia.com/gpu.deploy.* labels) during a change", func(s *settings.Settings) any { return &s.PauseGPUOperator }},
 	{"host-gpu-clients", "", []string(nil), "systemd units stopped before a MIG mode change and started after it", func(s *settings.Settings) any { return &s.HostGPUClients }},
@@ -100,7 +101,8 @@ var fileAliases = map[string]string{"startupTaints": "startup-taint"}
 // whose change it started and that are still under way).
 var plannerSettings = []setting{
 	{"allowed-configs", "", []string{}, "configs of -f the planner may choose (required)", func(s *settings.Settings) any { return &s.AllowedConfigs }},
-	{"hold-time", "", 10 * time.Minute, "a node the planner changed is not changed again within this time, unless idle", func(s *settings.Settings) any { return &s.HoldTime }},
+	{"hold-time", "", 10 * time.Minute, "a node the planner changed is not changed again within this time, idle or not: at most one planner change per node per hold time (0: no bound)", func(s *settings.Settings) any { return &s.HoldTime }},
+	{"node-act-timeout", "", 10 * time.Minute, "a node whose agent has not acted on its nvidia.com/mig.config this long after the write stops counting against --max-concurrent, gets a MigPlannerNodeSilent Event, and is not planned for until it acts (0: never)", func(s *settings.Settings) any { return &s.NodeActTimeout }},
 	{"planner-interval", "", 5 * time.Second, "how often the planner looks at pending pods", func(s *settings.Settings) any { return &s.PlannerInterval }},
 	{"dry-run", "", false, "print what the planner would change and why, once, and change nothing", func(s *settings.Settings) any { return &s.DryRun }},
 }
@@ -287,6 +289,7 @@ func loadSettings(cmd *cobra.Command) (*settings.Settings, error) {
 		if s.Namespace == "" {
 			s.Namespace = podNamespace()
 		}
+		s.OperandNamespaces = drain.OperandNamespaces(s.OperandNamespaces, s.Namespace)
 	}
 	if err := r.err(); err != nil {
 		return nil, err

@@ -437,6 +437,19 @@ func TestFullOptions(t *testing.T) {
 			t.Errorf("planner args %s lack %s", planArgs, want)
 		}
 	}
+	// The planner's policy: its ServiceAccount, the allowed configs.
+	pvap := named(t, objs, "ValidatingAdmissionPolicy", "-planner-scope")
+	if got := get(pvap, "spec", "matchConditions", 0, "expression"); got != "request.userInfo.username == 'system:serviceaccount:gpu-system:gpu-mig-agent-planner'" {
+		t.Errorf("planner policy matches %v", got)
+	}
+	for _, v := range get(pvap, "spec", "variables").([]any) {
+		if get(v, "name") == "allowedConfigs" && get(v, "expression") != "['all-disabled', 'inference']" {
+			t.Errorf("planner policy allowedConfigs %v", get(v, "expression"))
+		}
+	}
+	if got := fmt.Sprint(get(plan, "spec", "template", "spec", "containers", 0, "env")); !strings.Contains(got, "name:NVIDIA_VISIBLE_DEVICES value:void") {
+		t.Errorf("planner env %s: want NVIDIA_VISIBLE_DEVICES=void (the planner gets no GPU)", got)
+	}
 	if got := get(plan, "spec", "template", "spec", "volumes", 0, "configMap", "name"); got != "gpu-mig-agent-settings" {
 		t.Errorf("planner mounts ConfigMap %v, want the chart's settings (migConfig)", got)
 	}
