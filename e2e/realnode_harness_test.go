@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kubetest"
@@ -83,9 +85,50 @@ func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig s
 	c := n.Client
 	untaintReady(t, n.Node)
 	kubetest.CreateNamespace(t, n.PluginNS)
-	SetLabel(t, c, n.Name, "nvidia.com/gpu.deploy.device-plugin", "true", "")
+	SetLabel(t, c, n.Name, "nvidia.com/gpu.deploy.device-plugin", "true", "gpu-operator")
 	n.createPluginDaemonSet(t, strategy)
+	n.publishGFDLabels(t, strategy)
+	t.Cleanup(func() {
+		if t.Failed() {
+			n.explainPlugin(t)
+		}
+	})
 	return n
+}
+
+// publishGFDLabels runs NVIDIA's GPU Feature Discovery (real, once) on the
+// node's GPUs and puts its labels on the Node, as Node Feature Discovery
+// does with GFD's feature file on a GPU Operator node: the agent reads the
+// plugin's MIG strategy from nvidia.com/mig.strategy. NFD itself is the
+// stand-in here (one copy at start; it does not follow later changes).
+func (n *realGPUNode) publishGFDLabels(t *testing.T, strategy string) {
+	t.Helper()
+	out := filepath.Join(n.Dir, "gfd-labels")
+	cmd := exec.Command(simlibtest.SimNode(t), "--state", n.State, "--spec", n.Spec, "--",
+		nvidiaBin(t, "gpu-feature-discovery"), "--oneshot", "--output-file="+out, "--no-timestamp",
+		"--use-node-feature-api=false", "--mig-strategy="+strategy)
+	cmd.Env = append(os.Environ(), "MIG_AGENT_SIM_QUIET=1")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gpu-feature-discovery: %v\n%s", err, b)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]any{}
+	for _, l := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			labels[k] = v
+		}
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+	if _, err := n.Client.CoreV1().Nodes().Patch(context.Background(), n.Name, types.MergePatchType, patch,
+		metav1.PatchOptions{FieldManager: "nfd-master"}); err != nil {
+		t.Fatalf("GFD's labels on the Node: %v", err)
+	}
+	if got := labels["nvidia.com/mig.strategy"]; got != strategy {
+		t.Fatalf("GPU Feature Discovery labels nvidia.com/mig.strategy=%v, want %s", got, strategy)
+	}
 }
 
 // untaintReady removes the taint node.kubernetes.io/not-ready:NoSchedule

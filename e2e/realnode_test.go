@@ -27,7 +27,7 @@ var defaultConfigs = filepath.Join("..", "geometry", "testdata", "config-default
 // restarted plugin, is exactly eleven 1g.18gb and one 3g.71gb.
 func TestRealNodeLabelChangeEvictsOnlyDestroyedDevices(t *testing.T) {
 	n := startRealGPUNode(t, "h200x2", defaultConfigs, "all-1g.18gb", "mixed", "")
-	n.waitAllocatable(t, map[string]int64{"nvidia.com/mig-1g.18gb": 14}, 3*time.Minute)
+	n.waitAllocatable(t, map[string]int64{"nvidia.com/mig-1g.18gb": 14}, 90*time.Second)
 	c := n.Client
 	ctx := context.Background()
 	ns := kubetest.NewName(t, "ns")

@@ -16,8 +16,9 @@
 //   - /dev holds nvidiactl, nvidiaN, nvidia-uvm and /dev/nvidia-caps.
 //
 // Where the kernel has no /proc/modules (a kernel built without modules),
-// /proc itself is replaced by a directory that links every other entry,
-// and every process id up to pid_max, to the real proc file system.
+// /proc itself is replaced by a directory that links every other entry to
+// the real proc file system; the links of process ids follow the processes
+// (every 100 ms), and /proc/self is the real one.
 //
 // The device nodes are real character devices with the driver's numbers;
 // with no driver loaded, opening one fails (ENXIO), as on a node whose
@@ -34,6 +35,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 )
@@ -207,6 +209,9 @@ func child(o options) (int, error) {
 	if p, err := exec.LookPath(o.argv[0]); err == nil {
 		cmd.Path = p
 	}
+	done := make(chan struct{})
+	defer close(done)
+	go keepFarm(done, 100*time.Millisecond)
 	return runForwarding(cmd), nil
 }
 

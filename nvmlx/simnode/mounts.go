@@ -7,8 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
+	"time"
 
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 )
@@ -195,9 +195,9 @@ func procDir(stage string, gpus []gpu) error {
 }
 
 // procFarm replaces /proc by the tmpfs directory own, which holds the
-// simulated entries, and links every other entry of the real proc file
-// system (bound at stage/real-proc) and every process id up to pid_max:
-// a process that does not exist is a dangling link, ENOENT as in /proc.
+// simulated entries and links every other entry of the real proc file
+// system (bound at stage/real-proc); keepFarm then adds and removes the
+// links of process ids as processes come and go.
 func procFarm(stage, own string) error {
 	real := filepath.Join(stage, "real-proc")
 	if err := os.Mkdir(real, 0o555); err != nil {
@@ -206,31 +206,60 @@ func procFarm(stage, own string) error {
 	if err := bind("/proc", real); err != nil {
 		return err
 	}
+	if err := syncFarm(real, own); err != nil {
+		return err
+	}
+	farm = &procLinks{real: real, own: own}
+	return bind(own, "/proc")
+}
+
+// farm is the /proc of links, when procFarm made one.
+var farm *procLinks
+
+type procLinks struct{ real, own string }
+
+// syncFarm links every entry of real into own that own lacks, and drops
+// the links of process ids that are gone.
+func syncFarm(real, own string) error {
 	entries, err := os.ReadDir(real)
 	if err != nil {
 		return err
 	}
-	link := func(name string) error {
-		if _, err := os.Lstat(filepath.Join(own, name)); err == nil {
-			return nil // simulated
-		}
-		return os.Symlink(filepath.Join(real, name), filepath.Join(own, name))
-	}
+	present := map[string]bool{}
 	for _, e := range entries {
-		if err := link(e.Name()); err != nil {
+		present[e.Name()] = true
+		if _, err := os.Lstat(filepath.Join(own, e.Name())); err == nil {
+			continue // simulated, or linked already
+		}
+		if err := os.Symlink(filepath.Join(real, e.Name()), filepath.Join(own, e.Name())); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
 		}
 	}
-	maxPID := 32768
-	if raw, err := os.ReadFile(filepath.Join(real, "sys/kernel/pid_max")); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil && n > 0 && n <= 1<<22 {
-			maxPID = n
+	mine, err := os.ReadDir(own)
+	if err != nil {
+		return err
+	}
+	for _, e := range mine {
+		if _, err := strconv.Atoi(e.Name()); err == nil && !present[e.Name()] {
+			_ = os.Remove(filepath.Join(own, e.Name()))
 		}
 	}
-	for pid := 1; pid <= maxPID; pid++ {
-		if err := link(strconv.Itoa(pid)); err != nil {
-			return err
+	return nil
+}
+
+// keepFarm keeps the /proc links current every interval until done is
+// closed: a process started after sim-node set up shows in /proc within
+// an interval (its /proc/self works at once).
+func keepFarm(done <-chan struct{}, every time.Duration) {
+	if farm == nil {
+		return
+	}
+	for {
+		select {
+		case <-done:
+			return
+		case <-time.After(every):
+			_ = syncFarm(farm.real, farm.own)
 		}
 	}
-	return bind(own, "/proc")
 }

@@ -69,6 +69,7 @@ stat -c '%F %t:%T' /dev/nvidia1 /dev/nvidiactl /dev/nvidia-caps/nvidia-cap138
 grep -c access /proc/driver/nvidia-caps/mig-minors
 ls /sys/bus/pci/devices | wc -l
 test -e /proc/self/status
+sleep 2 & p=$!; sleep 0.5; test -e /proc/$p/status
 echo "$LD_LIBRARY_PATH" | cut -d: -f1
 echo "$MIG_AGENT_SIM"
 `
