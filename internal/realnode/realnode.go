@@ -200,18 +200,24 @@ func lock(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(lockTimeout)
+	start := time.Now()
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
-			holder, _ := os.ReadFile(Lock)
+		holder, _ := os.ReadFile(Lock)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Since(start) > lockTimeout {
 			_ = f.Close()
 			t.Fatalf("realnode: lock %s (held by pid %s): %v", Lock, strings.TrimSpace(string(holder)), err)
 		}
+		if time.Since(start) < time.Second {
+			t.Logf("realnode: waiting for the machine's real kubelet: %s is held by pid %s", Lock, strings.TrimSpace(string(holder)))
+		}
 		time.Sleep(time.Second)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Logf("realnode: waited %s for %s", d.Round(time.Second), Lock)
 	}
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
