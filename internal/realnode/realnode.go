@@ -620,17 +620,30 @@ func (n *Node) PodResourcesSocket() string {
 // pluginapi.KubeletSocket.
 func (n *Node) DevicePluginDir() string { return pluginapi.DevicePluginPath }
 
-// ContainerLog returns what a container of a pod wrote so far, read from
-// the kubelet's pod log directory (podLogsDir/NS_NAME_UID/CONTAINER).
+// ContainerLog returns what a container of a pod wrote so far, every
+// restart's in order (the kubelet's pod log directory,
+// podLogsDir/NS_NAME_UID/CONTAINER/RESTART.log, in CRI log format: time,
+// stream, tag, line).
 func (n *Node) ContainerLog(pod *corev1.Pod, container string) (string, error) {
 	dir := filepath.Join(n.podLogs, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container)
 	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
 	if err != nil || len(files) == 0 {
 		return "", fmt.Errorf("no log of %s/%s container %s in %s", pod.Namespace, pod.Name, container, dir)
 	}
-	slices.Sort(files)
-	b, err := os.ReadFile(files[len(files)-1])
-	return string(b), err
+	restart := func(f string) int {
+		i, _ := strconv.Atoi(strings.TrimSuffix(filepath.Base(f), ".log"))
+		return i
+	}
+	slices.SortFunc(files, func(a, b string) int { return restart(a) - restart(b) })
+	var all strings.Builder
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return all.String(), err
+		}
+		all.Write(b)
+	}
+	return all.String(), nil
 }
 
 // Pod is a pod for the node: SleepImage, never pulled, bound by the
