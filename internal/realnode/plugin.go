@@ -16,7 +16,13 @@ import (
 // the test ends, registered with the node's kubelet (package testplugin).
 func (n *Node) StartPlugin(t testing.TB, resource string, devices ...string) *testplugin.Plugin {
 	t.Helper()
-	p := testplugin.New(resource, devices...)
+	return n.StartPluginWith(t, testplugin.New(resource, devices...))
+}
+
+// StartPluginWith serves p (made by testplugin.New, its Specs set) until the
+// test ends, registered with the node's kubelet.
+func (n *Node) StartPluginWith(t testing.TB, p *testplugin.Plugin) *testplugin.Plugin {
+	t.Helper()
 	stop, err := p.Start(pluginapi.DevicePluginPath, pluginapi.KubeletSocket)
 	if err != nil {
 		t.Fatal(err)

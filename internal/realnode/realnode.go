@@ -80,6 +80,7 @@ type Node struct {
 	bridge      string
 	sysctls     map[string]string
 	procs       []*proc
+	watchdog    *exec.Cmd
 	Timings     Timings
 }
 
@@ -146,6 +147,9 @@ func Start(t testing.TB) *Node {
 	n.Timings.Images = time.Since(t0)
 	t0 = time.Now()
 	n.sysctls = readSysctls()
+	if err := n.startWatchdog(); err != nil {
+		t.Fatalf("watchdog: %v", err)
+	}
 	if err := n.startKubelet(kubelet); err != nil {
 		t.Fatalf("kubelet: %v", err)
 	}
@@ -196,18 +200,24 @@ func lock(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(lockTimeout)
+	start := time.Now()
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
-			holder, _ := os.ReadFile(Lock)
+		holder, _ := os.ReadFile(Lock)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Since(start) > lockTimeout {
 			_ = f.Close()
 			t.Fatalf("realnode: lock %s (held by pid %s): %v", Lock, strings.TrimSpace(string(holder)), err)
 		}
+		if time.Since(start) < time.Second {
+			t.Logf("realnode: waiting for the machine's real kubelet: %s is held by pid %s", Lock, strings.TrimSpace(string(holder)))
+		}
 		time.Sleep(time.Second)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Logf("realnode: waited %s for %s", d.Round(time.Second), Lock)
 	}
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
@@ -477,7 +487,71 @@ func (n *Node) run(name, bin string, args ...string) (*proc, error) {
 		close(p.exited)
 	}()
 	n.procs = append(n.procs, p)
+	// For the watchdog: what to stop if the test process dies.
+	_ = os.WriteFile(filepath.Join(n.Dir, name+".pid"), []byte(strconv.Itoa(p.cmd.Process.Pid)), 0o644)
 	return p, nil
+}
+
+// watchdogScript does what stop does, roughly, once the test process is
+// gone without its cleanup (killed, or a crash): the kubelet, containerd's
+// tasks and shims, containerd, the mounts, the bridge, the cgroups, the
+// kernel settings, the checkpoint and the directory. Arguments: the test
+// process's pid, Dir, containerd's socket, the bridge.
+const watchdogScript = `owner=$1 dir=$2 sock=$3 bridge=$4
+# alive PID: running and not a zombie (orphans' zombies are not reaped here).
+alive() {
+	local st
+	st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) && [[ -n $st && $st != Z && $st != X ]]
+}
+while alive "$owner"; do sleep 1; done
+[[ -d $dir ]] || exit 0
+stop() {
+	local f=$dir/$1.pid p
+	[[ -f $f ]] || return 0
+	p=$(<"$f")
+	grep -qaF "$dir" "/proc/$p/cmdline" 2>/dev/null || return 0
+	kill -TERM "$p"
+	for _ in $(seq 75); do alive "$p" || return 0; sleep 0.2; done
+	kill -KILL "$p"
+}
+stop kubelet
+for id in $(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
+	ctr --address "$sock" -n k8s.io tasks kill -s SIGKILL "$id"
+	ctr --address "$sock" -n k8s.io tasks delete -f "$id"
+done
+stop containerd
+for c in /proc/[0-9]*/cmdline; do
+	p=${c#/proc/} p=${p%/cmdline}
+	# Not this script: its own command line names both.
+	if [[ $p != "$$" ]] && grep -qa containerd-shim "$c" && grep -qaF "$sock" "$c"; then kill -KILL "$p"; fi
+done 2>/dev/null
+awk -v d="$dir/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m"; done
+ip link del "$bridge" 2>/dev/null
+rmdir /sys/fs/cgroup/*/k8s.io 2>/dev/null
+while read -r k v; do echo "$v" >"/proc/sys/$k"; done <"$dir/sysctls"
+rm -f ` + checkpoint + `
+rm -rf "$dir"
+`
+
+// startWatchdog starts a shell that cleans up after the test process if
+// it dies without running stop; stop kills it first.
+func (n *Node) startWatchdog() error {
+	var b strings.Builder
+	for k, v := range n.sysctls {
+		fmt.Fprintf(&b, "%s %s\n", k, v)
+	}
+	if err := os.WriteFile(filepath.Join(n.Dir, "sysctls"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	cmd := exec.Command("bash", "-c", watchdogScript, "realnode-watchdog",
+		strconv.Itoa(os.Getpid()), n.Dir, n.containerd, n.bridge)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	n.watchdog = cmd
+	go func() { _ = cmd.Wait() }()
+	return nil
 }
 
 func (p *proc) done() bool {
@@ -546,17 +620,30 @@ func (n *Node) PodResourcesSocket() string {
 // pluginapi.KubeletSocket.
 func (n *Node) DevicePluginDir() string { return pluginapi.DevicePluginPath }
 
-// ContainerLog returns what a container of a pod wrote so far, read from
-// the kubelet's pod log directory (podLogsDir/NS_NAME_UID/CONTAINER).
+// ContainerLog returns what a container of a pod wrote so far, every
+// restart's in order (the kubelet's pod log directory,
+// podLogsDir/NS_NAME_UID/CONTAINER/RESTART.log, in CRI log format: time,
+// stream, tag, line).
 func (n *Node) ContainerLog(pod *corev1.Pod, container string) (string, error) {
 	dir := filepath.Join(n.podLogs, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container)
 	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
 	if err != nil || len(files) == 0 {
 		return "", fmt.Errorf("no log of %s/%s container %s in %s", pod.Namespace, pod.Name, container, dir)
 	}
-	slices.Sort(files)
-	b, err := os.ReadFile(files[len(files)-1])
-	return string(b), err
+	restart := func(f string) int {
+		i, _ := strconv.Atoi(strings.TrimSuffix(filepath.Base(f), ".log"))
+		return i
+	}
+	slices.SortFunc(files, func(a, b string) int { return restart(a) - restart(b) })
+	var all strings.Builder
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return all.String(), err
+		}
+		all.Write(b)
+	}
+	return all.String(), nil
 }
 
 // Pod is a pod for the node: SleepImage, never pulled, bound by the
@@ -590,6 +677,9 @@ func (n *Node) Pod(ns, name, schedulerName string) *corev1.Pod {
 // back. A failed test first gets the logs' tails.
 func (n *Node) stop() {
 	t := n.t
+	if n.watchdog != nil {
+		_ = n.watchdog.Process.Kill()
+	}
 	if t.Failed() {
 		for _, p := range n.procs {
 			t.Logf("realnode: %s", n.tail(p))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/internal/realnode"
+	"github.com/migagent/mig-agent/internal/realnode/testplugin"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
 )
@@ -77,7 +79,8 @@ func TestRealKubeletRunsPod(t *testing.T) {
 // TestRealKubeletDevicePlugin: a device plugin registering at the real
 // kubelet's socket gets its resource into the Node's allocatable; a pod
 // asking for one device is admitted, the plugin's Allocate is called, the
-// container sees the answer and PodResources lists the device; a pod
+// container starts with the answer (a variable, a device node) and
+// PodResources lists the device; a pod
 // asking for more than there is, bound straight to the node, is refused
 // by the kubelet's admission.
 func TestRealKubeletDevicePlugin(t *testing.T) {
@@ -90,8 +93,19 @@ func TestRealKubeletDevicePlugin(t *testing.T) {
 	kubetest.CreateNamespace(t, ns)
 	const res = "example.com/widget"
 
+	// Allocate also passes a device node, as NVIDIA's plugin does with
+	// PASS_DEVICE_SPECS: containerd needs it on the host (a host path that
+	// is missing fails the container: "failed to generate spec: lstat
+	// ...: no such file or directory"); a char device of NVIDIA's major
+	// that no driver serves is enough.
+	devNode := filepath.Join(t.TempDir(), "widget0")
+	if out, err := exec.Command("mknod", devNode, "c", "195", "250").CombinedOutput(); err != nil {
+		t.Fatalf("mknod: %v: %s", err, out)
+	}
 	t0 := time.Now()
-	p := n.StartPlugin(t, res, "w0", "w1")
+	p := testplugin.New(res, "w0", "w1")
+	p.Specs = []*pluginapi.DeviceSpec{{HostPath: devNode, ContainerPath: "/dev/widget0", Permissions: "rw"}}
+	n.StartPluginWith(t, p)
 	waitAllocatable(ctx, t, c, n.Name, res, 2)
 	t.Logf("%s=2 in the Node's allocatable %s after registration", res, time.Since(t0).Round(time.Millisecond))
 
@@ -108,6 +122,9 @@ func TestRealKubeletDevicePlugin(t *testing.T) {
 	}
 	dev := got[0][0]
 	waitLog(ctx, t, n, pod, "sleep", "REALNODE_DEVICES="+dev)
+	if fi, err := os.Stat(filepath.Join("/proc", processOf(t, "/pause", pod.Name), "root/dev/widget0")); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		t.Fatalf("the container has no device node /dev/widget0 from Allocate: %v %v", fi, err)
+	}
 	list, err := n.ListPodResources(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -326,4 +343,18 @@ func TestRealKubeletDaemonSetPlugin(t *testing.T) {
 	if got := strings.Split(devs, ","); len(got) != 2 {
 		t.Fatalf("the container got devices %q from Allocate, want two of g0,g1,g2", devs)
 	}
+}
+
+// processOf returns the pid of the one process whose command line is args.
+func processOf(t *testing.T, args ...string) string {
+	t.Helper()
+	want := strings.Join(args, "\x00") + "\x00"
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		if b, err := os.ReadFile(f); err == nil && string(b) == want {
+			return filepath.Base(filepath.Dir(f))
+		}
+	}
+	t.Fatalf("no process %q", args)
+	return ""
 }

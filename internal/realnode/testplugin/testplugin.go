@@ -29,7 +29,10 @@ import (
 type Plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
 	Resource string
-	devices  []string
+	// Specs are the device nodes Allocate passes to every container (as
+	// NVIDIA's plugin does with PASS_DEVICE_SPECS); set before Start.
+	Specs   []*pluginapi.DeviceSpec
+	devices []string
 
 	mu       sync.Mutex
 	allocate [][]string // the device IDs of each Allocate call's containers
@@ -102,7 +105,8 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	for _, c := range req.ContainerRequests {
 		p.allocate = append(p.allocate, c.DevicesIds)
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: map[string]string{"REALNODE_DEVICES": strings.Join(c.DevicesIds, ",")},
+			Envs:    map[string]string{"REALNODE_DEVICES": strings.Join(c.DevicesIds, ",")},
+			Devices: p.Specs,
 		})
 	}
 	return resp, nil
