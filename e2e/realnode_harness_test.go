@@ -47,7 +47,8 @@ import (
 type realGPUNode struct {
 	*realnode.Node
 	Spec, State, Lib string
-	// PluginNS holds the plugin's DaemonSet ("gpu-operator").
+	// PluginNS holds the plugin's DaemonSet (gpu-operator-…, an operand
+	// namespace the agent is told).
 	PluginNS string
 	// DevRoot holds dev/nvidia* on the host for the containers.
 	DevRoot string
@@ -67,7 +68,7 @@ func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig s
 	t.Helper()
 	plugin := nvidiaBin(t, "nvidia-device-plugin")
 	kubetest.StartScheduler(t)
-	n := &realGPUNode{Node: realnode.Start(t), Spec: spec, Lib: simlibtest.Library(t), PluginNS: "gpu-operator", PluginConfig: pluginConfig}
+	n := &realGPUNode{Node: realnode.Start(t), Spec: spec, Lib: simlibtest.Library(t), PluginNS: kubetest.NewName(t, "gpu-operator"), PluginConfig: pluginConfig}
 	n.State = filepath.Join(n.Dir, "sim", "state.json")
 	n.DevRoot = filepath.Join(n.Dir, "driver")
 	if err := os.MkdirAll(filepath.Dir(n.State), 0o755); err != nil {
@@ -157,6 +158,49 @@ func untaintReady(t *testing.T, n *realnode.Node) {
 	}
 }
 
+// holdPluginStarts keeps every plugin container that starts from here on
+// waiting before NVIDIA's plugin runs (it registers nothing), until
+// releasePluginStarts.
+func (n *realGPUNode) holdPluginStarts(t *testing.T) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(filepath.Dir(n.State), "hold-plugin-starts"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (n *realGPUNode) releasePluginStarts(t *testing.T) {
+	t.Helper()
+	if err := os.Remove(filepath.Join(filepath.Dir(n.State), "hold-plugin-starts")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pluginPods are the plugin's pods on the node that are not being deleted.
+func (n *realGPUNode) pluginPods(t *testing.T) []corev1.Pod {
+	t.Helper()
+	list, err := n.Client.CoreV1().Pods(n.PluginNS).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil && p.Spec.NodeName == n.Name {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// startAgent runs the agent for the node on its production NVML path
+// (the library), with the real kubelet's PodResources, the plugin's
+// namespace as an operand namespace and configs from file.
+func (n *realGPUNode) startAgent(t *testing.T, file string, extra ...string) *Agent {
+	t.Helper()
+	args := append([]string{"-f", file, "--pod-resources-socket", n.PodResourcesSocket(), "--resource-wait-timeout", "3m",
+		"--operand-namespace", n.PluginNS}, extra...)
+	return StartAgent(t, &Opts{Node: n.Name, Sim: n.Spec, SimState: n.State, Library: n.Lib, Extra: args})
+}
+
 // cli runs the agent's CLI on the node's GPUs through the library.
 func (n *realGPUNode) cli(t *testing.T, args ...string) string {
 	t.Helper()
@@ -179,6 +223,7 @@ func (n *realGPUNode) importPluginImage(t *testing.T, plugin string) {
 		{plugin, "/usr/bin/nvidia-device-plugin"},
 		{simlibtest.SimNode(t), "/usr/bin/sim-node"},
 		{n.Lib, "/usr/lib/mig-agent-sim/libnvidia-ml.so.1"},
+		{"/bin/sh", "/bin/sh"}, {"/bin/sleep", "/bin/sleep"},
 	} {
 		fs, err := realnode.BinaryFiles(b.src, b.dst)
 		if err != nil {
@@ -190,7 +235,10 @@ func (n *realGPUNode) importPluginImage(t *testing.T, plugin string) {
 			}
 		}
 	}
-	entry := []string{"/usr/bin/sim-node", "--lib", "/usr/lib/mig-agent-sim", "--", "/usr/bin/nvidia-device-plugin"}
+	// The plugin starts once the test lets it (holdPluginStarts): the
+	// only way a test can keep the old plugin's figures the last word.
+	entry := []string{"/usr/bin/sim-node", "--lib", "/usr/lib/mig-agent-sim", "--", "/bin/sh", "-c",
+		"while [ -e /sim/hold-plugin-starts ]; do sleep 0.1; done; exec /usr/bin/nvidia-device-plugin"}
 	if err := n.ImportImage(pluginImage, entry, files); err != nil {
 		t.Fatal(err)
 	}

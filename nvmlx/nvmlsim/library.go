@@ -68,7 +68,7 @@ var simImplemented = []string{
 	"Device.GetGpuInstanceProfileInfo", "Device.GetGpuInstancePossiblePlacements", "Device.GetGpuInstances",
 	"Device.GetGpuInstanceById", "Device.CreateGpuInstanceWithPlacement",
 	"Device.GetMaxMigDeviceCount", "Device.GetMigDeviceHandleByIndex", "Device.IsMigDeviceHandle", "Device.GetIndex",
-	"Device.GetAttributes",
+	"Device.GetAttributes", "Device.GetTopologyCommonAncestor",
 	"Device.GetGpuInstanceId", "Device.GetComputeInstanceId",
 	"Device.GetComputeRunningProcesses", "Device.GetGraphicsRunningProcesses", "Device.GetMPSComputeRunningProcesses",
 	"GpuInstance.GetInfo", "GpuInstance.GetComputeInstanceProfileInfo", "GpuInstance.GetComputeInstances",

@@ -68,6 +68,7 @@ import (
 //	Device.GetGpuInstanceId                     dra     nvlib.go: getMigDevices (MIG handle)
 //	Device.GetComputeInstanceId                 dra     nvlib.go: getMigDevices (MIG handle)
 //	Device.GetAttributes                        dp      go-nvlib mig_device.go: GetProfile (MemorySizeMB names the MIG device)
+//	Device.GetTopologyCommonAncestor            dp      go-gpuallocator: GetPreferredAllocation for whole GPUs
 //	GpuInstance.GetInfo                         dra     nvlib.go: getMigDevices (placement, profile id)
 //	GpuInstance.GetComputeInstanceProfileInfo   mp dra  mig.go: WalkComputeInstances; config.go: SetMigConfig; nvlib.go: getMigDevices
 //	GpuInstance.GetComputeInstances             mp      mig.go: WalkComputeInstances
@@ -356,4 +357,24 @@ func (d *simDevice) migProfiles(g *simGPU, m *profiles.Model) (*profiles.Profile
 		return nil, nil, nvml.ERROR_UNKNOWN
 	}
 	return p, cp, nvml.SUCCESS
+}
+
+// GetTopologyCommonAncestor is the PCIe path between two GPUs (nvml.h
+// nvmlDeviceGetTopologyCommonAncestor): NVML_TOPOLOGY_INTERNAL for a GPU
+// and itself, else NVML_TOPOLOGY_NODE, every simulated GPU sitting on its
+// own bus below the same NUMA node (an assumption: no topology was
+// captured; an HGX board's GPUs report NODE or SYSTEM). NVIDIA's device
+// plugin asks it in GetPreferredAllocation for whole GPUs (go-gpuallocator);
+// MIG device handles are INVALID_ARGUMENT, as NVML documents GPU handles
+// only.
+func (d *simDevice) GetTopologyCommonAncestor(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+	o, ok := other.(*simDevice)
+	if !ok || d.mig != nil || o.mig != nil || o.lib != d.lib {
+		return 0, nvml.ERROR_INVALID_ARGUMENT
+	}
+	level := nvml.TOPOLOGY_NODE
+	if o.index == d.index {
+		level = nvml.TOPOLOGY_INTERNAL
+	}
+	return level, d.with(func(*simGPU, *profiles.Model) nvml.Return { return nvml.SUCCESS })
 }

@@ -374,6 +374,18 @@ func attributes(name string, dev, attrs unsafe.Pointer) C.int {
 	})
 }
 
+//export nvmlDeviceGetTopologyCommonAncestor
+func nvmlDeviceGetTopologyCommonAncestor(dev1, dev2 unsafe.Pointer, level *C.uint) C.int {
+	return onDevice("nvmlDeviceGetTopologyCommonAncestor", dev1, func(d nvml.Device) nvml.Return {
+		other, ok := device(dev2)
+		if !ok {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		v, ret := d.GetTopologyCommonAncestor(other)
+		return then(level, C.uint(v), ret)
+	})
+}
+
 // firstError is ret when it is an error, else alt.
 func firstError(ret, alt nvml.Return) nvml.Return {
 	if ret != nvml.SUCCESS {
