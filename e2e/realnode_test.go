@@ -301,3 +301,39 @@ sharing:
       replicas: 2
 `, rename)
 }
+
+// TestRealNodePlannerPodAdmitted: a pod asks for a 3g.71gb MIG device that
+// no node offers; the planner reshapes the idle, opted-in real node, the
+// agent applies it and restarts NVIDIA's plugin, the scheduler binds the
+// pod once the kubelet advertises the new device, and the kubelet admits
+// it with the plugin's Allocate: the container gets a 3g.71gb device of
+// the new geometry.
+func TestRealNodePlannerPodAdmitted(t *testing.T) {
+	cfg := disConfig(t, plannerConfigs)
+	n := startRealGPUNode(t, "h200x1", cfg, "all-1g.18gb", "mixed", "")
+	n.waitAllocatable(t, map[string]int64{"nvidia.com/mig-1g.18gb": 7}, 90*time.Second)
+	SetLabel(t, n.Client, n.Name, "migagent.io/planner", "enabled", "platform-team")
+	n.startAgent(t, cfg, "--assignment-interval", "0") // its records in the default namespace, mig-agent-e2e
+	ns := kubetest.NewName(t, "work")
+	kubetest.CreateNamespace(t, ns)
+	pod, err := n.Client.CoreV1().Pods(ns).Create(context.Background(), n.gpuPod(ns, "big", "nvidia.com/mig-3g.71gb"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUnschedulable(t, n.Client, pod, 0)
+	port := freePort(t)
+	start := time.Now()
+	startProcess(t, []string{"planner", "--kubeconfig", kubetest.Kubeconfig(), "--namespace", "mig-agent-e2e", "-f", cfg,
+		"--allowed-configs", "all-1g.18gb,all-3g.71gb", "--planner-interval", "500ms", "--max-concurrent", "1",
+		"--lease-duration", "15s", "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port)}, fmt.Sprintf("http://127.0.0.1:%d", port))
+	dev := n.visibleDevices(t, ns, "big")
+	took := time.Since(start)
+	after := uuidsOf(disProfiles(t, n.Spec, n.State))
+	if !strings.HasPrefix(after[dev], "GPU 0 3g.71gb") {
+		t.Errorf("the planned pod got %q from Allocate, want a 3g.71gb device of the new geometry (%v)", dev, after)
+	}
+	if got := GetNode(t, n.Client, n.Name).Labels[record.LabelConfig]; got != "all-3g.71gb" {
+		t.Errorf("node config label %q, want all-3g.71gb (the planner's)", got)
+	}
+	t.Logf("SCENARIO planner on the real node: pending 3g.71gb pod running with its device %s after the planner started", took.Round(100*time.Millisecond))
+}
