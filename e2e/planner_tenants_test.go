@@ -167,9 +167,8 @@ func TestPlannerFreeDeviceServesOnce(t *testing.T) {
 	}
 	writeTrail(t, e.c, e.agents, busy, held...)
 	idle := e.node(t, "idle", nil)
-	var pods []*corev1.Pod
 	for i := range 3 {
-		pods = append(pods, e.pending(t, fmt.Sprintf("p%d", i), corev1.PodSpec{Containers: []corev1.Container{migContainer("a", "1g.18gb", "1")}}))
+		e.pending(t, fmt.Sprintf("p%d", i), corev1.PodSpec{Containers: []corev1.Container{migContainer("a", "1g.18gb", "1")}})
 	}
 	e.startPlanner(t)
 	WaitFor(t, 20*time.Second, "the idle node reshaped", func() bool { return e.label(t, idle) == "all-1g.18gb" })

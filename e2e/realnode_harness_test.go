@@ -84,7 +84,6 @@ func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig s
 	}
 	n.importPluginImage(t, plugin)
 	c := n.Client
-	untaintReady(t, n.Node)
 	kubetest.CreateNamespace(t, n.PluginNS)
 	SetLabel(t, c, n.Name, "nvidia.com/gpu.deploy.device-plugin", "true", "gpu-operator")
 	n.createPluginDaemonSet(t, strategy)
@@ -129,32 +128,6 @@ func (n *realGPUNode) publishGFDLabels(t *testing.T, strategy string) {
 	}
 	if got := labels["nvidia.com/mig.strategy"]; got != strategy {
 		t.Fatalf("GPU Feature Discovery labels nvidia.com/mig.strategy=%v, want %s", got, strategy)
-	}
-}
-
-// untaintReady removes the taint node.kubernetes.io/not-ready:NoSchedule
-// from the Ready node, as kube-controller-manager's node lifecycle
-// controller does (pkg/controller/nodelifecycle, doNoScheduleTaintingPass):
-// the API server's NodeTaint admission puts it on every new Node, and the
-// tests' controller manager runs only the DaemonSet controller, so without
-// this no pod that tolerates only its own taints (the GPU Operator's
-// device plugin) would ever be placed on the node.
-func untaintReady(t *testing.T, n *realnode.Node) {
-	t.Helper()
-	ctx := context.Background()
-	node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(x corev1.Taint) bool {
-		return x.Key == corev1.TaintNodeNotReady && x.Effect == corev1.TaintEffectNoSchedule
-	})
-	if len(kept) == len(node.Spec.Taints) {
-		return
-	}
-	node.Spec.Taints = kept
-	if _, err := n.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("removing the not-ready taint of the Ready node: %v", err)
 	}
 }
 

@@ -337,3 +337,33 @@ func TestRealNodePlannerPodAdmitted(t *testing.T) {
 	}
 	t.Logf("SCENARIO planner on the real node: pending 3g.71gb pod running with its device %s after the planner started", took.Round(100*time.Millisecond))
 }
+
+// TestRealNodePluginNeverBackFailsThenRetries: the restarted plugin pod
+// runs but NVIDIA's plugin never starts in it (held): no success on the
+// old figures (they match the new geometry), `failed` after
+// --resource-wait-timeout with a reason naming what the Node lacks, the
+// node untainted; once the plugin runs, the retry succeeds by itself.
+func TestRealNodePluginNeverBackFailsThenRetries(t *testing.T) {
+	file := fpConfigs(t, fpSwap)
+	n := startRealGPUNode(t, "h200x2", file, "before", "mixed", "")
+	n.waitAllocatable(t, map[string]int64{"nvidia.com/gpu": 1, "nvidia.com/mig-1g.18gb": 7}, 90*time.Second)
+	n.startAgent(t, file, "--resource-wait-timeout", "15s")
+	n.holdPluginStarts(t)
+	start := time.Now()
+	SelectConfig(t, n.Client, n.Name, "after")
+	rec := WaitState(t, n.Client, n.Name, record.StateFailed, "after", 90*time.Second)
+	if took := time.Since(start); took < 15*time.Second {
+		t.Errorf("failed after %s, before the resource wait timeout", took)
+	}
+	if !strings.Contains(rec.Reason, "did not show exactly its resources within 15s") {
+		t.Errorf("reason = %q", rec.Reason)
+	}
+	for _, taint := range GetNode(t, n.Client, n.Name).Spec.Taints {
+		if taint.Key == record.TaintReconfiguring {
+			t.Errorf("node left tainted: %v", taint)
+		}
+	}
+	n.releasePluginStarts(t)
+	WaitState(t, n.Client, n.Name, record.StateSuccess, "after", 2*time.Minute)
+	n.waitAllocatable(t, map[string]int64{"nvidia.com/gpu": 1, "nvidia.com/mig-1g.18gb": 7}, 10*time.Second)
+}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,7 +45,17 @@ type PluginGPU struct {
 
 // DevicePlugin plays NVIDIA's device plugin on one node, run the way the
 // GPU Operator runs it, and the parts of the scheduler and the kubelet it
-// needs. The DaemonSet is real and so is its controller
+// needs.
+//
+// Where it stays, now that NVIDIA's own plugin runs on a real kubelet
+// (e2e/realnode_test.go, TestRealNode…): a machine holds one real kubelet
+// (its device-plugin directory is fixed), so the scenarios of several
+// nodes at once (rollout slots, the fleet, the planner choosing among
+// nodes, a node lost mid-change) and the many single-node scenarios that
+// would otherwise run one after another at about 20 s each keep this
+// stand-in; what only the real parts show (the kubelet's status sync, a
+// plugin whose start is held, the plugin's own sharing config file,
+// Allocate and admission) is tested there, not here. The DaemonSet is real and so is its controller
 // (kube-controller-manager's daemonset-controller, started by Main): it
 // creates the plugin's pod while the node carries
 // nvidia.com/gpu.deploy.device-plugin=true and deletes it when the label is
@@ -87,78 +96,6 @@ type DevicePlugin struct {
 	// The kubelet's device manager's view, per resource: every device it
 	// knows (capacity) and the healthy ones (allocatable).
 	capacity, healthy map[string]int64
-	// held: new pods are not started (HoldStarts); heldPods wait for it.
-	held     bool
-	heldPods []*corev1.Pod
-	// sync > 0: the kubelet writes the device manager's view into the
-	// Node's status every sync, and only when it changed (SetStatusSync);
-	// written is what it wrote last.
-	sync    time.Duration
-	written map[string][2]int64
-}
-
-// HoldStarts keeps the plugin's new pods from starting (they stay Pending,
-// as a pod whose image cannot be pulled) until ReleaseStarts.
-func (p *DevicePlugin) HoldStarts() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.held = true
-}
-
-// ReleaseStarts starts the pods HoldStarts held, and the later ones.
-func (p *DevicePlugin) ReleaseStarts(ctx context.Context) {
-	p.mu.Lock()
-	p.held = false
-	pods := p.heldPods
-	p.heldPods = nil
-	p.mu.Unlock()
-	for _, pod := range pods {
-		cur, err := p.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil || cur.UID != pod.UID || cur.DeletionTimestamp != nil || cur.Status.Phase != corev1.PodPending {
-			continue
-		}
-		p.start(ctx, cur)
-	}
-}
-
-// SetStatusSync makes the kubelet stand-in write the device manager's view
-// into the Node's status as the kubelet does: every period
-// (nodeStatusUpdateFrequency, 10 s by default: syncNodeStatus in
-// k8s.io/kubernetes pkg/kubelet/kubelet_node_status.go), and only when it
-// changed since the last write (tryUpdateNodeStatus: nodeStatusHasChanged).
-// A plugin that stops and starts again within one period with the same
-// devices leaves nothing to write. Without it every change is written at
-// once.
-func (p *DevicePlugin) SetStatusSync(period time.Duration) {
-	p.mu.Lock()
-	p.sync = period
-	p.written = p.statusLocked()
-	p.mu.Unlock()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(period)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			p.mu.Lock()
-			status := p.statusLocked()
-			changed := !maps.Equal(status, p.written)
-			if changed {
-				p.written = status
-			}
-			p.mu.Unlock()
-			if changed {
-				p.putStatus(ctx, status)
-			}
-		}
-	}()
-	p.t.Cleanup(func() { cancel(); <-done })
 }
 
 // StartDevicePlugin creates, in namespace ns, the device plugin DaemonSet
@@ -206,12 +143,6 @@ func StartSharingDevicePlugin(t TB, client kubernetes.Interface, node, ns, strat
 	}
 	if cfg.ConfigMap != "" {
 		configManagerSpec(&ds.Spec.Template.Spec, cfg)
-	}
-	if cfg.HostConfigFile != "" {
-		// The plugin's own config file, from the host (a hostPath
-		// volume): not readable through the API.
-		c := &ds.Spec.Template.Spec.Containers[0]
-		c.Env = append(c.Env, corev1.EnvVar{Name: "CONFIG_FILE", Value: cfg.HostConfigFile})
 	}
 	p.loop = runDaemonSet(t, client, node, ds, p.start, p.stop)
 	return p
@@ -559,20 +490,13 @@ func affinityNames(pod *corev1.Pod, node string) bool {
 	return false
 }
 
-// start runs the plugin of pod, unless starts are held: its container
+// start runs the plugin of pod: its container
 // starts (the pod Running and Ready: the plugin has no readiness probe in
 // the GPU Operator's DaemonSet or the plugin's Helm chart), it enumerates
 // and registers with the kubelet, whose device manager then holds its
 // devices (startPlugins → Register in k8s-device-plugin; ListAndWatch),
 // written into the Node's status after.
 func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
-	p.mu.Lock()
-	if p.held {
-		p.heldPods = append(p.heldPods, pod)
-		p.mu.Unlock()
-		return
-	}
-	p.mu.Unlock()
 	gpus, err := p.read()
 	if err != nil {
 		p.t.Logf("device plugin %s: enumerating the GPUs: %v", p.node, err)
@@ -657,18 +581,11 @@ func (p *DevicePlugin) statusLocked() map[string][2]int64 {
 	return out
 }
 
-// writeStatus is the kubelet's write of the device manager's view: at once,
-// or at its next status sync (SetStatusSync).
+// writeStatus is the kubelet's write of the device manager's view, at once
+// (the real kubelet's every-10-s sync is played by the real node:
+// e2e/realnode_test.go).
 func (p *DevicePlugin) writeStatus(ctx context.Context, res map[string][2]int64) {
-	p.mu.Lock()
-	deferred := p.sync > 0
-	if !deferred {
-		p.written = res
-	}
-	p.mu.Unlock()
-	if !deferred {
-		p.putStatus(ctx, res)
-	}
+	p.putStatus(ctx, res)
 }
 
 func (p *DevicePlugin) putStatus(ctx context.Context, res map[string][2]int64) {

@@ -18,10 +18,6 @@ type PluginConfig struct {
 	// Default is the key used when the node's
 	// nvidia.com/device-plugin.config label is unset (DEFAULT_CONFIG).
 	Default string
-	// HostConfigFile, without ConfigMap, points the plugin at a config file
-	// of the host (CONFIG_FILE), one with no sharing: the agent cannot read
-	// it, so the plugin's sharing is unknown to it.
-	HostConfigFile string
 	// App is the plugin pods' "app" label ("": DevicePluginApp, as the GPU
 	// Operator deploys it): another one plays a renamed or self-installed
 	// plugin.

@@ -47,6 +47,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/ptr"
 )
@@ -159,6 +160,9 @@ func Start(t testing.TB) *Node {
 		t.Fatalf("node %s: %v", n.Name, err)
 	}
 	n.Timings.Ready = time.Since(t0)
+	if err := n.untaintReady(); err != nil {
+		t.Fatalf("node %s: %v", n.Name, err)
+	}
 	t.Logf("realnode: node %s Ready (build %s, containerd %s, images %s, kubelet start %s, Ready after %s); logs in %s",
 		n.Name, n.Timings.Build.Round(time.Millisecond), n.Timings.Containerd.Round(time.Millisecond),
 		n.Timings.Images.Round(time.Millisecond), n.Timings.Kubelet.Round(time.Millisecond),
@@ -903,4 +907,30 @@ func randSuffix() string {
 		b[i] = alphabet[rand.IntN(len(alphabet))]
 	}
 	return string(b)
+}
+
+// untaintReady removes node.kubernetes.io/not-ready:NoSchedule from the
+// Ready node, as kube-controller-manager's node lifecycle controller does
+// (pkg/controller/nodelifecycle, doNoScheduleTaintingPass): the API
+// server's TaintNodesByCondition admission puts it on every new Node, and
+// the tests' controller manager runs no node lifecycle controller. Without
+// this, a DaemonSet whose pods tolerate only their own taints (the GPU
+// Operator's device plugin) has DesiredNumberScheduled 0 on the node.
+func (n *Node) untaintReady() error {
+	ctx := context.Background()
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		kept := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(x corev1.Taint) bool {
+			return x.Key == corev1.TaintNodeNotReady && x.Effect == corev1.TaintEffectNoSchedule
+		})
+		if len(kept) == len(node.Spec.Taints) {
+			return nil
+		}
+		node.Spec.Taints = kept
+		_, err = n.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+		return err
+	})
 }
