@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"reflect"
 	"sync/atomic"
@@ -238,8 +239,9 @@ func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string)
 }
 
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with
-// the generated configs, owned by the Node.
-func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
+// the generated configs (key config.yaml) and the GPUs as discovered (key
+// gpus.json, none when ""), owned by the Node.
+func (k *Cluster) PublishConfigs(ctx context.Context, configYAML, gpusJSON string) error {
 	node, err := k.CachedNode(ctx)
 	if err != nil {
 		return err
@@ -251,6 +253,9 @@ func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
 			Labels: map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: k.Node},
 		},
 		Data: map[string]string{record.ConfigMapKey: configYAML},
+	}
+	if gpusJSON != "" {
+		cm.Data[record.GPUsConfigMapKey] = gpusJSON
 	}
 	if node != nil {
 		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
@@ -264,7 +269,7 @@ func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
 	case err != nil:
 		return err
 	}
-	if old.Data[record.ConfigMapKey] == configYAML && len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
+	if maps.Equal(old.Data, cm.Data) && len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
 		return nil
 	}
 	old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences

@@ -65,7 +65,8 @@ type Daemon struct {
 	drifted       bool
 	// stateDecided: migagent_state shows a state (showState); before, all 0.
 	stateDecided bool
-	// published is the generated config text last written to the ConfigMap.
+	// published is the generated config text and the GPUs (without the
+	// time they were read) last written to the ConfigMap.
 	published string
 	// api: whether the API server answers (the Node watch, a probe).
 	api apihealth.Health

@@ -77,8 +77,9 @@ type Cluster interface {
 	Record(ctx context.Context, rec record.ChangeRecord, state string) error
 	// Event posts an Event on the Node; failures are for logging only.
 	Event(ctx context.Context, node *Node, eventType, reason, msg string) error
-	// PublishConfigs writes the generated configs to the node's ConfigMap.
-	PublishConfigs(ctx context.Context, configYAML string) error
+	// PublishConfigs writes the generated configs and the GPUs as
+	// discovered (geometry.Published, JSON) to the node's ConfigMap.
+	PublishConfigs(ctx context.Context, configYAML, gpusJSON string) error
 	// Preflight proves the rights a change needs to record itself (and to
 	// taint the node, when taint).
 	Preflight(ctx context.Context, taint bool) error

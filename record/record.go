@@ -35,6 +35,10 @@ const (
 	LabelNode      = "migagent.io/node"
 	// ConfigMapKey is the key of the generated configs in the ConfigMap.
 	ConfigMapKey = "config.yaml"
+	// GPUsConfigMapKey is the key, in the same ConfigMap, of the GPUs as
+	// the agent discovered them through NVML (geometry.Published, JSON):
+	// what the planner plans the node from.
+	GPUsConfigMapKey = "gpus.json"
 )
 
 // A GPU Operator operand paused for a change: its deploy label

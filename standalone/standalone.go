@@ -49,7 +49,7 @@ func (s *Standalone) Event(context.Context, *reconcile.Node, string, string, str
 }
 
 // PublishConfigs implements Cluster: no ConfigMap.
-func (s *Standalone) PublishConfigs(context.Context, string) error { return nil }
+func (s *Standalone) PublishConfigs(context.Context, string, string) error { return nil }
 
 // Preflight implements Cluster: nothing to record on.
 func (s *Standalone) Preflight(context.Context, bool) error { return nil }

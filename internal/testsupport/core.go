@@ -117,7 +117,7 @@ func (f *FakeCluster) Event(_ context.Context, _ *reconcile.Node, _, reason, _ s
 }
 
 // PublishConfigs implements reconcile.Cluster: nothing to publish to.
-func (f *FakeCluster) PublishConfigs(context.Context, string) error { return nil }
+func (f *FakeCluster) PublishConfigs(context.Context, string, string) error { return nil }
 
 // Preflight implements reconcile.Cluster: f.PreflightFunc answers.
 func (f *FakeCluster) Preflight(context.Context, bool) error {
