@@ -73,7 +73,7 @@ func TestPlannerPlansFromAgentsTruth(t *testing.T) {
 
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: work, Name: "big"},
 		Spec: corev1.PodSpec{SchedulerName: kubetest.SchedulerName, TerminationGracePeriodSeconds: new(int64),
-			Containers:  []corev1.Container{migContainer(kubetest.PodContainer, "3g.71gb", "1")}}}
+			Containers: []corev1.Container{migContainer(kubetest.PodContainer, "3g.71gb", "1")}}}
 	if _, err := c.CoreV1().Pods(work).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
