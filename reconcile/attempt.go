@@ -416,7 +416,31 @@ func (a *attempt) drain() error {
 	if a.d.Disrupt == nil || (a.ch.Phase != journal.PhasePending && a.ch.Phase != journal.PhaseDraining) {
 		return nil
 	}
-	return a.d.vacate(a.ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
+	if a.slot == nil {
+		return a.d.vacate(a.ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
+	}
+	// The drain runs only while the slot is this node's: once its holder
+	// learns it lost it (another took it), the evictions and the wait for
+	// them stop at once, and the change fails before its next eviction
+	// (SlotLost), not at the end of --drain-timeout.
+	ctx, cancel := context.WithCancel(a.ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-a.slot.Lost():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := a.d.vacate(ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
+	select {
+	case <-a.slot.Lost():
+		if cerr := a.confirm("its next eviction"); cerr != nil {
+			return cerr
+		}
+	default:
+	}
+	return err
 }
 
 // confirm says whether the next disruptive step (what) may run: the

@@ -195,6 +195,11 @@ type Slot interface {
 	// why it is not. It sends a renewal only when the last one is too old
 	// to vouch for the slot (a paused process, a failing API server).
 	Check(ctx context.Context) error
+	// Lost is closed once the holder learns the slot is lost (its watch of
+	// the slot Lease shows another holder, or a renewal fails so): the
+	// change stops waiting on its evictions at once and fails before its
+	// next one, instead of at the end of --drain-timeout.
+	Lost() <-chan struct{}
 	// Release gives the slot back, if it is still held; with keep, it only
 	// stops renewing it: a change parked by a shutdown, whose node stays
 	// disrupted until the agent, back, takes the slot again and ends it.

@@ -374,6 +374,9 @@ type FakeSlots struct {
 	// OnRelease, when set, is called at each Release, before it counts:
 	// a test sees there what was done before the slot went.
 	OnRelease func(keep bool)
+	// Gone is what each slot's Lost returns (nil: never lost); a test
+	// closes it to say the slot was lost.
+	Gone chan struct{}
 }
 
 var _ reconcile.Slots = (*FakeSlots)(nil)
@@ -406,11 +409,19 @@ func (s fakeSlot) Check(context.Context) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	s.f.Checks++
+	select {
+	case <-s.f.Gone:
+		return s.f.Lost
+	default:
+	}
 	if s.f.Checks > s.f.OKChecks {
 		return s.f.Lost
 	}
 	return nil
 }
+
+// Lost implements reconcile.Slot: FakeSlots.Gone (nil: never lost).
+func (s fakeSlot) Lost() <-chan struct{} { return s.f.Gone }
 
 func (s fakeSlot) Release(keep bool) {
 	if s.f.OnRelease != nil {
