@@ -2,8 +2,8 @@ package e2e
 
 import (
 	"context"
-	"syscall"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 

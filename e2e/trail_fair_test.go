@@ -37,7 +37,7 @@ func TestAssignmentTrailFairBound(t *testing.T) {
 		end := at.Add(30 * time.Second)
 		seed = append(seed, assign.Entry{Namespace: ns, Pod: fmt.Sprintf("old-%d", i), Container: "main", Resource: "nvidia.com/mig-1g.18gb",
 			Device: assign.Device{UUID: fmt.Sprintf("MIG-old-%d", i%7), Profile: "1g.18gb", GPU: 0, Placement: fmt.Sprintf("%d+1", i%7)},
-			Start: at, End: &end, EndedBy: "gone"})
+			Start:  at, End: &end, EndedBy: "gone"})
 	}
 	writeTrail(t, c, o.Namespace, node, seed...)
 	StartAgent(t, o)

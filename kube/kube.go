@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/labelwriter"
@@ -51,6 +52,8 @@ type Cluster struct {
 	removals atomic.Uint64
 	// watched is the Node watch's informer once Watch started it.
 	watched atomic.Pointer[cache.SharedIndexInformer]
+	// published is the Publication key last written to the ConfigMap.
+	published atomic.Pointer[string]
 }
 
 var _ reconcile.Cluster = (*Cluster)(nil)
@@ -239,9 +242,25 @@ func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string)
 }
 
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with
-// the generated configs (key config.yaml) and the GPUs as discovered (key
-// gpus.json, none when ""), owned by the Node.
-func (k *Cluster) PublishConfigs(ctx context.Context, configYAML, gpusJSON string) error {
+// what the agent publishes of n (gpus.Inventory.Publication): the generated
+// configs (key config.yaml) and the GPUs as discovered (key gpus.json),
+// owned by the Node; nothing when they did not change since its last write.
+func (k *Cluster) PublishConfigs(ctx context.Context, n *gpus.Inventory) error {
+	configYAML, gpusJSON, key, err := n.Publication(k.Clock.Now())
+	if err != nil {
+		return err
+	}
+	if p := k.published.Load(); p != nil && *p == key {
+		return nil
+	}
+	if err := k.publish(ctx, configYAML, gpusJSON); err != nil {
+		return err
+	}
+	k.published.Store(&key)
+	return nil
+}
+
+func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) error {
 	node, err := k.CachedNode(ctx)
 	if err != nil {
 		return err
@@ -252,10 +271,7 @@ func (k *Cluster) PublishConfigs(ctx context.Context, configYAML, gpusJSON strin
 			Name: name, Namespace: k.Namespace,
 			Labels: map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: k.Node},
 		},
-		Data: map[string]string{record.ConfigMapKey: configYAML},
-	}
-	if gpusJSON != "" {
-		cm.Data[record.GPUsConfigMapKey] = gpusJSON
+		Data: map[string]string{record.ConfigMapKey: configYAML, record.GPUsConfigMapKey: gpusJSON},
 	}
 	if node != nil {
 		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}

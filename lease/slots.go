@@ -703,8 +703,26 @@ type slotHold struct {
 
 var _ reconcile.Slot = (*slotHold)(nil)
 
-// Lost implements reconcile.Slot: closed once the slot is lost.
+// Lost is closed once the slot is lost.
 func (h *slotHold) Lost() <-chan struct{} { return h.gone }
+
+// Guard implements reconcile.Slot: ctx, ended too once the slot is lost.
+func (h *slotHold) Guard(ctx context.Context) (context.Context, context.CancelFunc) {
+	return guard(ctx, h.gone)
+}
+
+// guard is ctx, ended too once gone closes (never when nil).
+func guard(ctx context.Context, gone <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
 
 // lose marks the slot lost, once, with err; it returns the loss. h.mu is
 // held.

@@ -305,8 +305,8 @@ func enforceResourceVersion(c *fake.Clientset) {
 }
 
 // A slot taken by another while its holder is at work (a stolen live
-// slot): the holder's watch of the slot Leases shows it, and Lost closes
-// at once, with no Check (the core stops waiting on its evictions).
+// slot): the holder's watch of the slot Leases shows it, and the context
+// its Guard gives ends at once, with no Check (the core's drain stops).
 func TestSlotLostIsSignalled(t *testing.T) {
 	ctx := context.Background()
 	c, clk := versionedFake()
@@ -315,8 +315,10 @@ func TestSlotLostIsSignalled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	guarded, stop := h.Guard(ctx)
+	defer stop()
 	select {
-	case <-h.Lost():
+	case <-guarded.Done():
 		t.Fatal("a fresh slot is lost")
 	default:
 	}
@@ -326,7 +328,7 @@ func TestSlotLostIsSignalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-h.Lost():
+	case <-guarded.Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("the holder did not learn it lost its slot")
 	}

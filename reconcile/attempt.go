@@ -416,29 +416,16 @@ func (a *attempt) drain() error {
 	if a.d.Disrupt == nil || (a.ch.Phase != journal.PhasePending && a.ch.Phase != journal.PhaseDraining) {
 		return nil
 	}
-	if a.slot == nil {
-		return a.d.vacate(a.ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
+	ctx, stop := a.ctx, context.CancelFunc(func() {})
+	if a.slot != nil { // a slot lost ends the drain: failed before the next eviction
+		ctx, stop = a.slot.Guard(a.ctx)
 	}
-	// The drain runs only while the slot is this node's: once its holder
-	// learns it lost it (another took it), the evictions and the wait for
-	// them stop at once, and the change fails before its next eviction
-	// (SlotLost), not at the end of --drain-timeout.
-	ctx, cancel := context.WithCancel(a.ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-a.slot.Lost():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer stop()
 	err := a.d.vacate(ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
-	select {
-	case <-a.slot.Lost():
+	if ctx.Err() != nil && a.ctx.Err() == nil {
 		if cerr := a.confirm("its next eviction"); cerr != nil {
 			return cerr
 		}
-	default:
 	}
 	return err
 }

@@ -2,12 +2,10 @@ package reconcile
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/record"
 )
@@ -195,36 +193,11 @@ func (d *Daemon) ticker(every time.Duration) <-chan time.Time {
 	return d.Clock.NewTicker(every).C()
 }
 
-// publish writes the generated configs and the GPUs as discovered
-// (geometry.Published: what the planner plans the node from) to the node's
-// ConfigMap, at start and whenever discovery changes what they hold.
+// publish writes n's configs and GPUs to the node's ConfigMap (Cluster).
 func (d *Daemon) publish(ctx context.Context, n *gpus.Inventory) {
-	cfg, err := geometry.Generate(n.GPUs).Marshal()
-	if err != nil {
-		d.Log.Error("generating configs failed", "err", err)
-		return
-	}
-	unusable := make([]int, 0, len(n.Unusable))
-	for _, u := range n.Unusable {
-		unusable = append(unusable, u.Index)
-	}
-	// Compared without the time it was read: the same GPUs are not
-	// written again.
-	same, err := json.Marshal(geometry.Publish(n.GPUs, unusable, time.Time{}))
-	if err != nil {
-		d.Log.Error("describing the GPUs failed", "err", err)
-		return
-	}
-	if string(cfg)+string(same) == d.published {
-		return
-	}
-	doc, _ := json.Marshal(geometry.Publish(n.GPUs, unusable, d.Clock.Now()))
-	err = d.retryAPI(ctx, func() error { return d.Cluster.PublishConfigs(ctx, string(cfg), string(doc)) })
-	if err != nil {
+	if err := d.retryAPI(ctx, func() error { return d.Cluster.PublishConfigs(ctx, n) }); err != nil {
 		d.Log.Error("publishing the generated configs failed", "err", err)
-		return
 	}
-	d.published = string(cfg) + string(same)
 }
 
 // redefined reports whether v plans the applied config with a definition

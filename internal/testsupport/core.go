@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -117,7 +118,7 @@ func (f *FakeCluster) Event(_ context.Context, _ *reconcile.Node, _, reason, _ s
 }
 
 // PublishConfigs implements reconcile.Cluster: nothing to publish to.
-func (f *FakeCluster) PublishConfigs(context.Context, string, string) error { return nil }
+func (f *FakeCluster) PublishConfigs(context.Context, *gpus.Inventory) error { return nil }
 
 // Preflight implements reconcile.Cluster: f.PreflightFunc answers.
 func (f *FakeCluster) Preflight(context.Context, bool) error {
@@ -420,8 +421,19 @@ func (s fakeSlot) Check(context.Context) error {
 	return nil
 }
 
-// Lost implements reconcile.Slot: FakeSlots.Gone (nil: never lost).
-func (s fakeSlot) Lost() <-chan struct{} { return s.f.Gone }
+// Guard implements reconcile.Slot: ctx, ended too as FakeSlots.Gone
+// closes (nil: never).
+func (s fakeSlot) Guard(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-s.f.Gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
 
 func (s fakeSlot) Release(keep bool) {
 	if s.f.OnRelease != nil {
