@@ -27,7 +27,7 @@ import (
 // condition's lastTransitionTime), with the planner's default interval
 // (5 s), and is bound there by the real scheduler. The node's GPUs, their
 // profiles and placements are read from what its agent published
-// (ConfigMap <node>-mig-config, key gpus.json). (On b20dfeb the planner
+// (ConfigMap <node>-mig-config, annotation migagent.io/gpus). (On b20dfeb the planner
 // needed nvidia.com/gpu.product and said "no allowed config offers the
 // profile"; and it polled every 5 s.)
 func TestPlannerPlansFromAgentsTruth(t *testing.T) {
@@ -51,7 +51,7 @@ func TestPlannerPlansFromAgentsTruth(t *testing.T) {
 	var doc geometry.Published
 	WaitFor(t, 30*time.Second, "the agent's published GPUs", func() bool {
 		cm, err := c.CoreV1().ConfigMaps(o.Namespace).Get(ctx, node+"-mig-config", metav1.GetOptions{})
-		return err == nil && json.Unmarshal([]byte(cm.Data[record.GPUsConfigMapKey]), &doc) == nil && len(doc.GPUs) == 1
+		return err == nil && json.Unmarshal([]byte(cm.Annotations[record.AnnotationGPUs]), &doc) == nil && len(doc.GPUs) == 1
 	})
 	if g := doc.GPUs[0]; g.Name != "NVIDIA H200" || g.PCIDeviceID != "0x233510DE" || g.Catalogue == nil || len(g.Catalogue.Profiles) == 0 {
 		t.Fatalf("published GPU: %+v", g)

@@ -10,8 +10,8 @@ import (
 )
 
 // Published is what a node's agent publishes of its GPUs, as NVML reported
-// them (the ConfigMap <node>-mig-config, key gpus.json, beside the
-// generated configs): each GPU's identity, its MIG profiles with their
+// them (the ConfigMap <node>-mig-config, annotation migagent.io/gpus,
+// beside the generated configs): each GPU's identity, its MIG profiles with their
 // placements, its MIG mode and the instances it held when it was read. The
 // planner plans a node from it, so it needs neither GPU Feature
 // Discovery's labels nor a model in the built-in table.

@@ -9,7 +9,7 @@ import (
 
 // Publication is what the agent publishes of n in its node's ConfigMap:
 // the generated configs (key config.yaml) and the GPUs as discovered
-// (key gpus.json, geometry.Published, read at at); key is the two without
+// (annotation migagent.io/gpus, geometry.Published, read at at); key is the two without
 // the time, which changes only when what they say does.
 func (n *Inventory) Publication(at time.Time) (configYAML, gpusJSON, key string, err error) {
 	cfg, err := geometry.Generate(n.GPUs).Marshal()

@@ -243,8 +243,8 @@ func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string)
 
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with
 // what the agent publishes of n (gpus.Inventory.Publication): the generated
-// configs (key config.yaml) and the GPUs as discovered (key gpus.json),
-// owned by the Node; nothing when they did not change since its last write.
+// configs (key config.yaml) and the GPUs as discovered (annotation
+// migagent.io/gpus), owned by the Node; nothing when they did not change since its last write.
 func (k *Cluster) PublishConfigs(ctx context.Context, n *gpus.Inventory) error {
 	configYAML, gpusJSON, key, err := n.Publication(k.Clock.Now())
 	if err != nil {
@@ -271,8 +271,9 @@ func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) erro
 			Name: name, Namespace: k.Namespace,
 			Labels: map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: k.Node},
 		},
-		Data: map[string]string{record.ConfigMapKey: configYAML, record.GPUsConfigMapKey: gpusJSON},
+		Data: map[string]string{record.ConfigMapKey: configYAML},
 	}
+	cm.Annotations = map[string]string{record.AnnotationGPUs: gpusJSON}
 	if node != nil {
 		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
 	}
@@ -285,9 +286,14 @@ func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) erro
 	case err != nil:
 		return err
 	}
-	if maps.Equal(old.Data, cm.Data) && len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
+	if maps.Equal(old.Data, cm.Data) && old.Annotations[record.AnnotationGPUs] == gpusJSON &&
+		len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
 		return nil
 	}
+	if old.Annotations == nil {
+		old.Annotations = map[string]string{}
+	}
+	old.Annotations[record.AnnotationGPUs] = gpusJSON
 	old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences
 	_, err = cms.Update(ctx, old, metav1.UpdateOptions{FieldManager: "mig-agent"})
 	return err

@@ -193,7 +193,8 @@ func landsOn(p *corev1.Pod) func(*corev1.Node) string {
 
 // Nodes reads every opted-in node: its GPUs, their profiles and
 // placements as its agent discovered them through NVML and published them
-// (ConfigMap <node>-mig-config in namespace, key gpus.json), its geometry
+// (ConfigMap <node>-mig-config in namespace, annotation migagent.io/gpus),
+// its geometry
 // from that and its agent's records, the devices in use from its agent's
 // assignment trail (ConfigMap <node>-mig-assignments), checked against the
 // pods running on it. Only where the agent has published no GPUs (an older

@@ -23,10 +23,10 @@ const (
 
 // errNotPublished: the node's agent has published no GPUs (an agent older
 // than the planner, or one that has not read NVML yet).
-var errNotPublished = fmt.Errorf("its agent has published no GPUs (ConfigMap <node>-mig-config, key %s)", record.GPUsConfigMapKey)
+var errNotPublished = fmt.Errorf("its agent has published no GPUs (ConfigMap <node>-mig-config, annotation %s)", record.AnnotationGPUs)
 
 // publishedGPUs reads the GPUs the node's agent discovered through NVML and
-// published (the ConfigMap <node>-mig-config in namespace, key gpus.json):
+// published (the ConfigMap <node>-mig-config in namespace, annotation migagent.io/gpus):
 // the models, profiles and placements are the node's own, whatever GPU
 // Feature Discovery says or the built-in table knows. The geometry (MIG
 // mode and instances) is the newest of the published one and the agent's
@@ -41,7 +41,7 @@ func publishedGPUs(ctx context.Context, c kclient.Interface, namespace, node str
 	case err != nil:
 		return nil, "", fmt.Errorf("reading ConfigMap %s/%s-mig-config: %w", namespace, node, err)
 	}
-	data, ok := cm.Data[record.GPUsConfigMapKey]
+	data, ok := cm.Annotations[record.AnnotationGPUs]
 	if !ok {
 		return nil, "", errNotPublished
 	}

@@ -24,8 +24,9 @@ func published(t *testing.T, node string, gpus []geometry.GPU) *corev1.ConfigMap
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "mig-agent", Name: node + "-mig-config"},
-		Data: map[string]string{record.ConfigMapKey: "version: v1\n", record.GPUsConfigMapKey: string(doc)}}
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "mig-agent", Name: node + "-mig-config",
+		Annotations: map[string]string{record.AnnotationGPUs: string(doc)}},
+		Data: map[string]string{record.ConfigMapKey: "version: v1\n"}}
 }
 
 // A node without GPU Feature Discovery's labels, of a model the built-in

@@ -296,7 +296,7 @@ func (b *bench) repeat(ctx context.Context, i int) (rep repeat, err error) {
 	}
 	if err := waitFor(30*time.Second, "the agent's published GPUs", func() bool {
 		cm, err := b.c.CoreV1().ConfigMaps(agentNS).Get(ctx, node+"-mig-config", metav1.GetOptions{})
-		return err == nil && cm.Data[record.GPUsConfigMapKey] != ""
+		return err == nil && cm.Annotations[record.AnnotationGPUs] != ""
 	}); err != nil {
 		return rep, err
 	}
