@@ -59,12 +59,12 @@ type Planner struct {
 	// Identity names the planner in its Events.
 	Identity string
 
-	planned    map[string]planned   // pod UID → the change that serves it
-	changed    map[string]time.Time // node → when this planner last set its label
-	unservable map[string]string    // pod UID → the reason its Event gave
-	silent     map[string]time.Time // node → the label write its ReasonSilent Event was for
-	seq        int64                // Events written: their names differ
-	store      cache.Store          // the watch's unbound pods (Run); nil: listed each round
+	planned    map[string]planned        // pod UID → the change that serves it
+	changed    map[string]time.Time      // node → when this planner last set its label
+	unservable map[string]string         // pod UID → the reason its Event gave
+	silent     map[string]time.Time      // node → the label write its ReasonSilent Event was for
+	seq        int64                     // Events written: their names differ
+	watch      cache.SharedIndexInformer // the unbound pods (Run); nil or not synced: listed each round
 }
 
 type planned struct {

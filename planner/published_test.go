@@ -3,12 +3,17 @@ package planner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/geometry"
@@ -136,5 +141,28 @@ func TestRunPlansAsPodBecomesUnschedulable(t *testing.T) {
 			t.Fatal("no label 2 s after the pod was marked unschedulable")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A planner that may not watch pods (an older RBAC: get and list only)
+// still plans: its rounds list the pods until a watch holds them.
+func TestRunPlansWithoutWatch(t *testing.T) {
+	p, c, _ := newTestPlanner(t, false, optedIn("n1"), pendingPodObj("a", "3g.71gb"))
+	c.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("no watch"))
+	})
+	p.Clock, p.Interval = clock.RealClock{}, 100*time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		n, _ := c.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if n.Labels[record.LabelConfig] != "" {
+			return
+		}
+		if time.Since(start) > 3*time.Second {
+			t.Fatal("no plan without a watch")
+		}
 	}
 }

@@ -22,7 +22,8 @@ const MinRoundGap = 200 * time.Millisecond
 // pending pod is planned for within MinRoundGap plus a round of it being
 // so marked, not at the next tick), and every Interval for what no pod
 // event says (an agent done, a hold time passed). The rounds read the
-// pending pods from the watch's store, not with a list.
+// pending pods from the watch's store once it holds them, before (or
+// where the planner may not watch pods: an older RBAC) with a list.
 func (p *Planner) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -45,12 +46,14 @@ func (p *Planner) Run(ctx context.Context) error {
 	}
 	done := kclient.Start(ctx, inf)
 	defer func() { cancel(); <-done }()
-	if !kclient.Synced(ctx, inf) {
-		return nil
-	}
-	p.store = inf.GetStore()
+	p.watch = inf
 	var last time.Time
+	warned, began := false, p.Clock.Now()
 	for {
+		if !warned && !inf.HasSynced() && p.Clock.Since(began) > time.Minute {
+			warned = true
+			p.Log.Warn("planner: the watch of unbound pods has not synced (may it watch pods?); listing them each round")
+		}
 		if wait := MinRoundGap - p.Clock.Since(last); !last.IsZero() && wait > 0 {
 			select {
 			case <-ctx.Done():
@@ -96,8 +99,8 @@ func becameUnschedulable(old, pod *corev1.Pod) bool {
 // unboundPods are the pods without a node: from the watch's store where
 // Run keeps one, else listed.
 func (p *Planner) unboundPods(ctx context.Context) ([]*corev1.Pod, error) {
-	if p.store != nil {
-		objs := p.store.List()
+	if p.watch != nil && p.watch.HasSynced() {
+		objs := p.watch.GetStore().List()
 		out := make([]*corev1.Pod, 0, len(objs))
 		for _, o := range objs {
 			if pod, ok := o.(*corev1.Pod); ok {
