@@ -29,8 +29,9 @@ var errNotPublished = fmt.Errorf("its agent has published no GPUs (ConfigMap <no
 // published (the ConfigMap <node>-mig-config in namespace, annotation migagent.io/gpus):
 // the models, profiles and placements are the node's own, whatever GPU
 // Feature Discovery says or the built-in table knows. The geometry (MIG
-// mode and instances) is the newest of the published one and the agent's
-// newest change record that has one. GFD's nvidia.com/gpu.product, where
+// mode and instances) is the agent's newest change record that has one
+// (on the Node, which only that node's agent may write), else the
+// published one. GFD's nvidia.com/gpu.product, where
 // set, only confirms: a model it does not name gives a note (note), and
 // the agent's word stands.
 func publishedGPUs(ctx context.Context, c kclient.Interface, namespace, node string, labels map[string]string, st *kube.Status) ([]geometry.GPU, string, error) {
@@ -52,7 +53,7 @@ func publishedGPUs(ctx context.Context, c kclient.Interface, namespace, node str
 	if len(doc.Unusable) > 0 {
 		return nil, "", fmt.Errorf("its agent cannot open GPU(s) %v", doc.Unusable)
 	}
-	if st.GeometryAt != nil && !st.GeometryAt.Before(doc.DiscoveredAt) {
+	if st.GeometryAt != nil {
 		if err := overlay(gpus, st.GPUs); err != nil {
 			return nil, "", err
 		}
