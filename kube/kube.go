@@ -244,7 +244,8 @@ func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string)
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with
 // what the agent publishes of n (gpus.Inventory.Publication): the generated
 // configs (key config.yaml) and the GPUs as discovered (annotation
-// migagent.io/gpus), owned by the Node; nothing when they did not change since its last write.
+// migagent.io/gpus), owned by the Node; nothing when neither changed since
+// its last write.
 func (k *Cluster) PublishConfigs(ctx context.Context, n *gpus.Inventory) error {
 	configYAML, gpusJSON, key, err := n.Publication(k.Clock.Now())
 	if err != nil {
