@@ -13,9 +13,10 @@ import (
 
 // MinRoundGap is the least time between two rounds a watch event starts:
 // a burst of pods marked unschedulable is planned in one round, and a
-// tenant who updates pods without end costs the planner at most one round
-// per MinRoundGap.
-const MinRoundGap = 200 * time.Millisecond
+// tenant who makes pods unschedulable without end costs the planner at
+// most one round (1 + 3 requests per opted-in node) per MinRoundGap. A
+// pod marked so on a quiet planner is planned at once.
+const MinRoundGap = 500 * time.Millisecond
 
 // Run plans a round at once, then as soon as the watch of unbound pods
 // sees one marked unschedulable (PodScheduled=False, Unschedulable: a
