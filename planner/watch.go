@@ -11,7 +11,8 @@ import (
 	"github.com/migagent/mig-agent/internal/kclient"
 )
 
-// MinRoundGap is the least time between two rounds a watch event starts:
+// MinRoundGap is the least time between two rounds pod events start (the
+// first round and those of the interval do not count):
 // a burst of pods marked unschedulable is planned in one round, and a
 // tenant who makes pods unschedulable without end costs the planner at
 // most one round (1 + 3 requests per opted-in node) per MinRoundGap. A
@@ -48,21 +49,24 @@ func (p *Planner) Run(ctx context.Context) error {
 	done := kclient.Start(ctx, inf)
 	defer func() { cancel(); <-done }()
 	p.watch = inf
-	var last time.Time
+	var lastWoken time.Time // the last round a pod event started
+	woken := false
 	warned, began := false, p.Clock.Now()
 	for {
 		if !warned && !inf.HasSynced() && p.Clock.Since(began) > time.Minute {
 			warned = true
 			p.Log.Warn("planner: the watch of unbound pods has not synced (may it watch pods?); listing them each round")
 		}
-		if wait := MinRoundGap - p.Clock.Since(last); !last.IsZero() && wait > 0 {
+		if wait := MinRoundGap - p.Clock.Since(lastWoken); woken && !lastWoken.IsZero() && wait > 0 {
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-p.Clock.After(wait):
 			}
 		}
-		last = p.Clock.Now()
+		if woken {
+			lastWoken = p.Clock.Now()
+		}
 		if _, err := p.Round(ctx); err != nil && ctx.Err() == nil {
 			p.Log.Warn("planner round failed", "err", err)
 		}
@@ -70,7 +74,9 @@ func (p *Planner) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+			woken = true
 		case <-p.Clock.After(p.Interval):
+			woken = false
 		}
 	}
 }
