@@ -75,6 +75,8 @@ bench: build
 	$(GO) run ./hack/bench
 	$(GO) run ./hack/assignbench
 	$(GO) run ./hack/plannerbench
+	@echo "planner: the CPU of one round at 1,500 pending pods and 20 opted-in nodes (ns/op):"
+	$(GO) test -run '^$$' -bench 'Decide1500' -benchmem ./planner
 	@echo "fleet figures (K agents on one API server, --max-concurrent N): make fleet-bench (docs/fleet.md)"
 
 # The fleet bench: FLEET_K simulated nodes (each a real mig-agent process on

@@ -132,10 +132,13 @@ func (h *History) Encode() ([]byte, error) {
 	return b, nil
 }
 
-// Bound drops the oldest entries until the history holds at most
-// maxEntries and encodes within maxBytes: closed entries first, oldest
-// first; open ones only where closed ones are not enough. It counts the
-// dropped entries and says so in DroppedNote.
+// Bound drops entries until the history holds at most maxEntries and
+// encodes within maxBytes, fairly among namespaces: each entry dropped is
+// the oldest of the namespace that holds the most entries then (closed
+// entries first; open ones only where closed ones are not enough). A
+// tenant churning pods flushes its own history, not another team's: a
+// namespace keeps its entries while it holds no more than the others. It
+// counts the dropped entries and says so in DroppedNote.
 func (h *History) Bound(maxEntries, maxBytes int) error {
 	for {
 		b, err := h.Encode()
@@ -155,34 +158,61 @@ func (h *History) Bound(maxEntries, maxBytes int) error {
 	}
 }
 
-// drop removes the n oldest entries, closed ones first.
+// drop removes n entries, closed ones first, each the oldest of the
+// namespace that holds the most entries at that moment (ties: the
+// namespace whose candidate is oldest). O(n × namespaces + entries).
 func (h *History) drop(n int) {
-	out := make([]Entry, 0, len(h.Entries))
+	gone := make([]bool, len(h.Entries))
 	dropped := 0
-	for pass := 0; pass < 2; pass++ {
-		out = out[:0]
-		for _, e := range h.Entries {
-			// Pass 0 drops closed entries only; pass 1 any.
-			if dropped < n && (pass == 1 || !e.Open()) {
-				dropped++
-				t := e.Start
-				if e.End != nil {
-					t = *e.End
-				}
-				if h.DroppedBefore == nil || t.After(*h.DroppedBefore) {
-					h.DroppedBefore = &t
-				}
+	for pass := 0; pass < 2 && dropped < n; pass++ {
+		// Pass 0 drops closed entries only; pass 1 any.
+		held := map[string]int{}    // namespace → entries it still holds
+		cands := map[string][]int{} // namespace → its droppable entries, oldest first
+		for i, e := range h.Entries {
+			if gone[i] {
 				continue
 			}
-			out = append(out, e)
+			held[e.Namespace]++
+			if pass == 1 || !e.Open() {
+				cands[e.Namespace] = append(cands[e.Namespace], i)
+			}
 		}
-		h.Entries = append([]Entry(nil), out...)
-		if dropped >= n {
-			break
+		for dropped < n {
+			ns, best := "", -1
+			for s, idx := range cands {
+				if len(idx) == 0 {
+					continue
+				}
+				if best < 0 || held[s] > held[ns] || held[s] == held[ns] && h.Entries[idx[0]].Start.Before(h.Entries[best].Start) ||
+					held[s] == held[ns] && h.Entries[idx[0]].Start.Equal(h.Entries[best].Start) && s < ns {
+					ns, best = s, idx[0]
+				}
+			}
+			if best < 0 {
+				break
+			}
+			cands[ns], held[ns] = cands[ns][1:], held[ns]-1
+			gone[best] = true
+			dropped++
+			e := h.Entries[best]
+			t := e.Start
+			if e.End != nil {
+				t = *e.End
+			}
+			if h.DroppedBefore == nil || t.After(*h.DroppedBefore) {
+				h.DroppedBefore = &t
+			}
 		}
 	}
+	out := make([]Entry, 0, len(h.Entries)-dropped)
+	for i, e := range h.Entries {
+		if !gone[i] {
+			out = append(out, e)
+		}
+	}
+	h.Entries = out
 	h.Dropped += dropped
-	h.DroppedNote = fmt.Sprintf("%d oldest entries dropped to keep the history within %d entries and %d KiB; it is complete from %s on",
+	h.DroppedNote = fmt.Sprintf("%d oldest entries dropped (each the oldest of the namespace holding the most entries) to keep the history within %d entries and %d KiB; it is complete from %s on",
 		h.Dropped, MaxEntries, MaxBytes>>10, h.DroppedBefore.UTC().Format(time.RFC3339))
 }
 

@@ -395,3 +395,52 @@ func TestInventoryResolvesDRADevices(t *testing.T) {
 		t.Errorf("%d slice lists, %d inventory reads for one DRA device polled 3 times; want 1 and 1", lists, inv.Reads())
 	}
 }
+
+// The bound keeps entries fairly among namespaces: a tenant churning pods
+// drops its own oldest entries, not another team's older history; where
+// both hold more than their share, each keeps about half.
+func TestBoundIsFairAmongNamespaces(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	add := func(h *History, ns string, n int, from time.Time) {
+		for i := range n {
+			s := from.Add(time.Duration(i) * time.Second)
+			e := s.Add(500 * time.Millisecond)
+			h.Entries = append(h.Entries, Entry{Namespace: ns, Pod: fmt.Sprintf("p%d", i), Container: "c", Device: devA, Start: s, End: &e})
+		}
+	}
+	count := func(h *History, ns string) int {
+		n := 0
+		for _, e := range h.Entries {
+			if e.Namespace == ns {
+				n++
+			}
+		}
+		return n
+	}
+	h := &History{Node: "n"}
+	add(h, "team", 20, t0)                    // older history of another team
+	add(h, "tenant", 1000, t0.Add(time.Hour)) // a tenant's churn, newer
+	if err := h.Bound(100, MaxBytes); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(h, "team"); got != 20 || len(h.Entries) != 100 || h.Dropped != 920 {
+		t.Fatalf("team keeps %d of 20, %d entries, %d dropped; want all 20, 100, 920", got, len(h.Entries), h.Dropped)
+	}
+	if last := h.Entries[len(h.Entries)-1]; last.Namespace != "tenant" || last.Pod != "p999" {
+		t.Errorf("the tenant's newest entry went: last %+v", last)
+	}
+	h = &History{Node: "n"}
+	add(h, "team", 300, t0)
+	add(h, "tenant", 3000, t0.Add(time.Hour))
+	if err := h.Bound(400, MaxBytes); err != nil {
+		t.Fatal(err)
+	}
+	if team, tenant := count(h, "team"), count(h, "tenant"); team != 200 || tenant != 200 {
+		t.Errorf("both over their share: team %d, tenant %d, want 200 each", team, tenant)
+	}
+	for i := 1; i < len(h.Entries); i++ {
+		if h.Entries[i].Namespace == h.Entries[i-1].Namespace && h.Entries[i].Start.Before(h.Entries[i-1].Start) {
+			t.Fatal("the entries are out of order")
+		}
+	}
+}

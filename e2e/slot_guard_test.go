@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -149,5 +150,43 @@ func TestSlotHolderKilledMidChange(t *testing.T) {
 	}
 	if most := record.MaxDisrupted(recs); most != 1 {
 		t.Fatalf("%d nodes disrupted at once with --max-concurrent 1: %+v", most, recs)
+	}
+}
+
+// A stolen live slot, with the real binary: A takes the slot and waits on
+// the eviction of a pod that takes its time (--drain-timeout 5m); a token
+// takes A's live slot (another holder written on its Lease, as a stolen
+// agent token may). A learns at once (its watch of the slot Lease) and
+// stops waiting: within seconds, not at --drain-timeout, its change fails
+// naming the lost slot (MigRolloutSlotLost), its taint lifted, its GPUs as
+// they were. (On b20dfeb A kept waiting on its evictions until the pod was
+// gone or --drain-timeout: two nodes disrupted on one slot.)
+func TestSlotStolenLiveStopsHolder(t *testing.T) {
+	c := kubetest.Client(t)
+	ctx := context.Background()
+	ns, podNS, start := slotPair(t)
+	nodeA := kubetest.NewName(t, "a")
+	start(nodeA, true)
+	SelectConfig(t, c, nodeA, "all-1g.18gb")
+	waitEvicting(t, podNS, nodeA)
+	l, err := c.CoordinationV1().Leases(ns).Get(ctx, lease.SlotLeaseName(0), metav1.GetOptions{})
+	if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != nodeA {
+		t.Fatalf("slot %v (%v), want A's", l, err)
+	}
+	l.Spec.HolderIdentity = ptr.To("thief")
+	if _, err := c.CoordinationV1().Leases(ns).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stolen := time.Now()
+	rec := WaitState(t, c, nodeA, record.StateFailed, "all-1g.18gb", 20*time.Second)
+	t.Logf("A failed %s after its slot was taken: %s", time.Since(stolen).Round(100*time.Millisecond), rec.Reason)
+	if !strings.Contains(rec.Reason, "rollout slot was lost") || !strings.Contains(rec.Reason, `"thief"`) {
+		t.Errorf("A's record: %q, want the lost slot named", rec.Reason)
+	}
+	if len(nodeEvents(t, c, nodeA, record.ReasonSlotLost)) == 0 {
+		t.Errorf("no %s Event on A", record.ReasonSlotLost)
+	}
+	if n := GetNode(t, c, nodeA); hasTaint(n.Spec.Taints) {
+		t.Errorf("A stays tainted: %v", n.Spec.Taints)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"reflect"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/labelwriter"
@@ -50,6 +52,8 @@ type Cluster struct {
 	removals atomic.Uint64
 	// watched is the Node watch's informer once Watch started it.
 	watched atomic.Pointer[cache.SharedIndexInformer]
+	// published is the Publication key last written to the ConfigMap.
+	published atomic.Pointer[string]
 }
 
 var _ reconcile.Cluster = (*Cluster)(nil)
@@ -238,8 +242,26 @@ func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string)
 }
 
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with
-// the generated configs, owned by the Node.
-func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
+// what the agent publishes of n (gpus.Inventory.Publication): the generated
+// configs (key config.yaml) and the GPUs as discovered (annotation
+// migagent.io/gpus), owned by the Node; nothing when neither changed since
+// its last write.
+func (k *Cluster) PublishConfigs(ctx context.Context, n *gpus.Inventory) error {
+	configYAML, gpusJSON, key, err := n.Publication(k.Clock.Now())
+	if err != nil {
+		return err
+	}
+	if p := k.published.Load(); p != nil && *p == key {
+		return nil
+	}
+	if err := k.publish(ctx, configYAML, gpusJSON); err != nil {
+		return err
+	}
+	k.published.Store(&key)
+	return nil
+}
+
+func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) error {
 	node, err := k.CachedNode(ctx)
 	if err != nil {
 		return err
@@ -252,6 +274,7 @@ func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
 		},
 		Data: map[string]string{record.ConfigMapKey: configYAML},
 	}
+	cm.Annotations = map[string]string{record.AnnotationGPUs: gpusJSON}
 	if node != nil {
 		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
 	}
@@ -264,9 +287,14 @@ func (k *Cluster) PublishConfigs(ctx context.Context, configYAML string) error {
 	case err != nil:
 		return err
 	}
-	if old.Data[record.ConfigMapKey] == configYAML && len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
+	if maps.Equal(old.Data, cm.Data) && old.Annotations[record.AnnotationGPUs] == gpusJSON &&
+		len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
 		return nil
 	}
+	if old.Annotations == nil {
+		old.Annotations = map[string]string{}
+	}
+	old.Annotations[record.AnnotationGPUs] = gpusJSON
 	old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences
 	_, err = cms.Update(ctx, old, metav1.UpdateOptions{FieldManager: "mig-agent"})
 	return err

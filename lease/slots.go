@@ -696,16 +696,50 @@ type slotHold struct {
 	shown   bool // the watch has shown this holder's last write (agrees)
 	done    chan struct{}
 	stopped chan struct{}
+	// gone is closed as the slot is lost (lose): the holder's change
+	// stops waiting (on its evictions) at once.
+	gone chan struct{}
 }
 
 var _ reconcile.Slot = (*slotHold)(nil)
+
+// Lost is closed once the slot is lost.
+func (h *slotHold) Lost() <-chan struct{} { return h.gone }
+
+// Guard implements reconcile.Slot: ctx, ended too once the slot is lost.
+func (h *slotHold) Guard(ctx context.Context) (context.Context, context.CancelFunc) {
+	return guard(ctx, h.gone)
+}
+
+// guard is ctx, ended too once gone closes (never when nil).
+func guard(ctx context.Context, gone <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// lose marks the slot lost, once, with err; it returns the loss. h.mu is
+// held.
+func (h *slotHold) lose(err error) error {
+	if h.lost == nil {
+		h.lost = err
+		close(h.gone)
+	}
+	return h.lost
+}
 
 // hold starts renewing l, just written by this holder, or handed to it
 // (written by its last holder; seen now). The watch of the slots (store;
 // stop ends it) lives on until the release.
 func (s *Slots) hold(ctx context.Context, l *coordinationv1.Lease, store cache.Store, stop func()) *slotHold {
 	h := &slotHold{s: s, name: l.Name, ctx: context.WithoutCancel(ctx), store: store, stop: stop, last: l, renewed: s.Clock.Now(),
-		done: make(chan struct{}), stopped: make(chan struct{})}
+		done: make(chan struct{}), stopped: make(chan struct{}), gone: make(chan struct{})}
 	s.mu.Lock()
 	s.cur = h
 	s.mu.Unlock()
@@ -762,24 +796,21 @@ func (h *slotHold) renew(ctx context.Context) error {
 			// the waiting nodes do not take it meanwhile (Slots.freed).
 			got, err = leases.Create(ctx, h.s.claim(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: h.name, Namespace: h.s.Namespace}}), metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
-				h.lost = fmt.Errorf("rollout slot %s was deleted and made again by another", h.name)
-				return h.lost
+				return h.lose(fmt.Errorf("rollout slot %s was deleted and made again by another", h.name))
 			}
 			if err == nil {
 				h.s.Log.Warn("the rollout slot was deleted while held; made it again for this node", "lease", h.name)
 				h.shown = false
 			}
 		case err == nil && ptr.Deref(cur.Spec.HolderIdentity, "") != h.s.Holder:
-			h.lost = fmt.Errorf("rollout slot %s is held by %q now", h.name, ptr.Deref(cur.Spec.HolderIdentity, ""))
-			return h.lost
+			return h.lose(fmt.Errorf("rollout slot %s is held by %q now", h.name, ptr.Deref(cur.Spec.HolderIdentity, "")))
 		case err == nil:
 			got, err = leases.Update(ctx, h.s.claim(cur), metav1.UpdateOptions{})
 		}
 	}
 	if err != nil {
 		if since := h.s.Clock.Since(h.renewed); since >= h.s.Duration {
-			h.lost = fmt.Errorf("rollout slot %s not renewed for %s (another node may have taken it): %w", h.name, since.Round(time.Second), err)
-			return h.lost
+			return h.lose(fmt.Errorf("rollout slot %s not renewed for %s (another node may have taken it): %w", h.name, since.Round(time.Second), err))
 		}
 		return err
 	}
@@ -862,8 +893,7 @@ func (h *slotHold) extend(ctx context.Context) error {
 		return fmt.Errorf("rollout slot %s: %w", h.name, err)
 	}
 	if holder := ptr.Deref(l.Spec.HolderIdentity, ""); holder != h.s.Holder {
-		h.lost = fmt.Errorf("rollout slot %s is held by %q now", h.name, holder)
-		return h.lost
+		return h.lose(fmt.Errorf("rollout slot %s is held by %q now", h.name, holder))
 	}
 	secs := int32(h.s.longest() / time.Second)
 	now := metav1.NewMicroTime(h.s.Clock.Now())

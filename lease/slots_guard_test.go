@@ -303,3 +303,37 @@ func enforceResourceVersion(c *fake.Clientset) {
 		return true, l, c.Tracker().Update(gvr, l, l.Namespace)
 	})
 }
+
+// A slot taken by another while its holder is at work (a stolen live
+// slot): the holder's watch of the slot Leases shows it, and the context
+// its Guard gives ends at once, with no Check (the core's drain stops).
+func TestSlotLostIsSignalled(t *testing.T) {
+	ctx := context.Background()
+	c, clk := versionedFake()
+	a := newSlots(c, clk, "a")
+	h, err := acquireStepping(t, clk, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded, stop := h.Guard(ctx)
+	defer stop()
+	select {
+	case <-guarded.Done():
+		t.Fatal("a fresh slot is lost")
+	default:
+	}
+	l, _ := c.CoordinationV1().Leases("ns").Get(ctx, SlotLeaseName(0), metav1.GetOptions{})
+	l.Spec.HolderIdentity = ptr.To("thief")
+	if _, err := c.CoordinationV1().Leases("ns").Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-guarded.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder did not learn it lost its slot")
+	}
+	if err := h.Check(ctx); err == nil || !strings.Contains(err.Error(), `held by "thief"`) {
+		t.Fatalf("Check after the loss: %v", err)
+	}
+	h.Release(false)
+}

@@ -83,8 +83,9 @@ type Node struct {
 	// GPU they use, so it changes nothing on the node.
 	Unlocated []string
 	// Unreadable says why the node's geometry is unknown (no model, no
-	// record): the planner leaves it alone.
-	Unreadable string
+	// record): the planner leaves it alone. Note is what a person should
+	// know of how it was read (GFD's label disagrees, an older agent).
+	Unreadable, Note string
 	// PlannedAt is when the planner last changed the node (zero: never);
 	// Reserved counts pods planned onto it that are still pending.
 	PlannedAt time.Time
@@ -316,6 +317,9 @@ func candidates(spec *geometry.Spec, nodes []*Node, allowed []string) ([]*candid
 	var out []*candidate
 	var notes []string
 	for _, n := range nodes {
+		if n.Note != "" {
+			notes = append(notes, fmt.Sprintf("node %s: %s", n.Name, n.Note))
+		}
 		if n.Unreadable != "" {
 			notes = append(notes, fmt.Sprintf("node %s: left alone: %s", n.Name, n.Unreadable))
 			continue

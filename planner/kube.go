@@ -62,14 +62,32 @@ var ErrUnknownModel = errors.New("unknown GPU model")
 // nvidia.com/mig-<profile> limits, or ResourceClaims of MigDeviceClass
 // whose selector names a profile.
 func PendingPods(ctx context.Context, c kclient.Interface) ([]Pod, error) {
+	unbound, err := listUnbound(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return pendingFrom(ctx, c, unbound)
+}
+
+// listUnbound lists the pods without a node.
+func listUnbound(ctx context.Context, c kclient.Interface) ([]*corev1.Pod, error) {
 	list, err := c.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName="})
 	if err != nil {
 		return nil, fmt.Errorf("listing pending pods: %w", err)
 	}
+	out := make([]*corev1.Pod, len(list.Items))
+	for i := range list.Items {
+		out[i] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// pendingFrom picks, of the unbound pods, those PendingPods returns (never
+// changing one: they may be a watch's).
+func pendingFrom(ctx context.Context, c kclient.Interface, unbound []*corev1.Pod) ([]Pod, error) {
 	var pods []*corev1.Pod
 	var wants []map[string]int
-	for i := range list.Items {
-		p := &list.Items[i]
+	for _, p := range unbound {
 		if _, ok := unschedulableSince(p); !ok {
 			continue
 		}
@@ -173,10 +191,14 @@ func landsOn(p *corev1.Pod) func(*corev1.Node) string {
 	}
 }
 
-// Nodes reads every opted-in node: its geometry from its agent's records,
-// its model and GPU count from GPU Feature Discovery's labels, the devices
-// in use from its agent's assignment trail (ConfigMap <node>-mig-assignments
-// in namespace), checked against the pods running on it.
+// Nodes reads every opted-in node: its GPUs, their profiles and
+// placements as its agent discovered them through NVML and published them
+// (ConfigMap <node>-mig-config in namespace, annotation migagent.io/gpus),
+// its geometry
+// from that and its agent's records, the devices in use from its agent's
+// assignment trail (ConfigMap <node>-mig-assignments), checked against the
+// pods running on it. Only where the agent has published no GPUs (an older
+// agent) do GPU Feature Discovery's labels and the built-in table stand in.
 func Nodes(ctx context.Context, c kclient.Interface, spec *geometry.Spec, namespace string) ([]*Node, error) {
 	list, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: LabelOptIn + "=" + OptInValue})
 	if err != nil {
@@ -214,11 +236,20 @@ func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, nam
 			n.PlannedAt = *at
 		}
 	}
-	gpus, err := NodeGPUs(kn.Labels, st, spec)
+	gpus, note, err := publishedGPUs(ctx, c, namespace, kn.Name, kn.Labels, st)
+	if errors.Is(err, errNotPublished) {
+		// An agent older than the planner: GFD's labels and the built-in
+		// table of models, as before.
+		if gpus, err = NodeGPUs(kn.Labels, st, spec); err == nil {
+			note = errNotPublished.Error() + ": planned from GPU Feature Discovery's labels and the built-in table of models"
+		} else {
+			err = fmt.Errorf("%w; %w", errNotPublished, err)
+		}
+	}
 	if err != nil {
 		n.Unreadable = err.Error()
 	}
-	n.GPUs = gpus
+	n.GPUs, n.Note = gpus, note
 	if err := readInUse(ctx, c, namespace, n); err != nil {
 		return nil, err
 	}
@@ -245,17 +276,8 @@ func NodeGPUs(labels map[string]string, st *kube.Status, spec *geometry.Spec) ([
 		gpus[i] = geometry.GPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i), Name: m.Name, PCIDeviceID: m.PCIDeviceID,
 			Architecture: m.Architecture, MigCapable: m.MigCapable, CanReset: true, Catalogue: m.Catalogue}
 	}
-	for _, g := range st.GPUs {
-		if g.Index >= count {
-			return nil, fmt.Errorf("recorded geometry names GPU %d of %d", g.Index, count)
-		}
-		for _, s := range g.Instances {
-			in, err := ParseInstance(s)
-			if err != nil {
-				return nil, fmt.Errorf("recorded geometry of GPU %d: %w", g.Index, err)
-			}
-			gpus[g.Index].Instances = append(gpus[g.Index].Instances, in)
-		}
+	if err := overlay(gpus, st.GPUs); err != nil {
+		return nil, err
 	}
 	enabled := map[int]bool{}
 	if st.Applied != nil && spec != nil {

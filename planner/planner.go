@@ -36,6 +36,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/geometry"
@@ -58,30 +59,17 @@ type Planner struct {
 	// Identity names the planner in its Events.
 	Identity string
 
-	planned    map[string]planned   // pod UID → the change that serves it
-	changed    map[string]time.Time // node → when this planner last set its label
-	unservable map[string]string    // pod UID → the reason its Event gave
-	silent     map[string]time.Time // node → the label write its ReasonSilent Event was for
-	seq        int64                // Events written: their names differ
+	planned    map[string]planned        // pod UID → the change that serves it
+	changed    map[string]time.Time      // node → when this planner last set its label
+	unservable map[string]string         // pod UID → the reason its Event gave
+	silent     map[string]time.Time      // node → the label write its ReasonSilent Event was for
+	seq        int64                     // Events written: their names differ
+	watch      cache.SharedIndexInformer // the unbound pods (Run); nil or not synced: listed each round
 }
 
 type planned struct {
 	node string
 	at   time.Time
-}
-
-// Run plans a round every Interval until ctx ends.
-func (p *Planner) Run(ctx context.Context) error {
-	for {
-		if _, err := p.Round(ctx); err != nil && ctx.Err() == nil {
-			p.Log.Warn("planner round failed", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-p.Clock.After(p.Interval):
-		}
-	}
 }
 
 // Round reads the cluster, decides, and (unless DryRun) sets the labels and
@@ -91,7 +79,11 @@ func (p *Planner) Round(ctx context.Context) (Outcome, error) {
 		p.planned, p.unservable, p.changed = map[string]planned{}, map[string]string{}, map[string]time.Time{}
 		p.silent = map[string]time.Time{}
 	}
-	pods, err := PendingPods(ctx, p.Client)
+	unbound, err := p.unboundPods(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
+	pods, err := pendingFrom(ctx, p.Client, unbound)
 	if err != nil {
 		return Outcome{}, err
 	}

@@ -416,7 +416,18 @@ func (a *attempt) drain() error {
 	if a.d.Disrupt == nil || (a.ch.Phase != journal.PhasePending && a.ch.Phase != journal.PhaseDraining) {
 		return nil
 	}
-	return a.d.vacate(a.ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
+	ctx, stop := a.ctx, context.CancelFunc(func() {})
+	if a.slot != nil { // a slot lost ends the drain: failed before the next eviction
+		ctx, stop = a.slot.Guard(a.ctx)
+	}
+	defer stop()
+	err := a.d.vacate(ctx, a.node, a.ch, a.v.n, a.v.plan, a.confirm)
+	if ctx.Err() != nil && a.ctx.Err() == nil {
+		if cerr := a.confirm("its next eviction"); cerr != nil {
+			return cerr
+		}
+	}
+	return err
 }
 
 // confirm says whether the next disruptive step (what) may run: the

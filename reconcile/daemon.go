@@ -65,8 +65,6 @@ type Daemon struct {
 	drifted       bool
 	// stateDecided: migagent_state shows a state (showState); before, all 0.
 	stateDecided bool
-	// published is the generated config text last written to the ConfigMap.
-	published string
 	// api: whether the API server answers (the Node watch, a probe).
 	api apihealth.Health
 	// fileErr is why the config file did not read at the last pass (reload.go).

@@ -314,3 +314,34 @@ func TestCoreNodeLostMidDrain(t *testing.T) {
 		})
 	}
 }
+
+// A slot lost while the change waits on its evictions (a stolen live
+// slot): the holder learns it (Slot.Lost), the wait stops at once, not at
+// --drain-timeout, and the change fails before its next eviction, naming
+// the loss; the taint is lifted and the slot released.
+func TestCoreStopsDrainWhenSlotLost(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
+	c.applied(t, "all-balanced")
+	c.runPods(t, "1g.18gb", 0, 1)
+	slots := &testsupport.FakeSlots{OKChecks: 1 << 20, Gone: make(chan struct{}),
+		Lost: errors.New(`rollout slot mig-agent-slot-0 is held by "thief" now`)}
+	c.d.Slots = slots
+	c.disrupt.DuringEvict = func() {
+		close(slots.Gone) // the slot is taken while the evictions wait
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.cluster.SetLabel("all-1g.18gb")
+	if oc := c.pass(false, false); oc != reconcile.OutRetry {
+		t.Fatalf("reconcile.Outcome %v, want a retry; record %+v", oc, c.cluster.Last())
+	}
+	if len(c.disrupt.Evicted) != 0 || !c.holds(t, "all-balanced") {
+		t.Fatalf("evicted %v, GPUs changed %v after the slot was lost", c.disrupt.Evicted, !c.holds(t, "all-balanced"))
+	}
+	rec := c.cluster.Last()
+	if rec.Result != record.StateFailed || !strings.Contains(rec.Reason, "stopped before its next eviction") || !strings.Contains(rec.Reason, `"thief"`) {
+		t.Fatalf("record %+v, want a failure naming the lost slot", rec)
+	}
+	if c.cluster.Count(record.ReasonSlotLost) != 1 || c.disrupt.Tainted || slots.Released != 1 {
+		t.Errorf("events %v, tainted %v, released %d", c.cluster.Events, c.disrupt.Tainted, slots.Released)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -77,8 +78,9 @@ type Cluster interface {
 	Record(ctx context.Context, rec record.ChangeRecord, state string) error
 	// Event posts an Event on the Node; failures are for logging only.
 	Event(ctx context.Context, node *Node, eventType, reason, msg string) error
-	// PublishConfigs writes the generated configs to the node's ConfigMap.
-	PublishConfigs(ctx context.Context, configYAML string) error
+	// PublishConfigs writes what the agent publishes of n (Publication) to
+	// the node's ConfigMap, where it changed since its last write.
+	PublishConfigs(ctx context.Context, n *gpus.Inventory) error
 	// Preflight proves the rights a change needs to record itself (and to
 	// taint the node, when taint).
 	Preflight(ctx context.Context, taint bool) error
@@ -194,6 +196,10 @@ type Slot interface {
 	// why it is not. It sends a renewal only when the last one is too old
 	// to vouch for the slot (a paused process, a failing API server).
 	Check(ctx context.Context) error
+	// Guard is ctx, ended too as the holder learns the slot is lost (its
+	// watch of the slot Lease, or a renewal, shows another holder): the
+	// drain stops at once and fails before its next eviction.
+	Guard(ctx context.Context) (context.Context, context.CancelFunc)
 	// Release gives the slot back, if it is still held; with keep, it only
 	// stops renewing it: a change parked by a shutdown, whose node stays
 	// disrupted until the agent, back, takes the slot again and ends it.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/record"
 )
@@ -194,23 +193,11 @@ func (d *Daemon) ticker(every time.Duration) <-chan time.Time {
 	return d.Clock.NewTicker(every).C()
 }
 
-// publish writes the generated configs to the node's ConfigMap, at start
-// and whenever discovery changes what they hold.
+// publish writes n's configs and GPUs to the node's ConfigMap (Cluster).
 func (d *Daemon) publish(ctx context.Context, n *gpus.Inventory) {
-	cfg, err := geometry.Generate(n.GPUs).Marshal()
-	if err != nil {
-		d.Log.Error("generating configs failed", "err", err)
-		return
-	}
-	if string(cfg) == d.published {
-		return
-	}
-	err = d.retryAPI(ctx, func() error { return d.Cluster.PublishConfigs(ctx, string(cfg)) })
-	if err != nil {
+	if err := d.retryAPI(ctx, func() error { return d.Cluster.PublishConfigs(ctx, n) }); err != nil {
 		d.Log.Error("publishing the generated configs failed", "err", err)
-		return
 	}
-	d.published = string(cfg)
 }
 
 // redefined reports whether v plans the applied config with a definition

@@ -35,6 +35,11 @@ const (
 	LabelNode      = "migagent.io/node"
 	// ConfigMapKey is the key of the generated configs in the ConfigMap.
 	ConfigMapKey = "config.yaml"
+	// AnnotationGPUs, on the same ConfigMap, holds the GPUs as the agent
+	// discovered them through NVML (geometry.Published, JSON): what the
+	// planner plans the node from. An annotation, so that the ConfigMap's
+	// data stays the generated configs alone.
+	AnnotationGPUs = "migagent.io/gpus"
 )
 
 // A GPU Operator operand paused for a change: its deploy label

@@ -9,6 +9,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -49,7 +50,7 @@ func (s *Standalone) Event(context.Context, *reconcile.Node, string, string, str
 }
 
 // PublishConfigs implements Cluster: no ConfigMap.
-func (s *Standalone) PublishConfigs(context.Context, string) error { return nil }
+func (s *Standalone) PublishConfigs(context.Context, *gpus.Inventory) error { return nil }
 
 // Preflight implements Cluster: nothing to record on.
 func (s *Standalone) Preflight(context.Context, bool) error { return nil }

@@ -105,6 +105,11 @@ func plannerClient(kubeconfig string) (kclient.Interface, error) {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
 	cfg.UserAgent = "mig-agent-planner/" + version
+	// As the agent's: client-go's default (5/s, burst 10) would hold a
+	// round of many opted-in nodes (1 + 3 requests each) for seconds; the
+	// rounds are spaced (planner.MinRoundGap) and the API server's
+	// priority and fairness protects it.
+	cfg.QPS, cfg.Burst = 50, 100
 	return kclient.New(cfg)
 }
 

@@ -7,7 +7,9 @@
 // (kubetest.StartDevicePlugin). Each repeat creates one pod asking for
 // nvidia.com/mig-3g.71gb, which no node offers, and times it from its
 // creation to its binding by the scheduler, through the planner's change
-// and the agent's; it counts the planner's API requests in that window
+// and the agent's, and the planner's own latency: from the pod marked
+// unschedulable to the label set (the nodes have no GPU Feature
+// Discovery labels: the planner reads the GPUs their agents publish); it counts the planner's API requests in that window
 // (the audit log's requests with the user agent mig-agent-planner/) and its
 // decisions (its metrics). After the repeats it counts the planner's
 // requests over an idle window. It prints the figures and merges them into
@@ -41,6 +43,7 @@ import (
 	"github.com/migagent/mig-agent/internal/benchfile"
 	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/internal/kubetest/audit"
+	"github.com/migagent/mig-agent/record"
 )
 
 const (
@@ -291,6 +294,12 @@ func (b *bench) repeat(ctx context.Context, i int) (rep repeat, err error) {
 	if err := waitFor(30*time.Second, "the agent to be ready", func() bool { return ready("http://" + addr + "/readyz") }); err != nil {
 		return rep, err
 	}
+	if err := waitFor(30*time.Second, "the agent's published GPUs", func() bool {
+		cm, err := b.c.CoreV1().ConfigMaps(agentNS).Get(ctx, node+"-mig-config", metav1.GetOptions{})
+		return err == nil && cm.Annotations[record.AnnotationGPUs] != ""
+	}); err != nil {
+		return rep, err
+	}
 	before, err := scrape(b.metrics)
 	if err != nil {
 		return rep, err
@@ -324,7 +333,8 @@ func (b *bench) repeat(ctx context.Context, i int) (rep repeat, err error) {
 	}
 	t := tr.times()
 	rep = repeat{Node: node, CreatedToUnschedulableMs: ms(t.unschedulable.Sub(created)), CreatedToLabelMs: ms(t.label.Sub(created)),
-		CreatedToSuccessMs: ms(t.success.Sub(created)), CreatedToBoundMs: ms(bound.Sub(created)),
+		UnschedulableToLabelMs: ms(t.label.Sub(t.unschedulable)),
+		CreatedToSuccessMs:     ms(t.success.Sub(created)), CreatedToBoundMs: ms(bound.Sub(created)),
 		Decisions: int(decisions(after) - decisions(before))}
 	rep.APIRequests, rep.APIRequestsTotal = countRequests(evs)
 	if t.label.IsZero() || t.success.IsZero() {
@@ -333,21 +343,13 @@ func (b *bench) repeat(ctx context.Context, i int) (rep repeat, err error) {
 	return rep, nil
 }
 
-// newNode creates an opted-in node of the bench's GPUs, with GPU Feature
-// Discovery's labels, and reports its pods, CPU and memory (the
-// scheduler's other fits).
+// newNode creates an opted-in node of the bench's GPUs, without GPU
+// Feature Discovery's labels (the planner reads the GPUs its agent
+// publishes), and reports its pods, CPU and memory (the scheduler's other
+// fits).
 func (b *bench) newNode(ctx context.Context, node string) error {
-	count := 0
-	for _, part := range strings.Split(b.o.sim, ",") {
-		var n int
-		if _, err := fmt.Sscanf(part[strings.LastIndexByte(part, 'x')+1:], "%d", &n); err != nil {
-			return fmt.Errorf("-sim %s: %w", b.o.sim, err)
-		}
-		count += n
-	}
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{
-		"migagent.io/planner": "enabled", "nvidia.com/mig.strategy": "mixed",
-		"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.count": fmt.Sprint(count)}}}
+		"migagent.io/planner": "enabled", "nvidia.com/mig.strategy": "mixed"}}}
 	if _, err := b.c.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -117,7 +118,7 @@ func (f *FakeCluster) Event(_ context.Context, _ *reconcile.Node, _, reason, _ s
 }
 
 // PublishConfigs implements reconcile.Cluster: nothing to publish to.
-func (f *FakeCluster) PublishConfigs(context.Context, string) error { return nil }
+func (f *FakeCluster) PublishConfigs(context.Context, *gpus.Inventory) error { return nil }
 
 // Preflight implements reconcile.Cluster: f.PreflightFunc answers.
 func (f *FakeCluster) Preflight(context.Context, bool) error {
@@ -374,6 +375,9 @@ type FakeSlots struct {
 	// OnRelease, when set, is called at each Release, before it counts:
 	// a test sees there what was done before the slot went.
 	OnRelease func(keep bool)
+	// Gone is what each slot's Lost returns (nil: never lost); a test
+	// closes it to say the slot was lost.
+	Gone chan struct{}
 }
 
 var _ reconcile.Slots = (*FakeSlots)(nil)
@@ -406,10 +410,29 @@ func (s fakeSlot) Check(context.Context) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	s.f.Checks++
+	select {
+	case <-s.f.Gone:
+		return s.f.Lost
+	default:
+	}
 	if s.f.Checks > s.f.OKChecks {
 		return s.f.Lost
 	}
 	return nil
+}
+
+// Guard implements reconcile.Slot: ctx, ended too as FakeSlots.Gone
+// closes (nil: never).
+func (s fakeSlot) Guard(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-s.f.Gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func (s fakeSlot) Release(keep bool) {
