@@ -8,10 +8,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kevent"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -152,20 +152,11 @@ func (k *KubePods) Assigned(ctx context.Context, e Entry) error {
 	if e.PodUID == "" {
 		return nil
 	}
-	now := metav1.NewTime(k.Clock.Now())
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: e.Pod + ".", Namespace: e.Namespace},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: e.Namespace, Name: e.Pod,
-			UID: types.UID(e.PodUID), FieldPath: fmt.Sprintf("spec.containers{%s}", e.Container)},
-		Reason:         EventReason,
-		Message:        record.Truncate(eventMessage(e, k.Node), 1024),
-		Type:           corev1.EventTypeNormal,
-		Source:         corev1.EventSource{Component: "mig-agent", Host: k.Node},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: "migagent.io/mig-agent", ReportingInstance: "mig-agent-" + k.Node,
-	}
-	_, err := k.Client.CoreV1().Events(e.Namespace).Create(ctx, ev, metav1.CreateOptions{})
-	return err
+	ref := kevent.PodRef(e.Namespace, e.Pod, e.PodUID)
+	ref.FieldPath = fmt.Sprintf("spec.containers{%s}", e.Container)
+	p := kevent.Poster{Client: k.Client, Component: "mig-agent", Host: k.Node,
+		Controller: "migagent.io/mig-agent", Instance: "mig-agent-" + k.Node}
+	return p.Post(ctx, k.Clock.Now(), ref, corev1.EventTypeNormal, EventReason, eventMessage(e, k.Node), false)
 }
 
 // eventMessage is the Event's text: the device UUID, profile, GPU index,

@@ -21,6 +21,7 @@ import (
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kevent"
 	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
@@ -225,20 +226,13 @@ func (k *Cluster) Event(ctx context.Context, node *reconcile.Node, eventType, re
 }
 
 func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string) error {
-	now := metav1.NewTime(k.Clock.Now())
-	ref := corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: k.Node, UID: types.UID(uid)}
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: k.Node + ".", Namespace: metav1.NamespaceDefault},
-		InvolvedObject: ref,
-		Reason:         reason,
-		Message:        record.Truncate(msg, 1024),
-		Type:           eventType,
-		Source:         corev1.EventSource{Component: k.Component, Host: k.Node},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: "migagent.io/mig-agent", ReportingInstance: k.Component + "-" + k.Node,
-	}
-	_, err := k.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
-	return err
+	return k.poster().Post(ctx, k.Clock.Now(), kevent.NodeRef(k.Node, uid), eventType, reason, msg, false)
+}
+
+// poster posts the agent's Events, as component k.Component on its node.
+func (k *Cluster) poster() kevent.Poster {
+	return kevent.Poster{Client: k.Client, Component: k.Component, Host: k.Node,
+		Controller: "migagent.io/mig-agent", Instance: k.Component + "-" + k.Node}
 }
 
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with

@@ -3,6 +3,7 @@ package planner
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,14 @@ func pendingPodObj(name, profile string) *corev1.Pod {
 func newTestPlanner(t *testing.T, dry bool, objs ...runtime.Object) (*Planner, *fake.Clientset, *bytes.Buffer) {
 	t.Helper()
 	c := fake.NewClientset(objs...)
+	// The API server names generateName objects; the fake does not.
+	seq := 0
+	c.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
+		seq++
+		ev.Name = fmt.Sprintf("%s%d", ev.GenerateName, seq)
+		return false, nil, nil
+	})
 	out := &bytes.Buffer{}
 	return &Planner{Client: clientset.Wrap(c), Namespace: "mig-agent", Spec: testSpec(t), DryRun: dry, Out: out,
 		Log: testsupport.Discard(), Clock: clocktesting.NewFakeClock(time.Unix(5000, 0)), Identity: "test",

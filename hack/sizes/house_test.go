@@ -95,3 +95,29 @@ func TestLayering(t *testing.T) {
 		}
 	}
 }
+
+// TestOnePlacePerChore keeps each Kubernetes chore in its one package:
+// no product file but internal/kevent's builds an Event.
+func TestOnePlacePerChore(t *testing.T) {
+	for _, c := range []struct{ pattern, home string }{
+		{"corev1.Event{", "internal/kevent"},
+	} {
+		err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			rel, _ := filepath.Rel(root, path)
+			if strings.HasPrefix(rel, c.home+"/") || strings.HasPrefix(rel, "internal/kclient/") || strings.HasPrefix(rel, "e2e/") {
+				return nil
+			}
+			src, err := os.ReadFile(path)
+			if err == nil && strings.Contains(string(src), c.pattern) {
+				t.Errorf("%s builds %s; only %s does", rel, c.pattern, c.home)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
