@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/migagent/mig-agent/internal/configmap"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/kevent"
 	"github.com/migagent/mig-agent/record"
@@ -65,48 +66,27 @@ func (s *ConfigMapStore) Load(ctx context.Context) (*History, error) {
 	return h, nil
 }
 
-// Save implements Store: one Create or Update. An Update that conflicts
-// (the ConfigMap changed since it was read: only the agent may write it,
-// so an earlier write of its own whose answer was lost) reads it again and
-// writes once more.
+// Save implements Store: one Create or Update of the ConfigMap as Load
+// read it or Save last wrote it, under configmap.Save's rule for a
+// conflict (read it again, write anew).
 func (s *ConfigMapStore) Save(ctx context.Context, h *History) error {
 	data, err := h.Encode()
 	if err != nil {
 		return err
 	}
-	cms := s.Client.CoreV1().ConfigMaps(s.Namespace)
-	if s.cm == nil {
-		cm := &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName(s.Node), Namespace: s.Namespace,
-				Labels: map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: s.Node}},
-			Data: map[string]string{HistoryKey: string(data)},
+	cm, err := configmap.Save(ctx, s.Client.CoreV1().ConfigMaps(s.Namespace), ConfigMapName(s.Node), s.cm, func(cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+		if cm == nil {
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName(s.Node), Namespace: s.Namespace,
+				Labels: map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: s.Node}}}
 		}
-		created, err := cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"})
-		if !apierrors.IsAlreadyExists(err) {
-			if err == nil {
-				s.cm = created
-			}
-			return err
-		}
-		if s.cm, err = cms.Get(ctx, cm.Name, metav1.GetOptions{}); err != nil {
-			return err
-		}
-	}
-	for attempt := 0; ; attempt++ {
-		cm := s.cm.DeepCopy()
 		cm.Data = map[string]string{HistoryKey: string(data)}
-		updated, err := cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "mig-agent"})
-		if err == nil {
-			s.cm = updated
-			return nil
-		}
-		if !apierrors.IsConflict(err) || attempt > 0 {
-			return err
-		}
-		if s.cm, err = cms.Get(ctx, cm.Name, metav1.GetOptions{}); err != nil {
-			return err
-		}
+		return cm, nil
+	})
+	if err != nil {
+		return err
 	}
+	s.cm = cm
+	return nil
 }
 
 // ReadConfigMap reads node's history from its ConfigMap in namespace

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/apierr"
+	"github.com/migagent/mig-agent/internal/configmap"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/kevent"
 	"github.com/migagent/mig-agent/internal/labelwriter"
@@ -272,25 +272,21 @@ func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) erro
 	if node != nil {
 		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
 	}
-	cms := k.Client.CoreV1().ConfigMaps(k.Namespace)
-	old, err := cms.Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"})
-		return err
-	case err != nil:
-		return err
-	}
-	if maps.Equal(old.Data, cm.Data) && old.Annotations[record.AnnotationGPUs] == gpusJSON &&
-		len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
-		return nil
-	}
-	if old.Annotations == nil {
-		old.Annotations = map[string]string{}
-	}
-	old.Annotations[record.AnnotationGPUs] = gpusJSON
-	old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences
-	_, err = cms.Update(ctx, old, metav1.UpdateOptions{FieldManager: "mig-agent"})
+	_, err = configmap.Save(ctx, k.Client.CoreV1().ConfigMaps(k.Namespace), name, nil, func(old *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+		if old == nil {
+			return cm, nil
+		}
+		if maps.Equal(old.Data, cm.Data) && old.Annotations[record.AnnotationGPUs] == gpusJSON &&
+			len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
+			return nil, nil
+		}
+		if old.Annotations == nil {
+			old.Annotations = map[string]string{}
+		}
+		old.Annotations[record.AnnotationGPUs] = gpusJSON
+		old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences
+		return old, nil
+	})
 	return err
 }
 
