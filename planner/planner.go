@@ -56,7 +56,7 @@ type Planner struct {
 	Out       io.Writer // --dry-run's report
 	Log       *slog.Logger
 	Clock     clock.Clock
-	Metrics   *Metrics // nil: none
+	Metrics   Metrics // nil: none
 	// Identity names the planner in its Events.
 	Identity string
 
@@ -95,7 +95,7 @@ func (p *Planner) Round(ctx context.Context) (Outcome, error) {
 		if p.DryRun {
 			p.report(out)
 		} else {
-			p.Metrics.unservablePods(0)
+			p.metrics().UnservablePods(0)
 		}
 		return out, nil
 	}
@@ -195,7 +195,7 @@ func (p *Planner) apply(ctx context.Context, d Decision, now time.Time) error {
 	}
 	p.changed[d.Node] = now
 	p.Log.Info("planner changed a node's geometry", "node", d.Node, "config", d.Config, "gpus", d.GPUs, "pods", len(d.Pods), "why", d.Why)
-	p.Metrics.decision("changed")
+	p.metrics().Decision("changed")
 	msg := fmt.Sprintf("node %s, GPU(s) %s, config %s: %s", d.Node, ints(d.GPUs), d.Config, d.Why)
 	names := make([]string, len(d.Pods))
 	for i, pod := range d.Pods {
@@ -207,7 +207,7 @@ func (p *Planner) apply(ctx context.Context, d Decision, now time.Time) error {
 		delete(p.unservable, pod.UID)
 		p.event(ctx, pod, corev1.EventTypeNormal, ReasonPlanned, msg)
 		if !pod.Pending.IsZero() {
-			p.Metrics.planned(now.Sub(pod.Pending))
+			p.metrics().Planned(now.Sub(pod.Pending))
 		}
 	}
 	return nil
@@ -226,11 +226,11 @@ func (p *Planner) explain(ctx context.Context, pods []Pod, out Outcome) {
 			continue
 		}
 		p.unservable[pod.UID] = why
-		p.Metrics.decision("unservable")
+		p.metrics().Decision("unservable")
 		p.Log.Info("planner cannot serve a pending pod", "pod", pod.Key(), "why", why)
 		p.event(ctx, pod, corev1.EventTypeWarning, ReasonUnservable, why)
 	}
-	p.Metrics.unservablePods(n)
+	p.metrics().UnservablePods(n)
 }
 
 func (p *Planner) event(ctx context.Context, pod Pod, typ, reason, msg string) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -90,7 +91,7 @@ func TestRoundDryRun(t *testing.T) {
 // the Unservable Event.
 func TestRoundAppliesOnce(t *testing.T) {
 	p, c, _ := newTestPlanner(t, false, optedIn("n1"), pendingPodObj("a", "3g.71gb"), pendingPodObj("b", "7g.141gb"))
-	p.Metrics = NewMetrics()
+	p.Metrics = metrics.NewPlanner()
 	for range 3 {
 		if _, err := p.Round(context.Background()); err != nil {
 			t.Fatal(err)
@@ -207,7 +208,7 @@ func TestPlannedAt(t *testing.T) {
 // whatever the number of opted-in nodes.
 func TestRoundIdleReadsOnlyPods(t *testing.T) {
 	p, c, _ := newTestPlanner(t, false, optedIn("n1"), optedIn("n2"))
-	p.Metrics = NewMetrics()
+	p.Metrics = metrics.NewPlanner()
 	out, err := p.Round(context.Background())
 	if err != nil {
 		t.Fatal(err)
