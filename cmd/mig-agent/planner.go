@@ -17,6 +17,7 @@ import (
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/restclient"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/planner"
 	"github.com/migagent/mig-agent/settings"
@@ -111,7 +112,7 @@ func plannerClient(kubeconfig string) (kclient.Interface, error) {
 	// rounds are spaced (planner.MinRoundGap) and the API server's
 	// priority and fairness protects it.
 	cfg.QPS, cfg.Burst = 50, 100
-	return kclient.New(cfg)
+	return restclient.New(cfg)
 }
 
 // runPlanner serves the planner's metrics and plans while it holds the
