@@ -260,7 +260,7 @@ func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) erro
 	if err != nil {
 		return err
 	}
-	name := k.Node + "-mig-config"
+	name := record.ConfigsConfigMapName(k.Node)
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: k.Namespace,

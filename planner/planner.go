@@ -14,7 +14,7 @@
 // selector, node affinity and tolerations, by the scheduler's own helpers
 // in k8s.io/component-helpers); its wants are bounded counts; a free device
 // serves one pod once; a running pod is a GPU user by the agent's own rule
-// (drain.RequestsGPU).
+// (podresources.RequestsGPU).
 //
 // It may import client-go (through internal/kclient), component-helpers'
 // scheduling helpers, geometry, profiles, record, kube (to read a node's

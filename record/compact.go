@@ -44,6 +44,11 @@ const (
 	MaxNodeRecordBytes = HistoryMaxBytes/HistoryMaxRecords - 16
 )
 
+// ConfigsConfigMapName is the name of the ConfigMap where node's agent
+// publishes its generated configs (key ConfigMapKey) and its GPUs
+// (annotation AnnotationGPUs).
+func ConfigsConfigMapName(node string) string { return node + "-mig-config" }
+
 // HistoryConfigMapName is the name of node's history ConfigMap.
 func HistoryConfigMapName(node string) string { return node + HistoryConfigMapSuffix }
 
