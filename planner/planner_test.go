@@ -3,7 +3,6 @@ package planner
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/record"
 )
@@ -39,14 +39,7 @@ func pendingPodObj(name, profile string) *corev1.Pod {
 func newTestPlanner(t *testing.T, dry bool, objs ...runtime.Object) (*Planner, *fake.Clientset, *bytes.Buffer) {
 	t.Helper()
 	c := fake.NewClientset(objs...)
-	// The API server names generateName objects; the fake does not.
-	seq := 0
-	c.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
-		seq++
-		ev.Name = fmt.Sprintf("%s%d", ev.GenerateName, seq)
-		return false, nil, nil
-	})
+	kubefake.NameEvents(c)
 	out := &bytes.Buffer{}
 	return &Planner{Client: clientset.Wrap(c), Namespace: "mig-agent", Spec: testSpec(t), DryRun: dry, Out: out,
 		Log: testsupport.Discard(), Clock: clocktesting.NewFakeClock(time.Unix(5000, 0)), Identity: "test",
