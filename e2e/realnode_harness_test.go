@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -55,6 +56,18 @@ type realGPUNode struct {
 	// PluginConfig, when set, is the plugin's config file (its sharing
 	// section: time-slicing), mounted from a ConfigMap as CONFIG_FILE.
 	PluginConfig string
+	// PluginLabels are its pods' labels: the GPU Operator's unless a
+	// test installs the plugin under labels of its own (withPluginLabels).
+	PluginLabels map[string]string
+}
+
+// realNodeOption changes how startRealGPUNode installs the plugin.
+type realNodeOption func(*realGPUNode)
+
+// withPluginLabels installs the plugin's DaemonSet with pod labels of its
+// own, as a self-installed or renamed plugin is.
+func withPluginLabels(labels map[string]string) realNodeOption {
+	return func(n *realGPUNode) { n.PluginLabels = labels }
 }
 
 // pluginLabels are the GPU Operator's labels of the device plugin's pods.
@@ -64,11 +77,15 @@ var pluginLabels = map[string]string{"app": "nvidia-device-plugin-daemonset"}
 // file (applied through the library before the plugin starts), and
 // NVIDIA's device plugin with strategy (mixed or single); it returns when
 // the plugin's resources are in the Node's allocatable.
-func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig string) *realGPUNode {
+func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig string, opts ...realNodeOption) *realGPUNode {
 	t.Helper()
 	plugin := nvidiaBin(t, "nvidia-device-plugin")
 	kubetest.StartScheduler(t)
-	n := &realGPUNode{Node: realnode.Start(t), Spec: spec, Lib: simlibtest.Library(t), PluginNS: kubetest.NewName(t, "gpu-operator"), PluginConfig: pluginConfig}
+	n := &realGPUNode{Node: realnode.Start(t), Spec: spec, Lib: simlibtest.Library(t), PluginNS: kubetest.NewName(t, "gpu-operator"),
+		PluginConfig: pluginConfig, PluginLabels: pluginLabels}
+	for _, o := range opts {
+		o(n)
+	}
 	n.State = filepath.Join(n.Dir, "sim", "state.json")
 	n.DevRoot = filepath.Join(n.Dir, "driver")
 	if err := os.MkdirAll(filepath.Dir(n.State), 0o755); err != nil {
@@ -151,7 +168,8 @@ func (n *realGPUNode) releasePluginStarts(t *testing.T) {
 // pluginPods are the plugin's pods on the node that are not being deleted.
 func (n *realGPUNode) pluginPods(t *testing.T) []corev1.Pod {
 	t.Helper()
-	list, err := n.Client.CoreV1().Pods(n.PluginNS).List(context.Background(), metav1.ListOptions{})
+	list, err := n.Client.CoreV1().Pods(n.PluginNS).List(context.Background(),
+		metav1.ListOptions{LabelSelector: labels.SelectorFromSet(n.PluginLabels).String()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,11 +264,11 @@ func (n *realGPUNode) createPluginDaemonSet(t *testing.T, strategy string) {
 			ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}})
 	}
 	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: n.PluginNS, Name: "nvidia-device-plugin-daemonset", Labels: pluginLabels},
+		ObjectMeta: metav1.ObjectMeta{Namespace: n.PluginNS, Name: "nvidia-device-plugin-daemonset", Labels: n.PluginLabels},
 		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: pluginLabels},
+			Selector: &metav1.LabelSelector{MatchLabels: n.PluginLabels},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: pluginLabels},
+				ObjectMeta: metav1.ObjectMeta{Labels: n.PluginLabels},
 				Spec: corev1.PodSpec{
 					SchedulerName: kubetest.SchedulerName,
 					NodeSelector:  map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true", corev1.LabelHostname: n.Name},
