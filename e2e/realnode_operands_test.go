@@ -168,3 +168,47 @@ func TestRealNodeRenamedPluginRestarted(t *testing.T) {
 		t.Errorf("plugin pods before %d, after %d: want one, a new one", len(plugin), len(p))
 	}
 }
+
+// TestRealNodeConfigManagerSharing: the GPU Operator's devicePlugin.config
+// path, with NVIDIA's config-manager as its init container and sidecar.
+// The node's nvidia.com/device-plugin.config label picks time-slicing with
+// 4 replicas of each 1g.18gb: the agent reads the config the
+// config-manager picked and succeeds on exactly 7 devices x 4. The label
+// then moves to a config that shares 2g.35gb devices 2 ways under
+// renameByDefault: the sidecar rewrites the plugin's config and signals it
+// (the plugin restarts itself in its pod: 7 unshared 1g.18gb), and the
+// change to 2g.35gb devices succeeds on exactly
+// nvidia.com/mig-2g.35gb.shared 3 x 2.
+func TestRealNodeConfigManagerSharing(t *testing.T) {
+	configs := map[string]string{
+		"replicas": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/mig-1g.18gb\n      replicas: 4\n",
+		"renamed":  "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: mig-2g.35gb\n      replicas: 2\n",
+	}
+	n := startRealGPUNode(t, "h200x1", defaultConfigs, "all-disabled", "mixed", "",
+		withNodeLabel("nvidia.com/device-plugin.config", "replicas"), withConfigManager(configs, ""))
+	n.waitAllocatable(t, map[string]int64{"nvidia.com/gpu": 1}, 90*time.Second)
+	c := n.Client
+	a := n.startAgent(t, defaultConfigs)
+	SelectConfig(t, c, n.Name, "all-1g.18gb")
+	rec := WaitState(t, c, n.Name, record.StateSuccess, "all-1g.18gb", 2*time.Minute)
+	if got := gpuAllocatable(GetNode(t, c, n.Name)); !sameCounts(got, map[string]int64{"nvidia.com/mig-1g.18gb": 28}) || len(got) != 1 {
+		t.Errorf("allocatable at success %v, want mig-1g.18gb 28 (7 devices x 4 replicas)", got)
+	}
+	if rec.ResourcesConverged == nil || !*rec.ResourcesConverged {
+		t.Errorf("record resourcesConverged = %v, want true", rec.ResourcesConverged)
+	}
+	if strings.Contains(a.Log(), "sharing config is not known") {
+		t.Errorf("the agent did not know the config the config-manager picked")
+	}
+	plugin := n.pluginPods(t)
+	SetLabel(t, c, n.Name, "nvidia.com/device-plugin.config", "renamed", "platform-team")
+	n.waitAllocatable(t, map[string]int64{"nvidia.com/mig-1g.18gb": 7}, 60*time.Second)
+	if p := n.pluginPods(t); len(p) != 1 || len(plugin) != 1 || p[0].UID != plugin[0].UID {
+		t.Errorf("the plugin pod changed on a config label change: the sidecar signals the plugin in its pod")
+	}
+	SelectConfig(t, c, n.Name, "all-2g.35gb")
+	WaitState(t, c, n.Name, record.StateSuccess, "all-2g.35gb", 2*time.Minute)
+	if got := gpuAllocatable(GetNode(t, c, n.Name)); !sameCounts(got, map[string]int64{"nvidia.com/mig-2g.35gb.shared": 6}) || len(got) != 1 {
+		t.Errorf("allocatable at success %v, want mig-2g.35gb.shared 6", got)
+	}
+}
