@@ -80,7 +80,7 @@ func TestPushRelease(t *testing.T) {
 		}
 		layers, _ := img.Layers()
 		for _, l := range layers {
-			if _, err := l.Compressed(); err != nil {
+			if err := pullLayer(l); err != nil {
 				t.Errorf("%s: a layer does not pull: %v", m.Platform, err)
 			}
 		}
@@ -115,10 +115,26 @@ func TestPushRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _ := io.ReadAll(rc)
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !bytes.Equal(got, tgz) {
 		t.Errorf("the chart pulled back is %d bytes, not the release's .tgz (%d)", len(got), len(tgz))
 	}
+}
+
+// pullLayer reads a pulled layer whole (go-containerregistry checks its
+// digest at the end) and lets its connection go.
+func pullLayer(l v1.Layer) error {
+	rc, err := l.Compressed()
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	_, err = io.Copy(io.Discard, rc)
+	return err
 }
 
 // A REGISTRY with a scheme, and a release without its index, fail with
