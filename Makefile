@@ -18,7 +18,7 @@ FUZZ_GEOMETRY ?= 30000x
 FUZZ_PROFILES ?= 250000x
 STATICCHECK ?= v0.8.2
 
-.PHONY: all build simlib test unit fuzz check bench fleet-bench demo package release release-test clean
+.PHONY: all build simlib test unit fuzz check bench fleet-bench demo package release push release-test clean
 
 all: build
 
@@ -105,6 +105,15 @@ release:
 	@test -n "$(filter command line environment,$(origin VERSION))" || { echo "make release needs VERSION=x.y.z"; exit 2; }
 	bash packaging/release/release.sh $(VERSION)
 
+# Pushes the release in dist/ (make release VERSION=x.y.z first): the image
+# index as $(REGISTRY)/mig-agent:$(VERSION), both platforms, and the chart
+# as oci://$(REGISTRY)/charts/mig-agent version $(VERSION) (docs/release.md).
+# Credentials from the Docker config (docker login, crane auth login); plain
+# HTTP only for a loopback registry.
+push:
+	@test -n "$(REGISTRY)" -a -n "$(filter command line environment,$(origin VERSION))" || { echo "make push needs REGISTRY=host:port VERSION=x.y.z"; exit 2; }
+	cd packaging/release && $(GO) run . push -dist $(CURDIR)/dist -registry $(REGISTRY) -version $(VERSION)
+
 # Builds a release and runs each artifact (packaging/test TestRelease*):
 # the arm64 binary under qemu, each image's root file system by its own
 # entrypoint, the chart from its .tgz alone, the packages' metadata, the
@@ -116,6 +125,8 @@ release-test:
 	bash packaging/release/ensure-test-tools.sh
 	cd packaging/test && MIG_AGENT_DIST=$(CURDIR)/dist MIG_AGENT_RELEASE_VERSION=$(RELEASE_TEST_VERSION) \
 		$(GO) test -count=1 -run '^TestRelease' -v .
+	cd packaging/release && MIG_AGENT_DIST=$(CURDIR)/dist MIG_AGENT_RELEASE_VERSION=$(RELEASE_TEST_VERSION) \
+		$(GO) test -count=1 -run '^TestPushRelease$$' -v .
 
 clean:
 	rm -rf bin dist bench-results.json

@@ -289,7 +289,8 @@ func TestAuditFallback(t *testing.T) {
 	carol := users[0]
 	node := kubetest.NewName(t, "node")
 	kubetest.CreateNode(t, node, nil)
-	a := StartAgent(t, &Opts{Node: node, Sim: "h200x1"})
+	o := &Opts{Node: node, Sim: "h200x1"}
+	a := StartAgent(t, o)
 
 	// The claim, on the real API server: a merge patch with a field
 	// manager leaves no managedFields entry on a Node created bare, with
@@ -344,7 +345,8 @@ func TestAuditFallback(t *testing.T) {
 
 	// The history bound: every record beyond it leaves an Event and a log
 	// line. Unknown configs fail at once, each with a record.
-	before := len(History(t, GetNode(t, admin, node)))
+	ns := o.Namespace
+	before := len(WholeHistory(t, admin, ns, node))
 	extra := record.HistoryMaxRecords + 2 - before
 	for i := range extra {
 		cfg := fmt.Sprintf("no-such-config-%d", i)
@@ -353,9 +355,11 @@ func TestAuditFallback(t *testing.T) {
 		}
 		WaitState(t, admin, node, record.StateFailed, cfg, changeTimeout)
 	}
-	hist := History(t, GetNode(t, admin, node))
-	if len(hist) != record.HistoryMaxRecords {
-		t.Fatalf("history holds %d records, want %d", len(hist), record.HistoryMaxRecords)
+	if hist := WholeHistory(t, admin, ns, node); len(hist) != record.HistoryMaxRecords {
+		t.Fatalf("the history ConfigMap holds %d records, want %d", len(hist), record.HistoryMaxRecords)
+	}
+	if hist := NodeHistory(t, GetNode(t, admin, node)); len(hist) != record.NodeHistoryMaxRecords {
+		t.Fatalf("the Node's history holds %d records, want %d", len(hist), record.NodeHistoryMaxRecords)
 	}
 	wantDropped := before + extra - record.HistoryMaxRecords
 	var evs []corev1.Event

@@ -448,12 +448,14 @@ func TestChangeRecordFields(t *testing.T) {
 }
 
 // The history keeps the newest records, newest first, bounded in count
-// and size.
+// and size: the newest record.HistoryMaxRecords whole in the ConfigMap,
+// the newest record.NodeHistoryMaxRecords of them light on the Node.
 func TestHistoryBound(t *testing.T) {
 	c := kubetest.Client(t)
 	node := kubetest.NewName(t, "node")
 	kubetest.CreateNode(t, node, nil)
-	StartAgent(t, &Opts{Node: node})
+	o := &Opts{Node: node}
+	StartAgent(t, o)
 	configs := []string{"all-balanced", "all-1g.18gb", "all-3g.71gb", "all-disabled"}
 	var asked []string
 	for i := range record.HistoryMaxRecords + 3 {
@@ -464,18 +466,19 @@ func TestHistoryBound(t *testing.T) {
 		// The last-change record is written with the state; wait for a
 		// new one before the next change (a config can repeat).
 		WaitFor(t, changeTimeout, "history to grow", func() bool {
-			return len(History(t, GetNode(t, c, node))) >= min(i+1, record.HistoryMaxRecords)
+			return len(WholeHistory(t, c, o.Namespace, node)) >= min(i+1, record.HistoryMaxRecords)
 		})
 	}
 	n := GetNode(t, c, node)
 	raw := n.Annotations[record.AnnotationHistory]
-	hist := History(t, n)
-	t.Logf("history: %d records, %d bytes", len(hist), len(raw))
-	if len(hist) > record.HistoryMaxRecords || len(raw) > record.HistoryMaxBytes {
-		t.Fatalf("history holds %d records in %d bytes, bounds are %d and %d", len(hist), len(raw), record.HistoryMaxRecords, record.HistoryMaxBytes)
+	onNode := NodeHistory(t, n)
+	hist := WholeHistory(t, c, o.Namespace, node)
+	t.Logf("history: %d records whole in the ConfigMap; %d light on the Node in %d bytes", len(hist), len(onNode), len(raw))
+	if len(hist) != record.HistoryMaxRecords {
+		t.Fatalf("the ConfigMap holds %d records, want %d", len(hist), record.HistoryMaxRecords)
 	}
-	if len(hist) < record.HistoryMaxRecords/2 {
-		t.Errorf("history holds only %d records", len(hist))
+	if len(onNode) != record.NodeHistoryMaxRecords || len(raw) > record.NodeHistoryMaxBytes {
+		t.Fatalf("the Node holds %d records in %d bytes, bounds are %d and %d", len(onNode), len(raw), record.NodeHistoryMaxRecords, record.NodeHistoryMaxBytes)
 	}
 	slices.Reverse(asked)
 	for i, r := range hist {
@@ -487,6 +490,9 @@ func TestHistoryBound(t *testing.T) {
 		}
 		if i+1 < len(asked) && r.PreviousConfig != asked[i+1] {
 			t.Errorf("history[%d].previousConfig = %s, want %s", i, r.PreviousConfig, asked[i+1])
+		}
+		if i < len(onNode) && (onNode[i].Config != r.Config || !onNode[i].FinishedAt.Equal(r.FinishedAt)) {
+			t.Errorf("the Node's history[%d] %+v is not the ConfigMap's %+v", i, onNode[i], r)
 		}
 	}
 	if last := LastChange(t, n); last.Config != hist[0].Config || !last.FinishedAt.Equal(hist[0].FinishedAt) {

@@ -387,7 +387,7 @@ func TestGPUOperator(t *testing.T) {
 	// not ready), going over the node's labels each time.
 	op.waitReconciles(t, node, 2, 90*time.Second)
 
-	// The install of packaging/kubernetes, as docs/install.md has it.
+	// The install of packaging/kubernetes, as docs/install-gpu-operator.md has it.
 	in := pkgDescribe(t, pkgPlain(t))
 	pkgApply(t, in.objs, false)
 
@@ -406,7 +406,7 @@ func TestGPUOperator(t *testing.T) {
 	})
 
 	t.Run("pause operands: paused, restored, not fought", func(t *testing.T) {
-		// docs/install.md: pause-gpu-operator: true in the settings, and the
+		// docs/install-gpu-operator.md: pause-gpu-operator: true in the settings, and the
 		// policy's pauseGpuOperator variable "true" with it.
 		pin := gpuOpPausingInstall(t, in)
 		pkgApply(t, pin.objs, false)

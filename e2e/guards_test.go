@@ -354,7 +354,7 @@ func TestGuardOversizeReason(t *testing.T) {
 	if got := n.Annotations[record.AnnotationHistoryUnparsable]; got != junk {
 		t.Errorf("the unparsable history was not kept aside: %q", got)
 	}
-	if h := History(t, n); len(h) != 1 || h[0].Config != "nope" {
+	if h := NodeHistory(t, n); len(h) != 1 || h[0].Config != "nope" {
 		t.Errorf("history after the unparsable one: %d records", len(h))
 	}
 	// The Events follow the record (the state label is written with it).

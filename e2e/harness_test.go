@@ -344,13 +344,62 @@ func LastChange(t testing.TB, n *corev1.Node) record.ChangeRecord {
 	return rec
 }
 
-// History parses migagent.io/history.
-func History(t testing.TB, n *corev1.Node) []record.ChangeRecord {
+// NodeHistory parses migagent.io/history: the newest few records, light.
+func NodeHistory(t testing.TB, n *corev1.Node) []record.ChangeRecord {
 	var recs []record.ChangeRecord
 	if raw := n.Annotations[record.AnnotationHistory]; raw != "" {
 		if err := json.Unmarshal([]byte(raw), &recs); err != nil {
 			t.Fatalf("history annotation: %v", err)
 		}
+	}
+	return recs
+}
+
+// History is n's history as n holds it, newest first, with every record
+// whole: from the ConfigMap <node>-mig-history (in whichever namespace its
+// agent runs) from the record at the head of n's history on, as
+// `mig-agent status` reads it; the Node's own entries where no ConfigMap
+// holds that record.
+func History(t testing.TB, n *corev1.Node) []record.ChangeRecord {
+	t.Helper()
+	onNode := NodeHistory(t, n)
+	if len(onNode) == 0 {
+		return onNode
+	}
+	list, err := kubetest.Client(t).CoreV1().ConfigMaps("").List(context.Background(),
+		metav1.ListOptions{LabelSelector: record.LabelNode + "=" + n.Name})
+	if err != nil {
+		t.Fatalf("history ConfigMaps of %s: %v", n.Name, err)
+	}
+	head := onNode[0]
+	for _, cm := range list.Items {
+		if cm.Name != record.HistoryConfigMapName(n.Name) {
+			continue
+		}
+		whole, _, err := record.DecodeHistory(cm.Data[record.HistoryConfigMapKey])
+		if err != nil {
+			continue
+		}
+		for i, r := range whole {
+			if r.Config == head.Config && r.Result == head.Result && r.StartedAt.Equal(head.StartedAt) && r.FinishedAt.Equal(head.FinishedAt) {
+				return whole[i:]
+			}
+		}
+	}
+	return onNode
+}
+
+// WholeHistory is node's whole history, newest first, from its ConfigMap
+// <node>-mig-history in namespace (none when it does not exist).
+func WholeHistory(t testing.TB, c kubernetes.Interface, namespace, node string) []record.ChangeRecord {
+	t.Helper()
+	cm, err := c.CoreV1().ConfigMaps(namespace).Get(context.Background(), record.HistoryConfigMapName(node), metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	recs, bad, err := record.DecodeHistory(cm.Data[record.HistoryConfigMapKey])
+	if err != nil || len(bad) > 0 {
+		t.Fatalf("history ConfigMap of %s: %v %v", node, err, bad)
 	}
 	return recs
 }

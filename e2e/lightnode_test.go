@@ -65,21 +65,27 @@ func TestLightNodeHistory(t *testing.T) {
 	if raw := n.Annotations[record.AnnotationLastChange]; len(raw) > 4<<10 {
 		t.Errorf("the last change takes %d bytes on the Node", len(raw))
 	}
-	hist := History(t, n)
-	if len(hist) != 1 || hist[0].EvictedPodCount != 40 || len(hist[0].EvictedPods) == 0 || len(hist[0].EvictedPods)+hist[0].EvictedPodsOmitted != 40 || hist[0].Geometry != nil ||
+	hist := NodeHistory(t, n)
+	if len(hist) != 1 || hist[0].EvictedPodCount != 40 || len(hist[0].EvictedPods) != 0 || hist[0].EvictedPodsOmitted != 40 || hist[0].Geometry != nil ||
 		hist[0].FullRecord != ref || hist[0].RequestedBy == "" || hist[0].ConfigHash != last.ConfigHash {
 		t.Errorf("history entry on the Node: %+v", hist)
 	}
 
-	// Light, but with every field a record has.
+	// Light: what the change was, how it ended and who asked; the rest
+	// only in the whole record.
 	var rawHist []map[string]any
 	if err := json.Unmarshal([]byte(n.Annotations[record.AnnotationHistory]), &rawHist); err != nil || len(rawHist) != 1 {
 		t.Fatalf("history annotation: %v", err)
 	}
 	for _, k := range []string{"config", "previousConfig", "result", "startedAt", "finishedAt", "gpusChanged", "gpusUntouched",
-		"evictedPods", "reboot", "agentVersion", "driverVersion", "configHash", "configSource", "requestedBy", "requestedAt"} {
+		"evictedPods", "evictedPodCount", "reboot", "configHash", "requestedBy", "requestedAt", "fullRecord"} {
 		if _, ok := rawHist[0][k]; !ok {
 			t.Errorf("the history entry on the Node has no %q", k)
+		}
+	}
+	for _, k := range []string{"geometry", "agentVersion", "driverVersion", "configSource", "disruptedAt"} {
+		if _, ok := rawHist[0][k]; ok {
+			t.Errorf("the light history entry on the Node has %q", k)
 		}
 	}
 	if _, ok := rawHist[0]["evictedPods"].([]any); !ok {

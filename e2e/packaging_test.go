@@ -41,6 +41,7 @@ var pkgFiles = []struct {
 	{"/etc/mig-agent/settings.yaml", 0o644, "packaging/settings.yaml"},
 	{"/usr/share/mig-agent/examples/config.yaml", 0o644, "packaging/examples/config.yaml"},
 	{"/usr/share/doc/mig-agent/install.md", 0o644, "docs/install.md"},
+	{"/usr/share/doc/mig-agent/install-systemd.md", 0o644, "docs/install-systemd.md"},
 }
 
 const pkgConffile = "/etc/mig-agent/settings.yaml"

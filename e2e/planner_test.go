@@ -76,11 +76,7 @@ func podEvents(t testing.TB, c kubernetes.Interface, pod *corev1.Pod, reason str
 
 func nodeHistory(t testing.TB, c kubernetes.Interface, node string) []record.ChangeRecord {
 	t.Helper()
-	recs, _, err := record.DecodeHistory(GetNode(t, c, node).Annotations[record.AnnotationHistory])
-	if err != nil {
-		t.Fatalf("history of %s: %v", node, err)
-	}
-	return recs
+	return History(t, GetNode(t, c, node))
 }
 
 // The planner, the real kube-scheduler, the device plugin stand-in and the

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -55,6 +56,55 @@ type realGPUNode struct {
 	// PluginConfig, when set, is the plugin's config file (its sharing
 	// section: time-slicing), mounted from a ConfigMap as CONFIG_FILE.
 	PluginConfig string
+	// PluginLabels are its pods' labels: the GPU Operator's unless a
+	// test installs the plugin under labels of its own (withPluginLabels).
+	PluginLabels map[string]string
+	// ConfigManager, when set, runs NVIDIA's config-manager beside the
+	// plugin as the GPU Operator does with devicePlugin.config
+	// (withConfigManager).
+	ConfigManager *configManagerSetup
+	// NodeLabels are set on the Node before the plugin starts.
+	NodeLabels map[string]string
+}
+
+// withNodeLabel sets a label on the Node before the plugin starts.
+func withNodeLabel(key, value string) realNodeOption {
+	return func(n *realGPUNode) {
+		if n.NodeLabels == nil {
+			n.NodeLabels = map[string]string{}
+		}
+		n.NodeLabels[key] = value
+	}
+}
+
+// configManagerSetup is the GPU Operator's devicePlugin.config: the
+// ConfigMap of the plugin's configs (one per key) and its default key.
+type configManagerSetup struct {
+	Configs map[string]string
+	Default string
+}
+
+// withConfigManager runs NVIDIA's config-manager (real, v0.17.4) in the
+// plugin's pod, as the GPU Operator v25.3.4 does when devicePlugin.config
+// names a ConfigMap: an init container that writes the config the node's
+// nvidia.com/device-plugin.config label picks (ONESHOT), and a sidecar that
+// rewrites it when the label changes and sends the plugin SIGHUP
+// (assets/state-device-plugin/0500_daemonset.yaml; controllers/
+// object_controls.go, the plugin config's transform: DEFAULT_CONFIG,
+// FALLBACK_STRATEGIES=empty, the ConfigMap at /available-configs, an
+// emptyDir at /config, CONFIG_FILE=/config/config.yaml on the plugin,
+// shareProcessNamespace).
+func withConfigManager(configs map[string]string, def string) realNodeOption {
+	return func(n *realGPUNode) { n.ConfigManager = &configManagerSetup{Configs: configs, Default: def} }
+}
+
+// realNodeOption changes how startRealGPUNode installs the plugin.
+type realNodeOption func(*realGPUNode)
+
+// withPluginLabels installs the plugin's DaemonSet with pod labels of its
+// own, as a self-installed or renamed plugin is.
+func withPluginLabels(labels map[string]string) realNodeOption {
+	return func(n *realGPUNode) { n.PluginLabels = labels }
 }
 
 // pluginLabels are the GPU Operator's labels of the device plugin's pods.
@@ -64,11 +114,15 @@ var pluginLabels = map[string]string{"app": "nvidia-device-plugin-daemonset"}
 // file (applied through the library before the plugin starts), and
 // NVIDIA's device plugin with strategy (mixed or single); it returns when
 // the plugin's resources are in the Node's allocatable.
-func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig string) *realGPUNode {
+func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig string, opts ...realNodeOption) *realGPUNode {
 	t.Helper()
 	plugin := nvidiaBin(t, "nvidia-device-plugin")
 	kubetest.StartScheduler(t)
-	n := &realGPUNode{Node: realnode.Start(t), Spec: spec, Lib: simlibtest.Library(t), PluginNS: kubetest.NewName(t, "gpu-operator"), PluginConfig: pluginConfig}
+	n := &realGPUNode{Node: realnode.Start(t), Spec: spec, Lib: simlibtest.Library(t), PluginNS: kubetest.NewName(t, "gpu-operator"),
+		PluginConfig: pluginConfig, PluginLabels: pluginLabels}
+	for _, o := range opts {
+		o(n)
+	}
 	n.State = filepath.Join(n.Dir, "sim", "state.json")
 	n.DevRoot = filepath.Join(n.Dir, "driver")
 	if err := os.MkdirAll(filepath.Dir(n.State), 0o755); err != nil {
@@ -86,6 +140,9 @@ func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig s
 	c := n.Client
 	kubetest.CreateNamespace(t, n.PluginNS)
 	SetLabel(t, c, n.Name, "nvidia.com/gpu.deploy.device-plugin", "true", "gpu-operator")
+	for k, v := range n.NodeLabels {
+		SetLabel(t, c, n.Name, k, v, "platform-team")
+	}
 	n.createPluginDaemonSet(t, strategy)
 	n.publishGFDLabels(t, strategy)
 	t.Cleanup(func() {
@@ -151,7 +208,8 @@ func (n *realGPUNode) releasePluginStarts(t *testing.T) {
 // pluginPods are the plugin's pods on the node that are not being deleted.
 func (n *realGPUNode) pluginPods(t *testing.T) []corev1.Pod {
 	t.Helper()
-	list, err := n.Client.CoreV1().Pods(n.PluginNS).List(context.Background(), metav1.ListOptions{})
+	list, err := n.Client.CoreV1().Pods(n.PluginNS).List(context.Background(),
+		metav1.ListOptions{LabelSelector: labels.SelectorFromSet(n.PluginLabels).String()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,6 +253,7 @@ func (n *realGPUNode) importPluginImage(t *testing.T, plugin string) {
 	for _, b := range []struct{ src, dst string }{
 		{plugin, "/usr/bin/nvidia-device-plugin"},
 		{simlibtest.SimNode(t), "/usr/bin/sim-node"},
+		{nvidiaBin(t, "config-manager"), "/usr/bin/config-manager"},
 		{n.Lib, "/usr/lib/mig-agent-sim/libnvidia-ml.so.1"},
 		{"/bin/sh", "/bin/sh"}, {"/bin/sleep", "/bin/sleep"},
 	} {
@@ -209,9 +268,13 @@ func (n *realGPUNode) importPluginImage(t *testing.T, plugin string) {
 		}
 	}
 	// The plugin starts once the test lets it (holdPluginStarts): the
-	// only way a test can keep the old plugin's figures the last word.
+	// only way a test can keep the old plugin's figures the last word. It
+	// starts as the GPU Operator's entrypoint.sh starts it, `exec
+	// nvidia-device-plugin` from the PATH: the config-manager finds the
+	// process to signal by its argv[0], that name exactly
+	// (cmd/config-manager/main.go findPidToSignal).
 	entry := []string{"/usr/bin/sim-node", "--lib", "/usr/lib/mig-agent-sim", "--", "/bin/sh", "-c",
-		"while [ -e /sim/hold-plugin-starts ]; do sleep 0.1; done; exec /usr/bin/nvidia-device-plugin"}
+		"while [ -e /sim/hold-plugin-starts ]; do sleep 0.1; done; PATH=/usr/bin:/bin exec nvidia-device-plugin"}
 	if err := n.ImportImage(pluginImage, entry, files); err != nil {
 		t.Fatal(err)
 	}
@@ -246,11 +309,11 @@ func (n *realGPUNode) createPluginDaemonSet(t *testing.T, strategy string) {
 			ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}})
 	}
 	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: n.PluginNS, Name: "nvidia-device-plugin-daemonset", Labels: pluginLabels},
+		ObjectMeta: metav1.ObjectMeta{Namespace: n.PluginNS, Name: "nvidia-device-plugin-daemonset", Labels: n.PluginLabels},
 		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: pluginLabels},
+			Selector: &metav1.LabelSelector{MatchLabels: n.PluginLabels},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: pluginLabels},
+				ObjectMeta: metav1.ObjectMeta{Labels: n.PluginLabels},
 				Spec: corev1.PodSpec{
 					SchedulerName: kubetest.SchedulerName,
 					NodeSelector:  map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true", corev1.LabelHostname: n.Name},
@@ -265,9 +328,56 @@ func (n *realGPUNode) createPluginDaemonSet(t *testing.T, strategy string) {
 			},
 		},
 	}
+	if n.ConfigManager != nil {
+		n.addConfigManager(t, &ds.Spec.Template.Spec)
+	}
 	if _, err := n.Client.AppsV1().DaemonSets(n.PluginNS).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// addConfigManager puts NVIDIA's config-manager into the plugin's pod as
+// the GPU Operator does (withConfigManager). One departure: the Operator's
+// config-manager reaches the API server through its service account and
+// the kubernetes Service, which needs a service proxy this node does not
+// run; here it reads the tests' kubeconfig (its KUBECONFIG, a host file)
+// on the host's network.
+func (n *realGPUNode) addConfigManager(t *testing.T, spec *corev1.PodSpec) {
+	t.Helper()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: n.PluginNS, Name: "plugin-configs"}, Data: n.ConfigManager.Configs}
+	if _, err := n.Client.CoreV1().ConfigMaps(n.PluginNS).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := kubetest.Kubeconfig()
+	manager := func(name string, oneshot bool) corev1.Container {
+		env := []corev1.EnvVar{
+			{Name: "ONESHOT", Value: fmt.Sprint(oneshot)}, {Name: "KUBECONFIG", Value: "/kube/config"},
+			{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+			{Name: "NODE_LABEL", Value: "nvidia.com/device-plugin.config"},
+			{Name: "CONFIG_FILE_SRCDIR", Value: "/available-configs"}, {Name: "CONFIG_FILE_DST", Value: "/config/config.yaml"},
+			{Name: "DEFAULT_CONFIG", Value: n.ConfigManager.Default}, {Name: "FALLBACK_STRATEGIES", Value: "empty"},
+			{Name: "SEND_SIGNAL", Value: fmt.Sprint(!oneshot)}, {Name: "SIGNAL", Value: map[bool]string{false: "1", true: ""}[oneshot]},
+			{Name: "PROCESS_TO_SIGNAL", Value: map[bool]string{false: "nvidia-device-plugin", true: ""}[oneshot]},
+		}
+		return corev1.Container{Name: name, Image: pluginImage, ImagePullPolicy: corev1.PullNever, Command: []string{"/usr/bin/config-manager"},
+			Env: env, SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+			VolumeMounts: []corev1.VolumeMount{{Name: "available-configs", MountPath: "/available-configs"},
+				{Name: "config", MountPath: "/config"}, {Name: "kubeconfig", MountPath: "/kube/config", ReadOnly: true}}}
+	}
+	spec.InitContainers = append(spec.InitContainers, manager("config-manager-init", true))
+	spec.Containers = append(spec.Containers, manager("config-manager", false))
+	plugin := &spec.Containers[0]
+	plugin.Env = append(plugin.Env, corev1.EnvVar{Name: "CONFIG_FILE", Value: "/config/config.yaml"})
+	plugin.VolumeMounts = append(plugin.VolumeMounts, corev1.VolumeMount{Name: "available-configs", MountPath: "/available-configs"},
+		corev1.VolumeMount{Name: "config", MountPath: "/config"})
+	spec.ShareProcessNamespace = ptr.To(true)
+	spec.HostNetwork = true
+	spec.Volumes = append(spec.Volumes,
+		corev1.Volume{Name: "available-configs", VolumeSource: corev1.VolumeSource{
+			ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}},
+		corev1.Volume{Name: "config", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		corev1.Volume{Name: "kubeconfig", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+			Path: kubeconfig, Type: ptr.To(corev1.HostPathFile)}}})
 }
 
 // waitAllocatable waits until the Node's allocatable GPU resources
@@ -308,10 +418,12 @@ func (n *realGPUNode) explainPlugin(t *testing.T) {
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		t.Logf("plugin pod %s on %q: phase %s, conditions %+v, containers %+v", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.Conditions, p.Status.ContainerStatuses)
-		if log, err := n.ContainerLog(p, "nvidia-device-plugin"); err == nil {
-			t.Logf("plugin pod %s log:\n%s", p.Name, log)
-		} else {
-			t.Logf("plugin pod %s log: %v", p.Name, err)
+		for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+			if log, err := n.ContainerLog(p, c.Name); err == nil {
+				t.Logf("pod %s container %s log:\n%s", p.Name, c.Name, log)
+			} else {
+				t.Logf("pod %s container %s log: %v", p.Name, c.Name, err)
+			}
 		}
 	}
 }

@@ -47,17 +47,12 @@ func typicalRecord(i int, pods int) record.ChangeRecord {
 // ConfigMap): 28,738 bytes.
 const footprintBefore = 28738
 
-// footprintBound is the most the records may add to a Node after those 20
-// changes now: 16 history entries that hold every field a record has
-// (docs/reference.md) take about 740 bytes each with their sha256
-// digests, and about 300 more for the first pods they name; the last
-// change about 1.7 KiB, the condition about 0.3 KiB.
-const footprintBound = 20 << 10
-
-// The bytes the agent adds to its Node after 20 changes, each evicting 8
-// pods of a usual name length: within footprintBound (about half of
-// footprintBefore); the last change within 2 KiB; the ConfigMap holds the
-// same 16 records whole, every pod named.
+// The agent's annotations on a Node after 20 changes, each evicting 8
+// pods of a usual name length: within AnnotationBudget (4 KiB; about a
+// seventh of footprintBefore): the last change within 2 KiB, the newest
+// record.NodeHistoryMaxRecords history entries light (no pod named, the
+// whole record in the ConfigMap); the ConfigMap holds the newest
+// record.HistoryMaxRecords records whole, every pod named.
 func TestNodeFootprintAfterTwentyChanges(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "u1"}})
@@ -68,11 +63,11 @@ func TestNodeFootprintAfterTwentyChanges(t *testing.T) {
 		}
 	}
 	n, _ := k.getNode(ctx)
-	got := Footprint(n)
-	t.Logf("the Node after 20 changes: %d bytes (last-change %d, history %d); before the light form: %d",
-		got, len(n.Annotations[record.AnnotationLastChange]), len(n.Annotations[record.AnnotationHistory]), footprintBefore)
-	if got > footprintBound {
-		t.Errorf("the records add %d bytes to the Node, bound %d", got, footprintBound)
+	got := AnnotationBytes(n)
+	t.Logf("the agent's annotations on the Node after 20 changes: %d bytes (last-change %d, history %d); with the condition %d; before the light form: %d",
+		got, len(n.Annotations[record.AnnotationLastChange]), len(n.Annotations[record.AnnotationHistory]), Footprint(n), footprintBefore)
+	if got > AnnotationBudget {
+		t.Errorf("the agent's annotations weigh %d bytes on the Node, bound %d", got, AnnotationBudget)
 	}
 	if l := len(n.Annotations[record.AnnotationLastChange]); l > 2<<10 {
 		t.Errorf("the last change takes %d bytes on the Node, want at most 2 KiB", l)
@@ -85,9 +80,14 @@ func TestNodeFootprintAfterTwentyChanges(t *testing.T) {
 		t.Errorf("the ConfigMap's newest record is not whole: %+v", whole[0])
 	}
 	hist := record.Trail(n.Annotations)
-	if len(hist) != record.HistoryMaxRecords || hist[0].EvictedPodCount != 8 || len(hist[0].EvictedPods) == 0 ||
-		len(hist[0].EvictedPods)+hist[0].EvictedPodsOmitted != 8 ||
-		hist[0].FullRecord != "ConfigMap mig-agent/n1-mig-history" || hist[0].Geometry != nil {
+	if len(hist) != record.NodeHistoryMaxRecords || hist[0].EvictedPodCount != 8 || hist[0].EvictedPodsOmitted != 8 ||
+		hist[0].FullRecord != "ConfigMap mig-agent/n1-mig-history" || hist[0].Geometry != nil || hist[0].ConfigHash == "" ||
+		hist[0].RequestedBy != "alice@example.com" {
 		t.Errorf("the Node's newest history entry: %+v", hist[0])
+	}
+	for i, r := range hist {
+		if !r.StartedAt.Equal(whole[i].StartedAt) || r.Config != whole[i].Config {
+			t.Errorf("the Node's history entry %d is not the ConfigMap's: %+v", i, r)
+		}
 	}
 }

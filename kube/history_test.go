@@ -209,7 +209,8 @@ func TestUpgradedNodeTurnsLight(t *testing.T) {
 		}
 	}
 	// The ConfigMap writable: it starts with the Node's four records whole,
-	// and all five turn light on the Node.
+	// and the newest record.NodeHistoryMaxRecords of the five are light on
+	// the Node.
 	refuse = false
 	if err := k.Record(ctx, typicalRecord(12, 40), record.StateSuccess); err != nil {
 		t.Fatal(err)
@@ -225,8 +226,8 @@ func TestUpgradedNodeTurnsLight(t *testing.T) {
 	}
 	n := mustNode(t, k)
 	onNode := record.Trail(n.Annotations)
-	if len(onNode) != 5 {
-		t.Fatalf("the Node's history has %d entries, want 5", len(onNode))
+	if len(onNode) != record.NodeHistoryMaxRecords {
+		t.Fatalf("the Node's history has %d entries, want %d", len(onNode), record.NodeHistoryMaxRecords)
 	}
 	for i, r := range onNode {
 		if r.FullRecord != "ConfigMap ns/n1-mig-history" || r.EvictedPodCount != 40 || len(r.EvictedPods) == 40 || r.Geometry != nil ||

@@ -38,7 +38,7 @@ func TestRecordHistoryBounded(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &hist); err != nil {
 		t.Fatal(err)
 	}
-	if len(raw) > record.HistoryMaxBytes || len(hist) > record.HistoryMaxRecords || len(hist) < 2 {
+	if len(raw) > record.HistoryMaxBytes || len(hist) > record.NodeHistoryMaxRecords || len(hist) < 2 {
 		t.Fatalf("history: %d records, %d bytes", len(hist), len(raw))
 	}
 	if hist[0].Config != "c39" || hist[1].Config != "c38" {
@@ -49,14 +49,14 @@ func TestRecordHistoryBounded(t *testing.T) {
 	if last.Config != "c39" || n.Labels[record.LabelState] != record.StateSuccess {
 		t.Fatalf("last change %q state %q", last.Config, n.Labels[record.LabelState])
 	}
-	// Small records: exactly record.HistoryMaxRecords kept.
+	// Small records: exactly record.NodeHistoryMaxRecords kept on the Node.
 	for i := range 20 {
 		_ = k.Record(ctx, record.ChangeRecord{Config: fmt.Sprint(i)}, record.StateSuccess)
 	}
 	n, _ = k.getNode(ctx)
 	_ = json.Unmarshal([]byte(n.Annotations[record.AnnotationHistory]), &hist)
-	if len(hist) != record.HistoryMaxRecords {
-		t.Fatalf("%d records, want %d", len(hist), record.HistoryMaxRecords)
+	if len(hist) != record.NodeHistoryMaxRecords {
+		t.Fatalf("%d records, want %d", len(hist), record.NodeHistoryMaxRecords)
 	}
 }
 

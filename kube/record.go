@@ -91,27 +91,40 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 }
 
 // recordOn writes a change record as the last change and at the head of
-// the history (bounded to record.HistoryMaxRecords and
+// the history (bounded to record.NodeHistoryMaxRecords and
 // record.HistoryMaxBytes), together with the state label, in one patch on
 // node as read just before, in its light form where the history ConfigMap
 // holds it whole (whole.ref). Once written, the record is logged whole (the
 // agent's own trail of every record), and each record that the history
 // bound dropped (the ConfigMap's, whole.dropped, where it holds the
-// history) leaves a log line and an Event (retire): a record leaves the
-// history, never the trail.
+// history; the Node's for an entry only the Node held) leaves a log line
+// and an Event (retire): a record leaves the history, never the trail.
 func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.ChangeRecord, state string, whole wholeKept) error {
 	dropped, err := k.recordNode(ctx, node, rec, state, whole)
 	if err != nil {
 		return err
 	}
-	if whole.ref != "" {
-		dropped = whole.dropped
-	}
+	onNode := historyBound{where: record.AnnotationHistory, records: record.NodeHistoryMaxRecords, bytes: record.HistoryMaxBytes}
 	raw, _ := json.Marshal(rec)
 	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
 		"requestedVia", rec.RequestedVia, "record", string(raw))
+	if whole.ref == "" {
+		for _, old := range dropped {
+			k.retire(ctx, node, old, onNode)
+		}
+		return nil
+	}
+	// The ConfigMap holds the history: a record leaves it by the
+	// ConfigMap's bound; one that leaves the Node is still there, except
+	// an entry the Node alone held whole (written while the ConfigMap
+	// refused it).
+	for _, old := range whole.dropped {
+		k.retire(ctx, node, old, historyBound{where: whole.ref, records: record.HistoryMaxRecords})
+	}
 	for _, old := range dropped {
-		k.retire(ctx, node, old)
+		if r, err := record.Decode(old); err != nil || (r.FullRecord == "" && !whole.held[recordKey(r)]) {
+			k.retire(ctx, node, old, onNode)
+		}
 	}
 	return nil
 }
@@ -138,7 +151,7 @@ func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.
 	}
 	entry := last
 	if ref != "" {
-		if entry, err = json.Marshal(rec.InNodeHistory(ref)); err != nil {
+		if entry, err = rec.InNodeHistory(ref).NodeEntryJSON(); err != nil {
 			return nil, err
 		}
 	}
@@ -154,15 +167,15 @@ func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.
 	}
 	for i, e := range hist {
 		if r, err := record.Decode(e); err == nil && r.FullRecord == "" && whole.held[recordKey(r)] {
-			if light, err := json.Marshal(r.InNodeHistory(ref)); err == nil {
+			if light, err := r.InNodeHistory(ref).NodeEntryJSON(); err == nil {
 				hist[i] = light
 			}
 		}
 	}
 	hist = append([]json.RawMessage{entry}, hist...)
 	var dropped []json.RawMessage
-	if len(hist) > record.HistoryMaxRecords {
-		hist, dropped = hist[:record.HistoryMaxRecords], hist[record.HistoryMaxRecords:]
+	if len(hist) > record.NodeHistoryMaxRecords {
+		hist, dropped = hist[:record.NodeHistoryMaxRecords], hist[record.NodeHistoryMaxRecords:]
 	}
 	var histJSON []byte
 	for {
@@ -206,32 +219,49 @@ func historyParses(node *corev1.Node) bool {
 	return err == nil
 }
 
+// historyBound is the history a dropped record left and its bounds: the
+// history ConfigMap (where it holds the records whole) or, where it could
+// not be written, the Node's annotation (bytes 0: no byte bound).
+type historyBound struct {
+	where          string
+	records, bytes int
+}
+
+// String says it in an Event: "ConfigMap ns/n-mig-history, which keeps the
+// newest 16 records".
+func (b historyBound) String() string {
+	s := fmt.Sprintf("%s, which keeps the newest %d records", b.where, b.records)
+	if b.bytes > 0 {
+		s += fmt.Sprintf(" within %d bytes", b.bytes)
+	}
+	return s
+}
+
 // retire logs a record dropped from the history, whole, and posts a Normal
 // Event that names it.
-func (k *Cluster) retire(ctx context.Context, node *corev1.Node, raw json.RawMessage) {
+func (k *Cluster) retire(ctx context.Context, node *corev1.Node, raw json.RawMessage, from historyBound) {
 	uid := string(node.UID)
 	k.log().Info("change record dropped from the history by its bound; kept in this log",
-		"annotation", record.AnnotationHistory, "maxRecords", record.HistoryMaxRecords, "maxBytes", record.HistoryMaxBytes, "record", string(raw))
-	if err := k.event(context.WithoutCancel(ctx), uid, corev1.EventTypeNormal, record.ReasonRecordRetired, retiredMessage(raw)); err != nil {
+		"history", from.where, "maxRecords", from.records, "maxBytes", from.bytes, "record", string(raw))
+	if err := k.event(context.WithoutCancel(ctx), uid, corev1.EventTypeNormal, record.ReasonRecordRetired, retiredMessage(raw, from)); err != nil {
 		k.log().Warn("posting an event failed", "reason", record.ReasonRecordRetired, "err", err)
 	}
 }
 
 // retiredMessage names a dropped record in an Event: its config, result,
 // times and requester (the whole record is in the agent's log).
-func retiredMessage(raw json.RawMessage) string {
+func retiredMessage(raw json.RawMessage, from historyBound) string {
 	var r record.ChangeRecord
 	if err := json.Unmarshal(raw, &r); err != nil {
-		return fmt.Sprintf("a record that was not valid JSON left %s (the history keeps %d records, %d bytes): %s",
-			record.AnnotationHistory, record.HistoryMaxRecords, record.HistoryMaxBytes, record.Truncate(string(raw), 512))
+		return fmt.Sprintf("a record that was not valid JSON left %s: %s", from, record.Truncate(string(raw), 512))
 	}
 	by := requestedBy(r)
 	if r.RequestedAt != nil {
 		by += " at " + r.RequestedAt.UTC().Format(time.RFC3339)
 	}
-	return fmt.Sprintf("the record of config %q (%s, started %s, finished %s, %s, configHash %s) left %s, which keeps the newest %d records within %d bytes; the whole record is in the agent's log",
+	return fmt.Sprintf("the record of config %q (%s, started %s, finished %s, %s, configHash %s) left %s; the whole record is in the agent's log",
 		r.Config, r.Result, r.StartedAt.UTC().Format(time.RFC3339), r.FinishedAt.UTC().Format(time.RFC3339), by,
-		r.ConfigHash, record.AnnotationHistory, record.HistoryMaxRecords, record.HistoryMaxBytes)
+		r.ConfigHash, from)
 }
 
 // requestedBy names who asked for a record's change, as every Event that

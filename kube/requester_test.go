@@ -139,20 +139,20 @@ func TestRecordHugeRequesterLands(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0)), Component: "mig-agent", Log: testsupport.Discard()}
-	for i := range 4 {
+	for i := range record.NodeHistoryMaxRecords - 1 {
 		if err := k.Record(ctx, record.ChangeRecord{Config: fmt.Sprintf("c%d", i), Result: record.StateSuccess, RequestedBy: "alice"}, record.StateSuccess); err != nil {
 			t.Fatal(err)
 		}
 	}
 	huge := strings.Repeat("m", 90<<10)
-	if err := k.Record(ctx, record.ChangeRecord{Config: "c4", Result: record.StateSuccess, RequestedBy: huge,
+	if err := k.Record(ctx, record.ChangeRecord{Config: "huge", Result: record.StateSuccess, RequestedBy: huge,
 		RequestedBySource: record.RequesterSourceStamp}, record.StateSuccess); err != nil {
 		t.Fatalf("the record of a 90 KB user name did not land: %v", err)
 	}
 	n, _ := c.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
 	recs := record.Trail(n.Annotations)
-	if len(recs) != 5 || recs[0].Config != "c4" || recs[4].Config != "c0" {
-		t.Fatalf("history of %d records (%v), want all five", len(recs), recs)
+	if n := record.NodeHistoryMaxRecords; len(recs) != n || recs[0].Config != "huge" || recs[n-1].Config != "c0" {
+		t.Fatalf("history of %d records (%v), want all %d", len(recs), recs, n)
 	}
 	if by := recs[0].RequestedBy; len(by) > record.MaxRequester || !strings.Contains(by, record.TruncatedMark) ||
 		recs[0].RequestedBySource != record.RequesterSourceStamp {

@@ -120,7 +120,7 @@ main() {
 	done
 	bin=$(readlink -f "${MIG_AGENT_BIN:-bin/mig-agent}")
 	[[ -x $bin ]] || die "no executable ${MIG_AGENT_BIN:-bin/mig-agent}: run 'make build' first"
-	for f in packaging/systemd/mig-agent.service packaging/settings.yaml packaging/examples/config.yaml docs/install.md; do
+	for f in packaging/systemd/mig-agent.service packaging/settings.yaml packaging/examples/config.yaml docs/install.md docs/install-systemd.md; do
 		[[ -f $f ]] || die "missing $f"
 	done
 	dist=${DIST:-dist}

@@ -2,6 +2,8 @@ package reconcile_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -861,4 +863,51 @@ func neverConverges(t *testing.T, c *core) record.ChangeRecord {
 		t.Fatal("success without the resources converging")
 	}
 	return c.cluster.Last()
+}
+
+// The config file as a ConfigMap volume mounts it (the chart's
+// migConfigMap): the kubelet writes a new timestamped directory and swaps
+// the ..data symlink to it. The next pass reads the file anew through the
+// symlinks, with no restart: a config added to the ConfigMap is applied,
+// and the record names the file as it is now.
+func TestCoreConfigMapVolumeUpdateIsRead(t *testing.T) {
+	c := newCore(t, "h200x1", nvmlsim.Options{}, "")
+	dir := t.TempDir()
+	text := "version: v1\nmig-configs:\n  first:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"7g.141gb\": 1}\n"
+	publish := func(version, text string) {
+		t.Helper()
+		ts := filepath.Join(dir, "..2026_01_02_03_04_05."+version)
+		if err := os.Mkdir(ts, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ts, "config.yaml"), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("1", text)
+	if err := os.Symlink(filepath.Join("..data", "config.yaml"), filepath.Join(dir, "config.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	c.d.S.ConfigFile = filepath.Join(dir, "config.yaml")
+	c.applied(t, "first")
+	wantSuccess(t, c, "first")
+
+	text += "  second:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 7}\n"
+	publish("2", text)
+	c.cluster.SetLabel("second")
+	if oc := c.pass(false, false); oc != reconcile.OutSuccess {
+		t.Fatalf("a config added to the mounted ConfigMap: reconcile.Outcome %v, record %+v", oc, c.cluster.Last())
+	}
+	rec := wantSuccess(t, c, "second")
+	sum := sha256.Sum256([]byte(text))
+	if want := c.d.S.ConfigFile + "@sha256:" + hex.EncodeToString(sum[:]); rec.ConfigSource != want {
+		t.Errorf("configSource %q, want %q (the file as it is now)", rec.ConfigSource, want)
+	}
 }

@@ -30,18 +30,23 @@ const (
 	// in the last change on the Node (their JSON, in bytes): about 30 pods
 	// of a usual name length, a whole GPU's or two of MIG devices.
 	NodeLastChangePodBytes = 2 << 10
-	// NodeHistoryPodBytes is the same for each record of the history on
-	// the Node: the first few pods (about four of a usual name length, so
-	// a change that evicts a few names them all there, as every record
-	// does), the rest counted; the history ConfigMap names them all.
-	NodeHistoryPodBytes = 320
+	// NodeHistoryMaxRecords is how many records the history on the Node
+	// keeps, newest first: the newest few at a glance, the whole bounded
+	// history (HistoryMaxRecords) in the history ConfigMap.
+	NodeHistoryMaxRecords = 4
 	// NodeHistoryReason bounds the reason of a record of the history on
 	// the Node, in bytes.
 	NodeHistoryReason = 256
 	// MaxNodeRecordBytes is the most a record of the history on the Node
-	// encodes to: HistoryMaxRecords of them fit in HistoryMaxBytes, so the
-	// Node's history drops a record only by its count, as the ConfigMap's.
-	MaxNodeRecordBytes = HistoryMaxBytes/HistoryMaxRecords - 16
+	// encodes to: NodeHistoryMaxRecords of them fit in NodeHistoryMaxBytes,
+	// so the Node's light history drops a record only by its count.
+	MaxNodeRecordBytes = NodeHistoryMaxBytes/NodeHistoryMaxRecords - 16
+	// NodeHistoryMaxBytes bounds the light history on the Node (the
+	// history annotation's value, in bytes) whatever its records hold
+	// (names of 253 bytes included); records of a usual size take about
+	// 550 bytes each. A history the Node keeps whole, while the ConfigMap
+	// cannot be written, is bounded by HistoryMaxBytes.
+	NodeHistoryMaxBytes = 6 << 10
 )
 
 // ConfigsConfigMapName is the name of the ConfigMap where node's agent
@@ -76,40 +81,64 @@ func (r ChangeRecord) OnNode(ref string) ChangeRecord {
 }
 
 // InNodeHistory is an entry of the history on the Node when ref holds the
-// whole record: the fields every record has (docs/reference.md), the
-// evicted pods cut to NodeHistoryPodBytes and counted, the reason to
-// NodeHistoryReason, no geometry and none of the details only the whole
-// record needs; fullRecord set to ref. Within MaxNodeRecordBytes. An empty
-// ref leaves r whole (Bounded).
+// whole record: what a change was, how it ended and who asked, at a glance
+// (docs/reference.md, "On the Node"): config, previousConfig, result,
+// reason (cut to NodeHistoryReason), startedAt, finishedAt, gpusChanged,
+// gpusUntouched, the evicted pods counted (evictedPodCount;
+// evictedPodsOmitted, none named), reboot, configHash, requestedBy,
+// requestedVia, requestedBySource, requestedAt, and fullRecord set to ref.
+// Within MaxNodeRecordBytes. An empty ref leaves r whole (Bounded).
 func (r ChangeRecord) InNodeHistory(ref string) ChangeRecord {
 	r = r.Bounded()
 	if ref == "" {
 		return r
 	}
-	r.cutPods(NodeHistoryPodBytes)
+	r.cutPods(0)
 	r.Reason = BoundText(r.Reason, NodeHistoryReason)
 	r.Geometry, r.GPUsUnusable, r.PreviousConfigHash = nil, nil, ""
 	r.ResourcesConverged, r.AffectedBy, r.ServedBy = nil, "", ""
+	r.DisruptedAt, r.AgentVersion, r.DriverVersion, r.ConfigSource = nil, "", "", ""
 	r.FullRecord = ref
 	// Each free-text field within its share (a label value is at most 63
-	// bytes, a digest with its file name fits), so that an entry stays
-	// within MaxNodeRecordBytes whatever they hold; the whole texts are in
-	// the whole record.
-	for f, limit := range map[*string]int{&r.Config: 64, &r.PreviousConfig: 64, &r.ConfigSource: 128, &r.ConfigHash: 128,
-		&r.AgentVersion: 64, &r.DriverVersion: 64, &r.RequestedBy: 128, &r.RequestedVia: 64, &r.RequestedBySource: 32} {
+	// bytes, a digest fits), so that an entry stays within
+	// MaxNodeRecordBytes whatever they hold; the whole texts are in the
+	// whole record.
+	for f, limit := range map[*string]int{&r.Config: 64, &r.PreviousConfig: 64, &r.ConfigHash: 80,
+		&r.RequestedBy: 128, &r.RequestedVia: 64, &r.RequestedBySource: 32} {
 		*f = BoundText(*f, limit)
 	}
-	// The longest names of all: the pods and the reason make room.
+	// The longest texts of all: the reason and the requester make room.
 	if r.nodeSize() > MaxNodeRecordBytes {
-		r.cutPods(2)
 		r.Reason = BoundText(r.Reason, 64)
+		r.RequestedBy = BoundText(r.RequestedBy, 64)
 	}
 	return r
 }
 
-// nodeSize is the size of r's JSON, in bytes.
+// lightEntry is the JSON of a light entry of the history on the Node: the
+// record without the fields InNodeHistory leaves out, rather than with
+// them empty (the outer fields, always empty, hide the record's).
+type lightEntry struct {
+	ChangeRecord
+	AgentVersion  string `json:"agentVersion,omitempty"`
+	DriverVersion string `json:"driverVersion,omitempty"`
+	ConfigSource  string `json:"configSource,omitempty"`
+}
+
+// NodeEntryJSON encodes r as an entry of the history on the Node: in the
+// light form when r is one (InNodeHistory with a ref: FullRecord set),
+// else whole.
+func (r ChangeRecord) NodeEntryJSON() ([]byte, error) {
+	if r.FullRecord == "" {
+		return json.Marshal(r)
+	}
+	return json.Marshal(lightEntry{ChangeRecord: r})
+}
+
+// nodeSize is the size of r's JSON as a history entry on the Node, in
+// bytes.
 func (r ChangeRecord) nodeSize() int {
-	b, _ := json.Marshal(r)
+	b, _ := r.NodeEntryJSON()
 	return len(b)
 }
 

@@ -27,15 +27,20 @@ func TestNodeForms(t *testing.T) {
 		RequestedBy: huge, RequestedVia: huge, RequestedBySource: huge, AffectedBy: huge}
 	ref := FullRecordRef(strings.Repeat("s", 63), strings.Repeat("n", 253))
 	h := worst.InNodeHistory(ref)
-	raw, _ := json.Marshal(h)
+	raw, _ := h.NodeEntryJSON()
 	if len(raw) > MaxNodeRecordBytes {
 		t.Errorf("a history entry on the Node of %d bytes, bound %d", len(raw), MaxNodeRecordBytes)
 	}
 	if h.EvictedPodCount != 1000 || len(h.EvictedPods)+h.EvictedPodsOmitted != 1000 || h.FullRecord != ref {
 		t.Errorf("history entry: %d named, %d omitted, count %d, fullRecord %q", len(h.EvictedPods), h.EvictedPodsOmitted, h.EvictedPodCount, h.FullRecord)
 	}
-	if HistoryMaxRecords*(MaxNodeRecordBytes+1)+2 > HistoryMaxBytes {
-		t.Errorf("%d entries of %d bytes do not fit the history's %d", HistoryMaxRecords, MaxNodeRecordBytes, HistoryMaxBytes)
+	if NodeHistoryMaxRecords*(MaxNodeRecordBytes+1)+2 > NodeHistoryMaxBytes {
+		t.Errorf("%d entries of %d bytes do not fit the Node's history's %d", NodeHistoryMaxRecords, MaxNodeRecordBytes, NodeHistoryMaxBytes)
+	}
+	for _, gone := range []string{"agentVersion", "driverVersion", "configSource", "disruptedAt", "geometry"} {
+		if strings.Contains(string(raw), `"`+gone+`"`) {
+			t.Errorf("a light history entry holds %s: %s", gone, raw)
+		}
 	}
 	l := worst.OnNode(ref)
 	podsJSON, _ := json.Marshal(l.EvictedPods)

@@ -353,7 +353,7 @@ func (b *bench) latency(ctx context.Context, n int, pause time.Duration, r *resu
 	r.LabelToPendingSpread, r.LabelToSuccessSpread = spreadOf(r.LabelToPendingMs), spreadOf(r.LabelToSuccessMs)
 	r.Steps = steps.medians()
 	if nd, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil {
-		r.NodeRecordBytes = kube.Footprint(nd)
+		r.NodeAnnotationBytes, r.NodeRecordBytes = kube.AnnotationBytes(nd), kube.Footprint(nd)
 	}
 	if cm, err := c.CoreV1().ConfigMaps(benchNamespace).Get(ctx, record.HistoryConfigMapName(node), metav1.GetOptions{}); err == nil {
 		r.HistoryConfigMapBytes = len(cm.Data[record.HistoryConfigMapKey])

@@ -1,7 +1,6 @@
 package kubetest
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,14 +47,16 @@ type PluginGPU struct {
 // needs.
 //
 // Where it stays, now that NVIDIA's own plugin runs on a real kubelet
-// (e2e/realnode_test.go, TestRealNode…): a machine holds one real kubelet
-// (its device-plugin directory is fixed), so the scenarios of several
-// nodes at once (rollout slots, the fleet, the planner choosing among
-// nodes, a node lost mid-change) and the many single-node scenarios that
-// would otherwise run one after another at about 20 s each keep this
-// stand-in; what only the real parts show (the kubelet's status sync, a
-// plugin whose start is held, the plugin's own sharing config file,
-// Allocate and admission) is tested there, not here. The DaemonSet is real and so is its controller
+// (e2e/realnode_*_test.go, TestRealNode…): a machine holds one real
+// kubelet (its device-plugin directory is fixed), so the scenarios of
+// several nodes at once (rollout slots, the fleet, the planner choosing
+// among nodes, a node lost mid-change, the GPU Operator's controller over
+// several nodes) keep this stand-in. Everything a single node with
+// NVIDIA's plugin shows (the plugin restarted after a change, its sharing
+// configs, the config-manager and its node label, the kubelet's status
+// sync, a plugin whose start is held, Allocate and admission) is tested
+// there with the real parts, and this stand-in has no knobs for them: it
+// advertises each MIG device once. The DaemonSet is real and so is its controller
 // (kube-controller-manager's daemonset-controller, started by Main): it
 // creates the plugin's pod while the node carries
 // nvidia.com/gpu.deploy.device-plugin=true and deletes it when the label is
@@ -87,7 +88,6 @@ type DevicePlugin struct {
 	ns       string
 	strategy string
 	read     func() ([]PluginGPU, error)
-	cfg      PluginConfig
 	loop     *podLoop
 
 	mu      sync.Mutex
@@ -107,21 +107,10 @@ type DevicePlugin struct {
 // strategy is the plugin's MIG strategy (none, single, mixed).
 func StartDevicePlugin(t TB, client kubernetes.Interface, node, ns, strategy string, read func() ([]PluginGPU, error)) *DevicePlugin {
 	t.Helper()
-	return StartSharingDevicePlugin(t, client, node, ns, strategy, PluginConfig{}, read)
-}
-
-// StartSharingDevicePlugin is StartDevicePlugin for a plugin run with a
-// config: its pod gets the config-manager container and the ConfigMap
-// volume as the GPU Operator deploys them (CONFIG_FILE_SRCDIR
-// /available-configs, DEFAULT_CONFIG, FALLBACK_STRATEGIES=empty), and the
-// plugin, when it starts, shares its devices as that config says
-// (sharingOf).
-func StartSharingDevicePlugin(t TB, client kubernetes.Interface, node, ns, strategy string, cfg PluginConfig, read func() ([]PluginGPU, error)) *DevicePlugin {
-	t.Helper()
-	p := &DevicePlugin{t: t, client: client, node: node, ns: ns, strategy: strategy, read: read, cfg: cfg,
+	p := &DevicePlugin{t: t, client: client, node: node, ns: ns, strategy: strategy, read: read,
 		capacity: map[string]int64{}, healthy: map[string]int64{}}
 	readyForDaemonSet(t, client, node, map[string]string{DevicePluginDeployLabel: "true"})
-	app := cmp.Or(cfg.App, DevicePluginApp)
+	app := DevicePluginApp
 	labels := map[string]string{"app": app}
 	ds := &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: app + "-" + shortName(node), Labels: labels},
@@ -140,9 +129,6 @@ func StartSharingDevicePlugin(t TB, client kubernetes.Interface, node, ns, strat
 				},
 			},
 		},
-	}
-	if cfg.ConfigMap != "" {
-		configManagerSpec(&ds.Spec.Template.Spec, cfg)
 	}
 	p.loop = runDaemonSet(t, client, node, ds, p.start, p.stop)
 	return p
@@ -502,12 +488,8 @@ func (p *DevicePlugin) start(ctx context.Context, pod *corev1.Pod) {
 		p.t.Logf("device plugin %s: enumerating the GPUs: %v", p.node, err)
 		return
 	}
-	adv, ok := p.advertised(ctx, gpus)
-	if !ok {
-		return
-	}
 	markRunning(ctx, p.t, p.client, pod)
-	p.register(ctx, pod, adv)
+	p.register(ctx, pod, advertise(p.strategy, gpus))
 }
 
 // markRunning sets a daemon pod Running and Ready, as the kubelet does once
@@ -521,23 +503,6 @@ func markRunning(ctx context.Context, t TB, client kubernetes.Interface, pod *co
 	if _, err := client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil {
 		t.Logf("kubelet %s: pod %s status: %v", pod.Spec.NodeName, pod.Name, err)
 	}
-}
-
-// advertised is what the plugin serves for gpus under its config; false
-// when it could not read its config.
-func (p *DevicePlugin) advertised(ctx context.Context, gpus []PluginGPU) (map[string]int64, bool) {
-	adv := advertise(p.strategy, gpus)
-	if p.cfg.ConfigMap != "" {
-		shared, err := p.sharingOf(ctx)
-		if err != nil {
-			// The plugin exits on a config it cannot parse; the pod
-			// stays pending here (it crash-loops in a real cluster).
-			p.t.Logf("device plugin %s: config: %v", p.node, err)
-			return nil, false
-		}
-		adv = shared.apply(adv)
-	}
-	return adv, true
 }
 
 // register is the plugin's registration with the kubelet: the device

@@ -10,6 +10,15 @@ command -v rpm >/dev/null || missing+=(rpm)
 command -v llvm-objdump >/dev/null || missing+=(llvm)
 command -v dpkg-deb >/dev/null || missing+=(dpkg)
 ((${#missing[@]})) || exit 0
-echo "ensure-test-tools: installing ${missing[*]}" >&2
-apt-get update -q >/dev/null
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+echo "ensure-test-tools: installing ${missing[*]} (the host's architecture)" >&2
+# quiet CMD...: run CMD, showing its output only when it fails.
+quiet() {
+	local out
+	if ! out=$("$@" 2>&1); then
+		printf '%s\n' "$out" >&2
+		echo "ensure-test-tools: $* failed (its output is above)" >&2
+		return 1
+	fi
+}
+quiet apt-get update -q
+DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -q "${missing[@]}"

@@ -159,7 +159,8 @@ type fileSpec struct {
 
 // buildImage writes the OCI image index of in.Platforms to out, an
 // OCI-layout tar whose index.json names the index with the version as its
-// ref (docker load, skopeo copy oci-archive:, crane push after untar).
+// ref (docker load, skopeo copy oci-archive:, make push), and beside it
+// each platform's image SBOM (writeImageSBOM).
 func buildImage(in imageInput, out string) error {
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	annotations := map[string]string{}
@@ -169,7 +170,7 @@ func buildImage(in imageInput, out string) error {
 		if err != nil {
 			return err
 		}
-		img, err := platformImage(in, p, r)
+		img, debs, err := platformImage(in, p, r)
 		if err != nil {
 			return err
 		}
@@ -189,6 +190,10 @@ func buildImage(in imageInput, out string) error {
 			plat.Variant = "v8"
 		}
 		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: withAnn, Descriptor: v1.Descriptor{Platform: plat, Annotations: maps}})
+		sbom := filepath.Join(filepath.Dir(out), fmt.Sprintf("mig-agent_%s_image_%s_%s.spdx.json", in.Version, p.OS, p.Arch))
+		if err := writeImageSBOM(withAnn, in.Repo, in.Version, p.Arch, p.Binary, debs, sbom); err != nil {
+			return err
+		}
 	}
 	idxAnn, ok := mutate.Annotations(idx, annotations).(v1.ImageIndex)
 	if !ok {
@@ -215,30 +220,34 @@ func buildImage(in imageInput, out string) error {
 
 // platformImage makes one platform's image: a layer per COPY of the
 // recipe, the recipe's config.
-func platformImage(in imageInput, p platformInput, r *recipe) (v1.Image, error) {
+func platformImage(in imageInput, p platformInput, r *recipe) (v1.Image, []debPackage, error) {
 	var layers []v1.Layer
+	var debs []debPackage
 	for _, c := range r.Copies {
 		var specs []fileSpec
 		switch c.From {
 		case "glibc":
 			if len(c.Srcs) != 1 || c.Srcs[0] != glibcRoot || c.Dest != "/" {
-				return nil, fmt.Errorf("%w: COPY --from=glibc must copy %s to /", errRecipe, glibcRoot)
+				return nil, nil, fmt.Errorf("%w: COPY --from=glibc must copy %s to /", errRecipe, glibcRoot)
 			}
 			dir, err := os.MkdirTemp("", "mig-agent-rootfs-")
 			if err != nil {
-				return nil, fmt.Errorf("image: %w", err)
+				return nil, nil, fmt.Errorf("image: %w", err)
 			}
 			defer os.RemoveAll(dir)
 			root := filepath.Join(dir, "rootfs")
 			cmd := exec.Command("bash", append([]string{filepath.Join(in.Root, rootfsScript), root}, p.Debs...)...)
 			cmd.Stderr = os.Stderr
 			if err := cmd.Run(); err != nil {
-				return nil, fmt.Errorf("image: %s for %s: %w", rootfsScript, p.Arch, err)
+				return nil, nil, fmt.Errorf("image: %s for %s: %w", rootfsScript, p.Arch, err)
+			}
+			if debs, err = readStatusD(root); err != nil {
+				return nil, nil, err
 			}
 			specs = append(specs, fileSpec{dst: "/", src: root})
 		case "build":
 			if len(c.Srcs) != 1 || c.Srcs[0] != buildBinary {
-				return nil, fmt.Errorf("%w: COPY --from=build copies only %s", errRecipe, buildBinary)
+				return nil, nil, fmt.Errorf("%w: COPY --from=build copies only %s", errRecipe, buildBinary)
 			}
 			specs = append(specs, fileSpec{dst: c.Dest, src: p.Binary})
 		case "":
@@ -250,16 +259,16 @@ func platformImage(in imageInput, p platformInput, r *recipe) (v1.Image, error) 
 				specs = append(specs, fileSpec{dst: dst, src: filepath.Join(in.Root, s)})
 			}
 		default:
-			return nil, fmt.Errorf("%w: COPY --from=%s: no such stage output in packaging/release", errRecipe, c.From)
+			return nil, nil, fmt.Errorf("%w: COPY --from=%s: no such stage output in packaging/release", errRecipe, c.From)
 		}
 		data, err := layerTar(specs)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
 			tarball.WithMediaType(types.OCILayer))
 		if err != nil {
-			return nil, fmt.Errorf("image: %w", err)
+			return nil, nil, fmt.Errorf("image: %w", err)
 		}
 		layers = append(layers, l)
 	}
@@ -285,24 +294,25 @@ func platformImage(in imageInput, p platformInput, r *recipe) (v1.Image, error) 
 	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	img, err := mutate.ConfigFile(base, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
+		return nil, nil, fmt.Errorf("image: %w", err)
 	}
 	img, err = mutate.AppendLayers(img, layers...)
 	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
+		return nil, nil, fmt.Errorf("image: %w", err)
 	}
 	// AppendLayers records a history entry per layer; keep the config's
 	// created time the source date.
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
+		return nil, nil, fmt.Errorf("image: %w", err)
 	}
 	cf = cf.DeepCopy()
 	for i := range cf.History {
 		cf.History[i].Created = v1.Time{Time: sourceDate()}
 		cf.History[i].CreatedBy = "packaging/release from " + dockerfilePath
 	}
-	return mutate.ConfigFile(img, cf)
+	img, err = mutate.ConfigFile(img, cf)
+	return img, debs, err
 }
 
 // sourceDate is SOURCE_DATE_EPOCH (the commit's time, set by release.sh),

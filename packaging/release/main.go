@@ -7,6 +7,7 @@
 //	release image -root DIR -version V -commit C -repo R -o OUT.tar -platform linux/ARCH=BINARY,DEB[,DEB...]...
 //	release chart -src CHARTDIR -version V -o DIR
 //	release sbom -version V BINARY=OUT.spdx.json...
+//	release push -dist DIR -version V -registry HOST[:PORT]
 package main
 
 import (
@@ -18,7 +19,7 @@ import (
 )
 
 // errUsage: the command line is wrong.
-var errUsage = errors.New("usage: release image|chart|sbom [flags]")
+var errUsage = errors.New("usage: release image|chart|sbom|push [flags]")
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -83,6 +84,22 @@ func run(args []string) error {
 			fmt.Println(path)
 		}
 		return err
+	case "push":
+		dist := fs.String("dist", "dist", "the release's directory (make release)")
+		registry := fs.String("registry", "", "the registry, host[:port][/path]")
+		if err := fs.Parse(args[1:]); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		if *version == "" || *registry == "" {
+			return fmt.Errorf("%w: push needs -version and -registry", errUsage)
+		}
+		p, err := pushRelease(*dist, *registry, *version)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("pushed the image index %s (%s)\n", p.Image, p.ImageDigest)
+		fmt.Printf("pushed the chart %s --version %s (%s)\n", p.Chart, *version, p.ChartDigest)
+		return nil
 	case "sbom":
 		if err := fs.Parse(args[1:]); err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)

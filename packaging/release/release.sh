@@ -19,7 +19,9 @@
 # $MIG_AGENT_TOOLS_DIR, or is named by ZIG. The image, the chart and the SBOMs
 # are made by packaging/release (a Go module of its own: go-containerregistry
 # stays out of the agent's module graph), the image's C library from Debian's
-# libc6 packages (apt-get download, cached in $MIG_AGENT_TOOLS_DIR/debs).
+# libc6 packages (apt-get download through an apt of its own in
+# $MIG_AGENT_TOOLS_DIR/apt, cached in $MIG_AGENT_TOOLS_DIR/debs: no foreign
+# dpkg architecture is added, the host's apt and dpkg state stay as they were).
 #
 # Environment (optional): DIST (default dist), ZIG, MIG_AGENT_TOOLS_DIR
 # (default ${XDG_CACHE_HOME:-$HOME/.cache}/mig-agent-tools), COMMIT,
@@ -66,13 +68,24 @@ ensure_zig() {
 	echo "$dir/package/zig"
 }
 
-# need CMD PACKAGE: install a Debian package when its command is missing.
+# need CMD PACKAGE: install a Debian package of the host's architecture when
+# its command is missing (as `make test` installs what it runs with); a
+# failure shows apt's own message.
 APT_UPDATED=""
 need() {
 	command -v "$1" >/dev/null && return
 	log "installing $2 (for $1)"
-	if [[ -z $APT_UPDATED ]]; then apt-get update -q >/dev/null || die "apt-get update failed"; APT_UPDATED=1; fi
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >/dev/null || die "apt-get install $2 failed"
+	if [[ -z $APT_UPDATED ]]; then quiet apt-get update -q || die "apt-get update failed (its output is above)"; APT_UPDATED=1; fi
+	DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -q "$2" || die "apt-get install $2 failed (its output is above)"
+}
+
+# quiet CMD...: run CMD, showing its output only when it fails.
+quiet() {
+	local out
+	if ! out=$("$@" 2>&1); then
+		printf '%s\n' "$out" >&2
+		return 1
+	fi
 }
 
 zig_target() {
@@ -115,17 +128,29 @@ archive() {
 	rm -rf "$stage"
 }
 
-# debs ARCH: the Debian packages the image's C library comes from, cached.
+# debs ARCH: the Debian packages the image's C library comes from (libc6
+# of ARCH), cached in $TOOLS_DIR/debs/ARCH. apt-get download fetches them
+# through an apt of the release's own ($TOOLS_DIR/apt: its package lists,
+# for the host's sources and both architectures, and its cache), so the host
+# is left as it was: no foreign dpkg architecture added, its package lists
+# and dpkg database untouched, nothing installed. rootfs.sh unpacks them
+# with dpkg-deb -x. A failure shows apt's own message.
 debs() {
-	local dir=$TOOLS_DIR/debs/$1 f
+	local dir=$TOOLS_DIR/debs/$1 apt=$TOOLS_DIR/apt f
 	mkdir -p "$dir"
 	f=$(ls "$dir"/libc6_*_"$1".deb 2>/dev/null | tail -1)
 	if [[ -z $f ]]; then
-		if ! dpkg --print-foreign-architectures | grep -qx "$1" && [[ $(dpkg --print-architecture) != "$1" ]]; then
-			log "dpkg --add-architecture $1 (for apt-get download libc6:$1)"
-			dpkg --add-architecture "$1" && apt-get update -q >/dev/null
+		mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial"
+		[[ -f $apt/status ]] || : >"$apt/status"
+		local opts=(-q -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache" -o Dir::State::status="$apt/status"
+			-o APT::Architectures::=amd64 -o APT::Architectures::=arm64 -o APT::Sandbox::User="$(id -un)")
+		if [[ -z ${APT_PRIVATE_UPDATED:-} ]]; then
+			log "fetching the package lists for amd64 and arm64 into $apt (apt-get update of the release's own apt)"
+			quiet apt-get "${opts[@]}" update || die "apt-get update (into $apt) failed (its output is above)"
+			APT_PRIVATE_UPDATED=1
 		fi
-		(cd "$dir" && apt-get download -q "libc6:$1" >/dev/null 2>&1) || die "apt-get download libc6:$1 failed"
+		log "apt-get download libc6:$1 into $dir"
+		(cd "$dir" && quiet apt-get "${opts[@]}" download "libc6:$1") || die "apt-get download libc6:$1 failed (its output is above)"
 		f=$(ls "$dir"/libc6_*_"$1".deb | tail -1)
 	fi
 	echo "$f"
@@ -142,14 +167,15 @@ main() {
 	cmp -s packaging/release/zigcc.sh "$CC_WRAPPER" || install -m 0755 packaging/release/zigcc.sh "$CC_WRAPPER"
 	EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 	export SOURCE_DATE_EPOCH=$EPOCH
-	local t0=$SECONDS arch image_args=() sbom_args=()
+	local t0=$SECONDS arch deb image_args=() sbom_args=()
 	rm -rf "$DIST"/mig-agent* "$DIST/SHA256SUMS"
 	for arch in "${ARCHES[@]}"; do
 		build "$arch"
 		archive "$arch"
 		DIST=$DIST MIG_AGENT_BIN=$DIST/.build/linux_$arch/mig-agent MIG_AGENT_ARCH=$arch \
 			MIG_AGENT_VERSION_RAW=$VERSION bash packaging/build-packages.sh >/dev/null
-		image_args+=(-platform "linux/$arch=$DIST/.build/linux_$arch/mig-agent,$(debs "$arch")")
+		deb=$(debs "$arch") || exit 1
+		image_args+=(-platform "linux/$arch=$DIST/.build/linux_$arch/mig-agent,$deb")
 		sbom_args+=("$DIST/.build/linux_$arch/mig-agent=$DIST/mig-agent_${VERSION}_linux_$arch.spdx.json")
 	done
 	(cd packaging/release && GOWORK=off CGO_ENABLED=0 go build -o "$DIST/.build/release-tool" .) || die "building packaging/release failed"

@@ -44,10 +44,10 @@ var cases = []renderCase{
 	// Every option on, another release name and namespace.
 	{"full", "gpu-mig-agent", "gpu-system", ""},
 	// The values file the chart ships for clusters that run the GPU
-	// Operator, as docs/install.md installs it.
+	// Operator, as docs/install-gpu-operator.md installs it.
 	{"gpu-operator", "mig-agent", "mig-agent", gpuOperatorValues},
 	// The values file the chart ships for clusters whose GPUs NVIDIA's DRA
-	// driver serves, as docs/install.md installs it.
+	// driver serves, as docs/install-dra.md installs it.
 	{"dra", "mig-agent", "mig-agent", draValues},
 	// The OpenShift SecurityContextConstraints.
 	{"openshift", "mig-agent", "mig-agent", ""},

@@ -22,7 +22,7 @@ func renderValues(t *testing.T, values string) ([]map[string]any, error) {
 }
 
 // TestOperatorValueNames: the GPU Operator's names (ClusterPolicy
-// spec.migManager) map one to one as docs/install.md says:
+// spec.migManager) map one to one as docs/install-gpu-operator.md says:
 // migManager.config.name mounts that ConfigMap's config.yaml as the config
 // file, migManager.config.default is the default config, and
 // migManager.gpuClientsConfig.name is refused with what to do instead.

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -70,7 +71,8 @@ func TestReleaseArtifacts(t *testing.T) {
 			fmt.Sprintf("mig-agent_%s_linux_%s.tar.gz", v, a.goarch),
 			fmt.Sprintf("mig-agent_%s-1_%s.deb", v, a.debArch),
 			fmt.Sprintf("mig-agent-%s-1.%s.rpm", v, a.rpmArch),
-			fmt.Sprintf("mig-agent_%s_linux_%s.spdx.json", v, a.goarch))
+			fmt.Sprintf("mig-agent_%s_linux_%s.spdx.json", v, a.goarch),
+			fmt.Sprintf("mig-agent_%s_image_linux_%s.spdx.json", v, a.goarch))
 	}
 	sums := map[string]string{}
 	text, err := os.ReadFile(filepath.Join(dist, "SHA256SUMS"))
@@ -348,6 +350,34 @@ func TestReleaseImage(t *testing.T) {
 			}
 			if _, err := os.Stat(filepath.Join(root, "bin/sh")); err == nil {
 				t.Errorf("the image has a shell")
+			}
+			// What it carries, said where scanners look: glibc's dpkg status
+			// entry and its copyright notice; only the libraries it loads.
+			status, err := os.ReadFile(filepath.Join(root, "var/lib/dpkg/status.d/libc6"))
+			if err != nil || !strings.Contains(string(status), "Package: libc6\n") || !strings.Contains(string(status), "Architecture: "+img.arch+"\n") ||
+				!strings.Contains(string(status), "Status: install ok installed\n") || !regexp.MustCompile(`(?m)^Version: 2\.\d+-`).Match(status) {
+				t.Errorf("dpkg status of libc6 in the image (%v):\n%s", err, status)
+			}
+			if c, err := os.ReadFile(filepath.Join(root, "usr/share/doc/libc6/copyright")); err != nil || !strings.Contains(string(c), "GNU Lesser General Public") {
+				t.Errorf("glibc's copyright notice in the image: %v", err)
+			}
+			var libs []string
+			_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+				if err == nil && strings.Contains(d.Name(), ".so") {
+					libs = append(libs, d.Name())
+				}
+				return nil
+			})
+			for _, l := range libs {
+				if strings.HasPrefix(l, "libmemusage") || strings.HasPrefix(l, "libpcprofile") || strings.HasPrefix(l, "libSegFault") || strings.HasPrefix(l, "libthread_db") {
+					t.Errorf("the image carries %s, which the agent never loads", l)
+				}
+			}
+			t.Logf("%s: shared objects %v", img.arch, libs)
+			sbom, err := os.ReadFile(filepath.Join(dist, fmt.Sprintf("mig-agent_%s_image_linux_%s.spdx.json", v, img.arch)))
+			if err != nil || !regexp.MustCompile(`pkg:deb/debian/libc6@2\.\d+-[^?"]+\?arch=`+img.arch).Match(sbom) ||
+				!strings.Contains(string(sbom), "pkg:golang/github.com/migagent/mig-agent@v"+v) {
+				t.Errorf("the %s image SBOM does not name libc6 and the agent (%v)", img.arch, err)
 			}
 			entry := append([]string{root}, c.Entrypoint...)
 			if img.arch != runtime.GOARCH {

@@ -53,7 +53,7 @@ The settings file: the chart's typed values under their flag names, and
   "cdi-spec-dir" "cdi.enabled" "toolkit-dir" "cdi.toolkitDir"
   "startup-taint" "startupTaints" "startupTaints" "startupTaints" "reboot-sentinel" "kured.sentinel" }}
 {{- /* The GPU Operator's value names (ClusterPolicy spec.migManager), each
-  mapped one to one; docs/install.md has the table. */}}
+  mapped one to one; docs/install-gpu-operator.md has the table. */}}
 {{- $mm := default dict .Values.migManager }}
 {{- with (default dict $mm.gpuClientsConfig).name }}
 {{- fail (printf "migManager.gpuClientsConfig.name (%s): the agent does not read a clients.yaml ConfigMap; list its systemd-services under settings.host-gpu-clients instead" .) }}
@@ -244,7 +244,7 @@ environment for its MIG manager (the variables of mig-parted
 cmd/nvidia-mig-manager/main.go), and returns the reboot method it sets
 ("" where it sets none). Each variable is mapped (WITH_REBOOT), accepted
 where the chart already does what it asks, or refused with what to set
-instead; docs/install.md has the table.
+instead; docs/install-gpu-operator.md has the table.
 */}}
 {{- define "mig-agent.migManagerEnv" -}}
 {{- $v := .Values }}
