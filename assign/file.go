@@ -20,8 +20,6 @@ type FileStore struct {
 	Node string
 }
 
-var _ Store = (*FileStore)(nil)
-
 // Load implements Store: empty where the file does not exist yet.
 func (f *FileStore) Load(context.Context) (*History, error) {
 	h, err := ReadFile(f.Path)

@@ -1,11 +1,11 @@
 // Package assign is the assignment trail: which container of which pod held
-// which MIG device, from when to when. While the node is idle as much as
-// during a change, a Tracker reads the kubelet's PodResources at a modest
-// interval, and shows each assignment three ways: an Event on the pod when
-// it gets a device (MigDeviceAssigned), the metric migagent_mig_device_info
-// while it holds it, and a bounded history that outlives the pod (the
-// ConfigMap <node>-mig-assignments in the agent's namespace, or a JSON file
-// beside the journal without Kubernetes).
+// which MIG device, from when to when, as a bounded history that outlives
+// the pod (the ConfigMap <node>-mig-assignments in the agent's namespace,
+// or a JSON file beside the journal without Kubernetes): its format, its
+// stores and how a reader reads it. Package assign/track writes it (the
+// Tracker); readers (`mig-agent status`, `mig-agent assignments`, the
+// planner) need only this package, which links neither NVML nor the
+// kubelet's PodResources.
 //
 // The history is one JSON document, encoded and decoded by encoding/json
 // only: pod, namespace and container names are string values in it, never
@@ -101,12 +101,6 @@ type Change struct {
 
 // Open reports whether the assignment still holds.
 func (e Entry) Open() bool { return e.End == nil }
-
-// key identifies an assignment while it is open: the same container holding
-// the same device.
-type key struct{ namespace, pod, container, uuid string }
-
-func (e Entry) key() key { return key{e.Namespace, e.Pod, e.Container, e.Device.UUID} }
 
 // Decode reads a history document. An empty document is an empty history.
 func Decode(data []byte) (*History, error) {

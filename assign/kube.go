@@ -8,15 +8,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/clock"
 
+	"github.com/migagent/mig-agent/internal/configmap"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 )
-
-// EventReason is the reason of the Event on a pod that got a MIG device.
-const EventReason = "MigDeviceAssigned"
 
 // ConfigMapSuffix names the history's ConfigMap: <node>-mig-assignments,
 // in the agent's namespace.
@@ -42,8 +38,6 @@ type ConfigMapStore struct {
 	cm *corev1.ConfigMap // as last read or written
 }
 
-var _ Store = (*ConfigMapStore)(nil)
-
 // Load implements Store: the history, empty where the ConfigMap does not
 // exist yet. A ConfigMap whose history does not decode is an error: it is
 // not overwritten.
@@ -65,48 +59,27 @@ func (s *ConfigMapStore) Load(ctx context.Context) (*History, error) {
 	return h, nil
 }
 
-// Save implements Store: one Create or Update. An Update that conflicts
-// (the ConfigMap changed since it was read: only the agent may write it,
-// so an earlier write of its own whose answer was lost) reads it again and
-// writes once more.
+// Save implements Store: one Create or Update of the ConfigMap as Load
+// read it or Save last wrote it, under configmap.Save's rule for a
+// conflict (read it again, write anew).
 func (s *ConfigMapStore) Save(ctx context.Context, h *History) error {
 	data, err := h.Encode()
 	if err != nil {
 		return err
 	}
-	cms := s.Client.CoreV1().ConfigMaps(s.Namespace)
-	if s.cm == nil {
-		cm := &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName(s.Node), Namespace: s.Namespace,
-				Labels: map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: s.Node}},
-			Data: map[string]string{HistoryKey: string(data)},
+	cm, err := configmap.Save(ctx, s.Client.CoreV1().ConfigMaps(s.Namespace), ConfigMapName(s.Node), s.cm, func(cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+		if cm == nil {
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName(s.Node), Namespace: s.Namespace,
+				Labels: map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: s.Node}}}
 		}
-		created, err := cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"})
-		if !apierrors.IsAlreadyExists(err) {
-			if err == nil {
-				s.cm = created
-			}
-			return err
-		}
-		if s.cm, err = cms.Get(ctx, cm.Name, metav1.GetOptions{}); err != nil {
-			return err
-		}
-	}
-	for attempt := 0; ; attempt++ {
-		cm := s.cm.DeepCopy()
 		cm.Data = map[string]string{HistoryKey: string(data)}
-		updated, err := cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "mig-agent"})
-		if err == nil {
-			s.cm = updated
-			return nil
-		}
-		if !apierrors.IsConflict(err) || attempt > 0 {
-			return err
-		}
-		if s.cm, err = cms.Get(ctx, cm.Name, metav1.GetOptions{}); err != nil {
-			return err
-		}
+		return cm, nil
+	})
+	if err != nil {
+		return err
 	}
+	s.cm = cm
+	return nil
 }
 
 // ReadConfigMap reads node's history from its ConfigMap in namespace
@@ -125,68 +98,4 @@ func ReadConfigMap(ctx context.Context, client kclient.Interface, namespace, nod
 		return nil, fmt.Errorf("ConfigMap %s/%s: %w", namespace, cm.Name, err)
 	}
 	return h, nil
-}
-
-// KubePods reads a pod's UID and posts the MigDeviceAssigned Event on it.
-type KubePods struct {
-	Client kclient.Interface
-	Node   string
-	Clock  clock.Clock
-}
-
-var _ Pods = (*KubePods)(nil)
-
-// UID implements Pods.
-func (k *KubePods) UID(ctx context.Context, namespace, name string) (string, error) {
-	p, err := k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return "", err
-	}
-	return string(p.UID), nil
-}
-
-// Assigned implements Pods: a Normal Event MigDeviceAssigned on the pod,
-// naming the device UUID, profile, GPU index and node. A pod whose UID is
-// unknown (it could not be read) gets none.
-func (k *KubePods) Assigned(ctx context.Context, e Entry) error {
-	if e.PodUID == "" {
-		return nil
-	}
-	now := metav1.NewTime(k.Clock.Now())
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: e.Pod + ".", Namespace: e.Namespace},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: e.Namespace, Name: e.Pod,
-			UID: types.UID(e.PodUID), FieldPath: fmt.Sprintf("spec.containers{%s}", e.Container)},
-		Reason:         EventReason,
-		Message:        record.Truncate(eventMessage(e, k.Node), 1024),
-		Type:           corev1.EventTypeNormal,
-		Source:         corev1.EventSource{Component: "mig-agent", Host: k.Node},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: "migagent.io/mig-agent", ReportingInstance: "mig-agent-" + k.Node,
-	}
-	_, err := k.Client.CoreV1().Events(e.Namespace).Create(ctx, ev, metav1.CreateOptions{})
-	return err
-}
-
-// eventMessage is the Event's text: the device UUID, profile, GPU index,
-// placement and node.
-func eventMessage(e Entry, node string) string {
-	d := e.Device
-	if d.GPU < 0 {
-		return fmt.Sprintf("container %s got MIG device %s on node %s", e.Container, d.UUID, node)
-	}
-	return fmt.Sprintf("container %s got MIG device %s (profile %s, GPU %d, placement %s) on node %s",
-		e.Container, d.UUID, d.Profile, d.GPU, d.Placement, node)
-}
-
-// NodeRecords returns the change records of the Node read returns, newest
-// first (nil where it cannot be read).
-func NodeRecords(read func(context.Context) (*corev1.Node, error)) func(context.Context) []record.ChangeRecord {
-	return func(ctx context.Context) []record.ChangeRecord {
-		n, err := read(ctx)
-		if err != nil || n == nil {
-			return nil
-		}
-		return record.Trail(n.Annotations)
-	}
 }

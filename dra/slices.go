@@ -86,6 +86,23 @@ type Claim struct {
 	Devices []ClaimDevice
 	// Pods are the pods of status.reservedFor (by name, in Namespace).
 	Pods []string
+	// Allocated: status.allocation is set.
+	Allocated bool
+	// Requests are spec.devices.requests that ask for exactly some devices
+	// (v1 and v1beta2: exactly; v1beta1: the request itself), in order.
+	Requests []ClaimRequest
+}
+
+// ClaimRequest is one request of a claim for devices of one class.
+type ClaimRequest struct {
+	// Class is the request's deviceClassName.
+	Class string
+	// All: allocationMode All (every matching device) rather than a count.
+	All bool
+	// Count is the request's count (0 when unset: one).
+	Count int64
+	// Selectors are the CEL expressions of its selectors.
+	Selectors []string
 }
 
 // ClaimDevice is one allocated device: driver, pool and device name, as a
@@ -158,17 +175,24 @@ func nodeSlices(ctx context.Context, client kclient.Interface, node string) ([]S
 
 // Claims lists the ResourceClaims of every namespace.
 func Claims(ctx context.Context, client kclient.Interface) ([]Claim, error) {
+	return ClaimsIn(ctx, client, metav1.NamespaceAll)
+}
+
+// ClaimsIn lists the ResourceClaims of namespace (metav1.NamespaceAll:
+// every namespace), through the first version the API server serves.
+// ErrNoDRA when it serves none.
+func ClaimsIn(ctx context.Context, client kclient.Interface, namespace string) ([]Claim, error) {
 	return listServed(ctx, "ResourceClaims", metav1.ListOptions{}, []versioned[Claim]{
 		{"v1", func(ctx context.Context, o metav1.ListOptions) ([]Claim, error) {
-			l, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, o)
+			l, err := client.ResourceV1().ResourceClaims(namespace).List(ctx, o)
 			return convert(l, err, func(l *resourcev1.ResourceClaimList) []resourcev1.ResourceClaim { return l.Items }, claimV1)
 		}},
 		{"v1beta2", func(ctx context.Context, o metav1.ListOptions) ([]Claim, error) {
-			l, err := client.ResourceV1beta2().ResourceClaims(metav1.NamespaceAll).List(ctx, o)
+			l, err := client.ResourceV1beta2().ResourceClaims(namespace).List(ctx, o)
 			return convert(l, err, func(l *resourcev1beta2.ResourceClaimList) []resourcev1beta2.ResourceClaim { return l.Items }, claimV1beta2)
 		}},
 		{"v1beta1", func(ctx context.Context, o metav1.ListOptions) ([]Claim, error) {
-			l, err := client.ResourceV1beta1().ResourceClaims(metav1.NamespaceAll).List(ctx, o)
+			l, err := client.ResourceV1beta1().ResourceClaims(namespace).List(ctx, o)
 			return convert(l, err, func(l *resourcev1beta1.ResourceClaimList) []resourcev1beta1.ResourceClaim { return l.Items }, claimV1beta1)
 		}},
 	})
@@ -224,7 +248,19 @@ func sliceV1beta1(s *resourcev1beta1.ResourceSlice) Slice {
 }
 
 func claimV1(c *resourcev1.ResourceClaim) Claim {
-	out := Claim{Namespace: c.Namespace, Name: c.Name}
+	out := Claim{Namespace: c.Namespace, Name: c.Name, Allocated: c.Status.Allocation != nil}
+	for _, r := range c.Spec.Devices.Requests {
+		if e := r.Exactly; e != nil {
+			req := ClaimRequest{Class: e.DeviceClassName, Count: e.Count,
+				All: e.AllocationMode == resourcev1.DeviceAllocationModeAll}
+			for _, sel := range e.Selectors {
+				if sel.CEL != nil {
+					req.Selectors = append(req.Selectors, sel.CEL.Expression)
+				}
+			}
+			out.Requests = append(out.Requests, req)
+		}
+	}
 	if a := c.Status.Allocation; a != nil {
 		for _, r := range a.Devices.Results {
 			out.Devices = append(out.Devices, ClaimDevice{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
@@ -239,7 +275,19 @@ func claimV1(c *resourcev1.ResourceClaim) Claim {
 }
 
 func claimV1beta2(c *resourcev1beta2.ResourceClaim) Claim {
-	out := Claim{Namespace: c.Namespace, Name: c.Name}
+	out := Claim{Namespace: c.Namespace, Name: c.Name, Allocated: c.Status.Allocation != nil}
+	for _, r := range c.Spec.Devices.Requests {
+		if e := r.Exactly; e != nil {
+			req := ClaimRequest{Class: e.DeviceClassName, Count: e.Count,
+				All: e.AllocationMode == resourcev1beta2.DeviceAllocationModeAll}
+			for _, sel := range e.Selectors {
+				if sel.CEL != nil {
+					req.Selectors = append(req.Selectors, sel.CEL.Expression)
+				}
+			}
+			out.Requests = append(out.Requests, req)
+		}
+	}
 	if a := c.Status.Allocation; a != nil {
 		for _, r := range a.Devices.Results {
 			out.Devices = append(out.Devices, ClaimDevice{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
@@ -253,8 +301,22 @@ func claimV1beta2(c *resourcev1beta2.ResourceClaim) Claim {
 	return out
 }
 
+// claimV1beta1: a v1beta1 request names its class itself; one that
+// names none lists alternatives (firstAvailable), as v1's without exactly.
 func claimV1beta1(c *resourcev1beta1.ResourceClaim) Claim {
-	out := Claim{Namespace: c.Namespace, Name: c.Name}
+	out := Claim{Namespace: c.Namespace, Name: c.Name, Allocated: c.Status.Allocation != nil}
+	for _, r := range c.Spec.Devices.Requests {
+		if r.DeviceClassName != "" {
+			req := ClaimRequest{Class: r.DeviceClassName, Count: r.Count,
+				All: r.AllocationMode == resourcev1beta1.DeviceAllocationModeAll}
+			for _, sel := range r.Selectors {
+				if sel.CEL != nil {
+					req.Selectors = append(req.Selectors, sel.CEL.Expression)
+				}
+			}
+			out.Requests = append(out.Requests, req)
+		}
+	}
 	if a := c.Status.Allocation; a != nil {
 		for _, r := range a.Devices.Results {
 			out.Devices = append(out.Devices, ClaimDevice{Driver: r.Driver, Pool: r.Pool, Device: r.Device})

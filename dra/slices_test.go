@@ -3,6 +3,10 @@ package dra
 import (
 	"reflect"
 	"testing"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	resourcev1beta1 "k8s.io/api/resource/v1beta1"
+	resourcev1beta2 "k8s.io/api/resource/v1beta2"
 )
 
 func TestPartitionableAndAnnounced(t *testing.T) {
@@ -21,5 +25,31 @@ func TestPartitionableAndAnnounced(t *testing.T) {
 	s[0].Devices[1].ConsumesCounters = true
 	if got := Partitionable(s); got == "" {
 		t.Fatal("Partitionable missed a device consuming counters")
+	}
+}
+
+// A claim's requests read the same from every version: v1's and v1beta2's
+// under exactly, v1beta1's on the request itself; a v1beta1 request of
+// alternatives (no class) is not one.
+func TestClaimRequestsEveryVersion(t *testing.T) {
+	sel := `device.attributes["gpu.nvidia.com"].profile == "3g.71gb"`
+	want := []ClaimRequest{{Class: "mig.nvidia.com", Count: 2, Selectors: []string{sel}}, {Class: "mig.nvidia.com", All: true}}
+	v1 := claimV1(&resourcev1.ResourceClaim{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{
+		{Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "mig.nvidia.com", Count: 2,
+			Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: sel}}}}},
+		{Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "mig.nvidia.com", AllocationMode: resourcev1.DeviceAllocationModeAll}},
+		{FirstAvailable: []resourcev1.DeviceSubRequest{{DeviceClassName: "mig.nvidia.com"}}}}}}})
+	v1beta2 := claimV1beta2(&resourcev1beta2.ResourceClaim{Spec: resourcev1beta2.ResourceClaimSpec{Devices: resourcev1beta2.DeviceClaim{Requests: []resourcev1beta2.DeviceRequest{
+		{Exactly: &resourcev1beta2.ExactDeviceRequest{DeviceClassName: "mig.nvidia.com", Count: 2,
+			Selectors: []resourcev1beta2.DeviceSelector{{CEL: &resourcev1beta2.CELDeviceSelector{Expression: sel}}}}},
+		{Exactly: &resourcev1beta2.ExactDeviceRequest{DeviceClassName: "mig.nvidia.com", AllocationMode: resourcev1beta2.DeviceAllocationModeAll}}}}}})
+	v1beta1 := claimV1beta1(&resourcev1beta1.ResourceClaim{Spec: resourcev1beta1.ResourceClaimSpec{Devices: resourcev1beta1.DeviceClaim{Requests: []resourcev1beta1.DeviceRequest{
+		{DeviceClassName: "mig.nvidia.com", Count: 2, Selectors: []resourcev1beta1.DeviceSelector{{CEL: &resourcev1beta1.CELDeviceSelector{Expression: sel}}}},
+		{DeviceClassName: "mig.nvidia.com", AllocationMode: resourcev1beta1.DeviceAllocationModeAll},
+		{FirstAvailable: []resourcev1beta1.DeviceSubRequest{{DeviceClassName: "mig.nvidia.com"}}}}}}})
+	for name, c := range map[string]Claim{"v1": v1, "v1beta2": v1beta2, "v1beta1": v1beta1} {
+		if !reflect.DeepEqual(c.Requests, want) || c.Allocated {
+			t.Errorf("%s: requests %+v, allocated %v; want %+v", name, c.Requests, c.Allocated, want)
+		}
 	}
 }

@@ -172,34 +172,6 @@ func holdsClaims(pods []podresources.Pod) bool {
 	return false
 }
 
-// RequestsGPU reports whether pod requests (or limits) one of the device
-// plugin's GPU resources (isGPUResource) in any container, init container
-// or at pod level; a pod on NVIDIA's NICs alone (nvidia.com/hostdev) does
-// not. The planner takes a running pod for a GPU user by it too: one rule.
-func RequestsGPU(pod *corev1.Pod) bool {
-	has := func(r corev1.ResourceRequirements) bool {
-		for _, l := range []corev1.ResourceList{r.Requests, r.Limits} {
-			for name := range l {
-				if isGPUResource(name) {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	for _, c := range pod.Spec.InitContainers {
-		if has(c.Resources) {
-			return true
-		}
-	}
-	for _, c := range pod.Spec.Containers {
-		if has(c.Resources) {
-			return true
-		}
-	}
-	return pod.Spec.Resources != nil && has(*pod.Spec.Resources)
-}
-
 func terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
@@ -348,7 +320,7 @@ func allGPUPods(ctx context.Context, client kclient.Interface, node, how string)
 	out := affectedPods{How: how}
 	for i := range pods {
 		p := &pods[i]
-		if RequestsGPU(p) && !terminal(p) {
+		if podresources.RequestsGPU(p) && !terminal(p) {
 			out.Pods = append(out.Pods, *p)
 		}
 	}

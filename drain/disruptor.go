@@ -41,8 +41,6 @@ type Disruptor struct {
 	// PluginSettle is fresh.Proof's Settle (0: DefaultPluginSettle).
 	PluginSettle time.Duration
 
-	// path is what ServedBy found last (record.ServedBy*).
-	path string
 	// old are the plugin pods (by UID) that ran before the GPUs changed:
 	// what DevicePlugins listed and RestartDevicePlugins was given. Their
 	// figures never count as the new geometry's (fresh.Proof).
@@ -196,20 +194,20 @@ func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]
 	return restarted, err
 }
 
-// WaitResources implements reconcile.Disruptor. On the DRA path (as
-// ServedBy found it) the node's gpu.nvidia.com ResourceSlices must announce
+// WaitResources implements reconcile.Disruptor. On the DRA path (path:
+// record.ServedByDRA, as ServedBy found it) the node's gpu.nvidia.com ResourceSlices must announce
 // exactly the GPUs with MIG off and the MIG devices (announced); otherwise
 // the Node's allocatable must show exactly what the device plugin
 // advertises for them under strategy (expectedResources). Either way the
 // figures count only once the plugin that announces the devices (the DRA
 // kubelet plugin, or the device plugin; not GFD or the validator) was
 // restarted (fresh.Proof).
-func (d *Disruptor) WaitResources(ctx context.Context, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
+func (d *Disruptor) WaitResources(ctx context.Context, path, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
 	sels, err := d.selectors()
 	if err != nil {
 		return false, false, err
 	}
-	if d.path == record.ServedByDRA {
+	if path == record.ServedByDRA {
 		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.proof(sels.Is(OperandDRAPlugin)), timeout)
 		return true, ok, err
 	}

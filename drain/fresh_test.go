@@ -15,6 +15,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 )
 
@@ -51,7 +52,7 @@ func TestWaitResourcesWantsTheNewPlugin(t *testing.T) {
 	}
 	migMode, migDevices := swapExposed()
 	wait := func(timeout time.Duration) (bool, error) {
-		waited, ok, err := k.WaitResources(ctx, "mixed", migMode, migDevices, timeout)
+		waited, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, timeout)
 		if !waited {
 			t.Fatalf("WaitResources did not wait: %v", err)
 		}
@@ -120,7 +121,7 @@ func TestWaitResourcesFiguresMoved(t *testing.T) {
 	}()
 	migMode, migDevices := swapExposed()
 	start := time.Now()
-	waited, ok, err := k.WaitResources(ctx, "mixed", migMode, migDevices, 20*time.Second)
+	waited, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, 20*time.Second)
 	if !waited || !ok || err != nil {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}
@@ -163,7 +164,7 @@ func TestSharingReplicasBounded(t *testing.T) {
 	}
 	start := time.Now()
 	_, mig := swapExposed()
-	waited, ok, err := k.WaitResources(ctx, "mixed", map[string]bool{"GPU-0": true}, mig, time.Minute)
+	waited, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", map[string]bool{"GPU-0": true}, mig, time.Minute)
 	if !waited || ok || !errors.Is(err, sharing.ErrReplicas) || time.Since(start) > 10*time.Second {
 		t.Fatalf("WaitResources = %v, %v, %v after %s", waited, ok, err, time.Since(start))
 	}
@@ -179,7 +180,7 @@ func TestWaitResourcesPluginReadyBefore(t *testing.T) {
 	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}, PluginSettle: 30 * time.Second}
 	k.noteOld([]string{"nvidia-dra-driver-gpu/plugin-old/u-old"})
 	migMode, migDevices := swapExposed()
-	if waited, ok, err := k.WaitResources(ctx, "mixed", migMode, migDevices, 3*time.Second); !waited || !ok || err != nil {
+	if waited, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, 3*time.Second); !waited || !ok || err != nil {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}
 	// Ready 5 s ago: 25 s to go.
@@ -187,7 +188,7 @@ func TestWaitResourcesPluginReadyBefore(t *testing.T) {
 	if _, err := c.CoreV1().Pods(newPod.Namespace).UpdateStatus(ctx, newPod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := k.WaitResources(ctx, "mixed", migMode, migDevices, 1500*time.Millisecond); ok || err == nil || !strings.Contains(err.Error(), "waiting 30s after") {
+	if _, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, 1500*time.Millisecond); ok || err == nil || !strings.Contains(err.Error(), "waiting 30s after") {
 		t.Fatalf("Ready 5 s ago: ok %v, err %v", ok, err)
 	}
 }

@@ -78,7 +78,7 @@ func TestNetworkOperatorResourcesAreNoGPUs(t *testing.T) {
 	// A pod on the NICs alone requests no GPU, and holds no GPU device.
 	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{
 		Limits: corev1.ResourceList{"nvidia.com/hostdev": resource.MustParse("1"), "nvidia.com/rdma_shared_device_a": resource.MustParse("1")}}}}}}
-	if RequestsGPU(pod) {
+	if podresources.RequestsGPU(pod) {
 		t.Error("a pod on the NICs requests a GPU")
 	}
 	pr := podresources.Pod{Namespace: "ml", Name: "p", Containers: []podresources.Container{{Name: "c", Devices: map[string][]string{

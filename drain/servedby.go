@@ -62,13 +62,11 @@ func (d *Disruptor) ServedBy(ctx context.Context) (path, conflict string, err er
 		return "", fmt.Sprintf("the Node's allocatable has %s, and the NVIDIA DRA driver announces %d devices in the node's ResourceSlices",
 			strings.Join(dp, ", "), len(dra.AnnouncedUUIDs(sl))), nil
 	case viaDRA:
-		d.path = record.ServedByDRA
+		return record.ServedByDRA, "", nil
 	case len(dp) > 0:
-		d.path = record.ServedByDevicePlugin
-	default:
-		d.path = ""
+		return record.ServedByDevicePlugin, "", nil
 	}
-	return d.path, "", nil
+	return "", "", nil
 }
 
 // devicePluginResources lists the device plugin's GPU resources

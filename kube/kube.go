@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -20,7 +19,9 @@ import (
 
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/apierr"
+	"github.com/migagent/mig-agent/internal/configmap"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kevent"
 	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
@@ -225,20 +226,13 @@ func (k *Cluster) Event(ctx context.Context, node *reconcile.Node, eventType, re
 }
 
 func (k *Cluster) event(ctx context.Context, uid, eventType, reason, msg string) error {
-	now := metav1.NewTime(k.Clock.Now())
-	ref := corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: k.Node, UID: types.UID(uid)}
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: k.Node + ".", Namespace: metav1.NamespaceDefault},
-		InvolvedObject: ref,
-		Reason:         reason,
-		Message:        record.Truncate(msg, 1024),
-		Type:           eventType,
-		Source:         corev1.EventSource{Component: k.Component, Host: k.Node},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: "migagent.io/mig-agent", ReportingInstance: k.Component + "-" + k.Node,
-	}
-	_, err := k.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{})
-	return err
+	return k.poster().Post(ctx, k.Clock.Now(), kevent.NodeRef(k.Node, uid), eventType, reason, msg, false)
+}
+
+// poster posts the agent's Events, as component k.Component on its node.
+func (k *Cluster) poster() kevent.Poster {
+	return kevent.Poster{Client: k.Client, Component: k.Component, Host: k.Node,
+		Controller: "migagent.io/mig-agent", Instance: k.Component + "-" + k.Node}
 }
 
 // PublishConfigs creates or updates the ConfigMap <node>-mig-config with
@@ -266,7 +260,7 @@ func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) erro
 	if err != nil {
 		return err
 	}
-	name := k.Node + "-mig-config"
+	name := record.ConfigsConfigMapName(k.Node)
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: k.Namespace,
@@ -278,25 +272,21 @@ func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) erro
 	if node != nil {
 		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
 	}
-	cms := k.Client.CoreV1().ConfigMaps(k.Namespace)
-	old, err := cms.Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"})
-		return err
-	case err != nil:
-		return err
-	}
-	if maps.Equal(old.Data, cm.Data) && old.Annotations[record.AnnotationGPUs] == gpusJSON &&
-		len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
-		return nil
-	}
-	if old.Annotations == nil {
-		old.Annotations = map[string]string{}
-	}
-	old.Annotations[record.AnnotationGPUs] = gpusJSON
-	old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences
-	_, err = cms.Update(ctx, old, metav1.UpdateOptions{FieldManager: "mig-agent"})
+	_, err = configmap.Save(ctx, k.Client.CoreV1().ConfigMaps(k.Namespace), name, nil, func(old *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+		if old == nil {
+			return cm, nil
+		}
+		if maps.Equal(old.Data, cm.Data) && old.Annotations[record.AnnotationGPUs] == gpusJSON &&
+			len(old.OwnerReferences) == len(cm.OwnerReferences) && old.Labels[record.LabelNode] == k.Node {
+			return nil, nil
+		}
+		if old.Annotations == nil {
+			old.Annotations = map[string]string{}
+		}
+		old.Annotations[record.AnnotationGPUs] = gpusJSON
+		old.Data, old.Labels, old.OwnerReferences = cm.Data, cm.Labels, cm.OwnerReferences
+		return old, nil
+	})
 	return err
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
 	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -82,14 +83,7 @@ func TestRequestedBy(t *testing.T) {
 func TestRecordRetiring(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-	// The API server names generateName objects; the fake does not.
-	seq := 0
-	c.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
-		seq++
-		ev.Name = fmt.Sprintf("%s%d", ev.GenerateName, seq)
-		return false, nil, nil
-	})
+	kubefake.NameEvents(c)
 	var logs strings.Builder
 	k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Clock: clocktesting.NewFakeClock(time.Unix(0, 0)), Component: "mig-agent",
 		Log: slog.New(slog.NewJSONHandler(&logs, nil))}

@@ -23,8 +23,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/internal/kclient/restclient"
 )
 
 // TestOtherManager: one row per kind of other MIG manager, and the look-alikes
@@ -206,7 +206,7 @@ func TestRESTClusterPolicies(t *testing.T) {
 			{"apiVersion":"nvidia.com/v1","kind":"ClusterPolicy","metadata":{"name":"cluster-policy"},"spec":{"migManager":{"enabled":true}}}]}`))
 	}))
 	defer srv.Close()
-	c, err := kclient.New(&rest.Config{Host: srv.URL})
+	c, err := restclient.New(&rest.Config{Host: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}

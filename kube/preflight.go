@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/migagent/mig-agent/drain"
+	"github.com/migagent/mig-agent/internal/kevent"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -122,16 +123,8 @@ func (k *Cluster) dryRunTaint(ctx context.Context, n *corev1.Node) error {
 
 // preflightEvent: an Event about the Node.
 func (k *Cluster) preflightEvent(ctx context.Context, node *corev1.Node) error {
-	now := metav1.NewTime(k.Clock.Now())
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: k.Node + ".", Namespace: metav1.NamespaceDefault},
-		InvolvedObject: corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: k.Node, UID: node.UID},
-		Reason:         record.ReasonStarted, Message: "preflight", Type: corev1.EventTypeNormal,
-		Source:         corev1.EventSource{Component: k.Component, Host: k.Node},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: "migagent.io/mig-agent", ReportingInstance: k.Component + "-" + k.Node,
-	}
-	if _, err := k.Client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{DryRun: dryRun}); err != nil {
+	ref := kevent.NodeRef(k.Node, string(node.UID))
+	if err := k.poster().Post(ctx, k.Clock.Now(), ref, corev1.EventTypeNormal, record.ReasonStarted, "preflight", true); err != nil {
 		return fmt.Errorf("posting Events: %w", err)
 	}
 	return nil

@@ -1,13 +1,8 @@
 package kube
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"math"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/migagent/mig-agent/record"
@@ -38,7 +33,7 @@ type Status struct {
 	// GPUs is the per-GPU geometry of the last-change record, or of the
 	// newest history record that has one when the last change has none
 	// (see GeometryAt and Notes). Sorted by index.
-	GPUs []GPUGeometry `json:"gpus"`
+	GPUs []record.GPUGeometry `json:"gpus"`
 	// GeometryAt is the finishedAt of the record GPUs come from.
 	GeometryAt *time.Time `json:"geometryAt,omitempty"`
 	// LastChange is the annotation migagent.io/last-change; nil when
@@ -78,15 +73,6 @@ type AppliedConfig struct {
 	At time.Time `json:"at"`
 }
 
-// GPUGeometry is the geometry of one GPU as a change record holds it.
-type GPUGeometry struct {
-	Index int `json:"index"`
-	// Instances are "profile@start", sorted by start.
-	Instances []string `json:"instances"`
-	// Profiles counts instances per profile.
-	Profiles map[string]int `json:"profiles"`
-}
-
 // StatusFromNode reads the status of node from its labels and annotations.
 // Missing or malformed annotations are not an error: Status holds what could
 // be read and a note for each problem. The only error is ErrNoNode.
@@ -109,7 +95,7 @@ func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from stri
 		Desired:  labels[record.LabelConfig],
 		State:    labels[record.LabelState],
 		Strategy: labels[record.LabelStrategy],
-		GPUs:     []GPUGeometry{},
+		GPUs:     []record.GPUGeometry{},
 		History:  []record.ChangeRecord{},
 	}
 	if s.Desired == "" {
@@ -158,16 +144,11 @@ func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from stri
 	if s.LastChange != nil {
 		records = append([]record.ChangeRecord{*s.LastChange}, s.History...)
 	}
-	for _, r := range records {
-		if r.Result == record.StateSuccess {
-			s.Applied = &AppliedConfig{Config: r.Config, Hash: r.ConfigHash, Source: r.ConfigSource, At: r.FinishedAt}
-			break
-		}
+	if r := record.Applied(records); r != nil {
+		s.Applied = &AppliedConfig{Config: r.Config, Hash: r.ConfigHash, Source: r.ConfigSource, At: r.FinishedAt}
 	}
-	for i, r := range records {
-		if r.Geometry == nil {
-			continue
-		}
+	if i := record.WithGeometry(records); i >= 0 {
+		r := records[i]
 		switch {
 		case s.LastChange == nil:
 			s.note("GPU geometry is from the history record finished %s: there is no valid last-change record", r.FinishedAt.UTC().Format(time.RFC3339))
@@ -176,8 +157,11 @@ func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from stri
 		}
 		at := r.FinishedAt
 		s.GeometryAt = &at
-		s.GPUs = s.geometry(r.Geometry)
-		break
+		var bad []string
+		s.GPUs, bad = record.GeometryRows(r.Geometry)
+		for _, key := range bad {
+			s.note("GPU geometry: %q is not a GPU index, skipped", key)
+		}
 	}
 	return s, nil
 }
@@ -185,54 +169,6 @@ func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from stri
 // sameRecord says whether a and b are one record, one of them in its light
 // form: the same recordKey.
 func sameRecord(a, b record.ChangeRecord) bool { return recordKey(a) == recordKey(b) }
-
-// geometry turns a record's Geometry map into rows sorted by GPU index.
-func (s *Status) geometry(g map[string][]string) []GPUGeometry {
-	out := []GPUGeometry{}
-	var bad []string
-	for key, instances := range g {
-		idx, err := strconv.Atoi(key)
-		if err != nil || idx < 0 {
-			bad = append(bad, key)
-			continue
-		}
-		inst := slices.Clone(instances)
-		if inst == nil {
-			inst = []string{}
-		}
-		slices.SortStableFunc(inst, func(a, b string) int {
-			_, sa := SplitInstance(a)
-			_, sb := SplitInstance(b)
-			return cmp.Or(cmp.Compare(sa, sb), cmp.Compare(a, b))
-		})
-		profiles := map[string]int{}
-		for _, in := range inst {
-			p, _ := SplitInstance(in)
-			profiles[p]++
-		}
-		out = append(out, GPUGeometry{Index: idx, Instances: inst, Profiles: profiles})
-	}
-	slices.SortFunc(out, func(a, b GPUGeometry) int { return cmp.Compare(a.Index, b.Index) })
-	slices.Sort(bad)
-	for _, key := range bad {
-		s.note("GPU geometry: %q is not a GPU index, skipped", key)
-	}
-	return out
-}
-
-// SplitInstance splits "3g.71gb@4" into the profile and the start; an entry
-// without a valid start sorts last.
-func SplitInstance(in string) (profile string, start int) {
-	i := strings.LastIndexByte(in, '@')
-	if i < 0 {
-		return in, math.MaxInt
-	}
-	n, err := strconv.Atoi(in[i+1:])
-	if err != nil {
-		return in[:i], math.MaxInt
-	}
-	return in[:i], n
-}
 
 func (s *Status) note(format string, args ...any) {
 	s.Notes = append(s.Notes, fmt.Sprintf(format, args...))

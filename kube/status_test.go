@@ -157,7 +157,7 @@ func TestStatusGeometry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []GPUGeometry{
+	want := []record.GPUGeometry{
 		{Index: 0, Instances: []string{}, Profiles: map[string]int{}},
 		{Index: 1, Instances: []string{"3g.71gb@0", "1g.18gb@4", "1g.18gb@5", "1g.18gb@6"},
 			Profiles: map[string]int{"3g.71gb": 1, "1g.18gb": 3}},

@@ -279,11 +279,11 @@ func podList(pods []string, n, omitted int) string {
 
 // profileSummary is "1x 3g.71gb, 2x 1g.18gb" in the order the profiles
 // first appear on the GPU.
-func profileSummary(g GPUGeometry) string {
+func profileSummary(g record.GPUGeometry) string {
 	var parts []string
 	seen := map[string]bool{}
 	for _, in := range g.Instances {
-		p, _ := SplitInstance(in)
+		p, _ := record.SplitInstance(in)
 		if seen[p] {
 			continue
 		}

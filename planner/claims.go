@@ -2,14 +2,13 @@ package planner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 
 	corev1 "k8s.io/api/core/v1"
-	resourcev1 "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient"
 )
 
@@ -26,15 +25,13 @@ var profileSelector = regexp.MustCompile(
 	`device\.attributes\[\s*["']gpu\.nvidia\.com["']\s*\]\.profile\s*==\s*["']([^"']+)["']` +
 		`|["']([^"']+)["']\s*==\s*device\.attributes\[\s*["']gpu\.nvidia\.com["']\s*\]\.profile`)
 
-// SelectorProfile is the one profile a request's CEL selectors name ("" when
-// none names one, or they name several: the planner cannot tell which).
-func SelectorProfile(selectors []resourcev1.DeviceSelector) string {
+// SelectorProfile is the one profile a request's CEL selectors (their
+// expressions) name ("" when none names one, or they name several: the
+// planner cannot tell which).
+func SelectorProfile(selectors []string) string {
 	found := ""
 	for _, s := range selectors {
-		if s.CEL == nil {
-			continue
-		}
-		for _, m := range profileSelector.FindAllStringSubmatch(s.CEL.Expression, -1) {
+		for _, m := range profileSelector.FindAllStringSubmatch(s, -1) {
 			p := m[1] + m[2]
 			if found != "" && found != p {
 				return ""
@@ -48,21 +45,20 @@ func SelectorProfile(selectors []resourcev1.DeviceSelector) string {
 // ClaimWants counts the MIG devices a claim asks for by profile: its
 // requests of MigDeviceClass (ExactCount, count 1 unless given) whose
 // selectors name a profile. An allocated claim asks for nothing more.
-func ClaimWants(claim *resourcev1.ResourceClaim) map[string]int {
+func ClaimWants(claim dra.Claim) map[string]int {
 	wants := map[string]int{}
-	if claim.Status.Allocation != nil {
+	if claim.Allocated {
 		return wants
 	}
-	for _, r := range claim.Spec.Devices.Requests {
-		e := r.Exactly
-		if e == nil || e.DeviceClassName != MigDeviceClass || e.AllocationMode == resourcev1.DeviceAllocationModeAll {
+	for _, r := range claim.Requests {
+		if r.Class != MigDeviceClass || r.All {
 			continue
 		}
-		prof := SelectorProfile(e.Selectors)
+		prof := SelectorProfile(r.Selectors)
 		if prof == "" {
 			continue
 		}
-		n := e.Count
+		n := r.Count
 		if n <= 0 {
 			n = 1
 		}
@@ -92,9 +88,10 @@ func claimNames(p *corev1.Pod) []string {
 
 // addClaimWants adds to each pending pod's Wants the MIG devices its
 // ResourceClaims ask for: one list of the claims per namespace of such
-// pods. A cluster that does not serve resource.k8s.io/v1 has none.
+// pods, in whichever version of resource.k8s.io the API server serves
+// (dra.ClaimsIn). A cluster that serves none has none.
 func addClaimWants(ctx context.Context, c kclient.Interface, pods []*corev1.Pod, wants []map[string]int) error {
-	claims := map[string]map[string]*resourcev1.ResourceClaim{} // namespace → name → claim
+	claims := map[string]map[string]dra.Claim{} // namespace → name → claim
 	for i, p := range pods {
 		names := claimNames(p)
 		if len(names) == 0 {
@@ -102,16 +99,13 @@ func addClaimWants(ctx context.Context, c kclient.Interface, pods []*corev1.Pod,
 		}
 		byName, ok := claims[p.Namespace]
 		if !ok {
-			l, err := c.ResourceV1().ResourceClaims(p.Namespace).List(ctx, metav1.ListOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				l = &resourcev1.ResourceClaimList{}
-			case err != nil:
-				return fmt.Errorf("listing the ResourceClaims of namespace %s: %w", p.Namespace, err)
+			l, err := dra.ClaimsIn(ctx, c, p.Namespace)
+			if err != nil && !errors.Is(err, dra.ErrNoDRA) {
+				return fmt.Errorf("namespace %s: %w", p.Namespace, err)
 			}
-			byName = map[string]*resourcev1.ResourceClaim{}
-			for j := range l.Items {
-				byName[l.Items[j].Name] = &l.Items[j]
+			byName = map[string]dra.Claim{}
+			for _, cl := range l {
+				byName[cl.Name] = cl
 			}
 			claims[p.Namespace] = byName
 		}

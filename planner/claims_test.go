@@ -11,10 +11,11 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 )
 
-func cel(exprs ...string) []resourcev1.DeviceSelector {
+func celSel(exprs ...string) []resourcev1.DeviceSelector {
 	var out []resourcev1.DeviceSelector
 	for _, e := range exprs {
 		out = append(out, resourcev1.DeviceSelector{CEL: &resourcev1.CELDeviceSelector{Expression: e}})
@@ -23,8 +24,9 @@ func cel(exprs ...string) []resourcev1.DeviceSelector {
 }
 
 func TestSelectorProfile(t *testing.T) {
+	cel := func(exprs ...string) []string { return exprs }
 	for _, tc := range []struct {
-		sel  []resourcev1.DeviceSelector
+		sel  []string
 		want string
 	}{
 		{cel(`device.attributes["gpu.nvidia.com"].profile == "3g.71gb"`), "3g.71gb"},
@@ -47,24 +49,21 @@ func migClaim(ns, name, profile string, count int64) *resourcev1.ResourceClaim {
 	return &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "mig",
 			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: MigDeviceClass, Count: count,
-				Selectors: cel(`device.attributes["gpu.nvidia.com"].profile == "` + profile + `"`)}}}}}}
+				Selectors: celSel(`device.attributes["gpu.nvidia.com"].profile == "` + profile + `"`)}}}}}}
 }
 
 func TestClaimWants(t *testing.T) {
-	two := migClaim("ml", "c", "3g.71gb", 2)
-	two.Spec.Devices.Requests = append(two.Spec.Devices.Requests,
-		resourcev1.DeviceRequest{Name: "small", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: MigDeviceClass,
-			Selectors: cel(`device.attributes["gpu.nvidia.com"].profile == "1g.18gb"`)}},
-		resourcev1.DeviceRequest{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpu.nvidia.com",
-			Selectors: cel(`device.attributes["gpu.nvidia.com"].profile == "7g.141gb"`)}},
-		resourcev1.DeviceRequest{Name: "all", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: MigDeviceClass,
-			AllocationMode: resourcev1.DeviceAllocationModeAll, Selectors: cel(`device.attributes["gpu.nvidia.com"].profile == "2g.35gb"`)}},
-		resourcev1.DeviceRequest{Name: "any", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: MigDeviceClass}})
+	profile := func(p string) []string { return []string{`device.attributes["gpu.nvidia.com"].profile == "` + p + `"`} }
+	two := dra.Claim{Namespace: "ml", Name: "c", Requests: []dra.ClaimRequest{
+		{Class: MigDeviceClass, Count: 2, Selectors: profile("3g.71gb")},
+		{Class: MigDeviceClass, Selectors: profile("1g.18gb")},
+		{Class: "gpu.nvidia.com", Selectors: profile("7g.141gb")},
+		{Class: MigDeviceClass, All: true, Selectors: profile("2g.35gb")},
+		{Class: MigDeviceClass}}}
 	if got := ClaimWants(two); len(got) != 2 || got["3g.71gb"] != 2 || got["1g.18gb"] != 1 {
 		t.Errorf("ClaimWants = %v, want 2× 3g.71gb, 1× 1g.18gb", got)
 	}
-	allocated := migClaim("ml", "c", "3g.71gb", 1)
-	allocated.Status.Allocation = &resourcev1.AllocationResult{}
+	allocated := dra.Claim{Namespace: "ml", Name: "c", Allocated: true, Requests: two.Requests[:1]}
 	if got := ClaimWants(allocated); len(got) != 0 {
 		t.Errorf("an allocated claim wants %v", got)
 	}

@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/geometry"
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/profiles"
+	"github.com/migagent/mig-agent/published"
+	"github.com/migagent/mig-agent/record"
 )
 
 const testConfig = `version: v1
@@ -249,8 +250,8 @@ func TestParseInstance(t *testing.T) {
 // NodeGPUs reads GPU Feature Discovery's labels and the record's geometry.
 func TestNodeGPUs(t *testing.T) {
 	spec := testSpec(t)
-	st := &kube.Status{GPUs: []kube.GPUGeometry{{Index: 0, Instances: []string{"3g.71gb@0", "3g.71gb@4"}}, {Index: 1, Instances: []string{}}},
-		Applied: &kube.AppliedConfig{Config: "first-3g"}}
+	st := published.Node{Geometry: []record.GPUGeometry{{Index: 0, Instances: []string{"3g.71gb@0", "3g.71gb@4"}}, {Index: 1, Instances: []string{}}},
+		Applied: "first-3g"}
 	gpus, err := NodeGPUs(map[string]string{LabelGPUProduct: "NVIDIA-H200"}, st, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -258,13 +259,13 @@ func TestNodeGPUs(t *testing.T) {
 	if len(gpus) != 2 || !gpus[0].ModeCurrent || gpus[1].ModeCurrent || len(gpus[0].Instances) != 2 {
 		t.Fatalf("gpus = %+v", gpus)
 	}
-	if _, err := NodeGPUs(map[string]string{LabelGPUProduct: "NVIDIA-H200", LabelGPUCount: "4"}, &kube.Status{}, spec); err != nil {
+	if _, err := NodeGPUs(map[string]string{LabelGPUProduct: "NVIDIA-H200", LabelGPUCount: "4"}, published.Node{}, spec); err != nil {
 		t.Errorf("count from the label: %v", err)
 	}
-	if _, err := NodeGPUs(map[string]string{LabelGPUProduct: "Tesla-T4", LabelGPUCount: "1"}, &kube.Status{}, spec); err == nil {
+	if _, err := NodeGPUs(map[string]string{LabelGPUProduct: "Tesla-T4", LabelGPUCount: "1"}, published.Node{}, spec); err == nil {
 		t.Error("an unknown model is no error")
 	}
-	if _, err := NodeGPUs(map[string]string{LabelGPUProduct: "NVIDIA-H200"}, &kube.Status{}, spec); err == nil {
+	if _, err := NodeGPUs(map[string]string{LabelGPUProduct: "NVIDIA-H200"}, published.Node{}, spec); err == nil {
 		t.Error("no GPU count is no error")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/lease/leaseobs"
 )
 
 // ErrLostLease: the replica could not renew its Lease in time; another may
@@ -23,7 +24,8 @@ var ErrLostLease = errors.New("planner lost its Lease")
 // Name in Namespace plans, the others wait. It follows client-go's leader
 // election (k8s.io/client-go/tools/leaderelection, LeaderElector.tryAcquireOrRenew):
 // a Lease whose holder has not renewed it for LeaseDuration, as observed
-// by this replica's own clock since it last saw the record change, may be
+// by this replica's own clock since it last saw the record change
+// (leaseobs.Observer, as the agent's rollout slots judge theirs), may be
 // taken; the leader renews every RetryPeriod and stops when it could not
 // renew for RenewDeadline. It is built on the agent's narrow client
 // (client-go's leaderelection package links the whole clientset).
@@ -40,8 +42,9 @@ type Elector struct {
 	// Leading is told when leadership starts and ends (nil: not told).
 	Leading func(bool)
 
-	observed   string // holder and renew time last seen
-	observedAt time.Time
+	// obs judges the holder's Lease by when this replica saw its record
+	// change, on its own clock.
+	obs leaseobs.Observer
 }
 
 // Run waits for the Lease, then runs lead until ctx ends or the Lease is
@@ -107,18 +110,12 @@ func (e *Elector) try(ctx context.Context) bool {
 	if l.Spec.HolderIdentity != nil {
 		holder = *l.Spec.HolderIdentity
 	}
-	seen := holder
-	if l.Spec.RenewTime != nil {
-		seen += "@" + l.Spec.RenewTime.UTC().String()
-	}
-	if seen != e.observed {
-		e.observed, e.observedAt = seen, e.Clock.Now()
-	}
+	observedAt := e.obs.Observe(l, e.Clock.Now())
 	dur := e.LeaseDuration
 	if l.Spec.LeaseDurationSeconds != nil {
 		dur = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 	}
-	if holder != "" && holder != e.Identity && e.Clock.Since(e.observedAt) < dur {
+	if holder != "" && holder != e.Identity && e.Clock.Since(observedAt) < dur {
 		return false
 	}
 	l = l.DeepCopy()

@@ -16,13 +16,12 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
-	"github.com/migagent/mig-agent/assign"
-	"github.com/migagent/mig-agent/drain"
+	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/labelwriter"
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/profiles"
+	"github.com/migagent/mig-agent/published"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -160,9 +159,9 @@ func quantity(q resource.Quantity) int64 {
 }
 
 // usesGPU: the pod asks for a GPU resource, by the agent's own rule
-// (drain.RequestsGPU: nvidia.com/gpu or nvidia.com/mig-*, not NVIDIA's
-// NICs' nvidia.com/hostdev or RDMA resources).
-func usesGPU(p *corev1.Pod) bool { return drain.RequestsGPU(p) }
+// (podresources.RequestsGPU: nvidia.com/gpu or nvidia.com/mig-*, not
+// NVIDIA's NICs' nvidia.com/hostdev or RDMA resources).
+func usesGPU(p *corev1.Pod) bool { return podresources.RequestsGPU(p) }
 
 // landsOn is a test of the nodes p can be scheduled on, by the
 // scheduler's own helpers: its node selector and required node affinity
@@ -217,11 +216,8 @@ func Nodes(ctx context.Context, c kclient.Interface, spec *geometry.Spec, namesp
 }
 
 func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, namespace string, kn *corev1.Node) (*Node, error) {
-	st, _ := kube.StatusFromNode(kn)
-	n := &Node{Name: kn.Name, Desired: st.Desired, obj: kn}
-	if st.Applied != nil {
-		n.Applied = st.Applied.Config
-	}
+	st := published.NodeOf(kn)
+	n := &Node{Name: kn.Name, Desired: st.Desired, Applied: st.Applied, obj: kn}
 	// In flight: a change runs, or a label the agent has not acted on yet
 	// (a failed change is not: the agent retries it on its own).
 	n.Changing = st.State == record.StatePending || st.State == record.StateRebooting
@@ -237,13 +233,13 @@ func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, nam
 		}
 	}
 	gpus, note, err := publishedGPUs(ctx, c, namespace, kn.Name, kn.Labels, st)
-	if errors.Is(err, errNotPublished) {
+	if errors.Is(err, published.ErrNotPublished) {
 		// An agent older than the planner: GFD's labels and the built-in
 		// table of models, as before.
 		if gpus, err = NodeGPUs(kn.Labels, st, spec); err == nil {
-			note = errNotPublished.Error() + ": planned from GPU Feature Discovery's labels and the built-in table of models"
+			note = published.ErrNotPublished.Error() + ": planned from GPU Feature Discovery's labels and the built-in table of models"
 		} else {
-			err = fmt.Errorf("%w; %w", errNotPublished, err)
+			err = fmt.Errorf("%w; %w", published.ErrNotPublished, err)
 		}
 	}
 	if err != nil {
@@ -260,12 +256,12 @@ func readNode(ctx context.Context, c kclient.Interface, spec *geometry.Spec, nam
 // model from GPU Feature Discovery's nvidia.com/gpu.product, the count from
 // the record's geometry (else nvidia.com/gpu.count), the instances from the
 // newest record with a geometry, the MIG mode from the applied config.
-func NodeGPUs(labels map[string]string, st *kube.Status, spec *geometry.Spec) ([]geometry.GPU, error) {
+func NodeGPUs(labels map[string]string, st published.Node, spec *geometry.Spec) ([]geometry.GPU, error) {
 	m, err := modelOf(labels[LabelGPUProduct])
 	if err != nil {
 		return nil, err
 	}
-	count := len(st.GPUs)
+	count := len(st.Geometry)
 	if count == 0 {
 		if count, err = strconv.Atoi(labels[LabelGPUCount]); err != nil || count <= 0 {
 			return nil, fmt.Errorf("no GPU count: no recorded geometry and label %s is %q", LabelGPUCount, labels[LabelGPUCount])
@@ -276,12 +272,12 @@ func NodeGPUs(labels map[string]string, st *kube.Status, spec *geometry.Spec) ([
 		gpus[i] = geometry.GPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i), Name: m.Name, PCIDeviceID: m.PCIDeviceID,
 			Architecture: m.Architecture, MigCapable: m.MigCapable, CanReset: true, Catalogue: m.Catalogue}
 	}
-	if err := overlay(gpus, st.GPUs); err != nil {
+	if err := overlay(gpus, st.Geometry); err != nil {
 		return nil, err
 	}
 	enabled := map[int]bool{}
-	if st.Applied != nil && spec != nil {
-		if reqs, _, err := spec.Resolve(st.Applied.Config, gpus); err == nil {
+	if st.Applied != "" && spec != nil {
+		if reqs, _, err := spec.Resolve(st.Applied, gpus); err == nil {
 			for _, r := range reqs {
 				enabled[r.GPU] = r.MigEnabled
 			}
@@ -315,12 +311,11 @@ func modelOf(product string) (*profiles.Model, error) {
 // GPU resource but hold no device the trail names.
 func readInUse(ctx context.Context, c kclient.Interface, namespace string, n *Node) error {
 	located := map[string]bool{}
-	h, err := assign.ReadConfigMap(ctx, c, namespace, n.Name)
+	h, err := published.Trail(ctx, c, namespace, n.Name)
 	switch {
-	case errors.Is(err, assign.ErrNoHistory):
 	case err != nil:
 		n.Unreadable = "its assignment trail cannot be read: " + err.Error()
-	default:
+	case h != nil:
 		for _, e := range h.Entries {
 			if !e.Open() {
 				continue

@@ -14,7 +14,7 @@
 // selector, node affinity and tolerations, by the scheduler's own helpers
 // in k8s.io/component-helpers); its wants are bounded counts; a free device
 // serves one pod once; a running pod is a GPU user by the agent's own rule
-// (drain.RequestsGPU).
+// (podresources.RequestsGPU).
 //
 // It may import client-go (through internal/kclient), component-helpers'
 // scheduling helpers, geometry, profiles, record, kube (to read a node's
@@ -41,6 +41,7 @@ import (
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kevent"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -55,7 +56,7 @@ type Planner struct {
 	Out       io.Writer // --dry-run's report
 	Log       *slog.Logger
 	Clock     clock.Clock
-	Metrics   *Metrics // nil: none
+	Metrics   Metrics // nil: none
 	// Identity names the planner in its Events.
 	Identity string
 
@@ -63,7 +64,6 @@ type Planner struct {
 	changed    map[string]time.Time      // node → when this planner last set its label
 	unservable map[string]string         // pod UID → the reason its Event gave
 	silent     map[string]time.Time      // node → the label write its ReasonSilent Event was for
-	seq        int64                     // Events written: their names differ
 	watch      cache.SharedIndexInformer // the unbound pods (Run); nil or not synced: listed each round
 }
 
@@ -95,7 +95,7 @@ func (p *Planner) Round(ctx context.Context) (Outcome, error) {
 		if p.DryRun {
 			p.report(out)
 		} else {
-			p.Metrics.unservablePods(0)
+			p.metrics().UnservablePods(0)
 		}
 		return out, nil
 	}
@@ -143,8 +143,7 @@ func (p *Planner) silence(ctx context.Context, nodes []*Node, now time.Time) {
 		msg := fmt.Sprintf("the node has not acted on %s=%s within %s of its write (is its agent running?): "+
 			"no longer counted against --max-concurrent, and not planned for until it acts", record.LabelConfig, n.Desired, p.Options.ActTimeout)
 		p.Log.Warn("planner: a node does not act on its label", "node", n.Name, "config", n.Desired, "since", n.LabelAt)
-		p.write(ctx, corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: n.Name}, metav1.NamespaceDefault,
-			corev1.EventTypeWarning, ReasonSilent, msg)
+		p.write(ctx, kevent.NodeRef(n.Name, ""), corev1.EventTypeWarning, ReasonSilent, msg)
 	}
 }
 
@@ -196,20 +195,19 @@ func (p *Planner) apply(ctx context.Context, d Decision, now time.Time) error {
 	}
 	p.changed[d.Node] = now
 	p.Log.Info("planner changed a node's geometry", "node", d.Node, "config", d.Config, "gpus", d.GPUs, "pods", len(d.Pods), "why", d.Why)
-	p.Metrics.decision("changed")
+	p.metrics().Decision("changed")
 	msg := fmt.Sprintf("node %s, GPU(s) %s, config %s: %s", d.Node, ints(d.GPUs), d.Config, d.Why)
 	names := make([]string, len(d.Pods))
 	for i, pod := range d.Pods {
 		names[i] = pod.Key()
 	}
-	p.write(ctx, corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: d.Node}, metav1.NamespaceDefault,
-		corev1.EventTypeNormal, ReasonPlanned, msg+"; for "+strings.Join(names, ", "))
+	p.write(ctx, kevent.NodeRef(d.Node, ""), corev1.EventTypeNormal, ReasonPlanned, msg+"; for "+strings.Join(names, ", "))
 	for _, pod := range d.Pods {
 		p.planned[pod.UID] = planned{node: d.Node, at: now}
 		delete(p.unservable, pod.UID)
 		p.event(ctx, pod, corev1.EventTypeNormal, ReasonPlanned, msg)
 		if !pod.Pending.IsZero() {
-			p.Metrics.planned(now.Sub(pod.Pending))
+			p.metrics().Planned(now.Sub(pod.Pending))
 		}
 	}
 	return nil
@@ -228,32 +226,21 @@ func (p *Planner) explain(ctx context.Context, pods []Pod, out Outcome) {
 			continue
 		}
 		p.unservable[pod.UID] = why
-		p.Metrics.decision("unservable")
+		p.metrics().Decision("unservable")
 		p.Log.Info("planner cannot serve a pending pod", "pod", pod.Key(), "why", why)
 		p.event(ctx, pod, corev1.EventTypeWarning, ReasonUnservable, why)
 	}
-	p.Metrics.unservablePods(n)
+	p.metrics().UnservablePods(n)
 }
 
 func (p *Planner) event(ctx context.Context, pod Pod, typ, reason, msg string) {
-	ref := corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
-	p.write(ctx, ref, pod.Namespace, typ, reason, msg)
+	p.write(ctx, kevent.PodRef(pod.Namespace, pod.Name, pod.UID), typ, reason, msg)
 }
 
-// write creates one Event about ref in namespace.
-func (p *Planner) write(ctx context.Context, ref corev1.ObjectReference, namespace, typ, reason, msg string) {
-	now := metav1.NewTime(p.Clock.Now())
-	p.seq++
-	ev := &corev1.Event{
-		// Named as client-go's event recorder names them: object.<hex time>.
-		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", ref.Name, now.UnixNano()+p.seq), Namespace: namespace},
-		InvolvedObject: ref,
-		Reason:         reason, Message: record.Truncate(msg, 1024), Type: typ,
-		Source:         corev1.EventSource{Component: "mig-agent-planner"},
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		ReportingController: "migagent.io/mig-agent-planner", ReportingInstance: p.Identity,
-	}
-	if _, err := p.Client.CoreV1().Events(namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+// write posts one Event about ref.
+func (p *Planner) write(ctx context.Context, ref corev1.ObjectReference, typ, reason, msg string) {
+	poster := kevent.Poster{Client: p.Client, Component: "mig-agent-planner", Controller: "migagent.io/mig-agent-planner", Instance: p.Identity}
+	if err := poster.Post(ctx, p.Clock.Now(), ref, typ, reason, msg, false); err != nil {
 		p.Log.Warn("planner could not write an Event", "kind", ref.Kind, "name", ref.Name, "reason", reason, "err", err)
 	}
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
+	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -37,6 +39,7 @@ func pendingPodObj(name, profile string) *corev1.Pod {
 func newTestPlanner(t *testing.T, dry bool, objs ...runtime.Object) (*Planner, *fake.Clientset, *bytes.Buffer) {
 	t.Helper()
 	c := fake.NewClientset(objs...)
+	kubefake.NameEvents(c)
 	out := &bytes.Buffer{}
 	return &Planner{Client: clientset.Wrap(c), Namespace: "mig-agent", Spec: testSpec(t), DryRun: dry, Out: out,
 		Log: testsupport.Discard(), Clock: clocktesting.NewFakeClock(time.Unix(5000, 0)), Identity: "test",
@@ -81,7 +84,7 @@ func TestRoundDryRun(t *testing.T) {
 // the Unservable Event.
 func TestRoundAppliesOnce(t *testing.T) {
 	p, c, _ := newTestPlanner(t, false, optedIn("n1"), pendingPodObj("a", "3g.71gb"), pendingPodObj("b", "7g.141gb"))
-	p.Metrics = NewMetrics()
+	p.Metrics = metrics.NewPlanner()
 	for range 3 {
 		if _, err := p.Round(context.Background()); err != nil {
 			t.Fatal(err)
@@ -198,7 +201,7 @@ func TestPlannedAt(t *testing.T) {
 // whatever the number of opted-in nodes.
 func TestRoundIdleReadsOnlyPods(t *testing.T) {
 	p, c, _ := newTestPlanner(t, false, optedIn("n1"), optedIn("n2"))
-	p.Metrics = NewMetrics()
+	p.Metrics = metrics.NewPlanner()
 	out, err := p.Round(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -5,12 +5,9 @@ import (
 	"fmt"
 	"strings"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/internal/kclient"
-	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/published"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -21,10 +18,6 @@ const (
 	geoUnusable    = "unusable:"
 )
 
-// errNotPublished: the node's agent has published no GPUs (an agent older
-// than the planner, or one that has not read NVML yet).
-var errNotPublished = fmt.Errorf("its agent has published no GPUs (ConfigMap <node>-mig-config, annotation %s)", record.AnnotationGPUs)
-
 // publishedGPUs reads the GPUs the node's agent discovered through NVML and
 // published (the ConfigMap <node>-mig-config in namespace, annotation migagent.io/gpus):
 // the models, profiles and placements are the node's own, whatever GPU
@@ -34,19 +27,8 @@ var errNotPublished = fmt.Errorf("its agent has published no GPUs (ConfigMap <no
 // published one. GFD's nvidia.com/gpu.product, where
 // set, only confirms: a model it does not name gives a note (note), and
 // the agent's word stands.
-func publishedGPUs(ctx context.Context, c kclient.Interface, namespace, node string, labels map[string]string, st *kube.Status) ([]geometry.GPU, string, error) {
-	cm, err := c.CoreV1().ConfigMaps(namespace).Get(ctx, node+"-mig-config", metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, "", errNotPublished
-	case err != nil:
-		return nil, "", fmt.Errorf("reading ConfigMap %s/%s-mig-config: %w", namespace, node, err)
-	}
-	data, ok := cm.Annotations[record.AnnotationGPUs]
-	if !ok {
-		return nil, "", errNotPublished
-	}
-	doc, gpus, err := geometry.ParsePublished([]byte(data))
+func publishedGPUs(ctx context.Context, c kclient.Interface, namespace, node string, labels map[string]string, st published.Node) ([]geometry.GPU, string, error) {
+	doc, gpus, err := published.GPUs(ctx, c, namespace, node)
 	if err != nil {
 		return nil, "", err
 	}
@@ -54,7 +36,7 @@ func publishedGPUs(ctx context.Context, c kclient.Interface, namespace, node str
 		return nil, "", fmt.Errorf("its agent cannot open GPU(s) %v", doc.Unusable)
 	}
 	if st.GeometryAt != nil {
-		if err := overlay(gpus, st.GPUs); err != nil {
+		if err := overlay(gpus, st.Geometry); err != nil {
 			return nil, "", err
 		}
 	}
@@ -63,7 +45,7 @@ func publishedGPUs(ctx context.Context, c kclient.Interface, namespace, node str
 
 // overlay sets the MIG mode and the instances of gpus from a change
 // record's geometry, newer than what was published.
-func overlay(gpus []geometry.GPU, geo []kube.GPUGeometry) error {
+func overlay(gpus []geometry.GPU, geo []record.GPUGeometry) error {
 	for _, g := range geo {
 		if g.Index < 0 || g.Index >= len(gpus) {
 			return fmt.Errorf("recorded geometry names GPU %d of %d", g.Index, len(gpus))

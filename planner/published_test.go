@@ -17,13 +17,12 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/geometry"
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/profiles"
 	"github.com/migagent/mig-agent/record"
 )
 
-// published is the ConfigMap an agent writes for node: its GPUs as read.
-func published(t *testing.T, node string, gpus []geometry.GPU) *corev1.ConfigMap {
+// publishedCM is the ConfigMap an agent writes for node: its GPUs as read.
+func publishedCM(t *testing.T, node string, gpus []geometry.GPU) *corev1.ConfigMap {
 	t.Helper()
 	doc, err := json.Marshal(geometry.Publish(gpus, nil, time.Unix(4000, 0)))
 	if err != nil {
@@ -49,7 +48,7 @@ func TestPlansFromWhatTheAgentPublished(t *testing.T) {
 		t.Fatal("the model is in the table")
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{LabelOptIn: OptInValue}}}
-	p, c, _ := newTestPlanner(t, false, node, published(t, "n1", []geometry.GPU{gpu, withIndex(gpu, 1)}), pendingPodObj("a", "3g.71gb"))
+	p, c, _ := newTestPlanner(t, false, node, publishedCM(t, "n1", []geometry.GPU{gpu, withIndex(gpu, 1)}), pendingPodObj("a", "3g.71gb"))
 	out, err := p.Round(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +107,7 @@ func TestPublishedGeometryYieldsToNewerRecord(t *testing.T) {
 	}
 }
 
-type kubeGeo = kube.GPUGeometry
+type kubeGeo = record.GPUGeometry
 
 // Run watches the unbound pods: a pod marked unschedulable is planned for
 // at once, not at the next tick (an hour here).

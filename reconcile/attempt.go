@@ -738,7 +738,7 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	}
 	_ = d.notify().Status("waiting for %s", what)
 	migMode, migDevices := n.Exposed()
-	waited, ok, err := d.Disrupt.WaitResources(ctx, node.Strategy, migMode, migDevices, d.S.ResourceWaitTimeout)
+	waited, ok, err := d.Disrupt.WaitResources(ctx, ch.ServedBy, node.Strategy, migMode, migDevices, d.S.ResourceWaitTimeout)
 	if !waited {
 		d.Log.Warn("computing the expected resources failed; not waiting for them", "err", err)
 		return nil, ""

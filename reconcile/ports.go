@@ -149,12 +149,12 @@ type Disruptor interface {
 	// so that their DaemonSets start new ones. Safe to repeat.
 	RestartDevicePlugins(ctx context.Context, pods []string) (restarted []string, err error)
 	// WaitResources waits until the node advertises exactly what the GPUs
-	// imply, on the path that serves it: the device plugin's resources
-	// under the MIG strategy in the Node's allocatable, or the DRA driver's
-	// devices in the node's ResourceSlices. migMode and migDevices are what
-	// the GPUs expose (gpus.Inventory.Exposed). ok is false on timeout.
-	// waited is false when nothing could be expected (nothing was awaited).
-	WaitResources(ctx context.Context, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error)
+	// imply on path (the change's ServedBy): on record.ServedByDRA the DRA
+	// driver's devices in its ResourceSlices, else the device plugin's
+	// resources under strategy in its allocatable. migMode and migDevices
+	// are what the GPUs expose (gpus.Inventory.Exposed). ok is false on
+	// timeout; waited is false when nothing could be expected.
+	WaitResources(ctx context.Context, path, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error)
 	// ServedBy says which allocation path hands the node's GPUs to pods
 	// (record.ServedByDevicePlugin, record.ServedByDRA, "" when neither is
 	// seen); conflict describes both at once on the node (refused).

@@ -49,6 +49,11 @@ const (
 	NodeHistoryMaxBytes = 6 << 10
 )
 
+// ConfigsConfigMapName is the name of the ConfigMap where node's agent
+// publishes its generated configs (key ConfigMapKey) and its GPUs
+// (annotation AnnotationGPUs).
+func ConfigsConfigMapName(node string) string { return node + "-mig-config" }
+
 // HistoryConfigMapName is the name of node's history ConfigMap.
 func HistoryConfigMapName(node string) string { return node + HistoryConfigMapSuffix }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/restclient"
 )
 
 // assignmentsCmd reads a node's assignment trail: which container of which
@@ -90,7 +91,7 @@ func statusClient(kubeconfig string) (kclient.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
-	return kclient.New(cfg)
+	return restclient.New(cfg)
 }
 
 func writeAssignments(w io.Writer, format string, h *assign.History) error {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/restclient"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
@@ -322,7 +322,7 @@ func previewEvictions(ctx context.Context, p *nodePlan) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
-	client, err := kclient.New(cfg)
+	client, err := restclient.New(cfg)
 	if err != nil {
 		return err
 	}

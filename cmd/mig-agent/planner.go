@@ -17,6 +17,8 @@ import (
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/restclient"
+	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/planner"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -110,16 +112,17 @@ func plannerClient(kubeconfig string) (kclient.Interface, error) {
 	// rounds are spaced (planner.MinRoundGap) and the API server's
 	// priority and fairness protects it.
 	cfg.QPS, cfg.Burst = 50, 100
-	return kclient.New(cfg)
+	return restclient.New(cfg)
 }
 
 // runPlanner serves the planner's metrics and plans while it holds the
 // Lease.
 func runPlanner(ctx context.Context, s *settings.Settings, p *planner.Planner) error {
-	p.Metrics = planner.NewMetrics()
+	m := metrics.NewPlanner()
+	p.Metrics = m
 	if s.MetricsAddress != "" {
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", p.Metrics.Handler())
+		mux.Handle("/metrics", m.Handler())
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 		ln, err := net.Listen("tcp", s.MetricsAddress)
 		if err != nil {
@@ -133,7 +136,7 @@ func runPlanner(ctx context.Context, s *settings.Settings, p *planner.Planner) e
 	e := &planner.Elector{
 		Client: p.Client, Namespace: s.Namespace, Name: plannerLease, Identity: p.Identity + "-" + fmt.Sprint(os.Getpid()),
 		LeaseDuration: s.LeaseDuration, RenewDeadline: s.LeaseDuration * 2 / 3, RetryPeriod: max(s.LeaseDuration/6, time.Second),
-		Clock: p.Clock, Log: p.Log, Leading: p.Metrics.Leading,
+		Clock: p.Clock, Log: p.Log, Leading: m.Leading,
 	}
 	return e.Run(ctx, p.Run)
 }

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/restclient"
 	"github.com/migagent/mig-agent/internal/kubetest"
 )
 
@@ -77,7 +77,7 @@ func TestPlanPreviewEvictsAsTheDaemon(t *testing.T) {
 		})
 	}
 
-	kc, err := kclient.New(kubetest.RestConfig(t))
+	kc, err := restclient.New(kubetest.RestConfig(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/migagent/mig-agent/drain"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/restclient"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/lease"
@@ -284,7 +285,7 @@ func wireCluster(d *reconcile.Daemon, s *settings.Settings, log *slog.Logger) (k
 	// calls of one change into seconds of waiting; the API server's
 	// priority and fairness protects it. The kubelet uses the same.
 	cfg.QPS, cfg.Burst = 50, 100
-	client, err := kclient.New(cfg)
+	client, err := restclient.New(cfg)
 	if err != nil {
 		return nil, err
 	}

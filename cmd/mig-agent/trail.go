@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/migagent/mig-agent/assign"
+	"github.com/migagent/mig-agent/assign/track"
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/kube"
@@ -25,17 +26,17 @@ import (
 // named through the agent's GPU inventory and the node's ResourceSlices,
 // the history in the ConfigMap <node>-mig-assignments, Events on the pods.
 func newTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvmlx.GPU, client kclient.Interface,
-	readNode func(context.Context) (*corev1.Node, error)) *assign.Tracker {
+	readNode func(context.Context) (*corev1.Node, error)) *track.Tracker {
 	if s.AssignmentInterval <= 0 {
 		return nil
 	}
-	return &assign.Tracker{
-		Source: &assign.PodResources{Socket: s.PodResourcesSocket},
-		Resolve: &assign.Inventory{GPU: g, Log: log, Slices: func(ctx context.Context) ([]dra.Slice, error) {
+	return &track.Tracker{
+		Source: &track.PodResources{Socket: s.PodResourcesSocket},
+		Resolve: &track.Inventory{GPU: g, Log: log, Slices: func(ctx context.Context) ([]dra.Slice, error) {
 			return dra.NodeSlices(ctx, client, s.NodeName)
 		}},
 		Store:    &assign.ConfigMapStore{Client: client, Namespace: s.Namespace, Node: s.NodeName},
-		Pods:     &assign.KubePods{Client: client, Node: s.NodeName, Clock: clock.RealClock{}},
+		Pods:     &track.KubePods{Client: client, Node: s.NodeName, Clock: clock.RealClock{}},
 		Records:  changeRecords(client, s.Namespace, s.NodeName, readNode),
 		Metrics:  m,
 		Clock:    clock.RealClock{},
@@ -52,7 +53,7 @@ func newTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvml
 // change read only the Node's cached copy.
 func changeRecords(client kclient.Interface, namespace, node string,
 	readNode func(context.Context) (*corev1.Node, error)) func(context.Context) []record.ChangeRecord {
-	onNode := assign.NodeRecords(readNode)
+	onNode := track.NodeRecords(readNode)
 	var (
 		mu     sync.Mutex
 		readAt string // the Node's last change when cached was read
@@ -79,7 +80,7 @@ func changeRecords(client kclient.Interface, namespace, node string,
 // newHostTrail is the assignment trail of a host without Kubernetes (nil
 // where --assignment-interval is 0): the processes NVML reports on each MIG
 // device, the history in <state-dir>/assignments.json beside the journal.
-func newHostTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvmlx.GPU) *assign.Tracker {
+func newHostTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g nvmlx.GPU) *track.Tracker {
 	if s.AssignmentInterval <= 0 {
 		return nil
 	}
@@ -87,9 +88,9 @@ func newHostTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g 
 	if node == "" {
 		node, _ = os.Hostname()
 	}
-	return &assign.Tracker{
-		Source:   &assign.Processes{GPU: g},
-		Resolve:  &assign.Inventory{GPU: g, Log: log},
+	return &track.Tracker{
+		Source:   &track.Processes{GPU: g},
+		Resolve:  &track.Inventory{GPU: g, Log: log},
 		Store:    &assign.FileStore{Path: filepath.Join(s.StateDir, assign.FileName), Node: node},
 		Metrics:  m,
 		Clock:    clock.RealClock{},
@@ -100,7 +101,7 @@ func newHostTrail(s *settings.Settings, log *slog.Logger, m *metrics.Metrics, g 
 
 // startTrail runs t beside the daemon until ctx ends or stop is called;
 // stop waits for its poll in progress to end. A nil t does nothing.
-func startTrail(ctx context.Context, t *assign.Tracker) (stop func()) {
+func startTrail(ctx context.Context, t *track.Tracker) (stop func()) {
 	if t == nil {
 		return func() {}
 	}

@@ -84,6 +84,19 @@ func TestLayering(t *testing.T) {
 		}
 	}
 	for _, c := range []struct{ pkg, banned string }{
+		// The planner is a client of what agents publish (package
+		// published): it links neither the agent's core and its rooms,
+		// nor NVML, nor the machinery of the agent's own client.
+		{"./planner", "mig-agent/reconcile"},
+		{"./planner", "mig-agent/kube"},
+		{"./planner", "mig-agent/gpus"},
+		{"./planner", "mig-agent/nvmlx"},
+		{"./planner", "mig-agent/journal"},
+		{"./planner", "go-nvml"},
+		{"./planner", "client-go/gentype"},
+		{"./planner", "client_golang"},
+		{"./published", "mig-agent/reconcile"},
+		{"./published", "go-nvml"},
 		{"./reconcile", "prometheus"},
 		{"./drain", "go-nvml"},
 		{"./drain", "client_golang"},
@@ -92,6 +105,43 @@ func TestLayering(t *testing.T) {
 			if strings.Contains(p, c.banned) {
 				t.Errorf("%s links %s", c.pkg, p)
 			}
+		}
+	}
+	// The planner's weight: at most 150 packages outside the standard
+	// library (253 when it linked the agent's rooms).
+	n := 0
+	for _, p := range deps("./planner") {
+		if first, _, _ := strings.Cut(p, "/"); strings.Contains(first, ".") {
+			n++
+		}
+	}
+	if n > 150 {
+		t.Errorf("the planner links %d packages outside the standard library, over 150", n)
+	}
+}
+
+// TestOnePlacePerChore keeps each Kubernetes chore in its one package:
+// no product file but internal/kevent's builds an Event.
+func TestOnePlacePerChore(t *testing.T) {
+	for _, c := range []struct{ pattern, home string }{
+		{"corev1.Event{", "internal/kevent"},
+	} {
+		err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			rel, _ := filepath.Rel(root, path)
+			if strings.HasPrefix(rel, c.home+"/") || strings.HasPrefix(rel, "internal/kclient/") || strings.HasPrefix(rel, "e2e/") {
+				return nil
+			}
+			src, err := os.ReadFile(path)
+			if err == nil && strings.Contains(string(src), c.pattern) {
+				t.Errorf("%s builds %s; only %s does", rel, c.pattern, c.home)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 }

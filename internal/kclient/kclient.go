@@ -13,13 +13,14 @@
 // The interfaces below are subsets of the generated ones, with the same
 // method names and signatures, so the code reads as it would with the
 // clientset, and a clientset (a fake one in tests) fits them through
-// package kclient/clientset.
+// package kclient/clientset. The client itself is kclient/restclient's:
+// what only reads or writes through these interfaces (the planner) links
+// none of the generic client's machinery (gentype and what it pulls in:
+// server-side apply, structured-merge-diff, OpenAPI, protobuf).
 package kclient
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -28,12 +29,8 @@ import (
 	resourcev1beta1 "k8s.io/api/resource/v1beta1"
 	resourcev1beta2 "k8s.io/api/resource/v1beta2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 )
 
@@ -141,171 +138,3 @@ type Lister[L any] interface {
 
 // ResourceSlices is the agent's use of the ResourceSlice resource.
 type ResourceSlices = Lister[resourcev1.ResourceSliceList]
-
-// Scheme holds the API types of the groups above, and only those.
-var Scheme = runtime.NewScheme()
-
-// codecs and parameterCodec encode and decode with Scheme.
-var (
-	codecs         = serializer.NewCodecFactory(Scheme)
-	parameterCodec = runtime.NewParameterCodec(Scheme)
-)
-
-func init() {
-	metav1.AddToGroupVersion(Scheme, schema.GroupVersion{Version: "v1"})
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, coordinationv1.AddToScheme,
-		policyv1.AddToScheme, resourcev1.AddToScheme, resourcev1beta2.AddToScheme, resourcev1beta1.AddToScheme} {
-		if err := add(Scheme); err != nil {
-			panic(fmt.Sprintf("kclient scheme: %v", err))
-		}
-	}
-}
-
-// client is Interface over one REST client per group, sharing one HTTP
-// client (connection pool), as kubernetes.NewForConfig shares it.
-type client struct {
-	core, coordination, policy, resource, resourceV1beta2, resourceV1beta1 rest.Interface
-}
-
-// New returns the client for cfg.
-func New(cfg *rest.Config) (Interface, error) {
-	cfgCopy := *cfg
-	if cfgCopy.UserAgent == "" {
-		cfgCopy.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
-	hc, err := rest.HTTPClientFor(&cfgCopy)
-	if err != nil {
-		return nil, err
-	}
-	c := &client{}
-	for _, g := range []struct {
-		rc      *rest.Interface
-		gv      schema.GroupVersion
-		apiPath string
-	}{
-		{&c.core, corev1.SchemeGroupVersion, "/api"},
-		{&c.coordination, coordinationv1.SchemeGroupVersion, "/apis"},
-		{&c.policy, policyv1.SchemeGroupVersion, "/apis"},
-		{&c.resource, resourcev1.SchemeGroupVersion, "/apis"},
-		{&c.resourceV1beta2, resourcev1beta2.SchemeGroupVersion, "/apis"},
-		{&c.resourceV1beta1, resourcev1beta1.SchemeGroupVersion, "/apis"},
-	} {
-		if *g.rc, err = groupClient(&cfgCopy, hc, g.gv, g.apiPath); err != nil {
-			return nil, fmt.Errorf("client for %s: %w", g.gv, err)
-		}
-	}
-	return c, nil
-}
-
-// groupClient is the REST client of one group version, configured as the
-// generated group clients' setConfigDefaults does.
-func groupClient(cfg *rest.Config, hc *http.Client, gv schema.GroupVersion, apiPath string) (rest.Interface, error) {
-	c := *cfg
-	c.GroupVersion = &gv
-	c.APIPath = apiPath
-	c.NegotiatedSerializer = rest.CodecFactoryForGeneratedClient(Scheme, codecs).WithoutConversion()
-	return rest.RESTClientForConfigAndClient(&c, hc)
-}
-
-func (c *client) CoreV1() CoreV1                   { return coreV1{c.core} }
-func (c *client) CoordinationV1() CoordinationV1   { return coordinationV1{c.coordination} }
-func (c *client) PolicyV1() PolicyV1               { return policyV1{c.policy} }
-func (c *client) ResourceV1() ResourceV1           { return resourceV1{c.resource} }
-func (c *client) ResourceV1beta2() ResourceV1beta2 { return resourceV1beta2{c.resourceV1beta2} }
-func (c *client) ResourceV1beta1() ResourceV1beta1 { return resourceV1beta1{c.resourceV1beta1} }
-
-type coreV1 struct{ rc rest.Interface }
-
-func (g coreV1) RESTClient() rest.Interface { return g.rc }
-
-func (g coreV1) Nodes() Nodes {
-	return gentype.NewClientWithList("nodes", g.rc, parameterCodec, "",
-		func() *corev1.Node { return &corev1.Node{} }, func() *corev1.NodeList { return &corev1.NodeList{} },
-		gentype.PrefersProtobuf[*corev1.Node]())
-}
-
-func (g coreV1) Pods(namespace string) Pods {
-	return gentype.NewClientWithList("pods", g.rc, parameterCodec, namespace,
-		func() *corev1.Pod { return &corev1.Pod{} }, func() *corev1.PodList { return &corev1.PodList{} },
-		gentype.PrefersProtobuf[*corev1.Pod]())
-}
-
-func (g coreV1) ConfigMaps(namespace string) ConfigMaps {
-	return gentype.NewClient("configmaps", g.rc, parameterCodec, namespace,
-		func() *corev1.ConfigMap { return &corev1.ConfigMap{} }, gentype.PrefersProtobuf[*corev1.ConfigMap]())
-}
-
-func (g coreV1) Events(namespace string) Events {
-	return gentype.NewClient("events", g.rc, parameterCodec, namespace,
-		func() *corev1.Event { return &corev1.Event{} }, gentype.PrefersProtobuf[*corev1.Event]())
-}
-
-type coordinationV1 struct{ rc rest.Interface }
-
-func (g coordinationV1) Leases(namespace string) Leases {
-	return gentype.NewClientWithList("leases", g.rc, parameterCodec, namespace,
-		func() *coordinationv1.Lease { return &coordinationv1.Lease{} },
-		func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} },
-		gentype.PrefersProtobuf[*coordinationv1.Lease]())
-}
-
-type policyV1 struct{ rc rest.Interface }
-
-func (g policyV1) Evictions(string) Evictions { return evictions(g) }
-
-// evictions posts to pods/eviction under /api/v1 with the policy/v1 client,
-// as client-go's typed/policy/v1 eviction_expansion.go does.
-type evictions struct{ rc rest.Interface }
-
-func (e evictions) Evict(ctx context.Context, eviction *policyv1.Eviction) error {
-	return e.rc.Post().AbsPath("/api/v1").Namespace(eviction.Namespace).Resource("pods").
-		Name(eviction.Name).SubResource("eviction").Body(eviction).Do(ctx).Error()
-}
-
-type resourceV1 struct{ rc rest.Interface }
-
-func (g resourceV1) ResourceSlices() ResourceSlices {
-	return gentype.NewClientWithList("resourceslices", g.rc, parameterCodec, "",
-		func() *resourcev1.ResourceSlice { return &resourcev1.ResourceSlice{} },
-		func() *resourcev1.ResourceSliceList { return &resourcev1.ResourceSliceList{} },
-		gentype.PrefersProtobuf[*resourcev1.ResourceSlice]())
-}
-
-func (g resourceV1) ResourceClaims(namespace string) Lister[resourcev1.ResourceClaimList] {
-	return gentype.NewClientWithList("resourceclaims", g.rc, parameterCodec, namespace,
-		func() *resourcev1.ResourceClaim { return &resourcev1.ResourceClaim{} },
-		func() *resourcev1.ResourceClaimList { return &resourcev1.ResourceClaimList{} },
-		gentype.PrefersProtobuf[*resourcev1.ResourceClaim]())
-}
-
-type resourceV1beta2 struct{ rc rest.Interface }
-
-func (g resourceV1beta2) ResourceSlices() Lister[resourcev1beta2.ResourceSliceList] {
-	return gentype.NewClientWithList("resourceslices", g.rc, parameterCodec, "",
-		func() *resourcev1beta2.ResourceSlice { return &resourcev1beta2.ResourceSlice{} },
-		func() *resourcev1beta2.ResourceSliceList { return &resourcev1beta2.ResourceSliceList{} },
-		gentype.PrefersProtobuf[*resourcev1beta2.ResourceSlice]())
-}
-
-func (g resourceV1beta2) ResourceClaims(namespace string) Lister[resourcev1beta2.ResourceClaimList] {
-	return gentype.NewClientWithList("resourceclaims", g.rc, parameterCodec, namespace,
-		func() *resourcev1beta2.ResourceClaim { return &resourcev1beta2.ResourceClaim{} },
-		func() *resourcev1beta2.ResourceClaimList { return &resourcev1beta2.ResourceClaimList{} },
-		gentype.PrefersProtobuf[*resourcev1beta2.ResourceClaim]())
-}
-
-type resourceV1beta1 struct{ rc rest.Interface }
-
-func (g resourceV1beta1) ResourceSlices() Lister[resourcev1beta1.ResourceSliceList] {
-	return gentype.NewClientWithList("resourceslices", g.rc, parameterCodec, "",
-		func() *resourcev1beta1.ResourceSlice { return &resourcev1beta1.ResourceSlice{} },
-		func() *resourcev1beta1.ResourceSliceList { return &resourcev1beta1.ResourceSliceList{} },
-		gentype.PrefersProtobuf[*resourcev1beta1.ResourceSlice]())
-}
-
-func (g resourceV1beta1) ResourceClaims(namespace string) Lister[resourcev1beta1.ResourceClaimList] {
-	return gentype.NewClientWithList("resourceclaims", g.rc, parameterCodec, namespace,
-		func() *resourcev1beta1.ResourceClaim { return &resourcev1beta1.ResourceClaim{} },
-		func() *resourcev1beta1.ResourceClaimList { return &resourcev1beta1.ResourceClaimList{} },
-		gentype.PrefersProtobuf[*resourcev1beta1.ResourceClaim]())
-}

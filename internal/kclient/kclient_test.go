@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/internal/kclient/restclient"
 	"github.com/migagent/mig-agent/internal/kubetest"
 )
 
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
 
 func newClient(t *testing.T) kclient.Interface {
 	t.Helper()
-	c, err := kclient.New(kubetest.RestConfig(t))
+	c, err := restclient.New(kubetest.RestConfig(t))
 	if err != nil {
 		t.Fatal(err)
 	}

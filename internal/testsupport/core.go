@@ -281,7 +281,7 @@ func (f *FakeDisruptor) RestartDevicePlugins(_ context.Context, pods []string) (
 }
 
 // WaitResources implements reconcile.Disruptor: f.Converge answers.
-func (f *FakeDisruptor) WaitResources(context.Context, string, map[string]bool, map[string]string, time.Duration) (bool, bool, error) {
+func (f *FakeDisruptor) WaitResources(context.Context, string, string, map[string]bool, map[string]string, time.Duration) (bool, bool, error) {
 	if f.Converge != nil && !*f.Converge {
 		return true, false, errors.New("announced [MIG-old], want [MIG-new]")
 	}

@@ -1,4 +1,4 @@
-package assign
+package track
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/nvmlx"
@@ -37,11 +38,11 @@ func TestHostTrailFromNVMLProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 14, 0, 0, 0, time.UTC))
-	path := filepath.Join(t.TempDir(), FileName)
+	path := filepath.Join(t.TempDir(), assign.FileName)
 	met := &fakeMetrics{}
 	agent := func() *Tracker {
 		return &Tracker{Source: &Processes{GPU: s}, Resolve: &Inventory{GPU: s, Log: testsupport.Discard()},
-			Store: &FileStore{Path: path, Node: "host-1"}, Metrics: met, Clock: clk, Log: testsupport.Discard(), Interval: time.Second}
+			Store: &assign.FileStore{Path: path, Node: "host-1"}, Metrics: met, Clock: clk, Log: testsupport.Discard(), Interval: time.Second}
 	}
 	tr := agent()
 	if err := tr.Poll(context.Background()); err != nil {
@@ -62,7 +63,7 @@ func TestHostTrailFromNVMLProcesses(t *testing.T) {
 	if err := agent().Poll(context.Background()); err != nil { // a restart
 		t.Fatal(err)
 	}
-	h, err := ReadFile(path)
+	h, err := assign.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

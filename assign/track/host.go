@@ -1,4 +1,4 @@
-package assign
+package track
 
 import (
 	"context"

@@ -1,4 +1,12 @@
-package assign
+// Package track keeps the assignment trail (package assign) up to date:
+// while the node is idle as much as during a change, a Tracker reads who
+// holds which device (the kubelet's PodResources, or NVML's processes on a
+// host without Kubernetes) at a modest interval, resolves the devices to
+// MIG instances (Inventory), and shows each assignment three ways: an Event
+// on the pod when it gets a device (MigDeviceAssigned), the metric
+// migagent_mig_device_info while it holds it, and an entry in the history
+// it saves through a Store.
+package track
 
 import (
 	"cmp"
@@ -12,6 +20,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/record"
 )
@@ -40,21 +49,21 @@ type Source interface {
 // placement, and the driver version. IDs it cannot name as MIG devices
 // (whole GPUs, devices of other vendors, unknown ids) are left out.
 type Resolver interface {
-	Resolve(ctx context.Context, ids []string) (devs map[string]Device, driver string)
+	Resolve(ctx context.Context, ids []string) (devs map[string]assign.Device, driver string)
 }
 
 // Store keeps the history: Load once at start, Save after every change of
 // it.
 type Store interface {
-	Load(ctx context.Context) (*History, error)
-	Save(ctx context.Context, h *History) error
+	Load(ctx context.Context) (*assign.History, error)
+	Save(ctx context.Context, h *assign.History) error
 }
 
 // Pods is the Kubernetes side of an assignment: the pod's UID, and the
 // MigDeviceAssigned Event on it. Nil without Kubernetes.
 type Pods interface {
 	UID(ctx context.Context, namespace, name string) (string, error)
-	Assigned(ctx context.Context, e Entry) error
+	Assigned(ctx context.Context, e assign.Entry) error
 }
 
 // Metrics shows the devices held now (migagent_mig_device_info).
@@ -81,7 +90,7 @@ type Tracker struct {
 	// Interval between polls (Run).
 	Interval time.Duration
 
-	hist     *History
+	hist     *assign.History
 	started  bool // the first poll after Load is done
 	dirty    bool // the history changed and is not saved yet
 	failures int  // polls failed in a row
@@ -144,7 +153,7 @@ func (t *Tracker) Poll(ctx context.Context) error {
 	if !t.dirty {
 		return nil
 	}
-	if err := t.hist.Bound(MaxEntries, MaxBytes); err != nil {
+	if err := t.hist.Bound(assign.MaxEntries, assign.MaxBytes); err != nil {
 		return err
 	}
 	if err := t.Store.Save(ctx, t.hist); err != nil {
@@ -157,7 +166,7 @@ func (t *Tracker) Poll(ctx context.Context) error {
 // assignment is one entry as the node reports it now.
 type assignment struct {
 	held   Held
-	device Device
+	device assign.Device
 	driver string
 }
 
@@ -178,7 +187,7 @@ func (t *Tracker) resolve(ctx context.Context, held []Held) map[key]assignment {
 			if !strings.HasPrefix(h.ID, "MIG-") {
 				continue
 			}
-			d = Device{UUID: h.ID, GPU: -1}
+			d = assign.Device{UUID: h.ID, GPU: -1}
 		}
 		out[key{h.Namespace, h.Pod, h.Container, d.UUID}] = assignment{held: h, device: d, driver: driver}
 	}
@@ -195,7 +204,7 @@ func (t *Tracker) close(ctx context.Context, current map[key]assignment, now tim
 		if !e.Open() {
 			continue
 		}
-		if _, ok := current[e.key()]; ok && t.samePod(ctx, e) {
+		if _, ok := current[keyOf(*e)]; ok && t.samePod(ctx, e) {
 			continue
 		}
 		end := now
@@ -211,7 +220,7 @@ func (t *Tracker) close(ctx context.Context, current map[key]assignment, now tim
 // recorded: asked on the first poll after a start only (between polls a
 // pod's name is taken as its identity), and where the UID cannot be read,
 // taken as the same.
-func (t *Tracker) samePod(ctx context.Context, e *Entry) bool {
+func (t *Tracker) samePod(ctx context.Context, e *assign.Entry) bool {
 	if t.started || t.Pods == nil || e.PodUID == "" {
 		return true
 	}
@@ -221,15 +230,15 @@ func (t *Tracker) samePod(ctx context.Context, e *Entry) bool {
 
 // open adds an entry for each assignment not yet open, in a stable order,
 // and returns them.
-func (t *Tracker) open(ctx context.Context, current map[key]assignment, now time.Time) []Entry {
+func (t *Tracker) open(ctx context.Context, current map[key]assignment, now time.Time) []assign.Entry {
 	isOpen := map[key]bool{}
 	for _, e := range t.hist.Entries {
 		if e.Open() {
-			isOpen[e.key()] = true
+			isOpen[keyOf(e)] = true
 		}
 	}
 	var recs []record.ChangeRecord
-	var fresh []Entry
+	var fresh []assign.Entry
 	for _, k := range sortedKeys(current) {
 		if isOpen[k] {
 			continue
@@ -238,7 +247,7 @@ func (t *Tracker) open(ctx context.Context, current map[key]assignment, now time
 		if recs == nil && t.Records != nil {
 			recs = t.Records(ctx)
 		}
-		e := Entry{Namespace: a.held.Namespace, Pod: a.held.Pod, PodUID: a.held.PodUID, Container: a.held.Container,
+		e := assign.Entry{Namespace: a.held.Namespace, Pod: a.held.Pod, PodUID: a.held.PodUID, Container: a.held.Container,
 			Resource: a.held.Resource, Device: a.device, Change: changeOf(recs, a.device), DriverVersion: a.driver, Start: now}
 		if e.PodUID == "" && t.Pods != nil {
 			uid, err := t.Pods.UID(ctx, e.Namespace, e.Pod)
@@ -280,7 +289,7 @@ func (t *Tracker) showHeld() {
 
 // History returns a copy of the history as the tracker holds it (nil
 // before the first Load).
-func (t *Tracker) History() *History {
+func (t *Tracker) History() *assign.History {
 	if t.hist == nil {
 		return nil
 	}
@@ -294,7 +303,7 @@ func (t *Tracker) History() *History {
 // records whose geometry holds the instance, the newest that changed its
 // GPU; where none did, the oldest that holds it. Nil where no record
 // holds it (or d could not be resolved).
-func changeOf(recs []record.ChangeRecord, d Device) *Change {
+func changeOf(recs []record.ChangeRecord, d assign.Device) *assign.Change {
 	start, _, ok := strings.Cut(d.Placement, "+")
 	if d.GPU < 0 || !ok {
 		return nil
@@ -324,5 +333,17 @@ func changeOf(recs []record.ChangeRecord, d Device) *Change {
 	if found == nil {
 		return nil
 	}
-	return &Change{Config: found.Config, Hash: found.ConfigHash, Source: found.ConfigSource, At: found.FinishedAt}
+	return &assign.Change{Config: found.Config, Hash: found.ConfigHash, Source: found.ConfigSource, At: found.FinishedAt}
 }
+
+// key identifies an assignment while it is open: the same container holding
+// the same device.
+type key struct{ namespace, pod, container, uuid string }
+
+func keyOf(e assign.Entry) key { return key{e.Namespace, e.Pod, e.Container, e.Device.UUID} }
+
+// The stores the agent keeps the history in.
+var (
+	_ Store = (*assign.ConfigMapStore)(nil)
+	_ Store = (*assign.FileStore)(nil)
+)

@@ -1,4 +1,4 @@
-package assign
+package track
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/gpus"
 	"github.com/migagent/mig-agent/internal/testsupport"
@@ -29,10 +30,10 @@ type fakeSource struct {
 func (f *fakeSource) Held(context.Context) ([]Held, error) { return f.held, f.err }
 
 // fakeResolver names the devices of devs.
-type fakeResolver struct{ devs map[string]Device }
+type fakeResolver struct{ devs map[string]assign.Device }
 
-func (f fakeResolver) Resolve(_ context.Context, ids []string) (map[string]Device, string) {
-	out := map[string]Device{}
+func (f fakeResolver) Resolve(_ context.Context, ids []string) (map[string]assign.Device, string) {
+	out := map[string]assign.Device{}
 	for _, id := range ids {
 		if d, ok := f.devs[id]; ok {
 			out[id] = d
@@ -48,8 +49,8 @@ type memStore struct {
 	err   error
 }
 
-func (m *memStore) Load(context.Context) (*History, error) { return Decode(m.data) }
-func (m *memStore) Save(_ context.Context, h *History) error {
+func (m *memStore) Load(context.Context) (*assign.History, error) { return assign.Decode(m.data) }
+func (m *memStore) Save(_ context.Context, h *assign.History) error {
 	if m.err != nil {
 		return m.err
 	}
@@ -62,7 +63,7 @@ func (m *memStore) Save(_ context.Context, h *History) error {
 // generation where gen is set (the pod made again).
 type fakePods struct {
 	mu     sync.Mutex
-	events []Entry
+	events []assign.Entry
 	gen    int
 }
 
@@ -72,7 +73,7 @@ func (f *fakePods) UID(_ context.Context, ns, name string) (string, error) {
 	}
 	return "uid-" + ns + "-" + name, nil
 }
-func (f *fakePods) Assigned(_ context.Context, e Entry) error {
+func (f *fakePods) Assigned(_ context.Context, e assign.Entry) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.events = append(f.events, e)
@@ -86,8 +87,8 @@ func (f *fakeMetrics) SetHeldDevices(h []metrics.HeldDevice) { f.held = h }
 func (f *fakeMetrics) SetCollectorError(string, bool)        {}
 
 var (
-	devA = Device{UUID: "MIG-a", Profile: "1g.18gb", GPU: 0, GPUUUID: "GPU-0", Placement: "0+1"}
-	devB = Device{UUID: "MIG-b", Profile: "3g.71gb", GPU: 1, GPUUUID: "GPU-1", Placement: "4+4"}
+	devA = assign.Device{UUID: "MIG-a", Profile: "1g.18gb", GPU: 0, GPUUUID: "GPU-0", Placement: "0+1"}
+	devB = assign.Device{UUID: "MIG-b", Profile: "3g.71gb", GPU: 1, GPUUUID: "GPU-1", Placement: "4+4"}
 )
 
 type rig struct {
@@ -106,7 +107,7 @@ func newRig() *rig {
 
 // tracker is a fresh agent over the rig's node and store.
 func (r *rig) tracker() *Tracker {
-	return &Tracker{Source: r.src, Resolve: fakeResolver{devs: map[string]Device{"MIG-a": devA, "MIG-b": devB}}, Store: r.store,
+	return &Tracker{Source: r.src, Resolve: fakeResolver{devs: map[string]assign.Device{"MIG-a": devA, "MIG-b": devB}}, Store: r.store,
 		Pods: r.pods, Records: func(context.Context) []record.ChangeRecord { return r.recs }, Metrics: r.met,
 		Clock: r.clock, Log: testsupport.Discard(), Interval: time.Second}
 }
@@ -118,9 +119,9 @@ func (r *rig) poll(t *testing.T, tr *Tracker) {
 	}
 }
 
-func (r *rig) history(t *testing.T) *History {
+func (r *rig) history(t *testing.T) *assign.History {
 	t.Helper()
-	h, err := Decode(r.store.data)
+	h, err := assign.Decode(r.store.data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +236,7 @@ func TestTrackerUnreadableHistoryIsNotOverwritten(t *testing.T) {
 	r.store.data = []byte(`{"entries": [`)
 	r.src.held = []Held{{Namespace: "ml", Pod: "p", Container: "main", ID: "MIG-a"}}
 	err := r.tracker().Poll(context.Background())
-	if !errors.Is(err, ErrCorrupt) || r.store.saves != 0 || string(r.store.data) != `{"entries": [` {
+	if !errors.Is(err, assign.ErrCorrupt) || r.store.saves != 0 || string(r.store.data) != `{"entries": [` {
 		t.Errorf("Poll = %v, %d saves; want ErrCorrupt and the history left as it is", err, r.store.saves)
 	}
 }
@@ -277,7 +278,7 @@ func TestHostileNamesCannotForgeEntries(t *testing.T) {
 		}
 	}
 	var text bytes.Buffer
-	if err := WriteText(&text, h); err != nil {
+	if err := assign.WriteText(&text, h); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(text.String()), "\n")
@@ -287,14 +288,14 @@ func TestHostileNamesCannotForgeEntries(t *testing.T) {
 }
 
 func TestBoundDropsOldestAndSaysSo(t *testing.T) {
-	h := &History{Node: "n"}
+	h := &assign.History{Node: "n"}
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 30 {
 		s, e := t0.Add(time.Duration(i)*time.Minute), t0.Add(time.Duration(i)*time.Minute+30*time.Second)
-		h.Entries = append(h.Entries, Entry{Namespace: "ns", Pod: "p", Container: "c", Device: devA, Start: s, End: &e})
+		h.Entries = append(h.Entries, assign.Entry{Namespace: "ns", Pod: "p", Container: "c", Device: devA, Start: s, End: &e})
 	}
 	h.Entries[0].End = nil // the oldest is still open: it stays
-	if err := h.Bound(10, MaxBytes); err != nil {
+	if err := h.Bound(10, assign.MaxBytes); err != nil {
 		t.Fatal(err)
 	}
 	if len(h.Entries) != 10 || h.Dropped != 20 || !h.Entries[0].Open() {
@@ -327,7 +328,7 @@ func TestChangeOfNamesTheRecordThatMadeTheDevice(t *testing.T) {
 	if c := changeOf(recs, devA); c == nil || c.Config != "mixed" || c.Hash != "sha256:m" || c.Source != "generated" {
 		t.Errorf("change of %s: %+v, want mixed", devA.UUID, c)
 	}
-	if c := changeOf(recs, Device{UUID: "MIG-x", GPU: -1}); c != nil {
+	if c := changeOf(recs, assign.Device{UUID: "MIG-x", GPU: -1}); c != nil {
 		t.Errorf("an unresolved device has change %+v", c)
 	}
 }
@@ -401,14 +402,14 @@ func TestInventoryResolvesDRADevices(t *testing.T) {
 // both hold more than their share, each keeps about half.
 func TestBoundIsFairAmongNamespaces(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	add := func(h *History, ns string, n int, from time.Time) {
+	add := func(h *assign.History, ns string, n int, from time.Time) {
 		for i := range n {
 			s := from.Add(time.Duration(i) * time.Second)
 			e := s.Add(500 * time.Millisecond)
-			h.Entries = append(h.Entries, Entry{Namespace: ns, Pod: fmt.Sprintf("p%d", i), Container: "c", Device: devA, Start: s, End: &e})
+			h.Entries = append(h.Entries, assign.Entry{Namespace: ns, Pod: fmt.Sprintf("p%d", i), Container: "c", Device: devA, Start: s, End: &e})
 		}
 	}
-	count := func(h *History, ns string) int {
+	count := func(h *assign.History, ns string) int {
 		n := 0
 		for _, e := range h.Entries {
 			if e.Namespace == ns {
@@ -417,10 +418,10 @@ func TestBoundIsFairAmongNamespaces(t *testing.T) {
 		}
 		return n
 	}
-	h := &History{Node: "n"}
+	h := &assign.History{Node: "n"}
 	add(h, "team", 20, t0)                    // older history of another team
 	add(h, "tenant", 1000, t0.Add(time.Hour)) // a tenant's churn, newer
-	if err := h.Bound(100, MaxBytes); err != nil {
+	if err := h.Bound(100, assign.MaxBytes); err != nil {
 		t.Fatal(err)
 	}
 	if got := count(h, "team"); got != 20 || len(h.Entries) != 100 || h.Dropped != 920 {
@@ -429,10 +430,10 @@ func TestBoundIsFairAmongNamespaces(t *testing.T) {
 	if last := h.Entries[len(h.Entries)-1]; last.Namespace != "tenant" || last.Pod != "p999" {
 		t.Errorf("the tenant's newest entry went: last %+v", last)
 	}
-	h = &History{Node: "n"}
+	h = &assign.History{Node: "n"}
 	add(h, "team", 300, t0)
 	add(h, "tenant", 3000, t0.Add(time.Hour))
-	if err := h.Bound(400, MaxBytes); err != nil {
+	if err := h.Bound(400, assign.MaxBytes); err != nil {
 		t.Fatal(err)
 	}
 	if team, tenant := count(h, "team"), count(h, "tenant"); team != 200 || tenant != 200 {

@@ -1,4 +1,4 @@
-package assign
+package track
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/drain/podresources"
 	"github.com/migagent/mig-agent/gpus"
@@ -70,8 +71,8 @@ type Inventory struct {
 	Log    *slog.Logger
 
 	mu      sync.Mutex
-	devs    map[string]Device // MIG UUID → device
-	dra     map[string]string // "dra:driver/pool/device" → UUID
+	devs    map[string]assign.Device // MIG UUID → device
+	dra     map[string]string        // "dra:driver/pool/device" → UUID
 	driver  string
 	missing map[string]bool // ids the last read did not name
 	reads   int
@@ -80,11 +81,11 @@ type Inventory struct {
 var _ Resolver = (*Inventory)(nil)
 
 // Resolve implements Resolver.
-func (v *Inventory) Resolve(ctx context.Context, ids []string) (map[string]Device, string) {
+func (v *Inventory) Resolve(ctx context.Context, ids []string) (map[string]assign.Device, string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.devs == nil {
-		v.devs, v.dra, v.missing = map[string]Device{}, map[string]string{}, map[string]bool{}
+		v.devs, v.dra, v.missing = map[string]assign.Device{}, map[string]string{}, map[string]bool{}
 	}
 	var readGPUs, readSlices bool
 	for _, id := range ids {
@@ -115,7 +116,7 @@ func (v *Inventory) Resolve(ctx context.Context, ids []string) (map[string]Devic
 		answered = v.readGPUs() && answered
 	}
 	read := readGPUs || readSlices && v.Slices != nil
-	out := map[string]Device{}
+	out := map[string]assign.Device{}
 	for _, id := range ids {
 		uuid := id
 		if strings.HasPrefix(id, draPrefix) {
@@ -176,7 +177,7 @@ func (v *Inventory) readGPUs() bool {
 				if ci.UUID == "" {
 					continue
 				}
-				v.devs[ci.UUID] = Device{UUID: ci.UUID, Profile: ci.Profile, GPU: d.Index, GPUUUID: d.UUID,
+				v.devs[ci.UUID] = assign.Device{UUID: ci.UUID, Profile: ci.Profile, GPU: d.Index, GPUUUID: d.UUID,
 					Placement: fmt.Sprintf("%d+%d", gi.Placement.Start, gi.Placement.Size)}
 			}
 		}
