@@ -20,7 +20,7 @@ import (
 // helm's own registry client, as `helm install oci://…` pulls it: the
 // release's .tgz byte for byte, its name and version read from the
 // artifact. (packaging/release's TestPushRelease pulls each image platform
-// back.)
+// back.) The pulled chart is then installed into a real API server.
 func TestReleasePush(t *testing.T) {
 	dist, v := releaseDist(t)
 	srv := httptest.NewServer(ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0))))
@@ -45,4 +45,5 @@ func TestReleasePush(t *testing.T) {
 	if !bytes.Equal(r.Chart.Data, tgz) || r.Chart.Meta == nil || r.Chart.Meta.Name != "mig-agent" || r.Chart.Meta.Version != v || r.Chart.Meta.AppVersion != v {
 		t.Errorf("helm pulled %d bytes (the release's .tgz: %d), metadata %+v", len(r.Chart.Data), len(tgz), r.Chart.Meta)
 	}
+	installPulledChart(t, r.Chart.Data, v)
 }
