@@ -44,7 +44,7 @@ simlib:
 # in ~/.cache/gpu-operator-test and ~/.cache/nvidia-device-plugin-test). The
 # Kubernetes binaries (kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet) and etcd are built up front, so that no test's
-# timeout pays for their first build. The real kubelet (internal/realnode)
+# timeout pays for their first build. The real kubelet (testkit/realnode)
 # runs over Debian's containerd and runc.
 test: build
 	bash hack/ensure-dbus.sh

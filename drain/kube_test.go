@@ -25,8 +25,8 @@ import (
 
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }

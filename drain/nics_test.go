@@ -10,10 +10,10 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/migagent/mig-agent/drain/podresources"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // networkOperator is what NVIDIA's Network Operator advertises on a GPU

@@ -12,10 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // A change the planner asked for (its field manager wrote the label, or the

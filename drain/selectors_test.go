@@ -20,10 +20,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/drain/operandsel"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // defaultSelectors are the operand selectors with no setting.

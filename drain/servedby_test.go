@@ -13,10 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // gpuNode is n1 with allocatable.

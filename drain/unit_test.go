@@ -20,8 +20,8 @@ import (
 
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/drain/podresources"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/profiles"
+	"github.com/migagent/mig-agent/testkit/clientset"
 )
 
 func TestNormalizeDeviceID(t *testing.T) {

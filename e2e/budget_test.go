@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // Records that always land: a user who may patch Nodes fills the Node's

@@ -10,9 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/lease/nodelease"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // How a change that does not finish ends, with the real binary: its label

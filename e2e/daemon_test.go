@@ -29,10 +29,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // changeTimeout bounds one change on sim:h200x8 (well under a second when

@@ -23,10 +23,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/dbustest"
-	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/internal/simlibtest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/dbustest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
+	"github.com/migagent/mig-agent/testkit/simlibtest"
 )
 
 // disGPU is one GPU of `mig-agent profiles -o json` (the fields tests use).

@@ -7,8 +7,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // On a node NVIDIA's DRA driver serves, a config that cuts a GPU instance

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/dra"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/testkit/clientset"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,10 +19,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/internal/kubetest/nvidiadra"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest/nvidiadra"
 )
 
 // draGPU is one GPU of `mig-agent profiles -o json`, with what the NVIDIA

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/geometry"
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // Someone changes the GPUs behind the agent's back (here: `mig-agent apply`

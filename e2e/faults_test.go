@@ -25,12 +25,12 @@ import (
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // ffCall is one mutating NVML call: the --sim-faults operation name and

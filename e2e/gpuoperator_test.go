@@ -45,9 +45,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/drain"
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // gpuOpScript builds and runs the operator (relative to the module root).

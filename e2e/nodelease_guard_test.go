@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/lease/nodelease"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // Findings 4 and 5 with the real binary. The node Lease deleted (an

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/simlibtest"
+	"github.com/migagent/mig-agent/testkit/simlibtest"
 )
 
 // nvidiaBin is one of NVIDIA's binaries that hack/nvidia-device-plugin.sh

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // nsState is the NVML session counts (kept beside a simulator state file)

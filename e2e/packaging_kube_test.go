@@ -47,8 +47,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/migagent/mig-agent/drain"
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // policyTimeout bounds how long the API server takes to start enforcing a

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // What NVIDIA's k8s-driver-manager writes (cmd/driver-manager/main.go):

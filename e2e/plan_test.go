@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // `plan --node-name` lists, per GPU, the pods its change would evict —

@@ -17,9 +17,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/migagent/mig-agent/assign"
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // plannerConfigs are the configs of the planner's tests (H200s).

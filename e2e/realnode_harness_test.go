@@ -20,12 +20,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/internal/realnode"
-	"github.com/migagent/mig-agent/internal/simlibtest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
+	"github.com/migagent/mig-agent/testkit/realnode"
+	"github.com/migagent/mig-agent/testkit/simlibtest"
 )
 
-// The real node: a real kubelet over containerd (internal/realnode) on
+// The real node: a real kubelet over containerd (testkit/realnode) on
 // simulated GPUs, with NVIDIA's own device plugin v0.17.4, unmodified, as
 // the GPU Operator v25.3.4 deploys it (assets/state-device-plugin/
 // 0500_daemonset.yaml: a privileged DaemonSet pod labelled

@@ -11,9 +11,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/internal/realnode"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
+	"github.com/migagent/mig-agent/testkit/realnode"
 )
 
 // The operands on the real node: NVIDIA's device plugin and the GPU

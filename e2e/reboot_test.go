@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/dbustest"
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/dbustest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // rbSim is the raw --sim-state file, edited by tests as JSON (the fields

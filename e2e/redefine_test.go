@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // The config file is edited: the same config name, a new definition. The

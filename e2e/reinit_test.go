@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // A MIG mode change on Ampere resets the GPU; NVML then does not open

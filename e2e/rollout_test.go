@@ -24,10 +24,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/internal/kubetest/audit"
 	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest/audit"
 )
 
 const (

@@ -6,7 +6,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // pluginReader enumerates the simulated GPUs for the device plugin stand-in:

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // A change stuck draining (a budget forbids the eviction, long drain

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // unusableGPUs is what the test reads of a simulator state file: per GPU,

@@ -10,10 +10,10 @@ import (
 
 	"github.com/migagent/mig-agent/geometry"
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 func mutationsSince(before, after map[string]int) map[string]int {

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // A device-filter with a PCI subsystem id matches the GPUs NVML reports it

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ensure-containerd.sh: make sure containerd, runc, the CNI plugins and ip
-# are installed, for the tests that run a real kubelet (internal/realnode).
+# are installed, for the tests that run a real kubelet (testkit/realnode).
 # Idempotent: does nothing when containerd, ctr, runc, ip and the CNI
 # plugins bridge, host-local and loopback are already there. Installs
 # Debian's containerd, runc, containernetworking-plugins and iproute2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ensure-dbus.sh: make sure dbus-daemon is installed, for the tests that run a
-# private bus (internal/dbustest). Idempotent: does nothing when dbus-daemon
+# private bus (testkit/dbustest). Idempotent: does nothing when dbus-daemon
 # is already there. Installs Debian's dbus-daemon package (or dbus, on
 # releases before the split) with apt-get, as root; also knows dnf and apk.
 # Prints what it did. Exit status non-zero when dbus-daemon is still missing.

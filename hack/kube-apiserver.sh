@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # kube-apiserver.sh - run a REAL kube-apiserver + etcd on loopback for integration tests
-# (the project's copy of the proven recipe; internal/kubetest drives it from TestMain).
+# (the project's copy of the proven recipe; testkit/kubetest drives it from TestMain).
 #
 # No kubelet; controllers only on request (see --with-controller-manager); the
 # scheduler is only built here (--with-scheduler): tests start it themselves
-# with a profile of their own (internal/kubetest StartScheduler); so is the
-# kubelet (--with-kubelet), which internal/realnode runs over containerd.
+# with a profile of their own (testkit/kubetest StartScheduler); so is the
+# kubelet (--with-kubelet), which testkit/realnode runs over containerd.
 # Binaries are built from the published Go modules k8s.io/kubernetes and
 # go.etcd.io/etcd/server/v3 through the Go module proxy (the only thing needed
 # from the network), once, and cached; later starts need no network at all.

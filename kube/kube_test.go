@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/kubefake"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

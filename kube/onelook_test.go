@@ -5,10 +5,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/readonce"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/settings"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"

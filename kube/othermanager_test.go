@@ -23,8 +23,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/internal/kclient/restclient"
+	"github.com/migagent/mig-agent/testkit/clientset"
 )
 
 // TestOtherManager: one row per kind of other MIG manager, and the look-alikes

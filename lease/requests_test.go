@@ -9,7 +9,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
+	"github.com/migagent/mig-agent/testkit/kubefake"
 )
 
 // What the rollout costs the API server in Lease requests (#28): the

@@ -12,8 +12,8 @@ import (
 
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"

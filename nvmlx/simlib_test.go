@@ -8,10 +8,10 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/migagent/mig-agent/internal/simlibtest"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
+	"github.com/migagent/mig-agent/testkit/simlibtest"
 )
 
 // TestRealBackendOverSimulatedLibrary loads the simulator built as

@@ -12,7 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/migagent/mig-agent/dra"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/testkit/clientset"
 )
 
 func celSel(exprs ...string) []resourcev1.DeviceSelector {

@@ -16,11 +16,11 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
-	"github.com/migagent/mig-agent/internal/testsupport"
-	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/clientset"
+	"github.com/migagent/mig-agent/testkit/kubefake"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 func optedIn(name string) *corev1.Node {

@@ -12,9 +12,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/migagent/mig-agent/geometry"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/profiles"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/clientset"
 )
 
 // NodeOf reads the labels and the records: the applied config is the

@@ -17,7 +17,7 @@
 //     reaches the world (Cluster, Disruptor, Slots, OtherManagers, ...).
 //   - which pods a change affects: gpus/takes.go, used by the drain step.
 //   - core_test.go: the core on the simulator with a fake clock and the
-//     fakes of its ports (internal/testsupport).
+//     fakes of its ports (testkit/testsupport).
 //
 // It may import geometry, gpus, journal, record, settings, nvmlx and
 // internal/backoff; never client-go (go list -deps shows no k8s.io package

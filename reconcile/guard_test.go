@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // The core under a lost rollout slot or a lost node: it stops before its

@@ -6,11 +6,11 @@ import (
 	"testing"
 
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // fakeStartup counts the lifts of the startup taints, with the state the

@@ -4,5 +4,5 @@
 // mid-change, and stopping and restarting host GPU client units through
 // systemd's D-Bus API. D-Bus is spoken through godbus on a connection the
 // caller opens (ConnectSystemBus), so tests run it against a private
-// dbus-daemon with stand-in services (internal/dbustest).
+// dbus-daemon with stand-in services (testkit/dbustest).
 package systemd

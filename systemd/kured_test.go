@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/testsupport"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // The sentinel is written whole, names the change and the boot; at start

@@ -11,7 +11,7 @@ import (
 
 	"github.com/godbus/dbus/v5"
 
-	"github.com/migagent/mig-agent/internal/dbustest"
+	"github.com/migagent/mig-agent/testkit/dbustest"
 )
 
 func testLogger(t testing.TB) *slog.Logger {

@@ -10,7 +10,7 @@ import (
 	"github.com/godbus/dbus/v5"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/migagent/mig-agent/internal/dbustest"
+	"github.com/migagent/mig-agent/testkit/dbustest"
 )
 
 func TestNormalizeUnitName(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // Standalone: a process on a MIG device, as NVML reports it, is an entry

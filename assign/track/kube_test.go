@@ -11,7 +11,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/migagent/mig-agent/assign"
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
+	"github.com/migagent/mig-agent/testkit/clientset"
 )
 
 // The Event names the device UUID, profile, GPU index and node, on the

@@ -15,10 +15,10 @@ import (
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/gpus"
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // fakeSource reports what the test sets, or err.

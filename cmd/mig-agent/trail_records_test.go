@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/migagent/mig-agent/internal/kclient/clientset"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/clientset"
 )
 
 // The assignment trail names the change behind a device from the whole

@@ -36,9 +36,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/migagent/mig-agent/hack/bench/turns"
-	"github.com/migagent/mig-agent/internal/kubetest/audit"
 	"github.com/migagent/mig-agent/lease"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest/audit"
 )
 
 // slotChange is a slot Lease's holder from at ("": released).
@@ -848,7 +848,7 @@ func (f *fleetBench) waitStarted(ctx context.Context, names []string, procs []*p
 
 // restartAPIServer stops kube-apiserver (etcd keeps running), waits down,
 // starts it with the same command line and waits for /readyz, as
-// internal/kubetest's RestartAPIServer does for the tests.
+// testkit/kubetest's RestartAPIServer does for the tests.
 func (f *fleetBench) restartAPIServer(down time.Duration) error {
 	raw, err := os.ReadFile(filepath.Join(f.api.dir, "kube-apiserver.pid"))
 	if err != nil {

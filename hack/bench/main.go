@@ -23,8 +23,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/benchfile"
 	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/testkit/benchfile"
 )
 
 // results is bench-results.json.

@@ -3,7 +3,7 @@
 // use, a change of ONE GPU, and a live table of which pods stay and which
 // are evicted, and why. It runs a real etcd + kube-apiserver on loopback
 // (hack/kube-apiserver.sh), the kubelet stand-in of the tests
-// (internal/kubetest: PodResources over gRPC on a unix socket, evicted pods
+// (testkit/kubetest: PodResources over gRPC on a unix socket, evicted pods
 // finished), and the built agent (bin/mig-agent). `make demo` runs it.
 package main
 
@@ -31,8 +31,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 const (

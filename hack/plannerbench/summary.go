@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/internal/kubetest/audit"
+	"github.com/migagent/mig-agent/testkit/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest/audit"
 )
 
 // repeat is one timed pod, on a fresh node.

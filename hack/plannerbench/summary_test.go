@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/kubetest/audit"
+	"github.com/migagent/mig-agent/testkit/kubetest/audit"
 )
 
 func TestMedian(t *testing.T) {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,7 +133,7 @@ func TestOnePlacePerChore(t *testing.T) {
 				return err
 			}
 			rel, _ := filepath.Rel(root, path)
-			if strings.HasPrefix(rel, c.home+"/") || strings.HasPrefix(rel, "internal/kclient/") || strings.HasPrefix(rel, "e2e/") {
+			if strings.HasPrefix(rel, c.home+"/") || strings.HasPrefix(rel, "internal/kclient/") || strings.HasPrefix(rel, "e2e/") || strings.HasPrefix(rel, "testkit/") {
 				return nil
 			}
 			src, err := os.ReadFile(path)
@@ -144,4 +146,83 @@ func TestOnePlacePerChore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// module is the import path of the repository's module.
+const module = "github.com/migagent/mig-agent/"
+
+// TestTestKitApart keeps test support in its own wing and the floors below
+// the rooms: no product file (outside testkit/, e2e/ and hack/, and not a
+// _test.go file) imports testkit/; internal/ holds product helpers that
+// import nothing of the module but internal/ and record (the leaf), so no
+// import runs back up the house; and among the code that serves tests,
+// only testkit/ reaches into the core (hack/'s benches and demo go through
+// it). Every .go file is read, whatever its build tags, so a tagged file
+// cannot hide an import. Modules of their own below the root are not this
+// module's packages and are left out.
+func TestTestKitApart(t *testing.T) {
+	fset := token.NewFileSet()
+	checked := 0
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil && path != root {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		checked++
+		for _, is := range f.Imports {
+			for _, msg := range wingRule(rel, strings.Trim(is.Path.Value, `"`)) {
+				t.Errorf("%s: %s", rel, msg)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 100 {
+		t.Fatalf("read %d non-test files; the walk missed the tree", checked)
+	}
+}
+
+// wingRule returns what is wrong with the non-test file rel (a path from
+// the root) importing imp.
+func wingRule(rel, imp string) []string {
+	pkg, ok := strings.CutPrefix(imp, module)
+	if !ok {
+		return nil
+	}
+	under := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	wing := under(rel, "testkit") || under(rel, "e2e") || under(rel, "hack")
+	var bad []string
+	if under(pkg, "testkit") && !wing {
+		bad = append(bad, "a product file imports "+pkg+"; the test wing is for tests, benches and harnesses only")
+	}
+	if under(rel, "internal") && !under(pkg, "internal") && pkg != "record" {
+		bad = append(bad, "internal/ imports "+pkg+"; the floor under the rooms imports only internal/ and record")
+	}
+	if (under(rel, "internal") || under(rel, "hack")) && under(pkg, "reconcile") {
+		bad = append(bad, "imports the core ("+pkg+"); of the code that serves tests only testkit/ may")
+	}
+	return bad
 }

@@ -2,9 +2,8 @@
 // lines and the longest non-test functions. It exits 1 when a package is
 // over -max-pkg lines or a function of the product's packages over
 // -max-func lines. The product is what users run: the function limit leaves
-// out the tools under hack/ and the test harnesses (internal/kubetest,
-// internal/dbustest, internal/realnode); the package limit holds for every
-// package.
+// out the tools under hack/ and the test wing (testkit/: harnesses,
+// stand-ins, test helpers); the package limit holds for every package.
 //
 //	go run ./hack/sizes [-max-pkg 2500] [-max-func 100] [-top 15]
 package main
@@ -146,7 +145,7 @@ func recvName(e ast.Expr) string {
 // product reports whether the file at path is part of what users run.
 func product(path string) bool {
 	path = filepath.ToSlash(filepath.Clean(path))
-	for _, p := range []string{"hack/", "internal/kubetest/", "internal/dbustest/", "internal/realnode/"} {
+	for _, p := range []string{"hack/", "testkit/"} {
 		if strings.HasPrefix(path, p) || strings.Contains(path, "/"+p) {
 			return false
 		}

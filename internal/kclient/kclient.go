@@ -13,7 +13,7 @@
 // The interfaces below are subsets of the generated ones, with the same
 // method names and signatures, so the code reads as it would with the
 // clientset, and a clientset (a fake one in tests) fits them through
-// package kclient/clientset. The client itself is kclient/restclient's:
+// package testkit/clientset. The client itself is kclient/restclient's:
 // what only reads or writes through these interfaces (the planner) links
 // none of the generic client's machinery (gentype and what it pulls in:
 // server-side apply, structured-merge-diff, OpenAPI, protobuf).

@@ -20,7 +20,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/kclient/restclient"
-	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }

@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/migagent/mig-agent/internal/kclient"
-	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // TestWatchByName: an informer on one Node by name holds that Node only,

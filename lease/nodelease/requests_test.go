@@ -11,8 +11,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/migagent/mig-agent/internal/testsupport/kubefake"
 	"github.com/migagent/mig-agent/journal"
+	"github.com/migagent/mig-agent/testkit/kubefake"
 )
 
 // What the node Lease costs the API server (#28): the checks before each

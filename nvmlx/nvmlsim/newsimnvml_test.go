@@ -7,9 +7,9 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/nvmlx/nvmlreturn"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 // TestNewSimNVML drives the library NewSimNVML gives as an external tool

@@ -11,10 +11,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/testsupport"
 	"github.com/migagent/mig-agent/nvmlx"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
 	"github.com/migagent/mig-agent/profiles"
+	"github.com/migagent/mig-agent/testkit/testsupport"
 )
 
 var (

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/simlibtest"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
+	"github.com/migagent/mig-agent/testkit/simlibtest"
 )
 
 // TestMigMinors keeps the driver's numbering (MIG user guide, "Device

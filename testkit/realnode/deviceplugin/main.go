@@ -1,4 +1,4 @@
-// Command deviceplugin runs internal/realnode/testplugin as a program, for
+// Command deviceplugin runs testkit/realnode/testplugin as a program, for
 // the image realnode.PluginImage: a device plugin the real kubelet's tests
 // run as a DaemonSet pod, the way NVIDIA's runs (the kubelet's
 // device-plugin directory mounted from the host at the same path).
@@ -14,7 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/migagent/mig-agent/internal/realnode/testplugin"
+	"github.com/migagent/mig-agent/testkit/realnode/testplugin"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 

@@ -1,5 +1,5 @@
 // Package testplugin is a minimal device plugin of the kubelet's v1beta1
-// API, for the real-node tests (internal/realnode): it serves its socket in
+// API, for the real-node tests (testkit/realnode): it serves its socket in
 // the kubelet's device-plugin directory, registers at the kubelet's socket,
 // advertises its devices healthy, and answers Allocate with the environment
 // variable REALNODE_DEVICES (the IDs, comma separated), which the pause
@@ -7,7 +7,7 @@
 // device manager (registration, allocatable, admission, Allocate); NVIDIA's
 // own plugin is what the real node runs for MIG devices. The tests run it
 // in their own process (realnode.Node.StartPlugin) and as a DaemonSet pod
-// (internal/realnode/deviceplugin).
+// (testkit/realnode/deviceplugin).
 package testplugin
 
 import (

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
-	"github.com/migagent/mig-agent/internal/realnode"
-	"github.com/migagent/mig-agent/internal/realnode/testplugin"
+	"github.com/migagent/mig-agent/testkit/kubetest"
+	"github.com/migagent/mig-agent/testkit/realnode"
+	"github.com/migagent/mig-agent/testkit/realnode/testplugin"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -274,7 +274,7 @@ func TestRealKubeletDaemonSetPlugin(t *testing.T) {
 	// The plugin built with cgo, linked to this machine's glibc, as
 	// NVIDIA's is: its image holds the libraries ldd finds.
 	bin := filepath.Join(t.TempDir(), "deviceplugin")
-	build := exec.Command("go", "build", "-o", bin, "./internal/realnode/deviceplugin")
+	build := exec.Command("go", "build", "-o", bin, "./testkit/realnode/deviceplugin")
 	build.Dir = "../.."
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := build.CombinedOutput(); err != nil {

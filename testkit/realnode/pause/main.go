@@ -1,4 +1,4 @@
-// Command pause is the program of the images internal/realnode builds for
+// Command pause is the program of the images testkit/realnode builds for
 // the real kubelet's pods: the pod sandbox image (containerd's sandbox_image,
 // what registry.k8s.io/pause is elsewhere: nothing can be pulled here) and
 // the test pods' container. It sleeps until SIGTERM or SIGINT and exits 0,

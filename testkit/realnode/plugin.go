@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/realnode/testplugin"
+	"github.com/migagent/mig-agent/testkit/realnode/testplugin"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"

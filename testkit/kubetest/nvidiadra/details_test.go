@@ -7,8 +7,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourcev1 "k8s.io/api/resource/v1"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
 	"github.com/migagent/mig-agent/nvmlx/nvmlsim"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
 // The stand-in publishes what NVIDIA's plugin publishes, read through NVML

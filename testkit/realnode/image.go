@@ -16,7 +16,7 @@ import (
 )
 
 // Images the node holds: nothing can be pulled here, so they are built by
-// the harness from internal/realnode/pause and internal/realnode/deviceplugin
+// the harness from testkit/realnode/pause and testkit/realnode/deviceplugin
 // and imported into containerd's k8s.io namespace before the kubelet
 // starts.
 const (
@@ -27,7 +27,7 @@ const (
 	// variables first). Pods must say imagePullPolicy Never or
 	// IfNotPresent.
 	SleepImage = "mig-agent.test/sleep:1"
-	// PluginImage runs internal/realnode/deviceplugin (entrypoint
+	// PluginImage runs testkit/realnode/deviceplugin (entrypoint
 	// /deviceplugin; args RESOURCE DEVICE-ID...).
 	PluginImage = "mig-agent.test/device-plugin:1"
 )
@@ -167,16 +167,16 @@ func writeArchive(out string, index []byte, blobs map[string][]byte) error {
 	return err
 }
 
-// buildPrograms builds internal/realnode/pause and
-// internal/realnode/deviceplugin, static, into dir. moduleRoot is the
+// buildPrograms builds testkit/realnode/pause and
+// testkit/realnode/deviceplugin, static, into dir. moduleRoot is the
 // directory of the project's go.mod.
 func buildPrograms(moduleRoot, dir string) error {
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", dir+"/",
-		"./internal/realnode/pause", "./internal/realnode/deviceplugin")
+		"./testkit/realnode/pause", "./testkit/realnode/deviceplugin")
 	cmd.Dir = moduleRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./internal/realnode/pause ./internal/realnode/deviceplugin: %w\n%s", err, b)
+		return fmt.Errorf("go build ./testkit/realnode/pause ./testkit/realnode/deviceplugin: %w\n%s", err, b)
 	}
 	return nil
 }

@@ -3,7 +3,7 @@
 // --with-kubelet from the same module and version as the API server, and
 // cached beside it) over a real containerd and runc (Debian's packages,
 // installed by hack/ensure-containerd.sh), registered with the test API
-// server that internal/kubetest starts. Pod admission, the pod lifecycle,
+// server that testkit/kubetest starts. Pod admission, the pod lifecycle,
 // eviction, device-plugin registration, Allocate and PodResources are the
 // kubelet's own.
 //
@@ -41,7 +41,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/internal/kubetest"
+	"github.com/migagent/mig-agent/testkit/kubetest"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/migagent/mig-agent/internal/kubetest/audit"
+	"github.com/migagent/mig-agent/testkit/kubetest/audit"
 )
 
 // AuditLog is the audit log of the API server the tests run against.
