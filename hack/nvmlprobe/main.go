@@ -5,7 +5,8 @@
 // profile info structs and their names, MIG attributes' return on a GPU
 // handle, the driver's error strings). Run on a machine with a real GPU,
 // it captures the driver's answers (read-only: it changes nothing); its
-// test compares the simulated library with that capture.
+// test compares the simulated library with that capture
+// (testdata/<model>-driver-<version>.json, TestSimulatedLibraryMatchesCapture).
 //
 //	nvmlprobe [-lib PATH] > capture.json
 package main
@@ -58,6 +59,10 @@ type Profile struct {
 	V3Return     string `json:"v3Return"`
 	V3Name       string `json:"v3Name,omitempty"`
 	Capabilities uint32 `json:"v3Capabilities,omitempty"`
+	// V2Fields and V3Fields are id, slices, instances, SMs and memory as
+	// each versioned struct came back.
+	V2Fields []uint64 `json:"v2Fields,omitempty"`
+	V3Fields []uint64 `json:"v3Fields,omitempty"`
 }
 
 func main() {
@@ -131,11 +136,13 @@ func probeGPU(d nvml.Device) GPU {
 		pr.V2Return = nvmlreturn.Name(ret)
 		if ret == nvml.SUCCESS {
 			pr.V2Name = cString(v2.Name[:])
+			pr.V2Fields = []uint64{uint64(v2.Id), uint64(v2.SliceCount), uint64(v2.InstanceCount), uint64(v2.MultiprocessorCount), v2.MemorySizeMB}
 		}
 		v3, ret := d.GetGpuInstanceProfileInfoV(i).V3()
 		pr.V3Return = nvmlreturn.Name(ret)
 		if ret == nvml.SUCCESS {
 			pr.V3Name, pr.Capabilities = cString(v3.Name[:]), v3.Capabilities
+			pr.V3Fields = []uint64{uint64(v3.Id), uint64(v3.SliceCount), uint64(v3.InstanceCount), uint64(v3.MultiprocessorCount), v3.MemorySizeMB}
 		}
 		g.Profiles = append(g.Profiles, pr)
 	}

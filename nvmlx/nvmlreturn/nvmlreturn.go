@@ -73,7 +73,8 @@ func ByName(name string) (nvml.Return, bool) {
 }
 
 // prose is what the driver's nvmlErrorString says for the codes a caller
-// most often prints (libnvidia-ml's own strings).
+// most often prints (libnvidia-ml's own strings; those hack/nvmlprobe
+// reads were captured from driver 580.159.04).
 var prose = map[nvml.Return]string{
 	nvml.SUCCESS:                      "Success",
 	nvml.ERROR_UNINITIALIZED:          "Uninitialized",
@@ -92,7 +93,7 @@ var prose = map[nvml.Return]string{
 	nvml.ERROR_IN_USE:                 "In use by another client",
 	nvml.ERROR_MEMORY:                 "Insufficient Memory",
 	nvml.ERROR_NO_DATA:                "No data",
-	nvml.ERROR_INSUFFICIENT_RESOURCES: "Ran out of critical resources, other than memory",
+	nvml.ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
 	nvml.ERROR_UNKNOWN:                "Unknown Error",
 }
 

@@ -539,8 +539,10 @@ func nvmlDeviceGetGpuInstanceProfileInfo(dev unsafe.Pointer, profile C.uint, inf
 }
 
 // nvmlDeviceGetGpuInstanceProfileInfoV answers versions 2 and 3 of the
-// struct, which add the profile's name ("MIG 1g.18gb", as nvidia-smi
-// prints it) and, in 3, capabilities (none) in place of isP2pSupported.
+// struct. Version 2 adds the profile's name ("MIG 1g.18gb", as nvidia-smi
+// prints it). Version 3 has a name field and capabilities in place of
+// isP2pSupported, but driver 580.159.04 leaves both empty (captured on an
+// H100 80GB HBM3: hack/nvmlprobe/testdata), and so does this.
 //
 //export nvmlDeviceGetGpuInstanceProfileInfoV
 func nvmlDeviceGetGpuInstanceProfileInfoV(dev unsafe.Pointer, profile C.uint, info unsafe.Pointer) C.int {
@@ -569,7 +571,6 @@ func nvmlDeviceGetGpuInstanceProfileInfoV(dev unsafe.Pointer, profile C.uint, in
 				SliceCount: v.SliceCount, InstanceCount: v.InstanceCount,
 				MultiprocessorCount: v.MultiprocessorCount, CopyEngineCount: v.CopyEngineCount, DecoderCount: v.DecoderCount,
 				EncoderCount: v.EncoderCount, JpegCount: v.JpegCount, OfaCount: v.OfaCount, MemorySizeMB: v.MemorySizeMB}
-			putName((*nvml.GpuInstanceProfileInfo_v3)(info).Name[:], name)
 		default:
 			return nvml.ERROR_ARGUMENT_VERSION_MISMATCH
 		}
