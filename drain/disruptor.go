@@ -16,6 +16,7 @@ import (
 
 	"github.com/migagent/mig-agent/drain/fresh"
 	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -83,7 +84,63 @@ func (d *Disruptor) cachedNode(ctx context.Context) *corev1.Node {
 	return n
 }
 
-// Taint implements reconcile.Disruptor: one patch from the watched Node, or,
+// Hold implements reconcile.Disruptor: the taint (Taint) and the operands
+// paused (ReadOperands, then PauseOperands), each through step.
+func (d *Disruptor) Hold(ctx context.Context, ch *journal.Change, taint, pause bool, step func(what string, retry bool, do func() error) error) error {
+	if taint && !ch.TaintAdded {
+		// The taint key is the agent's own: one already there was left by an
+		// attempt that could not lift it (a crash between tainting and the
+		// journal, an API outage), so this change lifts it too.
+		if err := step("tainting the node", true, func() error {
+			_, err := d.Taint(ctx)
+			ch.TaintAdded = err == nil
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	if !pause {
+		return nil
+	}
+	if len(ch.Operands) == 0 { // journaled before pausing: a crash restores from there
+		if err := step("reading GPU Operator operand labels", false, func() error {
+			saved, err := d.ReadOperands(ctx)
+			if err == nil {
+				ch.Operands = saved
+			}
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return step("pausing GPU Operator operands", false, func() error { return d.PauseOperands(ctx, ch.Operands) })
+}
+
+// Release implements reconcile.Disruptor: the operands restored
+// (RestoreOperands) and the taint lifted (Untaint), each through step,
+// the second also when the first failed.
+func (d *Disruptor) Release(ctx context.Context, ch *journal.Change, step func(what string, retry bool, do func() error) error) {
+	if len(ch.Operands) > 0 {
+		_ = step("restoring GPU Operator operand labels", true, func() error {
+			err := d.RestoreOperands(ctx, ch.Operands)
+			if err == nil {
+				ch.Operands = nil
+			}
+			return err
+		})
+	}
+	if ch.TaintAdded {
+		_ = step("removing the reconfiguring taint", true, func() error {
+			err := d.Untaint(ctx)
+			if err == nil {
+				ch.TaintAdded = false
+			}
+			return err
+		})
+	}
+}
+
+// Taint adds the reconfiguring taint (added false: it was there): one patch from the watched Node, or,
 // when that Node is stale or already shows a taint, a read and an update.
 func (d *Disruptor) Taint(ctx context.Context) (bool, error) {
 	if n := d.cachedNode(ctx); n != nil {
@@ -94,7 +151,7 @@ func (d *Disruptor) Taint(ctx context.Context) (bool, error) {
 	return AddTaint(ctx, d.Client, d.Node)
 }
 
-// Untaint implements reconcile.Disruptor, as Taint.
+// Untaint removes the reconfiguring taint, as Taint.
 func (d *Disruptor) Untaint(ctx context.Context) error {
 	if n := d.cachedNode(ctx); n != nil {
 		if _, done, err := removeTaintFrom(ctx, d.Client, n); done {
@@ -105,7 +162,8 @@ func (d *Disruptor) Untaint(ctx context.Context) error {
 	return err
 }
 
-// readOperands implements reconcile.Disruptor, from the watched Node.
+// ReadOperands reads the GPU Operator operand labels' values (to be
+// journaled before PauseOperands), from the watched Node.
 func (d *Disruptor) ReadOperands(ctx context.Context) (json.RawMessage, error) {
 	var saved savedLabels
 	if n := d.cachedNode(ctx); n != nil {
@@ -119,7 +177,8 @@ func (d *Disruptor) ReadOperands(ctx context.Context) (json.RawMessage, error) {
 	return json.Marshal(saved)
 }
 
-// pauseOperands implements reconcile.Disruptor.
+// PauseOperands pauses the operands ReadOperands found and waits (bounded)
+// for their pods to leave.
 func (d *Disruptor) PauseOperands(ctx context.Context, raw json.RawMessage) error {
 	var saved savedLabels
 	if err := json.Unmarshal(raw, &saved); err != nil {
@@ -132,7 +191,7 @@ func (d *Disruptor) PauseOperands(ctx context.Context, raw json.RawMessage) erro
 	return pauseOperands(ctx, d.Client, d.Log, d.Node, saved, sels, d.OperandWait)
 }
 
-// restoreOperands implements reconcile.Disruptor.
+// RestoreOperands restores what PauseOperands saved.
 func (d *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) error {
 	var saved savedLabels
 	if err := json.Unmarshal(raw, &saved); err != nil {

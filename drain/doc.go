@@ -8,10 +8,12 @@
 // to advertise the new devices (its allocatable, or the DRA driver's
 // ResourceSlices).
 //
-// Every step is safe to repeat, and what a step changed is returned in a
-// form the caller can journal (the operand labels of ReadOperands, the
-// added flag of Taint) so that a restarted agent undoes exactly that and
-// nothing else.
+// Every step is safe to repeat. Hold (the taint, the operands paused) and
+// Release (their undoing) record what each step changed in the journaled
+// change (the added flag of the taint, the operand labels read before
+// pausing) and run each step through the core's step callback, which
+// journals the change after it, so that a restarted agent undoes exactly
+// that and nothing else.
 //
 // It learns which pod holds which device through drain/podresources (the
 // kubelet PodResources API) and which pod is which operand through

@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -11,23 +10,20 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/migagent/mig-agent/internal/configmap"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/record"
 )
 
 // The whole history off the Node: the ConfigMap <node>-mig-history in the
-// agent's namespace holds the newest record.HistoryMaxRecords change
-// records whole (the pods they evicted, all named; the geometry; the whole
+// agent's namespace holds the newest change records whole
+// (configMapHistory's bound) (the pods they evicted, all named; the geometry; the whole
 // reason), newest first, while the Node's annotations hold them in their
 // light form (record.OnNode, record.InNodeHistory). Owned by the Node as
 // <node>-mig-config is: it lives as long as the Node's annotations do.
 // Only the node's own agent may write or delete it (the admission policy
 // mig-agent-history), so a record there is as hard to forge or erase as
 // one on the Node.
-
-// ErrHistoryConflict: the history ConfigMap kept changing under the agent's
-// writes.
-var ErrHistoryConflict = errors.New("the history ConfigMap changed under every write")
 
 // wholeKept is where a change's whole record went: ref
 // (record.FullRecordRef, "" when it could not be written), the records the
@@ -66,80 +62,63 @@ func (k *Cluster) keepWhole(ctx context.Context, rec record.ChangeRecord) wholeK
 
 // saveWhole writes rec at the head of the history ConfigMap (created when
 // missing: owned by the Node, and started with the records of the Node's
-// history, which an agent of before kept only there), bounded to
-// record.HistoryMaxRecords, and returns the records the bound dropped and
-// the keys of those it holds. A
-// history that is not a JSON array is kept aside under
-// record.HistoryConfigMapUnparsableKey. An update that conflicts (an
-// earlier write of its own whose answer was lost) reads it again.
+// history, which an agent of before kept only there), within
+// configMapHistory's bound, and returns the records the bound dropped and
+// the keys of those it holds. A history that is not a JSON array is kept
+// aside under record.HistoryConfigMapUnparsableKey. It saves through
+// configmap.Save, under its conflict rule.
 func (k *Cluster) saveWhole(ctx context.Context, rec record.ChangeRecord) ([]json.RawMessage, map[string]bool, error) {
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return nil, nil, err
 	}
-	cms := k.Client.CoreV1().ConfigMaps(k.Namespace)
 	name := record.HistoryConfigMapName(k.Node)
-	for range 3 {
-		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			dropped, held, err := k.createHistory(ctx, raw)
-			if apierrors.IsAlreadyExists(err) {
-				continue
+	var dropped []json.RawMessage
+	var held map[string]bool
+	_, err = configmap.Save(ctx, k.Client.CoreV1().ConfigMaps(k.Namespace), name, nil, func(cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+		var entries []json.RawMessage
+		if cm == nil {
+			node, err := k.CachedNode(ctx)
+			if err != nil {
+				return nil, err
 			}
-			return dropped, held, err
+			cm = newHistory(k.Namespace, k.Node, node)
+			for _, e := range nodeHistory(node) {
+				if _, err := record.Decode(e); err == nil {
+					entries = append(entries, e)
+				}
+			}
+		} else {
+			if cm.Data == nil {
+				cm.Data = map[string]string{}
+			}
+			var err error
+			if entries, err = record.SplitHistory(cm.Data[record.HistoryConfigMapKey]); err != nil {
+				k.log().Warn("the history in the ConfigMap is not a JSON array; keeping it aside", "configMap", name,
+					"keptIn", record.HistoryConfigMapUnparsableKey)
+				cm.Data[record.HistoryConfigMapUnparsableKey] = cm.Data[record.HistoryConfigMapKey]
+				entries = nil
+			}
 		}
-		if err != nil {
-			return nil, nil, err
-		}
-		cm = cm.DeepCopy()
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		entries, err := record.SplitHistory(cm.Data[record.HistoryConfigMapKey])
-		if err != nil {
-			k.log().Warn("the history in the ConfigMap is not a JSON array; keeping it aside", "configMap", name,
-				"keptIn", record.HistoryConfigMapUnparsableKey)
-			cm.Data[record.HistoryConfigMapUnparsableKey] = cm.Data[record.HistoryConfigMapKey]
-			entries = nil
-		}
-		hist, held, dropped := headOf(raw, entries)
+		var hist []byte
+		hist, held, dropped = headOf(raw, entries)
 		cm.Data[record.HistoryConfigMapKey] = string(hist)
-		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{FieldManager: "mig-agent"})
-		if apierrors.IsConflict(err) {
-			continue
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		return dropped, held, nil
-	}
-	return nil, nil, ErrHistoryConflict
-}
-
-// createHistory creates the history ConfigMap with raw at its head and the
-// records of the Node's history after it.
-func (k *Cluster) createHistory(ctx context.Context, raw json.RawMessage) ([]json.RawMessage, map[string]bool, error) {
-	node, err := k.CachedNode(ctx)
+		return cm, nil
+	})
 	if err != nil {
 		return nil, nil, err
 	}
-	var seed []json.RawMessage
-	for _, e := range nodeHistory(node) {
-		if _, err := record.Decode(e); err == nil {
-			seed = append(seed, e)
-		}
-	}
-	hist, held, dropped := headOf(raw, seed)
-	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: record.HistoryConfigMapName(k.Node), Namespace: k.Namespace,
-			Labels:          map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: k.Node},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}},
-		Data: map[string]string{record.HistoryConfigMapKey: string(hist)},
-	}
-	if _, err := k.Client.CoreV1().ConfigMaps(k.Namespace).Create(ctx, cm, metav1.CreateOptions{FieldManager: "mig-agent"}); err != nil {
-		return nil, nil, err
-	}
 	return dropped, held, nil
+}
+
+// newHistory is an empty history ConfigMap of node, owned by it.
+func newHistory(namespace, nodeName string, node *corev1.Node) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: record.HistoryConfigMapName(nodeName), Namespace: namespace,
+			Labels:          map[string]string{record.LabelManagedBy: "mig-agent", record.LabelNode: nodeName},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}},
+		Data: map[string]string{},
+	}
 }
 
 // nodeHistory is the entries of node's history annotation (none when it
@@ -152,15 +131,11 @@ func nodeHistory(node *corev1.Node) []json.RawMessage {
 	return entries
 }
 
-// headOf puts raw at the head of entries, keeps the newest
-// record.HistoryMaxRecords and returns them as JSON, with their keys
-// (recordKey) and those dropped (oldest last).
+// headOf puts raw at the head of entries, keeps what configMapHistory's
+// bound keeps and returns them as JSON, with their keys (recordKey) and
+// those dropped (oldest last).
 func headOf(raw json.RawMessage, entries []json.RawMessage) ([]byte, map[string]bool, []json.RawMessage) {
-	hist := append([]json.RawMessage{raw}, entries...)
-	var dropped []json.RawMessage
-	if len(hist) > record.HistoryMaxRecords {
-		hist, dropped = hist[:record.HistoryMaxRecords], hist[record.HistoryMaxRecords:]
-	}
+	hist, dropped := configMapHistory("").keep(append([]json.RawMessage{raw}, entries...))
 	out, _ := json.Marshal(hist)
 	held := map[string]bool{}
 	for _, e := range hist {

@@ -91,8 +91,7 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 }
 
 // recordOn writes a change record as the last change and at the head of
-// the history (bounded to record.NodeHistoryMaxRecords and
-// record.HistoryMaxBytes), together with the state label, in one patch on
+// the history (within nodeHistoryBound), together with the state label, in one patch on
 // node as read just before, in its light form where the history ConfigMap
 // holds it whole (whole.ref). Once written, the record is logged whole (the
 // agent's own trail of every record), and each record that the history
@@ -104,7 +103,7 @@ func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.Ch
 	if err != nil {
 		return err
 	}
-	onNode := historyBound{where: record.AnnotationHistory, records: record.NodeHistoryMaxRecords, bytes: record.HistoryMaxBytes}
+	onNode := nodeHistoryBound
 	raw, _ := json.Marshal(rec)
 	k.log().Info("change record", "config", rec.Config, "result", rec.Result, "requestedBy", rec.RequestedBy,
 		"requestedVia", rec.RequestedVia, "record", string(raw))
@@ -119,7 +118,7 @@ func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.Ch
 	// an entry the Node alone held whole (written while the ConfigMap
 	// refused it).
 	for _, old := range whole.dropped {
-		k.retire(ctx, node, old, historyBound{where: whole.ref, records: record.HistoryMaxRecords})
+		k.retire(ctx, node, old, configMapHistory(whole.ref))
 	}
 	for _, old := range dropped {
 		if r, err := record.Decode(old); err != nil || (r.FullRecord == "" && !whole.held[recordKey(r)]) {
@@ -172,20 +171,8 @@ func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.
 			}
 		}
 	}
-	hist = append([]json.RawMessage{entry}, hist...)
-	var dropped []json.RawMessage
-	if len(hist) > record.NodeHistoryMaxRecords {
-		hist, dropped = hist[:record.NodeHistoryMaxRecords], hist[record.NodeHistoryMaxRecords:]
-	}
-	var histJSON []byte
-	for {
-		histJSON, _ = json.Marshal(hist)
-		if len(histJSON) <= record.HistoryMaxBytes || len(hist) == 1 {
-			break
-		}
-		dropped = append([]json.RawMessage{hist[len(hist)-1]}, dropped...)
-		hist = hist[:len(hist)-1]
-	}
+	hist, dropped := nodeHistoryBound.keep(append([]json.RawMessage{entry}, hist...))
+	histJSON, _ := json.Marshal(hist)
 	annotations := map[string]any{record.AnnotationLastChange: string(last), record.AnnotationHistory: string(histJSON)}
 	if aside != "" {
 		annotations[record.AnnotationHistoryUnparsable] = aside
@@ -219,12 +206,40 @@ func historyParses(node *corev1.Node) bool {
 	return err == nil
 }
 
-// historyBound is the history a dropped record left and its bounds: the
-// history ConfigMap (where it holds the records whole) or, where it could
-// not be written, the Node's annotation (bytes 0: no byte bound).
+// historyBound is a history and its bounds: the history ConfigMap (where
+// it holds the records whole) or, where it could not be written, the
+// Node's annotation (bytes 0: no byte bound).
 type historyBound struct {
 	where          string
 	records, bytes int
+}
+
+// The two histories' caps, in this one place: the Node's
+// (record.NodeHistoryMaxRecords, light) and the ConfigMap's
+// (record.HistoryMaxRecords, whole).
+var nodeHistoryBound = historyBound{where: record.AnnotationHistory, records: record.NodeHistoryMaxRecords, bytes: record.HistoryMaxBytes}
+
+// configMapHistory is the bound of the history ConfigMap ref
+// (record.FullRecordRef).
+func configMapHistory(ref string) historyBound {
+	return historyBound{where: ref, records: record.HistoryMaxRecords}
+}
+
+// keep cuts hist (newest first) to b's bounds: the newest b.records, then,
+// under a byte bound, the oldest until its JSON fits (the newest always
+// stays). It returns those kept and those dropped (oldest last).
+func (b historyBound) keep(hist []json.RawMessage) (kept, dropped []json.RawMessage) {
+	if len(hist) > b.records {
+		hist, dropped = hist[:b.records], hist[b.records:]
+	}
+	for b.bytes > 0 && len(hist) > 1 {
+		if j, _ := json.Marshal(hist); len(j) <= b.bytes {
+			break
+		}
+		dropped = append([]json.RawMessage{hist[len(hist)-1]}, dropped...)
+		hist = hist[:len(hist)-1]
+	}
+	return hist, dropped
 }
 
 // String says it in an Event: "ConfigMap ns/n-mig-history, which keeps the

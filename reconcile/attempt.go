@@ -600,7 +600,7 @@ func (a *attempt) finish() error {
 }
 
 // vacate clears the GPUs the change takes of their clients: new clients
-// are kept off (Disruptor.Taint), the GPU Operator's operands paused, and
+// are kept off and the GPU Operator's operands paused (Disruptor.Hold), and
 // the clients holding what the change takes away evicted. confirm is asked
 // before each disruptive step (see attempt.confirm).
 func (d *Daemon) vacate(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, plan *geometry.Plan, confirm func(what string) error) error {
@@ -611,29 +611,8 @@ func (d *Daemon) vacate(ctx context.Context, node *Node, ch *journal.Change, n *
 	if err := confirm("draining the node"); err != nil {
 		return err
 	}
-	if d.S.Taint && !ch.TaintAdded {
-		err := d.retryAPI(ctx, func() error { _, err := d.Disrupt.Taint(ctx); return err })
-		if err != nil {
-			return retryable("tainting the node", err)
-		}
-		// The taint key is the agent's own: one already there was left by an
-		// attempt that could not lift it (a crash between tainting and the
-		// journal, an API outage), so this change lifts it too.
-		ch.TaintAdded = true
-		d.saveJournal()
-	}
-	if d.S.PauseGPUOperator {
-		if len(ch.Operands) == 0 {
-			saved, err := d.Disrupt.ReadOperands(ctx)
-			if err != nil {
-				return retryable("reading GPU Operator operand labels", err)
-			}
-			ch.Operands = saved
-			d.saveJournal() // before pausing: a crash restores from here
-		}
-		if err := d.Disrupt.PauseOperands(ctx, ch.Operands); err != nil {
-			return retryable("pausing GPU Operator operands", err)
-		}
+	if err := d.Disrupt.Hold(ctx, ch, d.S.Taint, d.S.PauseGPUOperator, d.step(ctx, true)); err != nil {
+		return err
 	}
 	gpuUUIDs, migUUIDs := gpus.Takes(n, plan)
 	if slices.Contains(migUUIDs, "") {
@@ -650,7 +629,7 @@ func (d *Daemon) vacate(ctx context.Context, node *Node, ch *journal.Change, n *
 	}
 	ch.AffectedBy = how
 	if how != "" && how != record.AffectedByNothing { // "": nothing could tell who holds the devices (standalone)
-		d.Metrics.SetCollectorError("pod-resources", strings.HasPrefix(how, record.AffectedByAllGPUPodsPrefix))
+		d.Metrics.Collected("pod-resources", strings.HasPrefix(how, record.AffectedByAllGPUPodsPrefix))
 	}
 	if len(pods) > 0 {
 		if err := confirm("evicting pods"); err != nil {
@@ -661,13 +640,37 @@ func (d *Daemon) vacate(ctx context.Context, node *Node, ch *journal.Change, n *
 		d.event(ctx, node, EventNormal, record.ReasonEvicting, msg)
 		evicted, err := d.evict(ctx, pods)
 		ch.Evicted = appendNew(ch.Evicted, evicted...)
-		d.Metrics.AddEvictedPods(len(evicted))
+		d.Metrics.Evicted(len(evicted))
 		d.saveJournal()
 		if err != nil {
 			return retryable("evicting pods", err)
 		}
 	}
 	return nil
+}
+
+// step is the Step of Disruptor.Hold (hold) and Release: do, retried
+// through an API server outage where retry. Holding, the change is
+// journaled after it (a crash restores from there) and a failure is the
+// change's, retryable; releasing, a failure is logged (the next change
+// lifts what is left, taking it as its own).
+func (d *Daemon) step(ctx context.Context, hold bool) Step {
+	return func(what string, retry bool, do func() error) error {
+		run := do
+		if retry {
+			run = func() error { return d.retryAPI(ctx, do) }
+		}
+		switch e := run(); {
+		case e != nil && hold:
+			return retryable(what, e)
+		case e != nil:
+			d.Log.Error(what+" failed", "err", e)
+			return e
+		case hold:
+			d.saveJournal()
+		}
+		return nil
+	}
 }
 
 func appendNew(s []string, more ...string) []string {
@@ -743,7 +746,7 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 		d.Log.Warn("computing the expected resources failed; not waiting for them", "err", err)
 		return nil, ""
 	}
-	d.Metrics.SetResourcesConverged(ok)
+	d.report(func(s *Status) { s.ResourcesNotConverged = !ok })
 	if ok {
 		return &ok, ""
 	}

@@ -57,6 +57,10 @@ type Daemon struct {
 	// (optional; nil: none configured).
 	Startup StartupTaints
 
+	// status is what the gauges show (report); statusMu guards it.
+	statusMu sync.Mutex
+	status   Status
+
 	ready    atomic.Bool
 	nvmlDown atomic.Bool // the last attempt to open NVML failed
 	nvmlFail int         // consecutive failures to open NVML
@@ -153,12 +157,12 @@ func (d *Daemon) openNVML() bool {
 			d.Log.Info("NVML is open again", "after", d.nvmlFail)
 		}
 		d.nvmlFail = 0
-		d.Metrics.SetNVMLUp(true)
+		d.report(func(s *Status) { s.NVMLUp = true })
 		return true
 	}
 	d.nvmlFail++
 	d.markNVMLDown()
-	d.Metrics.SetNVMLUp(false)
+	d.report(func(s *Status) { s.NVMLUp = false })
 	if d.nvmlFail == 1 {
 		d.Log.Error("NVML cannot be opened; not ready, retrying with backoff", "err", err)
 		_ = d.notify().Status("NVML cannot be opened: %v", err)
@@ -173,7 +177,7 @@ func (d *Daemon) openNVML() bool {
 func (d *Daemon) nvmlLost(err error) {
 	d.nvmlFail = max(d.nvmlFail, 1)
 	d.markNVMLDown()
-	d.Metrics.SetNVMLUp(false)
+	d.report(func(s *Status) { s.NVMLUp = false })
 	d.Log.Error("NVML is not back after a GPU reset; not ready, opening it again with backoff", "err", err)
 	_ = d.notify().Status("NVML not back after a GPU reset: %v", err)
 }
@@ -192,8 +196,8 @@ func (d *Daemon) notify() Notifier {
 // discover reads the GPUs and refreshes the GPU metrics.
 func (d *Daemon) discover() (*gpus.Inventory, error) {
 	n, err := gpus.Discover(d.GPU)
-	d.Metrics.SetNVMLUp(err == nil)
-	d.Metrics.SetCollectorError("nvml", err != nil)
+	d.report(func(s *Status) { s.NVMLUp = err == nil })
+	d.Metrics.Collected("nvml", err != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -203,22 +207,24 @@ func (d *Daemon) discover() (*gpus.Inventory, error) {
 
 // showGPUs sets the GPU metrics from n.
 func (d *Daemon) showGPUs(n *gpus.Inventory) {
-	d.Metrics.SetGPUs(metricGPUs(n))
-	d.Metrics.SetUnusableGPUs(metricUnusable(n))
+	d.report(func(s *Status) { s.GPUs = n })
 }
 
-func metricUnusable(n *gpus.Inventory) []UnusableGPUMetric {
-	out := make([]UnusableGPUMetric, 0, len(n.Unusable))
-	for _, u := range n.Unusable {
-		out = append(out, UnusableGPUMetric{Index: u.Index, Error: u.Return})
-	}
-	return out
+// report changes the daemon's status with change and reports it whole.
+func (d *Daemon) report(change func(s *Status)) {
+	d.statusMu.Lock()
+	defer d.statusMu.Unlock()
+	change(&d.status)
+	d.Metrics.Report(d.status)
 }
 
 // noteUnusable logs and posts a Warning Event when the set of GPUs NVML
 // cannot open changes (once per change, not at every pass).
 func (d *Daemon) noteUnusable(ctx context.Context, node *Node, n *gpus.Inventory) {
-	key := fmt.Sprint(metricUnusable(n))
+	var key string
+	for _, u := range n.Unusable {
+		key += fmt.Sprintf("{%d %s} ", u.Index, u.Return)
+	}
 	if key == d.unusableSeen {
 		return
 	}
@@ -230,19 +236,6 @@ func (d *Daemon) noteUnusable(ctx context.Context, node *Node, n *gpus.Inventory
 	}
 }
 
-func metricGPUs(n *gpus.Inventory) []GPUMetric {
-	out := make([]GPUMetric, 0, len(n.Devices))
-	for i, dev := range n.Devices {
-		g := GPUMetric{Index: dev.Index, UUID: dev.UUID, Model: dev.Name, PCIBusID: dev.PCIBusID,
-			MigEnabled: dev.MigMode.Current, ModePending: dev.MigMode.Current != dev.MigMode.Pending, Instances: map[string]int{}}
-		for _, gi := range n.Instances[i] {
-			g.Instances[gi.Profile]++
-		}
-		out = append(out, g)
-	}
-	return out
-}
-
 // reconcile decides what to do for the node as it is now. start is true
 // for the first pass after the process started; v is what the pass read
 // and planned already (nil: nothing yet), so that one pass reads the GPUs
@@ -250,7 +243,7 @@ func metricGPUs(n *gpus.Inventory) []GPUMetric {
 func (d *Daemon) reconcile(ctx context.Context, node *Node, start, retry bool, v *view) outcome {
 	req := d.Cluster.Desired(node)
 	desired := req.Config
-	d.Metrics.SetDesiredConfig(desired)
+	d.report(func(s *Status) { s.Desired = desired })
 	d.reloadFile()
 	j := &d.Journal.State
 	if d.forgetReboot(desired) {
@@ -321,19 +314,8 @@ func (d *Daemon) restore(ctx context.Context, ch *journal.Change) {
 			ch.StoppedUnits = nil
 		}
 	}
-	if d.Disrupt != nil && len(ch.Operands) > 0 {
-		if err := d.retryAPI(ctx, func() error { return d.Disrupt.RestoreOperands(ctx, ch.Operands) }); err != nil {
-			d.Log.Error("restoring GPU Operator operand labels failed", "err", err)
-		} else {
-			ch.Operands = nil
-		}
-	}
-	if d.Disrupt != nil && ch.TaintAdded {
-		if err := d.retryAPI(ctx, func() error { return d.Disrupt.Untaint(ctx) }); err != nil {
-			d.Log.Error("removing the reconfiguring taint failed", "err", err)
-		} else {
-			ch.TaintAdded = false
-		}
+	if d.Disrupt != nil {
+		d.Disrupt.Release(ctx, ch, d.step(ctx, false))
 	}
 	d.saveJournal()
 }
@@ -364,7 +346,7 @@ func (d *Daemon) setState(ctx context.Context, state string) {
 // showState sets migagent_state: the state is decided from now on.
 func (d *Daemon) showState(state string) {
 	d.stateDecided = true
-	d.Metrics.SetState(state)
+	d.report(func(s *Status) { s.State = state })
 }
 
 // settleState decides migagent_state after a pass that set none (there

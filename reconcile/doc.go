@@ -13,8 +13,8 @@
 //   - end.go: the one exit of a change: its record (written by the
 //     Cluster: kube/record.go), state, Event, metrics and journal.
 //   - reboot.go: the reboot decision (the one caller of Rebooter.Reboot).
-//   - ports.go: the core's own types (Node, Request) and every way it
-//     reaches the world (Cluster, Disruptor, Slots, OtherManagers, ...).
+//   - ports.go: the core's own types (Node, Request, Status) and every way
+//     it reaches the world (Cluster, Disruptor, Metrics, Slots, ...).
 //   - which pods a change affects: gpus/takes.go, used by the drain step.
 //   - core_test.go: the core on the simulator with a fake clock and the
 //     fakes of its ports (testkit/testsupport).

@@ -30,12 +30,11 @@ func (d *Daemon) success(ctx context.Context, node *Node, ch *journal.Change, pl
 	rec.ResourcesConverged = converged
 	// Metrics first: whoever sees the state label finds them current. They
 	// say what the GPUs hold, which is so even when the record fails.
-	d.Metrics.ObserveReconfiguration(record.StateSuccess, now.Sub(ch.StartedAt))
-	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
-	d.Metrics.SetLastSuccess(now)
-	d.Metrics.SetDrift(false)
-	d.Metrics.SetRebootGuardTripped(false)
-	d.Metrics.SetLastFailure("")
+	d.Metrics.Reconfigured(record.StateSuccess, now.Sub(ch.StartedAt))
+	d.report(func(s *Status) {
+		s.AppliedConfig, s.AppliedHash, s.LastSuccess = ch.Config, plan.Hash, now
+		s.Drift, s.RebootGuardTripped, s.LastFailure = false, false, ""
+	})
 	if err := d.end(ctx, node, record.StateSuccess, rec, EventNormal, reason, msg); err != nil {
 		return &StepError{Reason: "the GPUs hold the config, but its success record could not be written, so the change is not reported a success: " + err.Error(),
 			Retryable: true, Event: record.ReasonRecordFailed, Always: true, Err: err}
@@ -58,7 +57,7 @@ func (d *Daemon) partial(ch *journal.Change, plan *geometry.Plan, named []nvmlx.
 	j := &d.Journal.State
 	j.Change, j.Applied, j.AppliedHash = nil, ch.Config, plan.Hash
 	j.RebootFor = nil // the change is done: its reboot mark with it
-	d.Metrics.SetAppliedConfig(ch.Config, plan.Hash)
+	d.report(func(s *Status) { s.AppliedConfig, s.AppliedHash = ch.Config, plan.Hash })
 	return &StepError{Reason: gpus.UnusableReason(ch.Config, named, true), Retryable: true, Event: record.ReasonGPUUnusable, Always: true}
 }
 
@@ -87,8 +86,8 @@ func (d *Daemon) failure(ctx context.Context, node *Node, ch *journal.Change, se
 	rec := d.record(ch, record.StateFailed, reason, now, n)
 	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", retryable)
 	// Metrics first: whoever sees the state label finds them current.
-	d.Metrics.ObserveReconfiguration(record.StateFailed, now.Sub(rec.StartedAt))
-	d.Metrics.SetLastFailure(reason)
+	d.Metrics.Reconfigured(record.StateFailed, now.Sub(rec.StartedAt))
+	d.report(func(s *Status) { s.LastFailure = reason })
 	d.end(ctx, node, record.StateFailed, rec, EventWarning, se.Event, reason)
 	if !keep && !refreshing {
 		d.Journal.State.Change = nil

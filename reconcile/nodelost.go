@@ -29,7 +29,7 @@ func (d *Daemon) leaveIfLost(a *attempt, oc outcome) outcome {
 	}
 	rec := stoppedRecord(d.record(a.ch, record.StateFailed, reason, d.Clock.Now(), n), a.ch)
 	d.Log.Error("mig config failed", "config", rec.Config, "reason", reason, "retry", false)
-	d.Metrics.SetLastFailure(reason)
+	d.report(func(s *Status) { s.LastFailure = reason })
 	if other := d.recordedSince(a.ch); other != nil {
 		d.Log.Error("not recording over a record of the agent that holds the node now", "theirs", other.Config, "result", other.Result)
 		d.event(a.ctx, a.node, EventWarning, record.ReasonNodeLost, reason)

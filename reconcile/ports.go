@@ -2,10 +2,10 @@ package reconcile
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -119,28 +119,30 @@ type NodeWatch struct {
 	Stop func()
 }
 
+// Step runs one step of a change for a port (as gpus.ApplyOptions.Step):
+// what names it, do makes it and records in the change what it did, retry
+// repeats do while the API server is away. Disruptor takes it written out,
+// so that an implementation need not import the core.
+type Step func(what string, retry bool, do func() error) error
+
 // Disruptor finds and moves the pods a change disturbs. The daemon calls it
 // between journaling the intent and touching a GPU; every method is safe to
-// repeat after a crash.
+// repeat after a crash, and what one needs of another comes as an argument.
 type Disruptor interface {
+	// Hold taints the node (where taint) and pauses the GPU Operator's
+	// operands (where pause), each through step, recording in ch what it
+	// did (TaintAdded, Operands) for the core to journal: a crash resumes,
+	// and Release undoes, exactly that. The error is the first step's.
+	Hold(ctx context.Context, ch *journal.Change, taint, pause bool, step func(what string, retry bool, do func() error) error) error
+	// Release undoes what ch says Hold did, each through step (a failed
+	// one left in ch), and clears what it undid from ch.
+	Release(ctx context.Context, ch *journal.Change, step func(what string, retry bool, do func() error) error)
 	// Affected lists the pods holding one of the whole GPUs or MIG devices
 	// the change takes away ("namespace/name"), and how they were found.
 	Affected(ctx context.Context, gpuUUIDs, migUUIDs []string) (pods []string, how string, err error)
 	// Evict evicts those pods through the Eviction API and waits until they
 	// are gone; the error names the pods still there.
 	Evict(ctx context.Context, pods []string) (evicted []string, err error)
-	// Taint adds the reconfiguring taint; added is false when it was there.
-	Taint(ctx context.Context) (added bool, err error)
-	// Untaint removes the reconfiguring taint.
-	Untaint(ctx context.Context) error
-	// ReadOperands reads the GPU Operator operand labels' values, to be
-	// journaled before PauseOperands and restored later.
-	ReadOperands(ctx context.Context) (saved json.RawMessage, err error)
-	// PauseOperands pauses the operands ReadOperands found and waits
-	// (bounded) for their pods to leave.
-	PauseOperands(ctx context.Context, saved json.RawMessage) error
-	// RestoreOperands restores what PauseOperands saved.
-	RestoreOperands(ctx context.Context, saved json.RawMessage) error
 	// DevicePlugins lists the node's device plugin, GPU Feature Discovery
 	// and DRA kubelet plugin pods ("namespace/name/uid"): they read the
 	// MIG devices only when they start.
@@ -243,47 +245,34 @@ type Notifier interface {
 	Status(format string, args ...any) error
 }
 
-// Metrics is what the daemon reports. The Prometheus side implements it
-// (package metrics, through the agent's wiring): the core names no
-// Prometheus type.
+// Metrics is what the daemon reports, implemented over Prometheus by the
+// agent's wiring: the gauges as one Status reported whole on each change,
+// and counts of what happened. No call depends on another coming first.
 type Metrics interface {
-	SetState(state string)
-	SetDesiredConfig(name string)
-	SetAppliedConfig(name, hash string)
-	SetGPUs(devices []GPUMetric)
-	SetUnusableGPUs(unusable []UnusableGPUMetric)
-	ObserveReconfiguration(result string, d time.Duration)
-	AddEvictedPods(n int)
-	IncReboots()
-	SetLastSuccess(t time.Time)
-	SetDrift(drift bool)
-	SetNVMLUp(up bool)
-	// SetCollectorError reports one attempt to read a source ("nvml",
+	Report(s Status)
+	// Reconfigured counts a finished change (success or failed).
+	Reconfigured(result string, took time.Duration)
+	Evicted(pods int)
+	Rebooted()
+	// Collected reports one attempt to read a source ("nvml",
 	// "pod-resources"): failed or not.
-	SetCollectorError(collector string, failed bool)
-	SetLastFailure(reason string)
-	SetRebootGuardTripped(b bool)
-	SetResourcesConverged(b bool)
+	Collected(collector string, failed bool)
 }
 
-// GPUMetric is what the metrics show of one GPU.
-type GPUMetric struct {
-	Index       int
-	UUID        string
-	Model       string // the device name, as DCGM's modelName: "NVIDIA H200"
-	PCIBusID    string
-	MigEnabled  bool // current MIG mode
-	ModePending bool // a MIG mode change waits for a reset or reboot
-	// Instances counts GPU instances per profile name ("1g.18gb" → 7).
-	Instances map[string]int
-}
-
-// UnusableGPUMetric is what the metrics show of a GPU NVML counts but
-// cannot open: the agent leaves it alone.
-type UnusableGPUMetric struct {
-	Index int
-	// Error is NVML's return code name ("ERROR_NO_PERMISSION").
-	Error string
+// Status is what the daemon's gauges show; its zero value is what they
+// show before the daemon's first report.
+type Status struct {
+	State, Desired             string          // the state label's value, the config asked
+	AppliedConfig, AppliedHash string          // the geometry the GPUs hold
+	GPUs                       *gpus.Inventory // as last read; nil: not yet
+	NVMLUp                     bool
+	Drift                      bool // the GPUs differ from the applied config
+	RebootGuardTripped         bool // a reboot would repeat the one made for the change
+	// ResourcesNotConverged: the node did not advertise what the GPUs hold
+	// when last awaited.
+	ResourcesNotConverged bool
+	LastSuccess           time.Time // zero: none yet
+	LastFailure           string    // the last failure's reason, "" since a success
 }
 
 type nopNotifier struct{}

@@ -148,7 +148,7 @@ func (a *attempt) rebootFor(applied *gpus.Applied) error {
 			d.Journal.State.RebootFor = &journal.RebootMark{Config: ch.Config, BootID: "before " + d.BootID(), At: d.Clock.Now().UTC(), Requested: true}
 			d.saveJournal()
 		}
-		d.Metrics.SetRebootGuardTripped(true)
+		d.report(func(s *Status) { s.RebootGuardTripped = true })
 		return &StepError{Reason: fmt.Sprintf("MIG mode change on GPUs %v is still pending after the reboot made for it; not rebooting again", applied.RebootGPUs),
 			Event: record.ReasonRebootFailed, Always: true}
 	}
@@ -200,7 +200,7 @@ func (a *attempt) rebootFor(applied *gpus.Applied) error {
 	rec := d.record(ch, record.StateRebooting, why, d.Clock.Now(), applied.After)
 	d.end(ctx, node, record.StateRebooting, rec, EventNormal, record.ReasonRebooting,
 		fmt.Sprintf("MIG mode change on GPUs %v needs a reboot; rebooting through %s", applied.RebootGPUs, d.S.RebootMethod))
-	d.Metrics.IncReboots()
+	d.Metrics.Rebooted()
 	_ = d.notify().Status("rebooting for the MIG mode change on GPUs %v", applied.RebootGPUs)
 	// The request is not cancelled by a newer label or a shutdown: it is
 	// journaled as made, and made at most once.

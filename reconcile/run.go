@@ -15,10 +15,10 @@ import (
 // simulated reboot.
 func (d *Daemon) Run(ctx context.Context) error {
 	if j := d.Journal.State; j.Applied != "" {
-		d.Metrics.SetAppliedConfig(j.Applied, j.AppliedHash)
+		d.report(func(s *Status) { s.AppliedConfig, s.AppliedHash = j.Applied, j.AppliedHash })
 	}
 	for range d.Journal.State.Reboots {
-		d.Metrics.IncReboots()
+		d.Metrics.Rebooted()
 	}
 	if err := d.Journal.Probe(); err != nil {
 		d.Log.Error("the journal cannot be written; no change will be made until it can", "path", d.Journal.Path(), "err", err)
@@ -241,7 +241,7 @@ func (d *Daemon) checkDrift(ctx context.Context, node *Node, seen bool) outcome 
 		return outSuccess
 	}
 	drift := gpus.PlanChanges(plan)
-	d.Metrics.SetDrift(drift)
+	d.report(func(s *Status) { s.Drift = drift })
 	if drift && !d.drifted {
 		changed, _ := gpus.Indices(plan)
 		msg := fmt.Sprintf("GPUs %v no longer match the applied config %q", changed, j.Applied)

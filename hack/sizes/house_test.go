@@ -1,6 +1,7 @@
 package main
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
@@ -225,4 +226,28 @@ func wingRule(rel, imp string) []string {
 		bad = append(bad, "imports the core ("+pkg+"); of the code that serves tests only testkit/ may")
 	}
 	return bad
+}
+
+// TestPortWidths keeps the core's ports narrow: no interface in
+// reconcile/ports.go has more than 8 methods (Disruptor had 11 and
+// Metrics 15), but Cluster, not yet narrowed, held at its 10.
+func TestPortWidths(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, "reconcile", "ports.go"), nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		ts, ok := n.(*ast.TypeSpec)
+		if !ok {
+			return true
+		}
+		limit := map[string]int{"Cluster": 10}[ts.Name.Name]
+		if limit == 0 {
+			limit = 8
+		}
+		if it, ok := ts.Type.(*ast.InterfaceType); ok && it.Methods.NumFields() > limit {
+			t.Errorf("port %s has %d methods, over %d", ts.Name.Name, it.Methods.NumFields(), limit)
+		}
+		return false
+	})
 }

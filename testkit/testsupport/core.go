@@ -2,7 +2,6 @@ package testsupport
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"slices"
 	"sort"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/migagent/mig-agent/gpus"
+	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -235,31 +235,36 @@ func (f *FakeDisruptor) Evict(ctx context.Context, names []string) ([]string, er
 	return names, nil
 }
 
-// Taint implements reconcile.Disruptor.
-func (f *FakeDisruptor) Taint(context.Context) (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	added := !f.Tainted
-	f.Tainted = true
-	return added, nil
-}
-
-// Untaint implements reconcile.Disruptor.
-func (f *FakeDisruptor) Untaint(context.Context) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.Tainted = false
+// Hold implements reconcile.Disruptor: the taint, through step; no
+// operands.
+func (f *FakeDisruptor) Hold(_ context.Context, ch *journal.Change, taint, pause bool, step func(string, bool, func() error) error) error {
+	if taint && !ch.TaintAdded {
+		if err := step("tainting the node", true, func() error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.Tainted, ch.TaintAdded = true, true
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	if pause && len(ch.Operands) == 0 {
+		return step("reading GPU Operator operand labels", false, func() error { return nil })
+	}
 	return nil
 }
 
-// ReadOperands implements reconcile.Disruptor: no operands.
-func (f *FakeDisruptor) ReadOperands(context.Context) (json.RawMessage, error) { return nil, nil }
-
-// PauseOperands implements reconcile.Disruptor: no operands.
-func (f *FakeDisruptor) PauseOperands(context.Context, json.RawMessage) error { return nil }
-
-// RestoreOperands implements reconcile.Disruptor: no operands.
-func (f *FakeDisruptor) RestoreOperands(context.Context, json.RawMessage) error { return nil }
+// Release implements reconcile.Disruptor: the taint lifted, through step.
+func (f *FakeDisruptor) Release(_ context.Context, ch *journal.Change, step func(string, bool, func() error) error) {
+	if ch.TaintAdded {
+		_ = step("removing the reconfiguring taint", true, func() error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.Tainted, ch.TaintAdded = false, false
+			return nil
+		})
+	}
+}
 
 // DevicePlugins implements reconcile.Disruptor: f.Plugins.
 func (f *FakeDisruptor) DevicePlugins(context.Context) ([]string, error) {
@@ -470,18 +475,8 @@ type FakeMetrics struct{}
 
 var _ reconcile.Metrics = FakeMetrics{}
 
-func (FakeMetrics) SetState(string)                               {}
-func (FakeMetrics) SetDesiredConfig(string)                       {}
-func (FakeMetrics) SetAppliedConfig(string, string)               {}
-func (FakeMetrics) SetGPUs([]reconcile.GPUMetric)                 {}
-func (FakeMetrics) SetUnusableGPUs([]reconcile.UnusableGPUMetric) {}
-func (FakeMetrics) ObserveReconfiguration(string, time.Duration)  {}
-func (FakeMetrics) AddEvictedPods(int)                            {}
-func (FakeMetrics) IncReboots()                                   {}
-func (FakeMetrics) SetLastSuccess(time.Time)                      {}
-func (FakeMetrics) SetDrift(bool)                                 {}
-func (FakeMetrics) SetNVMLUp(bool)                                {}
-func (FakeMetrics) SetCollectorError(string, bool)                {}
-func (FakeMetrics) SetLastFailure(string)                         {}
-func (FakeMetrics) SetRebootGuardTripped(bool)                    {}
-func (FakeMetrics) SetResourcesConverged(bool)                    {}
+func (FakeMetrics) Report(reconcile.Status)            {}
+func (FakeMetrics) Reconfigured(string, time.Duration) {}
+func (FakeMetrics) Evicted(int)                        {}
+func (FakeMetrics) Rebooted()                          {}
+func (FakeMetrics) Collected(string, bool)             {}
