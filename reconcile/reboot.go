@@ -36,16 +36,20 @@ func (d *Daemon) rebootSpent(node *Node, config string) (spent, sameBoot bool, h
 	return false, false, ""
 }
 
-// rebootRecorded reports a `rebooting` record for the current request of
-// config in the Node's history: the newest records for config, up to the
-// first one for another config (the label had another value then) or a
-// success (that request was finished).
+// rebootRecorded reports a reboot made for the current request of config,
+// as the Node's history shows it: among the newest records for config, up
+// to the first one for another config (the label had another value then)
+// or a success (that request was finished), a `rebooting` record or one
+// with `reboot: true` (every record of a change written after its reboot
+// says so). The Node keeps only its newest few records: after several
+// failed restarts the `rebooting` one has left it, but those restarts'
+// records still carry the reboot.
 func rebootRecorded(node *Node, config string) bool {
 	for _, r := range node.History {
 		if r.Config != config || r.Result == record.StateSuccess {
 			return false
 		}
-		if r.Result == record.StateRebooting {
+		if r.Result == record.StateRebooting || r.Reboot {
 			return true
 		}
 	}
