@@ -188,8 +188,12 @@ func (k *Cluster) snapshot(n *corev1.Node) *reconcile.Node {
 		History: record.Trail(n.Annotations)}
 }
 
-// Transient implements reconcile.Cluster.
+// Transient implements reconcile.API.
 func (k *Cluster) Transient(err error) bool { return apierr.Transient(err) }
+
+// API implements reconcile.Cluster: the API server's health (Probe,
+// Reachable, Transient).
+func (k *Cluster) API() reconcile.API { return k }
 
 // SetState sets the state label (and nothing else); "" removes it.
 // The condition MIGConfigReady is written just before it, so that whoever

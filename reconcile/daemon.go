@@ -374,7 +374,7 @@ func (d *Daemon) event(ctx context.Context, node *Node, evType, reason, msg stri
 // restart) while its error is transient (backoff.Transient), with the
 // jittered backoff of backoff.API; any other answer ends it at once.
 func (d *Daemon) retryAPI(ctx context.Context, fn func() error) error {
-	return backoff.Retry(ctx, d.Clock, outageRetry, d.Cluster.Transient, func(err error) {
+	return backoff.Retry(ctx, d.Clock, outageRetry, d.Cluster.API().Transient, func(err error) {
 		d.Log.Debug("API call failed; retrying", "err", err)
 	}, fn)
 }

@@ -16,7 +16,7 @@ const outageRetry = 2 * time.Minute
 // the middle of a drain is no reason to fail the change.
 func (d *Daemon) evict(ctx context.Context, pods []string) ([]string, error) {
 	var evicted []string
-	err := backoff.Retry(ctx, d.Clock, outageRetry, d.Cluster.Transient, func(err error) {
+	err := backoff.Retry(ctx, d.Clock, outageRetry, d.Cluster.API().Transient, func(err error) {
 		d.Log.Warn("the API server is away during the drain; evicting again", "err", err)
 	}, func() error {
 		more, err := d.Disrupt.Evict(ctx, pods)

@@ -84,6 +84,14 @@ type Cluster interface {
 	// Preflight proves the rights a change needs to record itself (and to
 	// taint the node, when taint).
 	Preflight(ctx context.Context, taint bool) error
+	// API is the health of the cluster's side: whether it answers, and
+	// which of its errors are worth a retry.
+	API() API
+}
+
+// API is the health of the Cluster's side (the API server; nothing to be
+// away in standalone mode).
+type API interface {
 	// Probe asks the API server whether it is ready.
 	Probe(ctx context.Context) error
 	// Reachable is the cheap health check while the API server answers:

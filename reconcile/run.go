@@ -31,7 +31,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		d.GPU.End()
 	}
-	d.api.Reachable, d.api.Probe, d.api.Clock, d.api.Log = d.Cluster.Reachable, d.Cluster.Probe, d.Clock, d.Log
+	d.api.Reachable, d.api.Probe, d.api.Clock, d.api.Log = d.Cluster.API().Reachable, d.Cluster.API().Probe, d.Clock, d.Log
 	trigger := make(chan struct{}, 1)
 	poke := func() {
 		select {

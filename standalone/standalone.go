@@ -55,11 +55,14 @@ func (s *Standalone) PublishConfigs(context.Context, *gpus.Inventory) error { re
 // Preflight implements Cluster: nothing to record on.
 func (s *Standalone) Preflight(context.Context, bool) error { return nil }
 
-// Probe implements Cluster: no API server to be away.
+// Probe implements reconcile.API: no API server to be away.
 func (s *Standalone) Probe(context.Context) error { return nil }
 
-// Reachable implements Cluster: no API server to be away.
+// Reachable implements reconcile.API: no API server to be away.
 func (s *Standalone) Reachable(context.Context) error { return nil }
 
-// Transient implements Cluster: nothing to retry.
+// Transient implements reconcile.API: nothing to retry.
 func (s *Standalone) Transient(error) bool { return false }
+
+// API implements Cluster: no API server, always healthy.
+func (s *Standalone) API() reconcile.API { return s }

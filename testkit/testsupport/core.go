@@ -128,14 +128,17 @@ func (f *FakeCluster) Preflight(context.Context, bool) error {
 	return nil
 }
 
-// Probe implements reconcile.Cluster: always ready.
+// Probe implements reconcile.API: always ready.
 func (f *FakeCluster) Probe(context.Context) error { return nil }
 
-// Reachable implements reconcile.Cluster: always reachable.
+// Reachable implements reconcile.API: always reachable.
 func (f *FakeCluster) Reachable(context.Context) error { return nil }
 
-// Transient implements reconcile.Cluster: nothing is retried.
+// Transient implements reconcile.API: nothing is retried.
 func (f *FakeCluster) Transient(error) bool { return false }
+
+// API implements reconcile.Cluster: the fake itself.
+func (f *FakeCluster) API() reconcile.API { return f }
 
 // Last is the last record written (the zero record when none was).
 func (f *FakeCluster) Last() record.ChangeRecord {
