@@ -205,6 +205,18 @@ func (n *realGPUNode) releasePluginStarts(t *testing.T) {
 	}
 }
 
+// pluginReplaced says whether the node runs one plugin pod and it is
+// another than old's one pod (restarted); pluginKept, that it is the same.
+func (n *realGPUNode) pluginReplaced(t *testing.T, old []corev1.Pod) bool {
+	pods := n.pluginPods(t)
+	return len(pods) == 1 && len(old) == 1 && pods[0].UID != old[0].UID
+}
+
+func (n *realGPUNode) pluginKept(t *testing.T, old []corev1.Pod) bool {
+	pods := n.pluginPods(t)
+	return len(pods) == 1 && len(old) == 1 && pods[0].UID == old[0].UID
+}
+
 // pluginPods are the plugin's pods on the node that are not being deleted.
 func (n *realGPUNode) pluginPods(t *testing.T) []corev1.Pod {
 	t.Helper()

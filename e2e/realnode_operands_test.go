@@ -92,8 +92,8 @@ func TestRealNodeOperandsRestartedBackToWholeGPUs(t *testing.T) {
 	if m := a.Scrape(t); !strings.Contains(m, "migagent_resources_converged 1\n") {
 		t.Errorf("metrics lack migagent_resources_converged 1")
 	}
-	if p := n.pluginPods(t); len(p) != 1 || len(plugin) != 1 || p[0].UID == plugin[0].UID {
-		t.Errorf("plugin pods before %d, after %d: want one, a new one", len(plugin), len(p))
+	if !n.pluginReplaced(t, plugin) {
+		t.Errorf("plugin pods before %d, after %d: want one, a new one", len(plugin), len(n.pluginPods(t)))
 	}
 	WaitFor(t, 30*time.Second, "the validator restarted", func() bool {
 		p, ok := n.runningPod(t, "app=nvidia-operator-validator")
@@ -138,8 +138,8 @@ func TestRealNodeStalePluginIsNoSuccess(t *testing.T) {
 	if m := a.Scrape(t); !strings.Contains(m, "migagent_resources_converged 0\n") {
 		t.Errorf("metrics lack migagent_resources_converged 0")
 	}
-	if p := n.pluginPods(t); len(p) != 1 || len(plugin) != 1 || p[0].UID != plugin[0].UID {
-		t.Fatalf("plugin pods %d, want the same one (not restarted)", len(p))
+	if !n.pluginKept(t, plugin) {
+		t.Fatalf("plugin pods %d, want the same one (not restarted)", len(n.pluginPods(t)))
 	}
 	if err := c.CoreV1().Pods(n.PluginNS).Delete(context.Background(), plugin[0].Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -164,8 +164,8 @@ func TestRealNodeRenamedPluginRestarted(t *testing.T) {
 	if got := gpuAllocatable(GetNode(t, c, n.Name)); !sameCounts(got, map[string]int64{"nvidia.com/mig-1g.18gb": 7}) || len(got) != 1 {
 		t.Errorf("allocatable at success %v", got)
 	}
-	if p := n.pluginPods(t); len(p) != 1 || len(plugin) != 1 || p[0].UID == plugin[0].UID {
-		t.Errorf("plugin pods before %d, after %d: want one, a new one", len(plugin), len(p))
+	if !n.pluginReplaced(t, plugin) {
+		t.Errorf("plugin pods before %d, after %d: want one, a new one", len(plugin), len(n.pluginPods(t)))
 	}
 }
 
@@ -203,7 +203,7 @@ func TestRealNodeConfigManagerSharing(t *testing.T) {
 	plugin := n.pluginPods(t)
 	SetLabel(t, c, n.Name, "nvidia.com/device-plugin.config", "renamed", "platform-team")
 	n.waitAllocatable(t, map[string]int64{"nvidia.com/mig-1g.18gb": 7}, 60*time.Second)
-	if p := n.pluginPods(t); len(p) != 1 || len(plugin) != 1 || p[0].UID != plugin[0].UID {
+	if !n.pluginKept(t, plugin) {
 		t.Errorf("the plugin pod changed on a config label change: the sidecar signals the plugin in its pod")
 	}
 	SelectConfig(t, c, n.Name, "all-2g.35gb")

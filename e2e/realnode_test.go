@@ -189,10 +189,7 @@ func TestRealNodeSwapWaitsForTheNewPlugin(t *testing.T) {
 	old := n.pluginPods(t)
 	n.holdPluginStarts(t)
 	SelectConfig(t, n.Client, n.Name, "after")
-	WaitFor(t, 60*time.Second, "the agent to restart the device plugin", func() bool {
-		pods := n.pluginPods(t)
-		return len(pods) == 1 && len(old) == 1 && pods[0].UID != old[0].UID
-	})
+	WaitFor(t, 60*time.Second, "the agent to restart the device plugin", func() bool { return n.pluginReplaced(t, old) })
 	fpNeverSuccess(t, n.Name, 8*time.Second, "while the new plugin pod has not started NVIDIA's plugin (the old plugin's figures match the new geometry)")
 	n.releasePluginStarts(t)
 	rec := WaitState(t, n.Client, n.Name, record.StateSuccess, "after", 90*time.Second)
@@ -250,10 +247,7 @@ func TestRealNodeTimeSlicingWaitsForTheNewPlugin(t *testing.T) {
 	old := n.pluginPods(t)
 	n.holdPluginStarts(t)
 	SelectConfig(t, n.Client, n.Name, "two")
-	WaitFor(t, 60*time.Second, "the agent to restart the device plugin", func() bool {
-		pods := n.pluginPods(t)
-		return len(pods) == 1 && len(old) == 1 && pods[0].UID != old[0].UID
-	})
+	WaitFor(t, 60*time.Second, "the agent to restart the device plugin", func() bool { return n.pluginReplaced(t, old) })
 	fpNeverSuccess(t, n.Name, 8*time.Second, "on the old plugin's mig-1g.18gb 8, read as 2 devices x 4 replicas")
 	n.releasePluginStarts(t)
 	WaitState(t, n.Client, n.Name, record.StateSuccess, "two", 90*time.Second)
