@@ -1,12 +1,21 @@
 package kube
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/migagent/mig-agent/record"
+	"github.com/migagent/mig-agent/testkit/clientset"
 )
 
 // The condition follows each state, and says Unknown once nothing is asked
@@ -34,5 +43,41 @@ func TestConditionPerState(t *testing.T) {
 	prev := Condition(record.StatePending, "a", nil, nil, now)
 	if c := Condition(record.StateFailed, "a", failed, &prev, now.Add(time.Minute)); !c.LastTransitionTime.Equal(&prev.LastTransitionTime) {
 		t.Errorf("False → False moved lastTransitionTime: %v", c.LastTransitionTime)
+	}
+}
+
+// The state label and the condition land in one write, a patch of the
+// Node's status (which takes labels too); where the status is refused the
+// label still lands, without the condition.
+func TestStateAndConditionOneWrite(t *testing.T) {
+	ctx := context.Background()
+	for _, refused := range []bool{false, true} {
+		c := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "u1"}})
+		var patches []string
+		c.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			sub := a.GetSubresource()
+			patches = append(patches, "nodes/"+sub)
+			if refused && sub == "status" {
+				return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes/status"}, "n1", nil)
+			}
+			return false, nil, nil
+		})
+		k := &Cluster{Client: clientset.Wrap(c), Node: "n1", Namespace: "ns", Clock: clocktesting.NewFakeClock(time.Unix(0, 0))}
+		if err := k.SetState(ctx, record.StatePending); err != nil {
+			t.Fatal(err)
+		}
+		n := mustNode(t, k)
+		if n.Labels[record.LabelState] != record.StatePending {
+			t.Errorf("refused=%v: state label %q", refused, n.Labels[record.LabelState])
+		}
+		cond := readyCondition(n)
+		switch {
+		case !refused && (len(patches) != 1 || patches[0] != "nodes/status"):
+			t.Errorf("writes %v, want one patch of nodes/status", patches)
+		case !refused && (cond == nil || cond.Reason != record.ConditionReasonPending):
+			t.Errorf("condition %+v", cond)
+		case refused && (len(patches) != 2 || patches[1] != "nodes/" || cond != nil):
+			t.Errorf("status refused: writes %v, condition %+v; want the Node patched alone", patches, cond)
+		}
 	}
 }

@@ -195,16 +195,14 @@ func (k *Cluster) Transient(err error) bool { return apierr.Transient(err) }
 // Reachable, Transient).
 func (k *Cluster) API() reconcile.API { return k }
 
-// SetState sets the state label (and nothing else); "" removes it.
-// The condition MIGConfigReady is written just before it, so that whoever
-// sees the label sees the condition too.
+// SetState sets the state label and, in the same write, the condition
+// MIGConfigReady (patchState); "" removes the label.
 func (k *Cluster) SetState(ctx context.Context, state string) error {
-	k.setCondition(ctx, state, nil)
 	var v any = state
 	if state == "" {
-		v = nil // a merge patch's null removes the key
+		v = nil // a patch's null removes the key
 	}
-	return k.patchNode(ctx, map[string]any{"metadata": map[string]any{"labels": map[string]any{record.LabelState: v}}})
+	return k.patchState(ctx, nil, map[string]any{"labels": map[string]any{record.LabelState: v}}, state, nil)
 }
 
 // patchNode merge-patches the Node as the agent (field manager mig-agent).

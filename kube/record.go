@@ -24,8 +24,9 @@ import (
 // outage.
 const recordRetry = 2 * time.Minute
 
-// Record implements reconcile.Cluster: the record and the state label in
-// one patch, on the Node as read just before (its history is kept). A
+// Record implements reconcile.Cluster: the record, the state label and
+// the condition MIGConfigReady in one patch (patchState), on the Node as
+// read just before (its history is kept). A
 // history that is not valid JSON is set aside (Warning Event). When the
 // whole record is refused, a shorter one (no geometry, a short reason) is
 // written, with a Warning Event; when none can be, the state label alone,
@@ -61,8 +62,6 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 			return k.recordOn(ctx, fresh, r, st, whole)
 		})
 	}
-	// The condition first: whoever sees the state label sees it too.
-	k.setCondition(ctx, k.conditionState(ctx, state), &rec)
 	err := write(rec)
 	if err == nil {
 		return nil
@@ -91,8 +90,8 @@ func (k *Cluster) Record(ctx context.Context, rec record.ChangeRecord, state str
 }
 
 // recordOn writes a change record as the last change and at the head of
-// the history (within nodeHistoryBound), together with the state label, in one patch on
-// node as read just before, in its light form where the history ConfigMap
+// the history (within nodeHistoryBound), together with the state label
+// and the condition, in one patch on node as read just before, in its light form where the history ConfigMap
 // holds it whole (whole.ref). Once written, the record is logged whole (the
 // agent's own trail of every record), and each record that the history
 // bound dropped (the ConfigMap's, whole.dropped, where it holds the
@@ -177,26 +176,11 @@ func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.
 	if aside != "" {
 		annotations[record.AnnotationHistoryUnparsable] = aside
 	}
-	patch := map[string]any{"metadata": map[string]any{
-		"annotations": annotations,
-		"labels":      map[string]any{record.LabelState: state},
-	}}
-	if err := k.patchNode(ctx, patch); err != nil {
+	meta := map[string]any{"annotations": annotations, "labels": map[string]any{record.LabelState: state}}
+	if err := k.patchState(ctx, node, meta, state, &rec); err != nil {
 		return nil, err
 	}
 	return dropped, nil
-}
-
-// conditionState is the state a record write leaves: state, or where it
-// is "" the Node's state label (pending when it has none).
-func (k *Cluster) conditionState(ctx context.Context, state string) string {
-	if state != "" {
-		return state
-	}
-	if n, err := k.CachedNode(ctx); err == nil && n.Labels[record.LabelState] != "" {
-		return n.Labels[record.LabelState]
-	}
-	return record.StatePending
 }
 
 // historyParses reports whether the Node's history annotation is valid
