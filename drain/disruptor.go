@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/migagent/mig-agent/drain/sharing"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/migagent/mig-agent/drain/fresh"
+	"github.com/migagent/mig-agent/drain/sharing"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/record"
@@ -41,15 +42,6 @@ type Disruptor struct {
 
 	// PluginSettle is fresh.Proof's Settle (0: DefaultPluginSettle).
 	PluginSettle time.Duration
-
-	// old are the plugin pods (by UID) that ran before the GPUs changed:
-	// what DevicePlugins listed and RestartDevicePlugins was given. Their
-	// figures never count as the new geometry's (fresh.Proof).
-	old map[types.UID]bool
-	// restarted: restartDevicePlugins restarted a pod since the last
-	// WaitResources, so a new plugin pod is on its way (readSharing waits
-	// briefly for it).
-	restarted bool
 
 	// selOnce parses the operand selectors of Settings once (sels,
 	// selErr); loadSettings has checked them at start.
@@ -201,27 +193,25 @@ func (d *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) er
 }
 
 // DevicePlugins implements reconcile.Disruptor. The pods it lists are
-// old: they read the GPUs before the change, or did not advertise them.
+// old: they read the GPUs before the change, or did not advertise them
+// (the core notes them in the change, journal.Change.NotePlugins).
 func (d *Disruptor) DevicePlugins(ctx context.Context) ([]string, error) {
 	sels, err := d.selectors()
 	if err != nil {
 		return nil, err
 	}
-	pods, err := listDevicePlugins(ctx, d.Client, d.Log, d.Node, sels)
-	d.noteOld(pods)
-	return pods, err
+	return listDevicePlugins(ctx, d.Client, d.Log, d.Node, sels)
 }
 
-// noteOld adds pods ("namespace/name/uid") to d.old.
-func (d *Disruptor) noteOld(pods []string) {
-	if d.old == nil {
-		d.old = map[types.UID]bool{}
-	}
+// oldUIDs are the UIDs of pods ("namespace/name/uid").
+func oldUIDs(pods []string) map[types.UID]bool {
+	old := make(map[types.UID]bool, len(pods))
 	for _, ref := range pods {
 		if parts := strings.SplitN(ref, "/", 3); len(parts) == 3 {
-			d.old[types.UID(parts[2])] = true
+			old[types.UID(parts[2])] = true
 		}
 	}
+	return old
 }
 
 // DefaultPluginSettle: how long the Node's allocatable must show the new
@@ -231,43 +221,39 @@ func (d *Disruptor) noteOld(pods []string) {
 const DefaultPluginSettle = 12 * time.Second
 
 // proof is what the wait asks of a plugin's figures, isPlugin picking the
-// plugin's own pods.
-func (d *Disruptor) proof(isPlugin func(*corev1.Pod) bool) *fresh.Proof {
+// plugin's own pods, those of old never counting.
+func (d *Disruptor) proof(isPlugin func(*corev1.Pod) bool, old map[types.UID]bool) *fresh.Proof {
 	settle := d.PluginSettle
 	if settle <= 0 {
 		settle = DefaultPluginSettle
 	}
 	return &fresh.Proof{
 		Pods:     func(ctx context.Context) ([]corev1.Pod, error) { return NodePods(ctx, d.Client, d.Node) },
-		IsPlugin: isPlugin, IsFigure: isGPUResource, Old: d.old, Settle: settle, Now: time.Now,
+		IsPlugin: isPlugin, IsFigure: isGPUResource, Old: old, Settle: settle, Now: time.Now,
 	}
 }
 
-// restartDevicePlugins implements reconcile.Disruptor.
+// RestartDevicePlugins implements reconcile.Disruptor.
 func (d *Disruptor) RestartDevicePlugins(ctx context.Context, pods []string) ([]string, error) {
-	d.noteOld(pods)
-	restarted, err := restartDevicePlugins(ctx, d.Client, d.Log, pods)
-	if len(restarted) > 0 {
-		d.restarted = true
-	}
-	return restarted, err
+	return restartDevicePlugins(ctx, d.Client, d.Log, pods)
 }
 
-// WaitResources implements reconcile.Disruptor. On the DRA path (path:
-// record.ServedByDRA, as ServedBy found it) the node's gpu.nvidia.com ResourceSlices must announce
+// WaitResources implements reconcile.Disruptor. On the DRA path
+// (ch.ServedBy: record.ServedByDRA, as ServedBy found it) the node's gpu.nvidia.com ResourceSlices must announce
 // exactly the GPUs with MIG off and the MIG devices (announced); otherwise
 // the Node's allocatable must show exactly what the device plugin
 // advertises for them under strategy (expectedResources). Either way the
 // figures count only once the plugin that announces the devices (the DRA
 // kubelet plugin, or the device plugin; not GFD or the validator) was
 // restarted (fresh.Proof).
-func (d *Disruptor) WaitResources(ctx context.Context, path, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
+func (d *Disruptor) WaitResources(ctx context.Context, ch *journal.Change, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error) {
 	sels, err := d.selectors()
 	if err != nil {
 		return false, false, err
 	}
-	if path == record.ServedByDRA {
-		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.proof(sels.Is(OperandDRAPlugin)), timeout)
+	old := oldUIDs(append(slices.Clone(ch.OldPlugins), ch.StalePlugins...))
+	if ch.ServedBy == record.ServedByDRA {
+		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.proof(sels.Is(OperandDRAPlugin), old), timeout)
 		return true, ok, err
 	}
 	want, err := expectedResources(strategy, migMode, migDevices)
@@ -275,12 +261,11 @@ func (d *Disruptor) WaitResources(ctx context.Context, path, strategy string, mi
 		return false, false, err
 	}
 	isPlugin := sels.Is(OperandDevicePlugin)
-	shared, err := d.readSharing(ctx, d.restarted, isPlugin)
-	d.restarted = false
+	shared, err := d.readSharing(ctx, ch.PluginsRestarted, isPlugin)
 	if err != nil {
 		return true, false, err
 	}
-	ok, err = waitFresh(ctx, d.Client, d.Node, want, shared, d.proof(isPlugin), timeout)
+	ok, err = waitFresh(ctx, d.Client, d.Node, want, shared, d.proof(isPlugin, old), timeout)
 	return true, ok, err
 }
 

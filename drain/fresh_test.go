@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/migagent/mig-agent/journal"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 	"github.com/migagent/mig-agent/testkit/clientset"
@@ -47,12 +48,14 @@ func TestWaitResourcesWantsTheNewPlugin(t *testing.T) {
 	if path, _, err := k.ServedBy(ctx); err != nil || path == "" {
 		t.Fatalf("ServedBy = %q, %v", path, err)
 	}
-	if pods, err := k.DevicePlugins(ctx); err != nil || len(pods) != 1 {
+	pods, err := k.DevicePlugins(ctx)
+	if err != nil || len(pods) != 1 {
 		t.Fatalf("DevicePlugins = %v, %v", pods, err)
 	}
+	ch := changeOn(record.ServedByDevicePlugin, pods...)
 	migMode, migDevices := swapExposed()
 	wait := func(timeout time.Duration) (bool, error) {
-		waited, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, timeout)
+		waited, ok, err := k.WaitResources(ctx, ch, "mixed", migMode, migDevices, timeout)
 		if !waited {
 			t.Fatalf("WaitResources did not wait: %v", err)
 		}
@@ -104,9 +107,11 @@ func TestWaitResourcesFiguresMoved(t *testing.T) {
 	if _, _, err := k.ServedBy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.DevicePlugins(ctx); err != nil {
+	pods, err := k.DevicePlugins(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
+	ch := changeOn(record.ServedByDevicePlugin, pods...)
 	if err := c.CoreV1().Pods("nvidia-dra-driver-gpu").Delete(ctx, "plugin-old", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +126,7 @@ func TestWaitResourcesFiguresMoved(t *testing.T) {
 	}()
 	migMode, migDevices := swapExposed()
 	start := time.Now()
-	waited, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, 20*time.Second)
+	waited, ok, err := k.WaitResources(ctx, ch, "mixed", migMode, migDevices, 20*time.Second)
 	if !waited || !ok || err != nil {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}
@@ -164,7 +169,7 @@ func TestSharingReplicasBounded(t *testing.T) {
 	}
 	start := time.Now()
 	_, mig := swapExposed()
-	waited, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", map[string]bool{"GPU-0": true}, mig, time.Minute)
+	waited, ok, err := k.WaitResources(ctx, changeOn(record.ServedByDevicePlugin), "mixed", map[string]bool{"GPU-0": true}, mig, time.Minute)
 	if !waited || ok || !errors.Is(err, sharing.ErrReplicas) || time.Since(start) > 10*time.Second {
 		t.Fatalf("WaitResources = %v, %v, %v after %s", waited, ok, err, time.Since(start))
 	}
@@ -178,9 +183,9 @@ func TestWaitResourcesPluginReadyBefore(t *testing.T) {
 	newPod.Status.Conditions[0].LastTransitionTime = metav1.NewTime(time.Now().Add(-time.Minute))
 	c := fake.NewClientset(swapNode(), newPod)
 	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}, PluginSettle: 30 * time.Second}
-	k.noteOld([]string{"nvidia-dra-driver-gpu/plugin-old/u-old"})
+	ch := changeOn(record.ServedByDevicePlugin, "nvidia-dra-driver-gpu/plugin-old/u-old")
 	migMode, migDevices := swapExposed()
-	if waited, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, 3*time.Second); !waited || !ok || err != nil {
+	if waited, ok, err := k.WaitResources(ctx, ch, "mixed", migMode, migDevices, 3*time.Second); !waited || !ok || err != nil {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}
 	// Ready 5 s ago: 25 s to go.
@@ -188,7 +193,15 @@ func TestWaitResourcesPluginReadyBefore(t *testing.T) {
 	if _, err := c.CoreV1().Pods(newPod.Namespace).UpdateStatus(ctx, newPod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, 1500*time.Millisecond); ok || err == nil || !strings.Contains(err.Error(), "waiting 30s after") {
+	if _, ok, err := k.WaitResources(ctx, ch, "mixed", migMode, migDevices, 1500*time.Millisecond); ok || err == nil || !strings.Contains(err.Error(), "waiting 30s after") {
 		t.Fatalf("Ready 5 s ago: ok %v, err %v", ok, err)
 	}
+}
+
+// changeOn is a change served by path whose listed device plugin pods
+// ("namespace/name/uid") are old.
+func changeOn(path string, old ...string) *journal.Change {
+	ch := &journal.Change{ServedBy: path}
+	ch.NotePlugins(old)
+	return ch
 }

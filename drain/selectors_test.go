@@ -186,11 +186,13 @@ func TestSelectorsParsedOnce(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset(draSlice(), draChartPod("gpu-dra", "u-new"))
 	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}, PluginSettle: time.Millisecond}
-	if _, err := k.DevicePlugins(ctx); err != nil {
+	pods, err := k.DevicePlugins(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
+	ch := changeOn(record.ServedByDRA, pods...)
 	for range 3 {
-		if _, ok, err := k.WaitResources(ctx, record.ServedByDRA, "mixed", nil, map[string]string{"MIG-a": "1g.18gb"}, time.Second); ok || err == nil {
+		if _, ok, err := k.WaitResources(ctx, ch, "mixed", nil, map[string]string{"MIG-a": "1g.18gb"}, time.Second); ok || err == nil {
 			t.Fatalf("the plugin of before announces: ok %v, err %v", ok, err)
 		}
 	}
@@ -200,7 +202,7 @@ func TestSelectorsParsedOnce(t *testing.T) {
 
 	bad := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1",
 		Settings: &settings.Settings{OperandSelectors: []string{"dra-kubelet-plugin=a in (("}}}
-	if waited, ok, err := bad.WaitResources(ctx, record.ServedByDRA, "mixed", nil, map[string]string{"MIG-a": "1g.18gb"}, time.Second); waited || ok || err == nil {
+	if waited, ok, err := bad.WaitResources(ctx, changeOn(record.ServedByDRA), "mixed", nil, map[string]string{"MIG-a": "1g.18gb"}, time.Second); waited || ok || err == nil {
 		t.Errorf("a bad selector: waited %v ok %v err %v", waited, ok, err)
 	}
 }
@@ -222,8 +224,8 @@ func TestDRAFreshJudgesOnlyTheKubeletPlugin(t *testing.T) {
 	c := fake.NewClientset(draSlice(), draChartPod("gpu-dra", "u-new"), gfdOld, validator)
 	k := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}}
 	// Before the change: the old kubelet plugin and GFD.
-	k.noteOld([]string{"nvidia-dra-driver-gpu/gpu-dra-kubelet-plugin-old/u-old", "nvidia-dra-driver-gpu/gpu-feature-discovery-old/u-gfd-old"})
-	if waited, ok, err := k.WaitResources(ctx, record.ServedByDRA, "mixed", nil, map[string]string{"MIG-a": "1g.18gb"}, 3*time.Second); !waited || !ok || err != nil {
+	ch := changeOn(record.ServedByDRA, "nvidia-dra-driver-gpu/gpu-dra-kubelet-plugin-old/u-old", "nvidia-dra-driver-gpu/gpu-feature-discovery-old/u-gfd-old")
+	if waited, ok, err := k.WaitResources(ctx, ch, "mixed", nil, map[string]string{"MIG-a": "1g.18gb"}, 3*time.Second); !waited || !ok || err != nil {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}
 	// The kubelet plugin of before still running holds it back.
@@ -233,8 +235,8 @@ func TestDRAFreshJudgesOnlyTheKubeletPlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	k2 := &Disruptor{Client: clientset.Wrap(c), Log: testsupport.Discard(), Node: "n1", Settings: &settings.Settings{}}
-	k2.noteOld([]string{"nvidia-dra-driver-gpu/gpu-dra-kubelet-plugin-old/u-old"})
-	if _, ok, err := k2.WaitResources(ctx, record.ServedByDRA, "mixed", nil, map[string]string{"MIG-a": "1g.18gb"}, 1500*time.Millisecond); ok || err == nil ||
+	ch2 := changeOn(record.ServedByDRA, "nvidia-dra-driver-gpu/gpu-dra-kubelet-plugin-old/u-old")
+	if _, ok, err := k2.WaitResources(ctx, ch2, "mixed", nil, map[string]string{"MIG-a": "1g.18gb"}, 1500*time.Millisecond); ok || err == nil ||
 		!strings.Contains(err.Error(), "DRA kubelet plugin pod that read the GPUs before the change still runs: nvidia-dra-driver-gpu/gpu-dra-kubelet-plugin-old") {
 		t.Fatalf("old kubelet plugin running: ok %v, err %v", ok, err)
 	}
@@ -251,11 +253,13 @@ func TestWaitResourcesRenamedDevicePlugin(t *testing.T) {
 	if _, _, err := k.ServedBy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if pods, err := k.DevicePlugins(ctx); err != nil || len(pods) != 1 {
+	pods, err := k.DevicePlugins(ctx)
+	if err != nil || len(pods) != 1 {
 		t.Fatalf("DevicePlugins = %v, %v", pods, err)
 	}
+	ch := changeOn(record.ServedByDevicePlugin, pods...)
 	migMode, migDevices := swapExposed()
-	if _, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, 1500*time.Millisecond); ok || err == nil || !strings.Contains(err.Error(), "plugin-old") {
+	if _, ok, err := k.WaitResources(ctx, ch, "mixed", migMode, migDevices, 1500*time.Millisecond); ok || err == nil || !strings.Contains(err.Error(), "plugin-old") {
 		t.Fatalf("old plugin running: ok %v, err %v", ok, err)
 	}
 	if err := c.CoreV1().Pods("nvidia-dra-driver-gpu").Delete(ctx, "plugin-old", metav1.DeleteOptions{}); err != nil {
@@ -264,7 +268,7 @@ func TestWaitResourcesRenamedDevicePlugin(t *testing.T) {
 	if _, err := c.CoreV1().Pods("nvidia-dra-driver-gpu").Create(ctx, readyPod("plugin-new", "u-new", mine), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := k.WaitResources(ctx, record.ServedByDevicePlugin, "mixed", migMode, migDevices, 10*time.Second); !ok || err != nil {
+	if _, ok, err := k.WaitResources(ctx, ch, "mixed", migMode, migDevices, 10*time.Second); !ok || err != nil {
 		t.Fatalf("new plugin Ready: ok %v, err %v", ok, err)
 	}
 }

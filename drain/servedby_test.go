@@ -71,12 +71,14 @@ func TestWaitResourcesDRA(t *testing.T) {
 		t.Fatalf("ServedBy = %q, %v", path, err)
 	}
 	// The plugin pod that read the GPUs before the change.
-	if pods, err := k.DevicePlugins(context.Background()); err != nil || len(pods) != 1 {
+	pods, err := k.DevicePlugins(context.Background())
+	if err != nil || len(pods) != 1 {
 		t.Fatalf("DevicePlugins = %v, %v", pods, err)
 	}
+	ch := changeOn(record.ServedByDRA, pods...)
 	migMode, migDevices := exposedGPUs()
 	// The old plugin's slice: not converged, and the error says why.
-	waited, ok, err := k.WaitResources(context.Background(), record.ServedByDRA, "", migMode, migDevices, 1500*time.Millisecond)
+	waited, ok, err := k.WaitResources(context.Background(), ch, "", migMode, migDevices, 1500*time.Millisecond)
 	if !waited || ok || err == nil || !strings.Contains(err.Error(), "1 not on the GPUs [MIG-old], 2 missing [MIG-a MIG-b]") {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}
@@ -87,14 +89,14 @@ func TestWaitResourcesDRA(t *testing.T) {
 	if _, err := c.ResourceV1().ResourceSlices().Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waited, ok, err = k.WaitResources(context.Background(), record.ServedByDRA, "", migMode, migDevices, 1500*time.Millisecond)
+	waited, ok, err = k.WaitResources(context.Background(), ch, "", migMode, migDevices, 1500*time.Millisecond)
 	if !waited || ok || err == nil || !strings.Contains(err.Error(), "DRA kubelet plugin pod that read the GPUs before the change still runs: nvidia-dra-driver-gpu/kubelet-plugin-old") {
 		t.Fatalf("WaitResources with the old plugin pod = %v, %v, %v", waited, ok, err)
 	}
 	if err := c.CoreV1().Pods(oldPod.Namespace).Delete(context.Background(), oldPod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waited, ok, err = k.WaitResources(context.Background(), record.ServedByDRA, "", migMode, migDevices, 1500*time.Millisecond)
+	waited, ok, err = k.WaitResources(context.Background(), ch, "", migMode, migDevices, 1500*time.Millisecond)
 	if !waited || ok || err == nil || !strings.Contains(err.Error(), "no DRA kubelet plugin pod started after the change is Running and Ready") {
 		t.Fatalf("WaitResources with no plugin pod = %v, %v, %v", waited, ok, err)
 	}
@@ -109,7 +111,7 @@ func TestWaitResourcesDRA(t *testing.T) {
 		s.Name = old.Name
 		_, _ = c.ResourceV1().ResourceSlices().Update(context.Background(), s, metav1.UpdateOptions{})
 	}()
-	waited, ok, err = k.WaitResources(context.Background(), record.ServedByDRA, "", migMode, migDevices, 10*time.Second)
+	waited, ok, err = k.WaitResources(context.Background(), ch, "", migMode, migDevices, 10*time.Second)
 	if !waited || !ok || err != nil {
 		t.Fatalf("WaitResources = %v, %v, %v", waited, ok, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -64,9 +65,29 @@ type Change struct {
 	// be empty: none ran), so a resumed change does not list them again
 	// after the GPUs changed.
 	PluginsNoted bool `json:"pluginsNoted,omitempty"`
+	// OldPlugins: every device plugin pod ("namespace/name/uid") the
+	// change listed (NotePlugins): they read the GPUs before the change,
+	// or did not advertise it when awaited; their figures never count as
+	// the new geometry's. Kept after they are restarted.
+	OldPlugins []string `json:"oldPlugins,omitempty"`
+	// PluginsRestarted: plugin pods were restarted since the last wait for
+	// the node's resources, so new ones are on their way.
+	PluginsRestarted bool `json:"pluginsRestarted,omitempty"`
 	// NodeUID is the UID of the Node object the change started on: a Node
 	// created again under the same name is another object (reconcile/nodeuid.go).
 	NodeUID string `json:"nodeUid,omitempty"`
+}
+
+// NotePlugins notes the device plugin pods listed now ("namespace/name/uid"):
+// they are the ones to restart (StalePlugins), and they count among the
+// change's old plugins (OldPlugins) for good.
+func (c *Change) NotePlugins(pods []string) {
+	c.StalePlugins = pods
+	for _, p := range pods {
+		if !slices.Contains(c.OldPlugins, p) {
+			c.OldPlugins = append(c.OldPlugins, p)
+		}
+	}
 }
 
 // State is everything the journal file holds.
@@ -289,6 +310,9 @@ func upgrade(st *State, data []byte) {
 	}
 	if st.Change != nil && len(st.Change.StalePlugins) > 0 {
 		st.Change.PluginsNoted = true
+		if len(st.Change.OldPlugins) == 0 {
+			st.Change.OldPlugins = slices.Clone(st.Change.StalePlugins)
+		}
 	}
 	if st.Change == nil || st.RebootFor != nil || json.Unmarshal(data, &old) != nil || old.Change == nil || old.Change.RebootBootID == "" {
 		return

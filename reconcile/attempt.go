@@ -502,7 +502,8 @@ func (a *attempt) noteDevicePlugins() error {
 	if l.err != nil {
 		return retryable("listing the device plugin pods", l.err)
 	}
-	a.ch.StalePlugins, a.ch.PluginsNoted = l.pods, true
+	a.ch.NotePlugins(l.pods)
+	a.ch.PluginsNoted = true
 	return nil
 }
 
@@ -690,11 +691,11 @@ func (d *Daemon) afterApply(ctx context.Context, node *Node, ch *journal.Change,
 	d.saveJournal()
 	// The stale device plugins are restarted before the disruption is
 	// lifted: their successors start as the node takes clients again.
-	restarted, failed := d.restartPlugins(ctx, node, ch)
+	failed := d.restartPlugins(ctx, node, ch)
 	d.restore(ctx, ch)
 	var converged *bool
 	if failed == "" {
-		converged, failed = d.refresh(ctx, node, ch, applied.After, len(restarted) > 0)
+		converged, failed = d.refresh(ctx, node, ch, applied.After)
 	} else { // kept as a failed refresh: its retry restarts them again
 		d.advance(ch, journal.PhaseRefreshing)
 		d.saveJournal()
@@ -719,19 +720,16 @@ func (d *Daemon) afterApply(ctx context.Context, node *Node, ch *journal.Change,
 // the new geometry (Disruptor.WaitResources). It returns whether they converged
 // (nil: not awaited) or, when they did not, the failure reason: the change
 // stays journaled, and its retry restarts the device plugin again.
-// restarted: the pass restarted plugin pods before it.
-func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory, restarted bool) (converged *bool, failed string) {
+func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n *gpus.Inventory) (converged *bool, failed string) {
 	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 {
 		return nil, ""
 	}
 	d.advance(ch, journal.PhaseRefreshing)
 	d.saveJournal()
 	// A retry restarts here what the last wait found not advertising.
-	again, failed := d.restartPlugins(ctx, node, ch)
-	if failed != "" {
+	if failed := d.restartPlugins(ctx, node, ch); failed != "" {
 		return nil, failed
 	}
-	restarted = restarted || len(again) > 0
 	if d.S.ResourceWaitTimeout <= 0 {
 		return nil, ""
 	}
@@ -741,7 +739,9 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 	}
 	_ = d.notify().Status("waiting for %s", what)
 	migMode, migDevices := n.Exposed()
-	waited, ok, err := d.Disrupt.WaitResources(ctx, ch.ServedBy, node.Strategy, migMode, migDevices, d.S.ResourceWaitTimeout)
+	waited, ok, err := d.Disrupt.WaitResources(ctx, ch, node.Strategy, migMode, migDevices, d.S.ResourceWaitTimeout)
+	restarted := ch.PluginsRestarted
+	ch.PluginsRestarted = false // the wait has looked for their successors
 	if !waited {
 		d.Log.Warn("computing the expected resources failed; not waiting for them", "err", err)
 		return nil, ""
@@ -760,9 +760,9 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 		hint = "is the NVIDIA DRA driver's kubelet plugin running on this node?"
 	}
 	if d.S.RestartDevicePlugin { // listed only to be restarted: their figures never count
-		var listErr error
-		ch.StalePlugins, listErr = d.Disrupt.DevicePlugins(ctx)
-		if restarted && listErr == nil && len(ch.StalePlugins) == 0 {
+		pods, listErr := d.Disrupt.DevicePlugins(ctx)
+		ch.NotePlugins(pods)
+		if restarted && listErr == nil && len(pods) == 0 {
 			hint = "no plugin pod is on this node now: the one restarted was not replaced; its DaemonSet makes the new one " +
 				"(is kube-controller-manager's DaemonSet controller running, and does the pod tolerate the node's taints?)"
 		}
@@ -777,24 +777,26 @@ func (d *Daemon) refresh(ctx context.Context, node *Node, ch *journal.Change, n 
 }
 
 // restartPlugins restarts the change's stale device plugins
-// (ch.StalePlugins), once: it returns the pods restarted, or the failure
-// reason.
-func (d *Daemon) restartPlugins(ctx context.Context, node *Node, ch *journal.Change) (restarted []string, failed string) {
+// (ch.StalePlugins), once, and notes in ch that their successors are on
+// their way (PluginsRestarted); it returns the failure reason.
+func (d *Daemon) restartPlugins(ctx context.Context, node *Node, ch *journal.Change) (failed string) {
 	if d.Disrupt == nil || node == nil || len(ch.GPUsChanged) == 0 || !d.S.RestartDevicePlugin || len(ch.StalePlugins) == 0 {
-		return nil, ""
+		return ""
 	}
 	_ = d.notify().Status("restarting the device plugin")
+	var restarted []string
 	err := d.retryAPI(ctx, func() (err error) { restarted, err = d.Disrupt.RestartDevicePlugins(ctx, ch.StalePlugins); return err })
 	if err != nil {
-		return nil, "restarting the device plugin: " + err.Error()
+		return "restarting the device plugin: " + err.Error()
 	}
 	ch.StalePlugins = nil
+	ch.PluginsRestarted = ch.PluginsRestarted || len(restarted) > 0
 	d.saveJournal()
 	if len(restarted) > 0 {
 		d.event(ctx, node, EventNormal, record.ReasonDevicePluginRestarted,
 			fmt.Sprintf("restarted %s so that they advertise the new MIG devices", strings.Join(restarted, ", ")))
 	}
-	return restarted, ""
+	return ""
 }
 
 // preflight proves the rights to record the change before anything is

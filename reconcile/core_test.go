@@ -852,6 +852,45 @@ func TestCoreAllocationPath(t *testing.T) {
 	})
 }
 
+// The device plugin pods that read the GPUs before the change are the
+// change's own state, journaled: a wait after the agent restarted still
+// knows them (their figures never count) and that their successors are on
+// their way; nothing of it lives in the Disruptor.
+func TestCoreOldPluginsJournaled(t *testing.T) {
+	c := newCore(t, "h200x2", nvmlsim.Options{}, "")
+	c.applied(t, "all-balanced")
+	before := "gpu-operator/nvidia-device-plugin-daemonset-a/uid-a"
+	c.disrupt.Plugins = []string{before}
+	waits := len(c.disrupt.Waits)
+	neverConverges(t, c)
+	if len(c.disrupt.Waits) != waits+1 {
+		t.Fatalf("%d waits, want 1", len(c.disrupt.Waits)-waits)
+	}
+	if w := c.disrupt.Waits[waits]; !slices.Equal(w.OldPlugins, []string{before}) || !w.PluginsRestarted {
+		t.Fatalf("first wait given %+v", w)
+	}
+	j, err := journal.Open(c.stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch := j.State.Change; ch == nil || !slices.Contains(ch.OldPlugins, before) || ch.PluginsRestarted {
+		t.Fatalf("journaled change %+v: want the old plugin kept, the restart awaited", ch)
+	}
+	// The successor did not advertise the change; the agent restarts.
+	after := "gpu-operator/nvidia-device-plugin-daemonset-b/uid-b"
+	c.disrupt.Plugins = []string{after}
+	c.restart(t, nvmlsim.Options{})
+	yes := true
+	c.disrupt.Converge = &yes
+	if oc := c.pass(true, true); oc != reconcile.OutSuccess {
+		t.Fatalf("retry after a restart: %v", oc)
+	}
+	last := c.disrupt.Waits[len(c.disrupt.Waits)-1]
+	if !slices.Contains(last.OldPlugins, before) || !last.PluginsRestarted {
+		t.Fatalf("wait after the agent's restart given %+v: the old plugin or the restart forgotten", last)
+	}
+}
+
 // neverConverges asks c for all-1g.18gb with the resources never showing
 // it, and returns the record the pass ends with (not a success).
 func neverConverges(t *testing.T, c *core) record.ChangeRecord {

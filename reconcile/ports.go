@@ -159,12 +159,14 @@ type Disruptor interface {
 	// so that their DaemonSets start new ones. Safe to repeat.
 	RestartDevicePlugins(ctx context.Context, pods []string) (restarted []string, err error)
 	// WaitResources waits until the node advertises exactly what the GPUs
-	// imply on path (the change's ServedBy): on record.ServedByDRA the DRA
+	// imply on ch's path (ServedBy): on record.ServedByDRA the DRA
 	// driver's devices in its ResourceSlices, else the device plugin's
 	// resources under strategy in its allocatable. migMode and migDevices
-	// are what the GPUs expose (gpus.Inventory.Exposed). ok is false on
-	// timeout; waited is false when nothing could be expected.
-	WaitResources(ctx context.Context, path, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error)
+	// are what the GPUs expose (gpus.Inventory.Exposed). The figures of
+	// ch.OldPlugins never count; ch.PluginsRestarted says new plugin pods
+	// are on their way. It only reads ch. ok is false on timeout; waited
+	// is false when nothing could be expected.
+	WaitResources(ctx context.Context, ch *journal.Change, strategy string, migMode map[string]bool, migDevices map[string]string, timeout time.Duration) (waited, ok bool, err error)
 	// ServedBy says which allocation path hands the node's GPUs to pods
 	// (record.ServedByDevicePlugin, record.ServedByDRA, "" when neither is
 	// seen); conflict describes both at once on the node (refused).

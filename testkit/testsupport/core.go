@@ -193,6 +193,8 @@ type FakeDisruptor struct {
 	// WaitResources answers (nil: true).
 	Path, Conflict string
 	Converge       *bool
+	// Waits are the changes WaitResources was given, as they were then.
+	Waits []journal.Change
 	// DuringEvict runs inside Evict before the pods go (once).
 	DuringEvict func()
 }
@@ -288,8 +290,14 @@ func (f *FakeDisruptor) RestartDevicePlugins(_ context.Context, pods []string) (
 	return pods, nil
 }
 
-// WaitResources implements reconcile.Disruptor: f.Converge answers.
-func (f *FakeDisruptor) WaitResources(context.Context, string, string, map[string]bool, map[string]string, time.Duration) (bool, bool, error) {
+// WaitResources implements reconcile.Disruptor: f.Converge answers; the
+// change is kept (Waits).
+func (f *FakeDisruptor) WaitResources(_ context.Context, ch *journal.Change, _ string, _ map[string]bool, _ map[string]string, _ time.Duration) (bool, bool, error) {
+	f.mu.Lock()
+	c := *ch
+	c.OldPlugins, c.StalePlugins = slices.Clone(ch.OldPlugins), slices.Clone(ch.StalePlugins)
+	f.Waits = append(f.Waits, c)
+	f.mu.Unlock()
 	if f.Converge != nil && !*f.Converge {
 		return true, false, errors.New("announced [MIG-old], want [MIG-new]")
 	}
