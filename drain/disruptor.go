@@ -76,15 +76,17 @@ func (d *Disruptor) cachedNode(ctx context.Context) *corev1.Node {
 	return n
 }
 
-// Hold implements reconcile.Disruptor: the taint (Taint) and the operands
-// paused (ReadOperands, then PauseOperands), each through step.
+// Hold implements reconcile.Disruptor: the taint (one patch from the
+// watched Node, or, when that Node is stale or already shows a taint, a
+// read and an update) and the operands paused, their labels read first
+// (from the watched Node) for the core to journal, each through step.
 func (d *Disruptor) Hold(ctx context.Context, ch *journal.Change, taint, pause bool, step func(what string, retry bool, do func() error) error) error {
 	if taint && !ch.TaintAdded {
 		// The taint key is the agent's own: one already there was left by an
 		// attempt that could not lift it (a crash between tainting and the
 		// journal, an API outage), so this change lifts it too.
 		if err := step("tainting the node", true, func() error {
-			_, err := d.Taint(ctx)
+			err := d.taint(ctx)
 			ch.TaintAdded = err == nil
 			return err
 		}); err != nil {
@@ -96,25 +98,39 @@ func (d *Disruptor) Hold(ctx context.Context, ch *journal.Change, taint, pause b
 	}
 	if len(ch.Operands) == 0 { // journaled before pausing: a crash restores from there
 		if err := step("reading GPU Operator operand labels", false, func() error {
-			saved, err := d.ReadOperands(ctx)
+			saved, err := d.operandLabels(ctx)
 			if err == nil {
-				ch.Operands = saved
+				ch.Operands, err = json.Marshal(saved)
 			}
 			return err
 		}); err != nil {
 			return err
 		}
 	}
-	return step("pausing GPU Operator operands", false, func() error { return d.PauseOperands(ctx, ch.Operands) })
+	return step("pausing GPU Operator operands", false, func() error {
+		var saved savedLabels
+		if err := json.Unmarshal(ch.Operands, &saved); err != nil {
+			return fmt.Errorf("operand labels: %w", err)
+		}
+		sels, err := d.selectors()
+		if err != nil {
+			return err
+		}
+		return pauseOperands(ctx, d.Client, d.Log, d.Node, saved, sels, d.OperandWait)
+	})
 }
 
-// Release implements reconcile.Disruptor: the operands restored
-// (RestoreOperands) and the taint lifted (Untaint), each through step,
-// the second also when the first failed.
+// Release implements reconcile.Disruptor: the operands restored to the
+// labels Hold journaled, and the taint lifted (as Hold added it), each
+// through step, the second also when the first failed.
 func (d *Disruptor) Release(ctx context.Context, ch *journal.Change, step func(what string, retry bool, do func() error) error) {
 	if len(ch.Operands) > 0 {
 		_ = step("restoring GPU Operator operand labels", true, func() error {
-			err := d.RestoreOperands(ctx, ch.Operands)
+			var saved savedLabels
+			if err := json.Unmarshal(ch.Operands, &saved); err != nil {
+				return fmt.Errorf("journaled operand labels: %w", err)
+			}
+			err := restoreOperands(ctx, d.Client, d.Log, d.Node, saved)
 			if err == nil {
 				ch.Operands = nil
 			}
@@ -123,7 +139,7 @@ func (d *Disruptor) Release(ctx context.Context, ch *journal.Change, step func(w
 	}
 	if ch.TaintAdded {
 		_ = step("removing the reconfiguring taint", true, func() error {
-			err := d.Untaint(ctx)
+			err := d.untaint(ctx)
 			if err == nil {
 				ch.TaintAdded = false
 			}
@@ -132,19 +148,17 @@ func (d *Disruptor) Release(ctx context.Context, ch *journal.Change, step func(w
 	}
 }
 
-// Taint adds the reconfiguring taint (added false: it was there): one patch from the watched Node, or,
-// when that Node is stale or already shows a taint, a read and an update.
-func (d *Disruptor) Taint(ctx context.Context) (bool, error) {
+func (d *Disruptor) taint(ctx context.Context) error {
 	if n := d.cachedNode(ctx); n != nil {
-		if added, done, err := AddTaintFrom(ctx, d.Client, n); done {
-			return added, err
+		if _, done, err := addTaintFrom(ctx, d.Client, n); done {
+			return err
 		}
 	}
-	return AddTaint(ctx, d.Client, d.Node)
+	_, err := addTaint(ctx, d.Client, d.Node)
+	return err
 }
 
-// Untaint removes the reconfiguring taint, as Taint.
-func (d *Disruptor) Untaint(ctx context.Context) error {
+func (d *Disruptor) untaint(ctx context.Context) error {
 	if n := d.cachedNode(ctx); n != nil {
 		if _, done, err := removeTaintFrom(ctx, d.Client, n); done {
 			return err
@@ -154,42 +168,12 @@ func (d *Disruptor) Untaint(ctx context.Context) error {
 	return err
 }
 
-// ReadOperands reads the GPU Operator operand labels' values (to be
-// journaled before PauseOperands), from the watched Node.
-func (d *Disruptor) ReadOperands(ctx context.Context) (json.RawMessage, error) {
-	var saved savedLabels
+// operandLabels are the GPU Operator operand labels' values now.
+func (d *Disruptor) operandLabels(ctx context.Context) (savedLabels, error) {
 	if n := d.cachedNode(ctx); n != nil {
-		saved = operandsOf(n)
-	} else {
-		var err error
-		if saved, err = readOperands(ctx, d.Client, d.Node); err != nil {
-			return nil, err
-		}
+		return operandsOf(n), nil
 	}
-	return json.Marshal(saved)
-}
-
-// PauseOperands pauses the operands ReadOperands found and waits (bounded)
-// for their pods to leave.
-func (d *Disruptor) PauseOperands(ctx context.Context, raw json.RawMessage) error {
-	var saved savedLabels
-	if err := json.Unmarshal(raw, &saved); err != nil {
-		return fmt.Errorf("operand labels: %w", err)
-	}
-	sels, err := d.selectors()
-	if err != nil {
-		return err
-	}
-	return pauseOperands(ctx, d.Client, d.Log, d.Node, saved, sels, d.OperandWait)
-}
-
-// RestoreOperands restores what PauseOperands saved.
-func (d *Disruptor) RestoreOperands(ctx context.Context, raw json.RawMessage) error {
-	var saved savedLabels
-	if err := json.Unmarshal(raw, &saved); err != nil {
-		return fmt.Errorf("journaled operand labels: %w", err)
-	}
-	return restoreOperands(ctx, d.Client, d.Log, d.Node, saved)
+	return readOperands(ctx, d.Client, d.Node)
 }
 
 // DevicePlugins implements reconcile.Disruptor. The pods it lists are

@@ -555,7 +555,7 @@ func taints(t *testing.T, e env) []string {
 
 // The taint from the agent's watch of its Node: one patch carrying the
 // watched resourceVersion. A Node changed since (a stale copy) is not
-// written: the caller reads it (AddTaint, removeTaint) instead.
+// written: the caller reads it (addTaint, removeTaint) instead.
 func TestTaintFromWatchedNode(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
@@ -568,12 +568,12 @@ func TestTaintFromWatchedNode(t *testing.T) {
 		return n
 	}
 	stale := read()
-	added, done, err := AddTaintFrom(ctx, e.a, stale)
+	added, done, err := addTaintFrom(ctx, e.a, stale)
 	if err != nil || !done || !added {
-		t.Fatalf("AddTaintFrom = %v, %v, %v", added, done, err)
+		t.Fatalf("addTaintFrom = %v, %v, %v", added, done, err)
 	}
 	if got := taints(t, e); len(got) != len(before)+1 || !slices.Contains(got, "migagent.io/reconfiguring=true:NoSchedule") {
-		t.Errorf("taints %v after AddTaintFrom; before %v", got, before)
+		t.Errorf("taints %v after addTaintFrom; before %v", got, before)
 	}
 	// The copy from before the patch is stale: nothing is written.
 	fresh := read()
@@ -581,9 +581,9 @@ func TestTaintFromWatchedNode(t *testing.T) {
 	if removed, done, err := removeTaintFrom(ctx, e.a, stale); err != nil || done || removed {
 		t.Errorf("RemoveTaintFrom with a stale copy = %v, %v, %v; want nothing done", removed, done, err)
 	}
-	// A copy that already shows the taint is left to AddTaint.
-	if added, done, err := AddTaintFrom(ctx, e.a, fresh); err != nil || done || added {
-		t.Errorf("AddTaintFrom over a copy with the taint = %v, %v, %v; want nothing done", added, done, err)
+	// A copy that already shows the taint is left to addTaint.
+	if added, done, err := addTaintFrom(ctx, e.a, fresh); err != nil || done || added {
+		t.Errorf("addTaintFrom over a copy with the taint = %v, %v, %v; want nothing done", added, done, err)
 	}
 	if removed, done, err := removeTaintFrom(ctx, e.a, fresh); err != nil || !done || !removed {
 		t.Fatalf("RemoveTaintFrom = %v, %v, %v", removed, done, err)
@@ -599,17 +599,17 @@ func TestTaint(t *testing.T) {
 	before := taints(t, e) // admission's not-ready taint
 	ours := "migagent.io/reconfiguring=true:NoSchedule"
 
-	added, err := AddTaint(ctx, e.a, e.node)
+	added, err := addTaint(ctx, e.a, e.node)
 	if err != nil || !added {
-		t.Fatalf("AddTaint = %v, %v", added, err)
+		t.Fatalf("addTaint = %v, %v", added, err)
 	}
 	want := slices.Sorted(slices.Values(append(slices.Clone(before), ours)))
 	if got := taints(t, e); !slices.Equal(got, want) {
 		t.Errorf("taints %v, want %v", got, want)
 	}
-	added, err = AddTaint(ctx, e.a, e.node)
+	added, err = addTaint(ctx, e.a, e.node)
 	if err != nil || added {
-		t.Errorf("second AddTaint = %v, %v; want false (already there)", added, err)
+		t.Errorf("second addTaint = %v, %v; want false (already there)", added, err)
 	}
 	if got := taints(t, e); !slices.Equal(got, want) {
 		t.Errorf("taints after a second add %v, want %v", got, want)
@@ -634,9 +634,9 @@ func TestTaint(t *testing.T) {
 		t.Fatal(err)
 	}
 	userTaints := taints(t, e)
-	added, err = AddTaint(ctx, e.a, e.node)
+	added, err = addTaint(ctx, e.a, e.node)
 	if err != nil || added {
-		t.Errorf("AddTaint over a user's taint = %v, %v; want false", added, err)
+		t.Errorf("addTaint over a user's taint = %v, %v; want false", added, err)
 	}
 	removed, err := removeTaint(ctx, e.a, e.node)
 	if err != nil || removed {
@@ -645,8 +645,8 @@ func TestTaint(t *testing.T) {
 	if got := taints(t, e); !slices.Equal(got, userTaints) {
 		t.Errorf("user's taint touched: %v, want %v", got, userTaints)
 	}
-	if _, err := AddTaint(ctx, e.a, ""); !errors.Is(err, errNoNode) {
-		t.Errorf("AddTaint without node: %v", err)
+	if _, err := addTaint(ctx, e.a, ""); !errors.Is(err, errNoNode) {
+		t.Errorf("addTaint without node: %v", err)
 	}
 }
 
@@ -730,7 +730,7 @@ func TestOperandsPausedAndRestoredExactly(t *testing.T) {
 	stopDS()
 	<-dsDone
 	if err != nil {
-		t.Fatalf("PauseOperands: %v", err)
+		t.Fatalf("pauseOperands: %v", err)
 	}
 	t.Logf("operands left after %s", time.Since(start).Round(time.Millisecond))
 	l := nodeLabels(t, e)

@@ -19,7 +19,7 @@ import (
 // planner decided). The planner's changes never evict: the agent refuses it.
 var ErrPlannerWouldEvict = errors.New("the planner asked for this change and it would evict running pods: refused")
 
-// ErrPlannerNotOptedIn: the planner asked for the change (PlannerAsked) on
+// ErrPlannerNotOptedIn: the planner asked for the change (plannerAsked) on
 // a node without the label migagent.io/planner=enabled. The planner never
 // does that; a token that writes as the planner on any Node (stolen, or
 // a client naming itself so) gets nothing applied.
@@ -28,7 +28,7 @@ var ErrPlannerNotOptedIn = errors.New("the planner asked for this change on a no
 
 // plannerRefuses is ErrPlannerNotOptedIn when the planner asked for the
 // change on a node that has not opted in, and ErrPlannerWouldEvict when
-// pods would be evicted by a change the planner asked for (PlannerAsked).
+// pods would be evicted by a change the planner asked for (plannerAsked).
 func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {
 	n := d.cachedNode(ctx)
 	if n == nil {
@@ -38,7 +38,7 @@ func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {
 		}
 	}
 	want := n.Labels[record.LabelConfig]
-	how, asked := PlannerAsked(n, want)
+	how, asked := plannerAsked(n, want)
 	if want == "" || !asked {
 		return nil
 	}
@@ -52,7 +52,7 @@ func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {
 		ErrPlannerWouldEvict, want, strings.Join(pods, ", "), how, record.LabelConfig)
 }
 
-// PlannerAsked says whether the planner wrote want, the value of node's
+// plannerAsked says whether the planner wrote want, the value of node's
 // desired label, and how the agent knows: the managedFields entry that owns
 // the label is the planner's field manager (record.PlannerFieldManager), or
 // the requester stamp for that value names it as the write's field manager.
@@ -60,7 +60,7 @@ func (d *Disruptor) plannerRefuses(ctx context.Context, pods []string) error {
 // only: a write that claims to be the planner's makes the agent refuse to
 // evict for it, never evict more. Anyone who may write the label can stop a
 // change anyway, by setting another value.
-func PlannerAsked(node *corev1.Node, want string) (string, bool) {
+func plannerAsked(node *corev1.Node, want string) (string, bool) {
 	if m, _, ok := labelwriter.Of(node.ManagedFields, record.LabelConfig); ok && m == record.PlannerFieldManager {
 		return "the label was last written by the field manager " + m, true
 	}

@@ -28,11 +28,11 @@ func Taint() corev1.Taint {
 	return corev1.Taint{Key: TaintKey, Value: taintValue, Effect: TaintEffect}
 }
 
-// AddTaint adds the reconfiguring taint to node. When the node already has a
+// addTaint adds the reconfiguring taint to node. When the node already has a
 // NoSchedule taint with TaintKey (someone else's, whatever its value), it is
 // left alone and added is false: the caller must then not remove it. Journal
 // added before acting on it.
-func AddTaint(ctx context.Context, client kclient.Interface, node string) (added bool, err error) {
+func addTaint(ctx context.Context, client kclient.Interface, node string) (added bool, err error) {
 	if node == "" {
 		return false, fmt.Errorf("add taint: %w", errNoNode)
 	}
@@ -59,7 +59,7 @@ func AddTaint(ctx context.Context, client kclient.Interface, node string) (added
 }
 
 // removeTaint removes the reconfiguring taint (exactly key, value and
-// effect) from node; call it only when AddTaint reported added. It reports
+// effect) from node; call it only when addTaint reported added. It reports
 // whether a taint was removed; a missing taint is no error, so it is safe to
 // repeat.
 func removeTaint(ctx context.Context, client kclient.Interface, node string) (removed bool, err error) {
@@ -89,13 +89,13 @@ func removeTaint(ctx context.Context, client kclient.Interface, node string) (re
 	return removed, nil
 }
 
-// AddTaintFrom adds the taint with one request, from cached (the agent's
+// addTaintFrom adds the taint with one request, from cached (the agent's
 // watch of its Node): a merge patch of the taints that carries cached's
 // resourceVersion, which the API server refuses (a conflict) if the Node
 // changed since. done is false, and nothing was written, when cached
 // already shows the taint (it may be stale: only a read tells whose it is)
-// or the Node changed since it was cached: the caller then uses AddTaint.
-func AddTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (added, done bool, err error) {
+// or the Node changed since it was cached: the caller then uses addTaint.
+func addTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (added, done bool, err error) {
 	if hasTaintKey(cached.Spec.Taints) {
 		return false, false, nil
 	}
@@ -104,7 +104,7 @@ func AddTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.
 }
 
 // removeTaintFrom removes the taint with one request, from cached, as
-// AddTaintFrom adds it; done is false, and nothing was written, when cached
+// addTaintFrom adds it; done is false, and nothing was written, when cached
 // does not show the taint or the Node changed since it was cached: the
 // caller then uses removeTaint.
 func removeTaintFrom(ctx context.Context, client kclient.Interface, cached *corev1.Node) (removed, done bool, err error) {

@@ -22,7 +22,7 @@ import (
 // Preflight proves, before anything is evicted or a GPU touched, that the
 // agent may write what a change must write: the state label and the record
 // annotations (a patch of the Node), the taint when it taints (an update of
-// the Node, as drain.AddTaint makes it) and Events. Each write is sent for
+// the Node, as drain.addTaint makes it) and Events. Each write is sent for
 // real, with dryRun=All: the API server authenticates, authorizes and runs
 // admission (webhooks and admission policies included) as for the real
 // write, and persists nothing. Before them, the Node's annotations must
@@ -86,8 +86,8 @@ func (k *Cluster) preflightRecord(ctx context.Context, node *corev1.Node) error 
 	return nil
 }
 
-// preflightTaint: the taint, an update of the Node as drain.AddTaint makes
-// it (the patch drain.AddTaintFrom sends first is proven by the record's).
+// preflightTaint: the taint, an update of the Node as drain.addTaint makes
+// it (the patch drain.addTaintFrom sends first is proven by the record's).
 // It starts from node, the watch's copy; an update needs the current
 // resourceVersion, so a copy the API server finds stale (a conflict) is read
 // afresh once.
