@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -221,12 +222,21 @@ func sliceV1(s *resourcev1.ResourceSlice) Slice {
 	return out
 }
 
+// sliceV1beta2: v1beta2 has v1's shape (v1 is v1beta2 promoted
+// unchanged, KEP-4381), so a v1beta2 object reads as v1 through its JSON.
 func sliceV1beta2(s *resourcev1beta2.ResourceSlice) Slice {
-	out := Slice{Name: s.Name, Driver: s.Spec.Driver, Pool: s.Spec.Pool.Name, Version: "v1beta2", CounterSets: len(s.Spec.SharedCounters)}
-	for _, d := range s.Spec.Devices {
-		str := func(k string) string { return deref(d.Attributes[resourcev1beta2.QualifiedName(k)].StringValue) }
-		out.Devices = append(out.Devices, SliceDevice{Name: d.Name, Type: str(draAttrType), UUID: str(draAttrUUID),
-			ParentUUID: str(draAttrParentUUID), ConsumesCounters: len(d.ConsumesCounters) > 0})
+	out := sliceV1(sameShape[resourcev1.ResourceSlice](s))
+	out.Version = "v1beta2"
+	return out
+}
+
+// sameShape decodes in's JSON as an Out: a v1beta2 object as its v1 twin.
+// The two share every field name and type, so neither step fails; should
+// one ever, Out stays as far as it was decoded.
+func sameShape[Out any, In any](in *In) *Out {
+	out := new(Out)
+	if b, err := json.Marshal(in); err == nil {
+		_ = json.Unmarshal(b, out)
 	}
 	return out
 }
@@ -274,31 +284,9 @@ func claimV1(c *resourcev1.ResourceClaim) Claim {
 	return out
 }
 
+// claimV1beta2 reads a v1beta2 claim as v1 (sliceV1beta2).
 func claimV1beta2(c *resourcev1beta2.ResourceClaim) Claim {
-	out := Claim{Namespace: c.Namespace, Name: c.Name, Allocated: c.Status.Allocation != nil}
-	for _, r := range c.Spec.Devices.Requests {
-		if e := r.Exactly; e != nil {
-			req := ClaimRequest{Class: e.DeviceClassName, Count: e.Count,
-				All: e.AllocationMode == resourcev1beta2.DeviceAllocationModeAll}
-			for _, sel := range e.Selectors {
-				if sel.CEL != nil {
-					req.Selectors = append(req.Selectors, sel.CEL.Expression)
-				}
-			}
-			out.Requests = append(out.Requests, req)
-		}
-	}
-	if a := c.Status.Allocation; a != nil {
-		for _, r := range a.Devices.Results {
-			out.Devices = append(out.Devices, ClaimDevice{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
-		}
-	}
-	for _, r := range c.Status.ReservedFor {
-		if r.APIGroup == "" && r.Resource == "pods" {
-			out.Pods = append(out.Pods, r.Name)
-		}
-	}
-	return out
+	return claimV1(sameShape[resourcev1.ResourceClaim](c))
 }
 
 // claimV1beta1: a v1beta1 request names its class itself; one that

@@ -53,3 +53,20 @@ func TestClaimRequestsEveryVersion(t *testing.T) {
 		}
 	}
 }
+
+// A v1beta2 slice reads as its v1 twin: the attributes and counters of
+// its devices, its version named.
+func TestSliceV1beta2ReadsAsV1(t *testing.T) {
+	str := func(v string) *string { return &v }
+	s := sliceV1beta2(&resourcev1beta2.ResourceSlice{Spec: resourcev1beta2.ResourceSliceSpec{Driver: NVIDIADRADriver,
+		Pool: resourcev1beta2.ResourcePool{Name: "n1"}, SharedCounters: []resourcev1beta2.CounterSet{{Name: "gpu-0"}},
+		Devices: []resourcev1beta2.Device{{Name: "gpu-0-mig-1g18gb-19-0",
+			Attributes: map[resourcev1beta2.QualifiedName]resourcev1beta2.DeviceAttribute{
+				draAttrType: {StringValue: str("mig")}, draAttrUUID: {StringValue: str("MIG-a")}, draAttrParentUUID: {StringValue: str("GPU-0")}},
+			ConsumesCounters: []resourcev1beta2.DeviceCounterConsumption{{CounterSet: "gpu-0"}}}}}})
+	want := Slice{Driver: NVIDIADRADriver, Pool: "n1", Version: "v1beta2", CounterSets: 1, Devices: []SliceDevice{
+		{Name: "gpu-0-mig-1g18gb-19-0", Type: "mig", UUID: "MIG-a", ParentUUID: "GPU-0", ConsumesCounters: true}}}
+	if !reflect.DeepEqual(s, want) {
+		t.Errorf("v1beta2 slice read as %+v, want %+v", s, want)
+	}
+}
