@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -9,29 +10,15 @@ import (
 	"github.com/migagent/mig-agent/testkit/kubetest"
 )
 
-// pluginReader enumerates the simulated GPUs for the device plugin stand-in:
-// a MIG device for each GPU instance `profiles` lists (each holds one
-// compute instance here).
+// pluginReader enumerates the simulated GPUs for the device plugin
+// stand-in (kubetest.PluginGPUsOf).
 func pluginReader(t testing.TB, o *Opts) func() ([]kubetest.PluginGPU, error) {
 	return func() ([]kubetest.PluginGPU, error) {
-		var out []kubetest.PluginGPU
-		for _, g := range disProfiles(t, o.Sim, o.SimState) {
-			pg := kubetest.PluginGPU{MigEnabled: g.MigMode.Current}
-			// One entry per MIG device (compute instance), named as NVML
-			// names its profile: the device plugin builds one device per MIG
-			// device handle, its resource named by that device's MIG
-			// profile (k8s-device-plugin internal/rm, buildMigDeviceMap:
-			// walkMigDevices, getMigProfile).
-			for _, in := range g.Instances {
-				name := in.Profile
-				if in.Compute != "" {
-					name = in.Compute
-				}
-				pg.MIGDevices = append(pg.MIGDevices, name)
-			}
-			out = append(out, pg)
+		out, errOut, code := RunCLI(t, "profiles", "-o", "json", "--nvml", "sim:"+o.Sim, "--sim-state", o.SimState, "--log-level", "error")
+		if code != 0 {
+			return nil, fmt.Errorf("profiles: exit %d: %s", code, errOut)
 		}
-		return out, nil
+		return kubetest.PluginGPUsOf([]byte(out))
 	}
 }
 

@@ -386,7 +386,7 @@ func (b *bench) pluginReader(simState string) func() ([]kubetest.PluginGPU, erro
 		if err != nil {
 			return nil, fmt.Errorf("profiles: %w", err)
 		}
-		return pluginGPUs(out)
+		return kubetest.PluginGPUsOf(out)
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -9,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/migagent/mig-agent/testkit/kubetest"
 	"github.com/migagent/mig-agent/testkit/kubetest/audit"
 )
 
@@ -155,37 +153,3 @@ func metricValue(text, series string) float64 {
 	return 0
 }
 
-// pluginGPUs reads `mig-agent profiles -o json` into what the device
-// plugin stand-in enumerates: per GPU its MIG mode and one device per MIG
-// device, named by its profile (the compute instance's where it is
-// smaller than its GPU instance), as NVIDIA's plugin names them
-// (k8s-device-plugin internal/rm, buildMigDeviceMap).
-func pluginGPUs(profilesJSON []byte) ([]kubetest.PluginGPU, error) {
-	var doc struct {
-		GPUs []struct {
-			MigMode struct {
-				Current bool `json:"current"`
-			} `json:"migMode"`
-			Instances []struct {
-				Profile string `json:"profile"`
-				Compute string `json:"compute"`
-			} `json:"instances"`
-		} `json:"gpus"`
-	}
-	if err := json.Unmarshal(profilesJSON, &doc); err != nil {
-		return nil, fmt.Errorf("profiles -o json: %w", err)
-	}
-	out := make([]kubetest.PluginGPU, 0, len(doc.GPUs))
-	for _, g := range doc.GPUs {
-		pg := kubetest.PluginGPU{MigEnabled: g.MigMode.Current}
-		for _, in := range g.Instances {
-			name := in.Profile
-			if in.Compute != "" {
-				name = in.Compute
-			}
-			pg.MIGDevices = append(pg.MIGDevices, name)
-		}
-		out = append(out, pg)
-	}
-	return out, nil
-}

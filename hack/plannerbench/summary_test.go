@@ -90,21 +90,6 @@ migagent_planner_leader 1
 	}
 }
 
-// The device plugin stand-in sees one device per MIG device, named by the
-// compute instance where it is smaller than its GPU instance.
-func TestPluginGPUs(t *testing.T) {
-	got, err := pluginGPUs([]byte(`{"gpus":[{"migMode":{"current":true},"instances":[{"profile":"3g.71gb","start":0},{"profile":"3g.71gb","start":4,"compute":"1c.3g.71gb"}]},{"migMode":{"current":false}}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 2 || !got[0].MigEnabled || strings.Join(got[0].MIGDevices, ",") != "3g.71gb,1c.3g.71gb" || got[1].MigEnabled || len(got[1].MIGDevices) != 0 {
-		t.Errorf("pluginGPUs = %+v", got)
-	}
-	if _, err := pluginGPUs([]byte("not json")); err == nil {
-		t.Error("no error for bad JSON")
-	}
-}
-
 // merge keeps the other benches' keys.
 func TestMerge(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "bench-results.json")

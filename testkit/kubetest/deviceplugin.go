@@ -1,7 +1,9 @@
 package kubetest
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -40,6 +42,39 @@ type PluginGPU struct {
 	MigEnabled bool
 	// MIGDevices: the profile of each MIG device ("1g.18gb", "1g.18gb+me").
 	MIGDevices []string
+}
+
+// PluginGPUsOf reads `mig-agent profiles -o json` into what the device
+// plugin stand-in enumerates: per GPU its MIG mode and one device per MIG
+// device (compute instance), named by its profile (the compute instance's
+// where it is smaller than its GPU instance), as NVIDIA's plugin builds
+// one device per MIG device handle named by that device's profile
+// (k8s-device-plugin internal/rm, buildMigDeviceMap: walkMigDevices,
+// getMigProfile).
+func PluginGPUsOf(profilesJSON []byte) ([]PluginGPU, error) {
+	var doc struct {
+		GPUs []struct {
+			MigMode struct {
+				Current bool `json:"current"`
+			} `json:"migMode"`
+			Instances []struct {
+				Profile string `json:"profile"`
+				Compute string `json:"compute"`
+			} `json:"instances"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal(profilesJSON, &doc); err != nil {
+		return nil, fmt.Errorf("profiles -o json: %w", err)
+	}
+	out := make([]PluginGPU, 0, len(doc.GPUs))
+	for _, g := range doc.GPUs {
+		pg := PluginGPU{MigEnabled: g.MigMode.Current}
+		for _, in := range g.Instances {
+			pg.MIGDevices = append(pg.MIGDevices, cmp.Or(in.Compute, in.Profile))
+		}
+		out = append(out, pg)
+	}
+	return out, nil
 }
 
 // DevicePlugin plays NVIDIA's device plugin on one node, run the way the

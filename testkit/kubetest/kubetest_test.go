@@ -296,3 +296,18 @@ func TestKubeletDynamicResources(t *testing.T) {
 		t.Fatalf("dynamic_resources = %q, want %q", got, want)
 	}
 }
+
+// The device plugin stand-in sees one device per MIG device, named by the
+// compute instance where it is smaller than its GPU instance.
+func TestPluginGPUsOf(t *testing.T) {
+	got, err := kubetest.PluginGPUsOf([]byte(`{"gpus":[{"migMode":{"current":true},"instances":[{"profile":"3g.71gb","start":0},{"profile":"3g.71gb","start":4,"compute":"1c.3g.71gb"}]},{"migMode":{"current":false}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !got[0].MigEnabled || strings.Join(got[0].MIGDevices, ",") != "3g.71gb,1c.3g.71gb" || got[1].MigEnabled || len(got[1].MIGDevices) != 0 {
+		t.Errorf("PluginGPUsOf = %+v", got)
+	}
+	if _, err := kubetest.PluginGPUsOf([]byte("not json")); err == nil {
+		t.Error("no error for bad JSON")
+	}
+}
