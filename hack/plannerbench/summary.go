@@ -152,4 +152,3 @@ func metricValue(text, series string) float64 {
 	}
 	return 0
 }
-
