@@ -16,8 +16,9 @@ import (
 const root = "../.."
 
 // TestReadmePathsExist keeps the README's path of a label change and its
-// three answers (which pods go, where the reboot is decided, where a record
-// is written) pointing at files that exist.
+// three answers (which pods go, where the reboot is decided, how a record
+// reaches the Node) pointing at files that exist, one file an answer, the
+// file that holds it.
 func TestReadmePathsExist(t *testing.T) {
 	src, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
@@ -42,9 +43,30 @@ func TestReadmePathsExist(t *testing.T) {
 			t.Errorf("README.md names %s: %v", f[1], err)
 		}
 	}
-	for _, q := range []string{"which pods a change affects", "where the reboot is decided", "where\na record is written"} {
-		if !strings.Contains(strings.Join(strings.Fields(para), " "), strings.Join(strings.Fields(q), " ")) {
-			t.Errorf("the paragraph no longer answers %q", q)
+	// Each answer names one file, and that file holds what answers it.
+	flat := strings.Join(strings.Fields(para), " ")
+	for _, a := range []struct{ q, holds string }{
+		{"which pods a change affects", "func (d *Disruptor) Affected("},
+		{"where the reboot is decided", "func (a *attempt) rebootFor("},
+		{"how a change's record reaches the Node", "func (k *Cluster) Record("},
+	} {
+		i := strings.Index(flat, a.q)
+		if i < 0 {
+			t.Errorf("the paragraph no longer answers %q", a.q)
+			continue
+		}
+		answer := flat[i+len(a.q):]
+		if end := strings.IndexAny(answer, ";"); end >= 0 {
+			answer = answer[:end]
+		}
+		named := regexp.MustCompile("`([a-z0-9_/]+\\.go)`").FindAllStringSubmatch(answer, -1)
+		if len(named) != 1 {
+			t.Errorf("%q is answered by %d files, want one", a.q, len(named))
+			continue
+		}
+		body, err := os.ReadFile(filepath.Join(root, named[0][1]))
+		if err != nil || !strings.Contains(string(body), a.holds) {
+			t.Errorf("%q: %s does not hold %s (%v)", a.q, named[0][1], a.holds, err)
 		}
 	}
 }
