@@ -8,7 +8,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/published"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/testkit/kubetest"
 )
@@ -63,7 +63,7 @@ func TestAuditRequesterOddNames(t *testing.T) {
 			if !ok || s.User != tc.want || s.Config != config {
 				t.Fatalf("stamp %+v, want user %q", s, text(tc.want))
 			}
-			r := kube.RequesterOf(GetNode(t, admin, probe), config)
+			r := published.RequesterOf(GetNode(t, admin, probe), config)
 			if r.Source != record.RequesterSourceStamp || r.By != record.BoundText(tc.want, record.MaxRequester) {
 				t.Errorf("requester %+v, want the stamp's user", r)
 			}

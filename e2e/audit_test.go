@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/testkit/kubetest"
 )
@@ -104,13 +103,13 @@ func auditAnnotation(key, value string) map[string]any {
 }
 
 // auditStamp reads the requester stamp of node.
-func auditStamp(t *testing.T, c kubernetes.Interface, node string) (kube.RequesterStamp, bool) {
+func auditStamp(t *testing.T, c kubernetes.Interface, node string) (record.RequesterStamp, bool) {
 	t.Helper()
 	raw, ok := GetNode(t, c, node).Annotations[record.AnnotationRequestedBy]
 	if !ok {
-		return kube.RequesterStamp{}, false
+		return record.RequesterStamp{}, false
 	}
-	var s kube.RequesterStamp
+	var s record.RequesterStamp
 	if err := json.Unmarshal([]byte(raw), &s); err != nil {
 		t.Fatalf("the stamp %q: %v", raw, err)
 	}
@@ -162,7 +161,7 @@ func TestAuditRequester(t *testing.T) {
 	if err := auditPatch(bob.c, probe, "kubectl-label", false, auditLabel("probe-bob")); err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := auditStamp(t, admin, probe); s != (kube.RequesterStamp{User: bob.name, Via: "kubectl-label", Config: "probe-bob"}) {
+	if s, _ := auditStamp(t, admin, probe); s != (record.RequesterStamp{User: bob.name, Via: "kubectl-label", Config: "probe-bob"}) {
 		t.Errorf("stamp %+v, want bob's own", s)
 	}
 	// Through the status subresource (which may change labels too) as well.

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/published/status"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/testkit/kubetest"
 )
@@ -112,7 +113,7 @@ func TestLightNodeHistory(t *testing.T) {
 	}
 
 	out, _, code := RunCLI(t, "status", "--kubeconfig", o.Kubeconfig, "--namespace", o.Namespace, "--node", node, "-o", "json")
-	var st kube.Status
+	var st status.Status
 	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
 		t.Fatalf("status (exit %d): %v\n%s", code, err, out)
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/migagent/mig-agent/published"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/testkit/clientset"
 )
@@ -72,7 +73,7 @@ func TestNodeFootprintAfterTwentyChanges(t *testing.T) {
 	if l := len(n.Annotations[record.AnnotationLastChange]); l > 2<<10 {
 		t.Errorf("the last change takes %d bytes on the Node, want at most 2 KiB", l)
 	}
-	whole, _, found, err := ReadHistory(ctx, k.Client, "mig-agent", "n1")
+	whole, _, found, err := published.ReadHistory(ctx, k.Client, "mig-agent", "n1")
 	if err != nil || !found || len(whole) != record.HistoryMaxRecords {
 		t.Fatalf("the history ConfigMap: %d records, found %v, %v", len(whole), found, err)
 	}

@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/migagent/mig-agent/internal/configmap"
-	"github.com/migagent/mig-agent/internal/kclient"
+	"github.com/migagent/mig-agent/published"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -27,7 +25,8 @@ import (
 
 // wholeKept is where a change's whole record went: ref
 // (record.FullRecordRef, "" when it could not be written), the records the
-// ConfigMap's bound dropped, and the keys (recordKey) of those it holds.
+// ConfigMap's bound dropped, and the keys (published.RecordKey) of those
+// it holds.
 type wholeKept struct {
 	ref     string
 	dropped []json.RawMessage
@@ -132,7 +131,7 @@ func nodeHistory(node *corev1.Node) []json.RawMessage {
 }
 
 // headOf puts raw at the head of entries, keeps what configMapHistory's
-// bound keeps and returns them as JSON, with their keys (recordKey) and
+// bound keeps and returns them as JSON, with their keys (published.RecordKey) and
 // those dropped (oldest last).
 func headOf(raw json.RawMessage, entries []json.RawMessage) ([]byte, map[string]bool, []json.RawMessage) {
 	hist, dropped := configMapHistory("").keep(append([]json.RawMessage{raw}, entries...))
@@ -140,34 +139,8 @@ func headOf(raw json.RawMessage, entries []json.RawMessage) ([]byte, map[string]
 	held := map[string]bool{}
 	for _, e := range hist {
 		if r, err := record.Decode(e); err == nil {
-			held[recordKey(r)] = true
+			held[published.RecordKey(r)] = true
 		}
 	}
 	return out, held, dropped
-}
-
-// recordKey names a record in both histories, the Node's and the
-// ConfigMap's, whole or light: when it started and finished, its config
-// and its result (sameRecord compares by it).
-func recordKey(r record.ChangeRecord) string {
-	return r.StartedAt.UTC().Format(time.RFC3339Nano) + " " + r.FinishedAt.UTC().Format(time.RFC3339Nano) + " " + r.Config + " " + r.Result
-}
-
-// ReadHistory reads node's whole history from its ConfigMap in namespace,
-// newest first (`mig-agent status`, the assignment trail); found is false
-// where there is no such ConfigMap. Entries that are not valid records
-// are left out and reported in bad.
-func ReadHistory(ctx context.Context, client kclient.Interface, namespace, node string) (recs []record.ChangeRecord, bad []record.BadEntry, found bool, err error) {
-	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, record.HistoryConfigMapName(node), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, nil, false, nil
-	}
-	if err != nil {
-		return nil, nil, false, err
-	}
-	recs, bad, err = record.DecodeHistory(cm.Data[record.HistoryConfigMapKey])
-	if err != nil {
-		return nil, nil, true, fmt.Errorf("ConfigMap %s/%s, key %s: %w", namespace, cm.Name, record.HistoryConfigMapKey, err)
-	}
-	return recs, bad, true, nil
 }

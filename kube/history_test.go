@@ -16,6 +16,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/migagent/mig-agent/published"
+	"github.com/migagent/mig-agent/published/status"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/testkit/clientset"
 )
@@ -42,7 +44,7 @@ func TestHistoryConfigMapAndCondition(t *testing.T) {
 		len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].Kind != "Node" || cm.OwnerReferences[0].UID != "u1" {
 		t.Errorf("ConfigMap metadata: %+v", cm.ObjectMeta)
 	}
-	whole, _, _, err := ReadHistory(ctx, k.Client, "ns", "n1")
+	whole, _, _, err := published.ReadHistory(ctx, k.Client, "ns", "n1")
 	if err != nil || len(whole) != 2 || len(whole[0].EvictedPods) != 40 || len(whole[1].EvictedPods) != 3 {
 		t.Fatalf("the whole history: %d records (%v)", len(whole), err)
 	}
@@ -153,22 +155,22 @@ func TestStatusWithHistory(t *testing.T) {
 		}
 	}
 	n := mustNode(t, k)
-	light, _ := StatusFromNode(n)
+	light, _ := status.FromNode(n)
 	if len(light.History) != 3 || len(light.History[1].EvictedPods) >= 40 || len(light.LastChange.EvictedPods) == 40 {
 		t.Fatalf("the Node's records are not light: %+v", light.History[1])
 	}
-	whole, _, found, err := ReadHistory(ctx, k.Client, "ns", "n1")
+	whole, _, found, err := published.ReadHistory(ctx, k.Client, "ns", "n1")
 	if err != nil || !found {
 		t.Fatal(found, err)
 	}
-	st, _ := StatusWithHistory(n, whole, "ConfigMap ns/n1-mig-history")
+	st, _ := status.WithHistory(n, whole, "ConfigMap ns/n1-mig-history")
 	if len(st.History) != 3 || len(st.History[1].EvictedPods) != 40 || len(st.LastChange.EvictedPods) != 40 ||
 		st.HistoryFrom != "ConfigMap ns/n1-mig-history" || len(st.GPUs) != 8 {
 		t.Errorf("status with the whole history: %d records, %d pods in the second, %d in the last change, from %q, %d GPUs",
 			len(st.History), len(st.History[1].EvictedPods), len(st.LastChange.EvictedPods), st.HistoryFrom, len(st.GPUs))
 	}
 	var b strings.Builder
-	if err := WriteStatusText(&b, st); err != nil || !strings.Contains(b.String(), "History (newest first):\n  (the records whole, from ConfigMap ns/n1-mig-history)") {
+	if err := status.WriteText(&b, st); err != nil || !strings.Contains(b.String(), "History (newest first):\n  (the records whole, from ConfigMap ns/n1-mig-history)") {
 		t.Errorf("status text: %v\n%s", err, b.String())
 	}
 }
@@ -215,7 +217,7 @@ func TestUpgradedNodeTurnsLight(t *testing.T) {
 	if err := k.Record(ctx, typicalRecord(12, 40), record.StateSuccess); err != nil {
 		t.Fatal(err)
 	}
-	whole, _, _, err := ReadHistory(ctx, k.Client, "ns", "n1")
+	whole, _, _, err := published.ReadHistory(ctx, k.Client, "ns", "n1")
 	if err != nil || len(whole) != 5 {
 		t.Fatalf("the ConfigMap holds %d records (%v), want 5", len(whole), err)
 	}

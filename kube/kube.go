@@ -9,7 +9,6 @@ import (
 	"net"
 	"reflect"
 	"sync/atomic"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +21,6 @@ import (
 	"github.com/migagent/mig-agent/internal/configmap"
 	"github.com/migagent/mig-agent/internal/kclient"
 	"github.com/migagent/mig-agent/internal/kevent"
-	"github.com/migagent/mig-agent/internal/labelwriter"
 	"github.com/migagent/mig-agent/reconcile"
 	"github.com/migagent/mig-agent/record"
 )
@@ -290,15 +288,4 @@ func (k *Cluster) publish(ctx context.Context, configYAML, gpusJSON string) erro
 		return old, nil
 	})
 	return err
-}
-
-// RequestedBy names the field manager that last set the desired label, read
-// from the Node's managedFields, and when; record.RequesterUnknown when no
-// entry owns it.
-func RequestedBy(node *corev1.Node) (string, *time.Time) {
-	manager, at, ok := labelwriter.Of(node.ManagedFields, record.LabelConfig)
-	if !ok {
-		return record.RequesterUnknown, nil
-	}
-	return manager, at
 }

@@ -60,24 +60,6 @@ func TestRecordHistoryBounded(t *testing.T) {
 	}
 }
 
-func TestRequestedBy(t *testing.T) {
-	at := func(s int) *metav1.Time { x := metav1.NewTime(time.Unix(int64(s), 0)); return &x }
-	fields := metav1.NewFieldsV1
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{ManagedFields: []metav1.ManagedFieldsEntry{
-		{Manager: "kubelet", Time: at(300), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:kubernetes.io/hostname":{}}}}`)},
-		{Manager: "mig-agent", Time: at(400), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config.state":{}}}}`)},
-		{Manager: "alice", Time: at(100), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config":{}}}}`)},
-		{Manager: "bob", Time: at(200), FieldsV1: fields(`{"f:metadata":{"f:labels":{"f:nvidia.com/mig.config":{}}}}`)},
-	}}}
-	by, when := RequestedBy(node)
-	if by != "bob" || when == nil || when.Unix() != 200 {
-		t.Fatalf("RequestedBy = %s %v, want bob at 200", by, when)
-	}
-	if by, _ := RequestedBy(&corev1.Node{}); by != "unknown" {
-		t.Fatalf("no managed fields: %s", by)
-	}
-}
-
 // Every record written is in the history or was returned as dropped, once
 // and in order; Record leaves a log line and an Event for each dropped.
 func TestRecordRetiring(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/migagent/mig-agent/internal/apierr"
 	"github.com/migagent/mig-agent/internal/backoff"
+	"github.com/migagent/mig-agent/published"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -120,7 +121,7 @@ func (k *Cluster) recordOn(ctx context.Context, node *corev1.Node, rec record.Ch
 		k.retire(ctx, node, old, configMapHistory(whole.ref))
 	}
 	for _, old := range dropped {
-		if r, err := record.Decode(old); err != nil || (r.FullRecord == "" && !whole.held[recordKey(r)]) {
+		if r, err := record.Decode(old); err != nil || (r.FullRecord == "" && !whole.held[published.RecordKey(r)]) {
 			k.retire(ctx, node, old, onNode)
 		}
 	}
@@ -164,7 +165,7 @@ func (k *Cluster) recordNode(ctx context.Context, node *corev1.Node, rec record.
 		}
 	}
 	for i, e := range hist {
-		if r, err := record.Decode(e); err == nil && r.FullRecord == "" && whole.held[recordKey(r)] {
+		if r, err := record.Decode(e); err == nil && r.FullRecord == "" && whole.held[published.RecordKey(r)] {
 			if light, err := r.InNodeHistory(ref).NodeEntryJSON(); err == nil {
 				hist[i] = light
 			}

@@ -1,11 +1,15 @@
 // Package published reads what the agents publish about their nodes, for
 // the clients that are not an agent (the planner): on the Node, the
-// desired config, the state and the change records; in the ConfigMap
-// <node>-mig-config, the GPUs as the agent discovered them (models,
-// profiles, placements); in the ConfigMap <node>-mig-assignments, the
-// assignment trail. It decodes with the agent's own codecs (record,
-// geometry, assign) and links neither the agent's core nor NVML: a client
-// of the agents needs none of what only an agent does.
+// desired config, who asked for it (RequesterOf), the state and the change
+// records; in the ConfigMap <node>-mig-history, the change records whole
+// (ReadHistory); in the ConfigMap <node>-mig-config, the GPUs as the agent
+// discovered them (models, profiles, placements); in the ConfigMap
+// <node>-mig-assignments, the assignment trail. It decodes with the agent's
+// own codecs (record, geometry, assign) and links neither the agent's core
+// nor NVML: a client of the agents needs none of what only an agent does.
+// The agent reads through it too what it records (the requester, the
+// records its history ConfigMap holds); package published/status is the
+// view of a node that `mig-agent status` shows.
 package published
 
 import (

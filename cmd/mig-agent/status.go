@@ -13,7 +13,8 @@ import (
 
 	"github.com/migagent/mig-agent/assign"
 	"github.com/migagent/mig-agent/internal/kclient"
-	"github.com/migagent/mig-agent/kube"
+	"github.com/migagent/mig-agent/published"
+	"github.com/migagent/mig-agent/published/status"
 	"github.com/migagent/mig-agent/record"
 )
 
@@ -52,7 +53,7 @@ func statusCmd() *cobra.Command {
 			if format == "json" {
 				return output(cmd.OutOrStdout(), "json", statusWithAssignments{Status: st, Assignments: held})
 			}
-			if err := kube.WriteStatusText(cmd.OutOrStdout(), st); err != nil {
+			if err := status.WriteText(cmd.OutOrStdout(), st); err != nil {
 				return err
 			}
 			return writeHeld(cmd.OutOrStdout(), held)
@@ -68,14 +69,14 @@ func statusCmd() *cobra.Command {
 // statusOf reads the status of node with its history whole from the
 // history ConfigMap where there is one; where it cannot be read, the
 // Node's light records, and a note that says why.
-func statusOf(ctx context.Context, client kclient.Interface, namespace string, node *corev1.Node) (*kube.Status, error) {
-	whole, bad, found, herr := kube.ReadHistory(context.WithoutCancel(ctx), client, namespace, node.Name)
-	var st *kube.Status
+func statusOf(ctx context.Context, client kclient.Interface, namespace string, node *corev1.Node) (*status.Status, error) {
+	whole, bad, found, herr := published.ReadHistory(context.WithoutCancel(ctx), client, namespace, node.Name)
+	var st *status.Status
 	var err error
 	if herr == nil && found {
-		st, err = kube.StatusWithHistory(node, whole, record.FullRecordRef(namespace, node.Name))
+		st, err = status.WithHistory(node, whole, record.FullRecordRef(namespace, node.Name))
 	} else {
-		st, err = kube.StatusFromNode(node)
+		st, err = status.FromNode(node)
 	}
 	if err != nil {
 		return nil, err
@@ -95,7 +96,7 @@ func statusOf(ctx context.Context, client kclient.Interface, namespace string, n
 // statusWithAssignments is `status -o json`: the node's status and the
 // MIG devices held now.
 type statusWithAssignments struct {
-	*kube.Status
+	*status.Status
 	Assignments *heldDevices `json:"assignments,omitempty"`
 }
 
@@ -109,7 +110,7 @@ type heldDevices struct {
 
 // heldNow reads the node's assignment trail; where it cannot, a note in
 // st says why and nil is returned.
-func heldNow(ctx context.Context, client kclient.Interface, namespace, node string, st *kube.Status) *heldDevices {
+func heldNow(ctx context.Context, client kclient.Interface, namespace, node string, st *status.Status) *heldDevices {
 	h, err := assign.ReadConfigMap(context.WithoutCancel(ctx), client, namespace, node)
 	if err != nil {
 		st.Notes = append(st.Notes, "assignment trail: "+err.Error())

@@ -14,9 +14,9 @@ import (
 	"github.com/migagent/mig-agent/assign/track"
 	"github.com/migagent/mig-agent/dra"
 	"github.com/migagent/mig-agent/internal/kclient"
-	"github.com/migagent/mig-agent/kube"
 	"github.com/migagent/mig-agent/metrics"
 	"github.com/migagent/mig-agent/nvmlx"
+	"github.com/migagent/mig-agent/published"
 	"github.com/migagent/mig-agent/record"
 	"github.com/migagent/mig-agent/settings"
 )
@@ -69,7 +69,7 @@ func changeRecords(client kclient.Interface, namespace, node string,
 		if last != "" && last == readAt {
 			return cached
 		}
-		if recs, _, found, err := kube.ReadHistory(ctx, client, namespace, node); err == nil && found && len(recs) > 0 {
+		if recs, _, found, err := published.ReadHistory(ctx, client, namespace, node); err == nil && found && len(recs) > 0 {
 			readAt, cached = last, recs
 			return recs
 		}

@@ -121,7 +121,12 @@ func TestLayering(t *testing.T) {
 		{"./planner", "client-go/gentype"},
 		{"./planner", "client_golang"},
 		{"./published", "mig-agent/reconcile"},
+		{"./published", "mig-agent/kube"},
 		{"./published", "go-nvml"},
+		// The view `mig-agent status` shows is a reader's too.
+		{"./published/status", "mig-agent/reconcile"},
+		{"./published/status", "mig-agent/kube"},
+		{"./published/status", "go-nvml"},
 		{"./reconcile", "prometheus"},
 		{"./drain", "go-nvml"},
 		{"./drain", "client_golang"},

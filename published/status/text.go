@@ -1,4 +1,4 @@
-package kube
+package status
 
 import (
 	"fmt"
@@ -9,14 +9,15 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/migagent/mig-agent/published"
 	"github.com/migagent/mig-agent/record"
 )
 
-// WriteStatusText writes the status for a person (mig-agent status): the
+// WriteText writes the status for a person (mig-agent status): the
 // configs and state, the per-GPU geometry, the last change in full and the
 // history as a table. Text from the annotations is printed with control
 // characters replaced.
-func WriteStatusText(w io.Writer, s *Status) error {
+func WriteText(w io.Writer, s *Status) error {
 	ew := &errWriter{w: w}
 	writeSummary(ew, s)
 	writeGeometry(ew, s)
@@ -53,8 +54,8 @@ func writeSummary(w io.Writer, s *Status) {
 	}
 	if r := s.Requester; r != nil {
 		how := map[string]string{
-			RequesterFromAdmission:     "authenticated by the API server",
-			RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
+			published.RequesterFromAdmission:     "authenticated by the API server",
+			published.RequesterFromManagedFields: "field manager from managedFields, a name the client chose",
 		}[r.Source]
 		if how == "" {
 			how = "neither the requester stamp nor managedFields name who set the label, or the stamp does not parse"

@@ -1,4 +1,4 @@
-package kube
+package status
 
 import (
 	"os"
@@ -13,7 +13,7 @@ import (
 // status` shows of it: the same desired config, state, applied config and
 // geometry, from every node of the status golden files.
 func TestPublishedNodeAgreesWithStatus(t *testing.T) {
-	entries, err := os.ReadDir("testdata/status")
+	entries, err := os.ReadDir("testdata")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +24,7 @@ func TestPublishedNodeAgreesWithStatus(t *testing.T) {
 		}
 		n++
 		node := loadNode(t, e.Name())
-		st, err := StatusFromNode(node)
+		st, err := FromNode(node)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,6 +42,6 @@ func TestPublishedNodeAgreesWithStatus(t *testing.T) {
 		}
 	}
 	if n < 4 {
-		t.Fatalf("%d nodes in testdata/status", n)
+		t.Fatalf("%d nodes in testdata", n)
 	}
 }

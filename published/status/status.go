@@ -1,15 +1,24 @@
-package kube
+// Package status is the view of one node that `mig-agent status` shows: read
+// from the Node's labels and annotations (and, where the agent keeps them,
+// the whole records of its history ConfigMap), with or without the agent
+// running; as JSON (Status, whose field names are part of the command's
+// contract) or as text for a person (WriteText). It reads what the agent
+// publishes through package published and, like it, links neither the
+// agent's core nor NVML.
+package status
 
 import (
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/migagent/mig-agent/published"
+	"github.com/migagent/mig-agent/record"
 )
 
-// ErrNoNode is returned by StatusFromNode for a nil Node.
+// ErrNoNode is returned by FromNode for a nil Node.
 var ErrNoNode = errors.New("no node")
 
 // Status is what `mig-agent status` shows about one node: read from the
@@ -29,7 +38,7 @@ type Status struct {
 	Strategy string `json:"strategy,omitempty"`
 	// Requester is who asked for Desired, as the agent would record it (the
 	// requester stamp, else managedFields); nil when Desired is unset.
-	Requester *StatusRequester `json:"requester,omitempty"`
+	Requester *Requester `json:"requester,omitempty"`
 	// GPUs is the per-GPU geometry of the last-change record, or of the
 	// newest history record that has one when the last change has none
 	// (see GeometryAt and Notes). Sorted by index.
@@ -50,9 +59,9 @@ type Status struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
-// StatusRequester is who set the desired label, and how that is known.
-type StatusRequester struct {
-	// By, Via and At as in Requester (At: managedFields only).
+// Requester is who set the desired label, and how that is known.
+type Requester struct {
+	// By, Via and At as in published.Requester (At: managedFields only).
 	By  string     `json:"by"`
 	Via string     `json:"via,omitempty"`
 	At  *time.Time `json:"at,omitempty"`
@@ -73,19 +82,19 @@ type AppliedConfig struct {
 	At time.Time `json:"at"`
 }
 
-// StatusFromNode reads the status of node from its labels and annotations.
+// FromNode reads the status of node from its labels and annotations.
 // Missing or malformed annotations are not an error: Status holds what could
 // be read and a note for each problem. The only error is ErrNoNode.
-func StatusFromNode(node *corev1.Node) (*Status, error) {
-	return StatusWithHistory(node, nil, "")
+func FromNode(node *corev1.Node) (*Status, error) {
+	return WithHistory(node, nil, "")
 }
 
-// StatusWithHistory is StatusFromNode with the history read whole from
-// the history ConfigMap (whole, newest first, as ReadHistory returns it;
+// WithHistory is FromNode with the history read whole from
+// the history ConfigMap (whole, newest first, as published.ReadHistory returns it;
 // from names it): the Node's light records are replaced by their whole
 // form, the last change too when it is the ConfigMap's newest. A nil
 // whole reads the Node alone.
-func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from string) (*Status, error) {
+func WithHistory(node *corev1.Node, whole []record.ChangeRecord, from string) (*Status, error) {
 	if node == nil {
 		return nil, ErrNoNode
 	}
@@ -105,8 +114,8 @@ func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from stri
 		s.note("label %s is not set: the agent has not acted on this node yet", record.LabelState)
 	}
 	if _, ok := labels[record.LabelConfig]; ok {
-		r := RequesterOf(node, s.Desired)
-		s.Requester = &StatusRequester{By: r.By, Via: r.Via, At: r.At, Source: r.Source}
+		r := published.RequesterOf(node, s.Desired)
+		s.Requester = &Requester{By: r.By, Via: r.Via, At: r.At, Source: r.Source}
 		if r.Ignored != "" {
 			s.note("annotation %s is not used: %s", record.AnnotationRequestedBy, r.Ignored)
 		}
@@ -167,8 +176,10 @@ func StatusWithHistory(node *corev1.Node, whole []record.ChangeRecord, from stri
 }
 
 // sameRecord says whether a and b are one record, one of them in its light
-// form: the same recordKey.
-func sameRecord(a, b record.ChangeRecord) bool { return recordKey(a) == recordKey(b) }
+// form: the same published.RecordKey.
+func sameRecord(a, b record.ChangeRecord) bool {
+	return published.RecordKey(a) == published.RecordKey(b)
+}
 
 func (s *Status) note(format string, args ...any) {
 	s.Notes = append(s.Notes, fmt.Sprintf(format, args...))

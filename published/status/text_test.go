@@ -1,4 +1,4 @@
-package kube
+package status
 
 import (
 	"bytes"
@@ -22,15 +22,15 @@ func TestStatusTextGolden(t *testing.T) {
 		"status": "node.json", "status-bad": "node-bad.json", "status-empty": "node-empty.json", "status-pending": "node-pending.json",
 	} {
 		t.Run(golden, func(t *testing.T) {
-			s, err := StatusFromNode(loadNode(t, node))
+			s, err := FromNode(loadNode(t, node))
 			if err != nil {
 				t.Fatal(err)
 			}
 			var text bytes.Buffer
-			if err := WriteStatusText(&text, s); err != nil {
+			if err := WriteText(&text, s); err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join("testdata", "status", golden+".txt")
+			path := filepath.Join("testdata", golden+".txt")
 			if *updateStatus {
 				if err := os.WriteFile(path, text.Bytes(), 0o644); err != nil {
 					t.Fatal(err)
@@ -51,14 +51,14 @@ func TestStatusTextProfileSummary(t *testing.T) {
 	rec := record.ChangeRecord{Config: "c", Result: record.StateSuccess, ServedBy: record.ServedByDRA,
 		Geometry: map[string][]string{"1": {"1g.18gb@6", "3g.71gb@0", "1g.18gb@4", "1g.18gb@5"}, "0": nil}}
 	b, _ := json.Marshal(rec)
-	s, err := StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+	s, err := FromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
 		Labels:      map[string]string{record.LabelConfig: "c", record.LabelState: record.StateSuccess},
 		Annotations: map[string]string{record.AnnotationLastChange: string(b), record.AnnotationHistory: "[" + string(b) + "]"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := WriteStatusText(&out, s); err != nil {
+	if err := WriteText(&out, s); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "1x 3g.71gb, 3x 1g.18gb") {
@@ -87,13 +87,13 @@ func TestShortDigests(t *testing.T) {
 func TestStatusControlCharacters(t *testing.T) {
 	rec := record.ChangeRecord{Config: "c", Result: record.StateFailed, Reason: "line1\nline2\x1b[31mred\tend"}
 	b, _ := json.Marshal(rec)
-	s, err := StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+	s, err := FromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
 		Annotations: map[string]string{record.AnnotationLastChange: string(b), record.AnnotationHistory: "[" + string(b) + "]"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := WriteStatusText(&out, s); err != nil {
+	if err := WriteText(&out, s); err != nil {
 		t.Fatal(err)
 	}
 	if strings.ContainsAny(out.String(), "\x1b\t") || strings.Contains(out.String(), "line1\n") {
@@ -112,12 +112,12 @@ func (f *failingWriter) Write(b []byte) (int, error) {
 }
 
 func TestStatusWriteError(t *testing.T) {
-	s, err := StatusFromNode(loadNode(t, "node.json"))
+	s, err := FromNode(loadNode(t, "node.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []int{0, 3, 10} {
-		if err := WriteStatusText(&failingWriter{n: n}, s); err == nil || err.Error() != "disk full" {
+		if err := WriteText(&failingWriter{n: n}, s); err == nil || err.Error() != "disk full" {
 			t.Errorf("after %d writes: err = %v, want disk full", n, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package kube
+package status
 
 import (
 	"bytes"
@@ -12,16 +12,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/migagent/mig-agent/record"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/migagent/mig-agent/published"
+	"github.com/migagent/mig-agent/record"
 )
 
-var updateStatus = flag.Bool("update-status", false, "rewrite kube/testdata/status/*.json and *.txt")
+var updateStatus = flag.Bool("update-status", false, "rewrite published/status/testdata/*.json and *.txt")
 
 func loadNode(t *testing.T, file string) *corev1.Node {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "status", file))
+	b, err := os.ReadFile(filepath.Join("testdata", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +36,7 @@ func loadNode(t *testing.T, file string) *corev1.Node {
 
 func checkGolden(t *testing.T, file string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", "status", file)
+	path := filepath.Join("testdata", file)
 	if *updateStatus {
 		if err := os.WriteFile(path, got, 0o644); err != nil {
 			t.Fatal(err)
@@ -63,7 +65,7 @@ func TestStatusGolden(t *testing.T) {
 		requester string
 	}{
 		{golden: "status", node: "node.json", applied: "all-balanced", gpus: 8, history: 4, lastChange: true,
-			requester: "alice@example.com/" + RequesterFromAdmission},
+			requester: "alice@example.com/" + published.RequesterFromAdmission},
 		{golden: "status-bad", node: "node-bad.json", applied: "all-balanced", gpus: 2, history: 2,
 			notes: []string{
 				"migagent.io/last-change is not a valid change record: unexpected end of JSON input",
@@ -86,7 +88,7 @@ func TestStatusGolden(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.golden, func(t *testing.T) {
-			s, err := StatusFromNode(loadNode(t, tt.node))
+			s, err := FromNode(loadNode(t, tt.node))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +153,7 @@ func TestStatusGeometry(t *testing.T) {
 			"0": nil,
 		}}
 	b, _ := json.Marshal(rec)
-	s, err := StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+	s, err := FromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
 		Labels:      map[string]string{record.LabelConfig: "c", record.LabelState: record.StateSuccess},
 		Annotations: map[string]string{record.AnnotationLastChange: string(b), record.AnnotationHistory: "[" + string(b) + "]"}}})
 	if err != nil {
@@ -179,7 +181,7 @@ func TestStatusGeometryFallback(t *testing.T) {
 		Geometry:   map[string][]string{"0": {"7g.141gb@0"}}}
 	fb, _ := json.Marshal(failed)
 	hb, _ := json.Marshal([]record.ChangeRecord{failed, ok})
-	s, err := StatusFromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+	s, err := FromNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
 		Labels:      map[string]string{record.LabelConfig: "b", record.LabelState: record.StateFailed},
 		Annotations: map[string]string{record.AnnotationLastChange: string(fb), record.AnnotationHistory: string(hb)}}})
 	if err != nil {
@@ -198,7 +200,7 @@ func TestStatusGeometryFallback(t *testing.T) {
 }
 
 func TestStatusNilNode(t *testing.T) {
-	if _, err := StatusFromNode(nil); !errors.Is(err, ErrNoNode) {
+	if _, err := FromNode(nil); !errors.Is(err, ErrNoNode) {
 		t.Errorf("err = %v, want ErrNoNode", err)
 	}
 }
