@@ -65,6 +65,8 @@ type realGPUNode struct {
 	ConfigManager *configManagerSetup
 	// NodeLabels are set on the Node before the plugin starts.
 	NodeLabels map[string]string
+	// GFD: GPU Feature Discovery and NFD run on the node (withGFD).
+	GFD bool
 }
 
 // withNodeLabel sets a label on the Node before the plugin starts.
@@ -144,7 +146,11 @@ func startRealGPUNode(t *testing.T, spec, file, config, strategy, pluginConfig s
 		SetLabel(t, c, n.Name, k, v, "platform-team")
 	}
 	n.createPluginDaemonSet(t, strategy)
-	n.publishGFDLabels(t, strategy)
+	if n.GFD {
+		n.startGFD(t, strategy)
+	} else {
+		n.publishGFDLabels(t, strategy)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			n.explainPlugin(t)
@@ -218,10 +224,14 @@ func (n *realGPUNode) pluginKept(t *testing.T, old []corev1.Pod) bool {
 }
 
 // pluginPods are the plugin's pods on the node that are not being deleted.
-func (n *realGPUNode) pluginPods(t *testing.T) []corev1.Pod {
+func (n *realGPUNode) pluginPods(t *testing.T) []corev1.Pod { return n.podsOf(t, n.PluginLabels) }
+
+// podsOf are the pods of the plugin's namespace with labels set on the
+// node that are not being deleted.
+func (n *realGPUNode) podsOf(t *testing.T, set map[string]string) []corev1.Pod {
 	t.Helper()
 	list, err := n.Client.CoreV1().Pods(n.PluginNS).List(context.Background(),
-		metav1.ListOptions{LabelSelector: labels.SelectorFromSet(n.PluginLabels).String()})
+		metav1.ListOptions{LabelSelector: labels.SelectorFromSet(set).String()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +266,8 @@ func (n *realGPUNode) cli(t *testing.T, args ...string) string {
 	return string(out)
 }
 
-// pluginImage is NVIDIA's plugin with sim-node and the library.
+// pluginImage is NVIDIA's plugin, its config-manager and GPU Feature
+// Discovery, with sim-node and the library.
 const pluginImage = "mig-agent.test/nvidia-device-plugin:v0.17.4"
 
 func (n *realGPUNode) importPluginImage(t *testing.T, plugin string) {
@@ -266,6 +277,7 @@ func (n *realGPUNode) importPluginImage(t *testing.T, plugin string) {
 		{plugin, "/usr/bin/nvidia-device-plugin"},
 		{simlibtest.SimNode(t), "/usr/bin/sim-node"},
 		{nvidiaBin(t, "config-manager"), "/usr/bin/config-manager"},
+		{nvidiaBin(t, "gpu-feature-discovery"), "/usr/bin/gpu-feature-discovery"},
 		{n.Lib, "/usr/lib/mig-agent-sim/libnvidia-ml.so.1"},
 		{"/bin/sh", "/bin/sh"}, {"/bin/sleep", "/bin/sleep"},
 	} {
