@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
@@ -359,37 +357,8 @@ func shortName(node string) string {
 // once lists and watches the DaemonSet's pods (bound or not) and acts on
 // each event; it returns when the watch ends.
 func (p *podLoop) once(ctx context.Context) error {
-	opts := metav1.ListOptions{LabelSelector: nodeLabel + "=" + p.node}
-	list, err := p.client.CoreV1().Pods(p.ns).List(ctx, opts)
-	if err != nil {
-		return err
-	}
-	for i := range list.Items {
-		p.handle(ctx, &list.Items[i], false)
-	}
-	opts.ResourceVersion = list.ResourceVersion
-	w, err := p.client.CoreV1().Pods(p.ns).Watch(ctx, opts)
-	if err != nil {
-		return err
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return errors.New("watch closed")
-			}
-			pod, isPod := ev.Object.(*corev1.Pod)
-			switch {
-			case ev.Type == watch.Error:
-				return apierrors.FromObject(ev.Object)
-			case isPod:
-				p.handle(ctx, pod, ev.Type == watch.Deleted)
-			}
-		}
-	}
+	return watchPods(ctx, p.client, p.ns, metav1.ListOptions{LabelSelector: nodeLabel + "=" + p.node},
+		func(pod *corev1.Pod, deleted bool) { p.handle(ctx, pod, deleted) })
 }
 
 func (p *podLoop) handle(ctx context.Context, pod *corev1.Pod, deleted bool) {

@@ -2,7 +2,6 @@ package kubetest
 
 import (
 	"context"
-	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -21,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -378,42 +376,13 @@ func (k *Kubelet) finishLoop(ctx context.Context) {
 }
 
 func (k *Kubelet) finishOnce(ctx context.Context, sel string) error {
-	list, err := k.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: sel})
-	if err != nil {
-		return err
-	}
-	for i := range list.Items {
-		k.maybeFinish(ctx, &list.Items[i])
-	}
-	w, err := k.client.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, metav1.ListOptions{
-		FieldSelector: sel, ResourceVersion: list.ResourceVersion,
-	})
-	if err != nil {
-		return err
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return errors.New("watch closed")
-			}
-			switch ev.Type {
-			case watch.Added, watch.Modified:
-				if p, ok := ev.Object.(*corev1.Pod); ok {
-					k.maybeFinish(ctx, p)
-				}
-			case watch.Deleted:
-				if p, ok := ev.Object.(*corev1.Pod); ok {
-					k.forget(p)
-				}
-			case watch.Error:
-				return apierrors.FromObject(ev.Object)
-			}
+	return watchPods(ctx, k.client, metav1.NamespaceAll, metav1.ListOptions{FieldSelector: sel}, func(p *corev1.Pod, deleted bool) {
+		if deleted {
+			k.forget(p)
+		} else {
+			k.maybeFinish(ctx, p)
 		}
-	}
+	})
 }
 
 func (k *Kubelet) maybeFinish(ctx context.Context, p *corev1.Pod) {
