@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -199,5 +200,73 @@ func TestRealNodeGFDLabelsFollowTheChange(t *testing.T) {
 	t.Logf("GFD's labels showed the new geometry %s after success", time.Since(done).Round(100*time.Millisecond))
 	if now := n.podsOf(t, gfdPodLabels); len(now) != 1 || now[0].UID == gfd[0].UID {
 		t.Errorf("GFD pods after the change: %d, the old one kept: %v; want its pod restarted", len(now), len(now) == 1 && now[0].UID == gfd[0].UID)
+	}
+}
+
+// TestRealNodePausedOperandsComeBack: the GPU Operator's MIG manager path,
+// --pause-gpu-operator, on the real node. The agent sets the device
+// plugin's and GFD's deploy labels to paused-for-mig-change; the
+// DaemonSet controller removes their pods and the kubelet ends them (the
+// agent waits for that) before the GPUs change; the labels come back to
+// true, the controller makes new pods, and success comes with the new
+// plugin's exact allocatable, GFD's labels of the new geometry reaching
+// the Node through NFD.
+func TestRealNodePausedOperandsComeBack(t *testing.T) {
+	n := startRealGPUNode(t, "h200x1", defaultConfigs, "all-1g.18gb", "mixed", "", withGFD())
+	n.waitAllocatable(t, map[string]int64{"nvidia.com/mig-1g.18gb": 7}, 90*time.Second)
+	c := n.Client
+	plugin, gfd := n.pluginPods(t), n.podsOf(t, gfdPodLabels)
+	if len(plugin) != 1 || len(gfd) != 1 {
+		t.Fatalf("%d plugin and %d GFD pods, want one each", len(plugin), len(gfd))
+	}
+	deploy := []string{"nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery"}
+	var paused []string
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() { // what the Node's deploy labels went through
+		defer close(watched)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if node, err := c.CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{}); err == nil {
+				for _, k := range deploy {
+					if node.Labels[k] == record.OperandPaused && !slices.Contains(paused, k) {
+						paused = append(paused, k)
+					}
+				}
+			}
+		}
+	}()
+	n.startAgent(t, defaultConfigs, "--pause-gpu-operator")
+	t0 := time.Now()
+	SelectConfig(t, c, n.Name, "all-3g.71gb")
+	WaitState(t, c, n.Name, record.StateSuccess, "all-3g.71gb", 3*time.Minute)
+	t.Logf("success %s after the label, the operands paused and back", time.Since(t0).Round(100*time.Millisecond))
+	close(stop)
+	<-watched
+	if got := gpuAllocatable(GetNode(t, c, n.Name)); !sameCounts(got, map[string]int64{"nvidia.com/mig-3g.71gb": 2}) || len(got) != 1 {
+		t.Errorf("allocatable at success %v, want 2 mig-3g.71gb", got)
+	}
+	slices.Sort(paused)
+	if !slices.Equal(paused, deploy) {
+		t.Errorf("deploy labels seen paused %v, want %v", paused, deploy)
+	}
+	node := GetNode(t, c, n.Name)
+	for _, k := range deploy {
+		if node.Labels[k] != "true" {
+			t.Errorf("%s=%q after the change, want true", k, node.Labels[k])
+		}
+	}
+	if !n.pluginReplaced(t, plugin) {
+		t.Errorf("the plugin's pod was not replaced")
+	}
+	WaitFor(t, 45*time.Second, "GFD's labels of the new geometry", func() bool {
+		return fmt.Sprint(migCountLabels(GetNode(t, c, n.Name))) == fmt.Sprint(map[string]string{"nvidia.com/mig-3g.71gb.count": "2"})
+	})
+	if now := n.podsOf(t, gfdPodLabels); len(now) != 1 || now[0].UID == gfd[0].UID {
+		t.Errorf("GFD's pod was not replaced")
 	}
 }
