@@ -24,6 +24,12 @@ import (
 type Event struct {
 	Verb      string `json:"verb"`
 	UserAgent string `json:"userAgent"`
+	// User is who the API server authenticated: the name and the extra
+	// (a pod-bound ServiceAccount token names its pod's node there).
+	User struct {
+		Username string              `json:"username"`
+		Extra    map[string][]string `json:"extra"`
+	} `json:"user"`
 	ObjectRef *struct {
 		Resource  string `json:"resource"`
 		Namespace string `json:"namespace"`
