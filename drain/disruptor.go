@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -235,7 +234,7 @@ func (d *Disruptor) WaitResources(ctx context.Context, ch *journal.Change, strat
 	if err != nil {
 		return false, false, err
 	}
-	old := oldUIDs(append(slices.Clone(ch.OldPlugins), ch.StalePlugins...))
+	old := oldUIDs(ch.OldPlugins) // NotePlugins keeps every listed pod there, the stale ones too
 	if ch.ServedBy == record.ServedByDRA {
 		ok, err = d.waitSlices(ctx, announced(migMode, migDevices), d.proof(sels.Is(OperandDRAPlugin), old), timeout)
 		return true, ok, err

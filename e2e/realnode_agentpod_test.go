@@ -243,18 +243,7 @@ func (n *realGPUNode) adaptAgentDaemonSet(t *testing.T, ds *unstructured.Unstruc
 
 // agentPods are the agent's pods on the node that are not being deleted.
 func agentPods(t *testing.T, n *realGPUNode) []corev1.Pod {
-	t.Helper()
-	list, err := n.Client.CoreV1().Pods("mig-agent").List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=mig-agent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []corev1.Pod
-	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil && p.Spec.NodeName == n.Name {
-			out = append(out, p)
-		}
-	}
-	return out
+	return n.podsIn(t, "mig-agent", map[string]string{"app.kubernetes.io/name": "mig-agent"})
 }
 
 // caConfigMap writes kube-root-ca.crt in ns, as the controller-manager's

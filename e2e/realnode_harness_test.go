@@ -229,8 +229,14 @@ func (n *realGPUNode) pluginPods(t *testing.T) []corev1.Pod { return n.podsOf(t,
 // podsOf are the pods of the plugin's namespace with labels set on the
 // node that are not being deleted.
 func (n *realGPUNode) podsOf(t *testing.T, set map[string]string) []corev1.Pod {
+	return n.podsIn(t, n.PluginNS, set)
+}
+
+// podsIn are the pods of ns with labels set on the node that are not
+// being deleted.
+func (n *realGPUNode) podsIn(t *testing.T, ns string, set map[string]string) []corev1.Pod {
 	t.Helper()
-	list, err := n.Client.CoreV1().Pods(n.PluginNS).List(context.Background(),
+	list, err := n.Client.CoreV1().Pods(ns).List(context.Background(),
 		metav1.ListOptions{LabelSelector: labels.SelectorFromSet(set).String()})
 	if err != nil {
 		t.Fatal(err)
